@@ -1,10 +1,23 @@
 """envace-gym: EnvACE (world rehearsal for agentic RL) as Gymnasium environments.
 
-Importing this package registers the environment ids with string entry points; no model is loaded
-until an environment that needs one is made.
+Importing this package registers the environment ids with string entry points (Gymnasium's lazy
+registration), so no model and no benchmark data is loaded until an environment is made:
+
+* ``EnvACE-Tool-v0``: `envace_gym.envs.tool_use.ToolUseEnv`, real tool backends.
+* ``EnvACE-Rehearse-v0``: `envace_gym.envs.rehearse.RehearseEnv`, the policy rehearses the tools.
 """
+
+from gymnasium.envs.registration import register, registry
 
 from envace_gym.types import Message, Role, Segment, Task, ToolCall, ToolSpec, Trajectory
 
 __all__ = ["Message", "Role", "Segment", "Task", "ToolCall", "ToolSpec", "Trajectory"]
 __version__ = "0.1.0"
+
+if "EnvACE-Tool-v0" not in registry:
+    register(
+        id="EnvACE-Tool-v0",
+        entry_point="envace_gym.envs.tool_use:ToolUseEnv",
+        kwargs={"suite": "bfcl", "categories": ["multi_turn_base"], "split": "train", "max_steps_per_turn": 20},
+        disable_env_checker=False,
+    )

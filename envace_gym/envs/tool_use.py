@@ -1,0 +1,278 @@
+"""`ToolUseEnv`: a multi-turn tool-use task as a text-level Gymnasium environment (`EnvACE-Tool-v0`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+
+from envace_gym.parsing import ToolCallParseError, parse_tool_calls
+from envace_gym.spaces import MAX_TEXT_LENGTH, printable_text, sanitize
+from envace_gym.suites import Suite, ToolBackend, make_suite
+from envace_gym.types import Message, Task, ToolCall, Trajectory
+
+__all__ = ["ToolUseEnv", "format_observation"]
+
+
+def format_observation(messages: Sequence[Message]) -> str:
+    """The observation text for the messages an env step produced.
+
+    Tool results are each wrapped in ``<tool_response>...</tool_response>`` (the Hermes convention) and
+    joined by newlines; user messages contribute their content. The structured messages are always in
+    ``info["new_messages"]``: the text is for text-only agents.
+    """
+    parts = []
+    for m in messages:
+        if m.role == "tool":
+            parts.append(f"<tool_response>\n{m.content}\n</tool_response>")
+        else:
+            parts.append(m.content)
+    return "\n".join(parts)
+
+
+class ToolUseEnv(gym.Env[str, str]):
+    """A tool-use task from a suite (BFCL v4 by default) played against a real tool backend.
+
+    ## Description
+    The agent is the ACT role of DESIGN.md §1: each action is one assistant message. Tool calls in it
+    (Hermes ``<tool_call>{...}</tool_call>`` blocks or BFCL's Python-call list ``[f(a=1)]``) are parsed with
+    `envace_gym.parsing` (``json`` and ``ast`` only, nothing is executed) and sent to the task's backend, one
+    fresh isolated backend per episode. The environment is text-level and never raises on an action: a
+    malformed tool call becomes an error observation and is counted in ``info``.
+
+    ## Action Space
+    `gymnasium.spaces.Text` over every printable BMP character plus newline, tab and carriage return
+    (`envace_gym.spaces.PRINTABLE_CHARSET`), ``min_length=0`` (an empty message is a valid action),
+    ``max_length=1_000_000`` characters. Characters outside the charset are still accepted.
+
+    ## Observation Space
+    The same `Text` space (lengths 0 to 1,000,000 characters).
+
+    | after           | observation                                                                  |
+    |-----------------|------------------------------------------------------------------------------|
+    | `reset`         | the first user turn                                                          |
+    | tool calls      | each result as ``<tool_response>\\n...\\n</tool_response>``, newline-joined   |
+    | a parse error   | the error message inside ``<tool_response>`` (fit to show the model)         |
+    | no tool call    | the next user turn, or ``""`` when the episode terminates                    |
+
+    ## Rewards
+    0.0 on every non-final step. On termination, the task verifier's reward in [0, 1]: the ACT calls are
+    replayed on fresh real backends (BFCL multi-turn: state and response checks per turn; single-turn:
+    the AST checker). A truncated episode gets 0.0, as BFCL fails a forced quit.
+
+    ## Starting State
+    ``reset(seed=..., options={"task_id": ...})`` plays the named task; without it a task is drawn
+    uniformly with ``self.np_random``. The backend is built fresh from the task's initial configuration.
+
+    ## Episode End
+    * Termination: an action with no tool call after the last user turn (single-step tasks such as BFCL
+      single-turn: after the first action).
+    * Truncation: ``max_steps_per_turn`` actions in one user turn without ending it (BFCL's limit, 20,
+      after which BFCL's harness force-quits), or the episode's message text exceeding
+      ``max_episode_tokens`` (counted with ``count_tokens``).
+
+    ## Info
+    ``task_id``, ``turn`` (0-based user turn), ``step_in_turn``, ``tool_calls`` (this step's parsed calls,
+    OpenAI dicts), ``parse_error`` (str or None), ``num_parse_errors`` (episode total), ``new_messages``
+    (this step's messages, OpenAI dicts), ``messages`` (the whole history), ``tools`` (OpenAI dicts, the
+    tools visible now), ``episode_tokens``; on the final step also ``verifier`` (reward, valid, details).
+
+    ## Arguments
+    * ``suite`` (str): a registered suite name (`envace_gym.suites.make_suite`), default ``"bfcl"``.
+    * ``categories`` (list[str] | None): suite categories; None is the suite's default.
+    * ``split`` (str): ``"train"``, ``"test"`` or ``"all"``.
+    * ``tasks`` (list[Task] | None): play these tasks instead of the suite's (the suite still verifies).
+    * ``max_steps_per_turn`` (int): ACT messages allowed per user turn; default 20 (BFCL).
+    * ``max_episode_tokens`` (int | None): token budget over all message contents; None = unlimited.
+    * ``count_tokens`` (callable | None): str -> int; default: UTF-8 bytes / 4, rounded up.
+    * ``backend_factory`` (callable | None): Task -> ToolBackend; default the suite's real backend.
+
+    ## Version History
+    * v0: initial version.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        suite: str = "bfcl",
+        categories: Sequence[str] | None = None,
+        split: str = "train",
+        tasks: Sequence[Task] | None = None,
+        max_steps_per_turn: int = 20,
+        max_episode_tokens: int | None = None,
+        count_tokens: Callable[[str], int] | None = None,
+        backend_factory: Callable[[Task], ToolBackend] | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if not isinstance(max_steps_per_turn, int) or max_steps_per_turn < 1:
+            raise ValueError(f"max_steps_per_turn must be a positive int, got {max_steps_per_turn!r}")
+        if max_episode_tokens is not None and max_episode_tokens < 1:
+            raise ValueError(f"max_episode_tokens must be None or >= 1, got {max_episode_tokens!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.suite: Suite = make_suite(suite)
+        self.tasks: list[Task] = list(tasks) if tasks is not None else self.suite.tasks(categories, split)
+        if not self.tasks:
+            raise ValueError(f"no tasks for suite={suite!r} categories={categories!r} split={split!r}")
+        self._task_index = {t.id: i for i, t in enumerate(self.tasks)}
+        self.max_steps_per_turn = max_steps_per_turn
+        self.max_episode_tokens = max_episode_tokens
+        self.count_tokens = count_tokens or (lambda s: -(-len(s.encode("utf-8")) // 4))
+        self.backend_factory = backend_factory or self.suite.make_backend
+        self.render_mode = render_mode
+
+        self.action_space = printable_text(min_length=0)
+        self.observation_space = printable_text(min_length=0)
+
+        self.task: Task | None = None
+        self.backend: ToolBackend | None = None
+        self.trajectory: Trajectory | None = None
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode; see the class docstring (Starting State).
+
+        Raises:
+            KeyError: ``options["task_id"]`` names no task of this env (a configuration error, not an action).
+        """
+        super().reset(seed=seed)
+        options = options or {}
+        if "task_id" in options:
+            if options["task_id"] not in self._task_index:
+                raise KeyError(f"task_id {options['task_id']!r} is not among this env's {len(self.tasks)} tasks")
+            self.task = self.tasks[self._task_index[options["task_id"]]]
+        else:
+            self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        self.backend = self.backend_factory(self.task)
+        self.trajectory = Trajectory(task=self.task)
+        self._turn = 0
+        self._step_in_turn = 0
+        self._num_parse_errors = 0
+        self._episode_tokens = 0
+        self._calls_per_turn: list[list[list[ToolCall]]] = [[]]
+        self._final_responses: list[str] = []
+        self._done = False
+        new = self._open_turn(0)
+        info = self._info(new, calls=[], parse_error=None)
+        return self._observe(new), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Play one ACT message; see the class docstring. Never raises for any `action` string.
+
+        Raises:
+            RuntimeError: `step` before `reset`, or after the episode ended (a usage error).
+        """
+        if self.task is None or self.trajectory is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode has ended; call reset()")
+        action = action if isinstance(action, str) else str(action)
+        assistant = Message(role="assistant", content=action)
+        self._record(assistant)
+        self._step_in_turn += 1
+        single_step = bool(self.task.metadata.get("single_step"))
+
+        calls: list[ToolCall] = []
+        parse_error: str | None = None
+        try:
+            calls = parse_tool_calls(action)
+        except ToolCallParseError as err:
+            parse_error = str(err)
+            self._num_parse_errors += 1
+        assistant.tool_calls = calls or None
+        self._calls_per_turn[self._turn].append(calls)
+
+        new: list[Message] = []
+        terminated = truncated = False
+        reward = 0.0
+        if parse_error is not None and not single_step:
+            new = [Message(role="tool", content=f"Error: {parse_error}", tool_call_id=None)]
+        elif calls and not single_step:
+            new = [
+                Message(role="tool", content=result, tool_call_id=call.id, name=call.name)
+                for call, result in zip(calls, self._execute(calls))
+            ]
+        else:  # no tool call (or a single-step task): the user turn ends
+            self._final_responses.append(action)
+            if self._turn + 1 < self.task.num_turns:
+                self._turn += 1
+                self._step_in_turn = 0
+                self._calls_per_turn.append([])
+                new = self._open_turn(self._turn)
+            else:
+                terminated = True
+        for m in new:
+            self._record(m)
+
+        if not terminated:
+            if self._step_in_turn >= self.max_steps_per_turn and (calls or parse_error is not None):
+                truncated = True
+            elif self.max_episode_tokens is not None and self._episode_tokens > self.max_episode_tokens:
+                truncated = True
+
+        info = self._info(new, calls=calls, parse_error=parse_error)
+        if terminated:
+            result = self.suite.verify(self.task, self._calls_per_turn, self._final_responses)
+            reward = float(result.reward)
+            info["verifier"] = {"reward": reward, "valid": result.valid, "details": result.details}
+        if terminated or truncated:
+            self._done = True
+            self.trajectory.reward = reward
+            self.trajectory.terminated = terminated
+            self.trajectory.truncated = truncated
+        return self._observe(new), reward, terminated, truncated, info
+
+    def render(self) -> str | None:
+        """``"ansi"``: the whole message history as text."""
+        if self.render_mode != "ansi" or self.trajectory is None:
+            return None
+        return "\n".join(f"[{m.role}] {m.content}" for m in self.trajectory.messages)
+
+    # ------------------------------------------------------------------ overridable dynamics
+    def _execute(self, calls: list[ToolCall]) -> list[str]:
+        """The environment's response to each call, in order. `RehearseEnv` overrides this."""
+        assert self.backend is not None
+        return [self._safe_execute(call) for call in calls]
+
+    def _safe_execute(self, call: ToolCall) -> str:
+        try:
+            return str(self.backend.execute(call))
+        except Exception as err:  # a backend must not crash the env (DESIGN.md §3)
+            return f"Error during execution: {type(err).__name__}: {err}"
+
+    # ------------------------------------------------------------------ helpers
+    def _open_turn(self, turn: int) -> list[Message]:
+        assert self.task is not None
+        new = [Message(role=m.role, content=m.content) for m in self.task.turns[turn]]
+        for m in new:
+            self._record(m)
+        return new
+
+    def _record(self, message: Message) -> None:
+        assert self.trajectory is not None
+        self.trajectory.messages.append(message)
+        self._episode_tokens += self.count_tokens(message.content)
+
+    def _observe(self, messages: Sequence[Message]) -> str:
+        return sanitize(format_observation(messages), MAX_TEXT_LENGTH)
+
+    def _info(self, new: Sequence[Message], calls: Sequence[ToolCall], parse_error: str | None) -> dict[str, Any]:
+        assert self.task is not None and self.trajectory is not None
+        return {
+            "task_id": self.task.id,
+            "turn": self._turn,
+            "step_in_turn": self._step_in_turn,
+            "tool_calls": [c.to_openai() for c in calls],
+            "parse_error": parse_error,
+            "num_parse_errors": self._num_parse_errors,
+            "new_messages": [m.to_dict() for m in new],
+            "messages": [m.to_dict() for m in self.trajectory.messages],
+            "tools": [t.to_openai() for t in self.task.tools_at_turn(self._turn)],
+            "episode_tokens": self._episode_tokens,
+        }
+
+    def calls_per_turn(self) -> list[list[list[ToolCall]]]:
+        """The parsed ACT calls so far: turns × steps × calls (what the verifier replays)."""
+        return [[list(step) for step in turn] for turn in self._calls_per_turn]
+
