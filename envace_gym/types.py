@@ -20,6 +20,7 @@ __all__ = [
     "Segment",
     "Trajectory",
     "MessageRole",
+    "GeneratedText",
 ]
 
 MessageRole = Literal["system", "user", "assistant", "tool"]
@@ -342,3 +343,27 @@ class Trajectory:
             truncated=bool(d.get("truncated", False)),
             turn_info=list(d.get("turn_info", [])),
         )
+
+
+class GeneratedText(str):
+    """A `str` that also carries the token ids and logprobs it was generated as (token in, token out).
+
+    An agent passes its ACT message to `env.step` as a `GeneratedText` so that token-level environments
+    record exactly the generated ids and their sampling logprobs instead of re-tokenising the text
+    (DESIGN.md §3). To every text-level consumer it is a plain string.
+
+    Attributes:
+        token_ids: the generated ids `(C,)`, including the end-of-message token if generation stopped on it.
+        logprobs: the sampling policy's logprob per id `(C,)`, or None.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+
+    def __new__(cls, text: str, token_ids: list[int], logprobs: list[float] | None = None) -> GeneratedText:
+        obj = super().__new__(cls, text)
+        if logprobs is not None and len(logprobs) != len(token_ids):
+            raise ValueError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs; they must match")
+        obj.token_ids = list(token_ids)
+        obj.logprobs = list(logprobs) if logprobs is not None else None
+        return obj

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import gymnasium as gym
 
@@ -163,23 +163,39 @@ class ToolUseEnv(gym.Env[str, str]):
         Raises:
             RuntimeError: `step` before `reset`, or after the episode ended (a usage error).
         """
+        gen = self.step_coroutine(action)
+        try:
+            call = next(gen)
+            while True:
+                call = gen.send(self._respond(call))
+        except StopIteration as stop:
+            return stop.value
+
+    def step_coroutine(self, action: str) -> Generator[ToolCall, str, tuple[str, float, bool, bool, dict[str, Any]]]:
+        """`step` as a coroutine: yields each parsed tool call, receives its response text, returns the step tuple.
+
+        `step` drives it with `_respond`; a vector env drives many envs' coroutines in lockstep so that one
+        batched model call answers the current call of every env (DESIGN.md §3, "Batch the model").
+        """
         if self.task is None or self.trajectory is None:
             raise RuntimeError("call reset() before step()")
         if self._done:
             raise RuntimeError("the episode has ended; call reset()")
         action = action if isinstance(action, str) else str(action)
-        assistant = Message(role="assistant", content=action)
-        self._record(assistant)
+        assistant = Message(role="assistant", content=str(action))
+        self._record(assistant, action)
         self._step_in_turn += 1
         single_step = bool(self.task.metadata.get("single_step"))
 
         calls: list[ToolCall] = []
         parse_error: str | None = None
         try:
-            calls = parse_tool_calls(action)
+            calls = parse_tool_calls(str(action))
         except ToolCallParseError as err:
             parse_error = str(err)
             self._num_parse_errors += 1
+        for i, call in enumerate(calls):  # ids unique within the episode
+            call.id = f"call_{self._turn}_{self._step_in_turn}_{i}"
         assistant.tool_calls = calls or None
         self._calls_per_turn[self._turn].append(calls)
 
@@ -187,14 +203,17 @@ class ToolUseEnv(gym.Env[str, str]):
         terminated = truncated = False
         reward = 0.0
         if parse_error is not None and not single_step:
-            new = [Message(role="tool", content=f"Error: {parse_error}", tool_call_id=None)]
+            message = Message(role="tool", content=f"Error: {parse_error}")
+            self._record(message)
+            new = [message]
         elif calls and not single_step:
-            new = [
-                Message(role="tool", content=result, tool_call_id=call.id, name=call.name)
-                for call, result in zip(calls, self._execute(calls))
-            ]
+            for call in calls:
+                result = yield call
+                message = Message(role="tool", content=str(result), tool_call_id=call.id, name=call.name)
+                self._record(message)
+                new.append(message)
         else:  # no tool call (or a single-step task): the user turn ends
-            self._final_responses.append(action)
+            self._final_responses.append(str(action))
             if self._turn + 1 < self.task.num_turns:
                 self._turn += 1
                 self._step_in_turn = 0
@@ -202,8 +221,6 @@ class ToolUseEnv(gym.Env[str, str]):
                 new = self._open_turn(self._turn)
             else:
                 terminated = True
-        for m in new:
-            self._record(m)
 
         if not terminated:
             if self._step_in_turn >= self.max_steps_per_turn and (calls or parse_error is not None):
@@ -230,12 +247,9 @@ class ToolUseEnv(gym.Env[str, str]):
         return "\n".join(f"[{m.role}] {m.content}" for m in self.trajectory.messages)
 
     # ------------------------------------------------------------------ overridable dynamics
-    def _execute(self, calls: list[ToolCall]) -> list[str]:
-        """The environment's response to each call, in order. `RehearseEnv` overrides this."""
+    def _respond(self, call: ToolCall) -> str:
+        """The environment's response to one call: the real backend's result. `RehearseEnv` overrides this."""
         assert self.backend is not None
-        return [self._safe_execute(call) for call in calls]
-
-    def _safe_execute(self, call: ToolCall) -> str:
         try:
             return str(self.backend.execute(call))
         except Exception as err:  # a backend must not crash the env (DESIGN.md §3)
@@ -249,7 +263,8 @@ class ToolUseEnv(gym.Env[str, str]):
             self._record(m)
         return new
 
-    def _record(self, message: Message) -> None:
+    def _record(self, message: Message, action: str | None = None) -> None:
+        """Append a message to the history. `action` is the raw ACT action (for subclasses that track tokens)."""
         assert self.trajectory is not None
         self.trajectory.messages.append(message)
         self._episode_tokens += self.count_tokens(message.content)
