@@ -21,3 +21,20 @@ if "EnvACE-Tool-v0" not in registry:
         kwargs={"suite": "bfcl", "categories": ["multi_turn_base"], "split": "train", "max_steps_per_turn": 20},
         disable_env_checker=False,
     )
+
+if "EnvACE-Rehearse-v0" not in registry:
+    register(
+        id="EnvACE-Rehearse-v0",
+        entry_point="envace_gym.envs.rehearse:RehearseEnv",
+        vector_entry_point="envace_gym.envs.rehearse_vector:RehearseVectorEnv",
+        kwargs={
+            "suite": "bfcl",
+            "categories": ["multi_turn_base"],
+            "split": "train",
+            "model": "smollm2-135m",
+            "prompt_mode": "inline",
+            "max_new_tokens": 256,
+            "temperature": 1.0,
+            "max_steps_per_turn": 20,
+        },
+    )

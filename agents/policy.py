@@ -1,0 +1,186 @@
+"""The policy: one Transformers causal LM playing both roles, ACT and REHEARSE (DESIGN.md §1).
+
+* `Policy.act(contexts, ...)`: batched ACT generation; returns `GeneratedText` actions that carry their
+  token ids and logprobs into `env.step` (token in, token out).
+* `PolicyRehearser`: the `envace_gym.rehearsal.Rehearser` interface on the same model, in the ``inline``
+  mode (continue the trajectory's own token sequence after the tool-message opener) or the ``separate``
+  mode (a dedicated simulator prompt whose completion is its own training row).
+* `make_policy_rehearser(model=..., prompt_mode=...)`: the factory `EnvACE-Rehearse-v0` resolves by name;
+  models are loaded once per process and shared.
+
+Model names: ``"smollm2-135m"`` (default), a local Hugging Face folder, or ``"tiny-random"`` (the 2-layer
+random model of `agents.models.tiny_random_model`, for tests and quick checks).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import torch
+
+from agents.generation import Generation, generate
+from agents.models import load_tokenizer, tiny_random_model
+from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse
+from envace_gym.rendering import ChatRenderer
+from envace_gym.types import GeneratedText, Message
+
+__all__ = ["Policy", "PolicyRehearser", "make_policy_rehearser", "load_policy", "SIMULATOR_INSTRUCTION"]
+
+TINY_MODEL = "tiny-random"
+_TINY: dict[int, torch.nn.Module] = {}
+
+SIMULATOR_INSTRUCTION = (
+    "You are the tool environment. You receive the tool schemas, the conversation so far and one tool call. "
+    "Reply with exactly the output the tool would return for that call (usually JSON), nothing else. "
+    "If the call is invalid, reply with the error message the tool would return."
+)
+"""System prompt of the ``separate`` prompt mode's simulator prompt."""
+
+
+class Policy:
+    """A causal LM with its tokenizer and chat renderer.
+
+    Args:
+        model: a Transformers causal LM.
+        tokenizer: its tokenizer (must have a chat template).
+
+    Attributes:
+        renderer: `envace_gym.rendering.ChatRenderer` of the tokenizer; its end-of-message ids stop generation.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.renderer = ChatRenderer(tokenizer)
+        self.stop_ids = list(self.renderer.stop_token_ids)
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.stop_ids[0])
+
+    def generate(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[Generation]:
+        """Batched sampling from token contexts; see `agents.generation.generate`."""
+        return generate(
+            self.model,
+            contexts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            stop_ids=self.stop_ids,
+            pad_id=self.pad_id,
+            seeds=seeds,
+        )
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of generated ids, without a trailing end-of-message id."""
+        ids = list(token_ids)
+        if ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def act(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[GeneratedText]:
+        """ACT for every context (each ends with the assistant-message opener); one batched decode.
+
+        Returns:
+            One `GeneratedText` per context: the message text, its generated ids `(C,)` and logprobs `(C,)`.
+        """
+        gens = self.generate(contexts, max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds)
+        return [GeneratedText(self.decode(g.token_ids), g.token_ids, g.logprobs) for g in gens]
+
+
+class PolicyRehearser:
+    """`envace_gym.rehearsal.Rehearser` backed by a `Policy` (the REHEARSE role of the shared model).
+
+    Args:
+        policy: the policy whose model rehearses (the same object the trainer updates: weights are shared).
+        prompt_mode: ``"inline"`` or ``"separate"`` (see `envace_gym.rehearsal`).
+
+    Raises:
+        ValueError: an unknown prompt mode.
+    """
+
+    def __init__(self, policy: Policy, prompt_mode: PromptMode = "inline") -> None:
+        if prompt_mode not in ("inline", "separate"):
+            raise ValueError(f"prompt_mode must be 'inline' or 'separate', got {prompt_mode!r}")
+        self.policy = policy
+        self.tokenizer = policy.tokenizer
+        self.prompt_mode: PromptMode = prompt_mode
+
+    def simulator_prompt_ids(self, request: RehearseRequest) -> list[int]:
+        """The ``separate`` mode's prompt: the simulator instruction with the tool schemas, the history as
+        text, and the call; rendered with the chat template and ending with the assistant opener."""
+        schemas = json.dumps([t.to_openai()["function"] for t in request.tools], ensure_ascii=False)
+        history = "\n".join(f"[{m.role}] {m.content}" for m in request.messages)
+        call = json.dumps({"name": request.call.name, "arguments": request.call.arguments}, ensure_ascii=False)
+        messages = [
+            Message(role="system", content=f"{SIMULATOR_INSTRUCTION}\n\nTools:\n{schemas}"),
+            Message(role="user", content=f"Conversation so far:\n{history}\n\nTool call:\n{call}\n\nTool output:"),
+        ]
+        return self.policy.renderer.prompt_ids(messages, None)
+
+    def rehearse(self, requests: Sequence[RehearseRequest]) -> list[RehearseResponse]:
+        """Answer every request with one batched decode per (max_new_tokens, temperature) setting.
+
+        Raises:
+            ValueError: an ``inline`` request without ``context_ids``.
+        """
+        prompts: list[list[int]] = []
+        for r in requests:
+            if self.prompt_mode == "inline":
+                if not r.context_ids:
+                    raise ValueError("inline rehearsal needs the request's context_ids")
+                prompts.append(list(r.context_ids))
+            else:
+                prompts.append(self.simulator_prompt_ids(r))
+        out: list[RehearseResponse | None] = [None] * len(requests)
+        groups: dict[tuple[int, float], list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((r.max_new_tokens, r.temperature), []).append(i)
+        for (max_new, temperature), idx in groups.items():
+            gens = self.policy.generate(
+                [prompts[i] for i in idx],
+                max_new_tokens=max_new,
+                temperature=temperature,
+                seeds=[requests[i].seed for i in idx],
+            )
+            for i, g in zip(idx, gens):
+                out[i] = RehearseResponse(
+                    text=self.policy.decode(g.token_ids),
+                    token_ids=g.token_ids,
+                    logprobs=g.logprobs,
+                    prompt_ids=prompts[i] if self.prompt_mode == "separate" else None,
+                    stopped=g.stopped,
+                )
+        return [o for o in out if o is not None]
+
+
+def load_policy(model: str = "smollm2-135m") -> Policy:
+    """A `Policy` over a shared (per-process) model: ``"smollm2-135m"``, a local folder or ``"tiny-random"``.
+
+    Raises:
+        The errors of `agents.models.load_model` for an unknown name or a missing folder.
+    """
+    if model == TINY_MODEL:
+        if 0 not in _TINY:
+            _TINY[0] = tiny_random_model(seed=0)
+        return Policy(_TINY[0], load_tokenizer())
+    from agents.models import load_model
+
+    return Policy(load_model(model), load_tokenizer(model))
+
+
+def make_policy_rehearser(model: str = "smollm2-135m", prompt_mode: PromptMode = "inline", policy: Policy | None = None) -> PolicyRehearser:
+    """The factory registered as rehearser ``"policy"`` (`envace_gym.rehearsal.make_rehearser`)."""
+    return PolicyRehearser(policy if policy is not None else load_policy(model), prompt_mode=prompt_mode)

@@ -1,0 +1,90 @@
+"""A scripted stub suite shared by the env and wrapper tests (Gymnasium's `tests/testing_env.py` habit).
+
+`ScriptedSuite` has a few hand-made tasks over two deterministic tools (``add`` keeps a running total,
+``echo`` returns its text) and a verifier that replays the ACT calls on a fresh backend and checks the
+final state and that each turn made its expected calls. Registered as suite ``"scripted"``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from envace_gym.suites import VerifierResult, register_suite
+from envace_gym.types import Message, Task, ToolCall, ToolSpec
+
+ADD = ToolSpec(
+    "add",
+    "Add an integer to the running total and return the new total.",
+    {"type": "object", "properties": {"value": {"type": "integer"}}, "required": ["value"]},
+)
+ECHO = ToolSpec(
+    "echo",
+    "Return the given text.",
+    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+)
+
+
+class ScriptedBackend:
+    """Deterministic two-tool backend: ``add(value)`` accumulates, ``echo(text)`` returns text."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.total = start
+        self.log: list[str] = []
+
+    def execute(self, call: ToolCall) -> str:
+        if call.name == "add":
+            value = call.arguments.get("value")
+            if not isinstance(value, int) or isinstance(value, bool):
+                return json.dumps({"error": f"value must be an integer, got {value!r}"})
+            self.total += value
+            self.log.append(f"add {value}")
+            return json.dumps({"total": self.total})
+        if call.name == "echo":
+            self.log.append("echo")
+            return json.dumps({"text": str(call.arguments.get("text", ""))})
+        return json.dumps({"error": f"unknown tool {call.name!r}"})
+
+    def snapshot(self) -> bytes:
+        return json.dumps({"total": self.total, "log": self.log}).encode()
+
+
+def _task(i: int, turns: list[str], target: int) -> Task:
+    return Task(
+        id=f"scripted_{i}",
+        suite="scripted",
+        turns=[[Message("user", t)] for t in turns],
+        tools=[ADD, ECHO],
+        verifier="scripted.total",
+        metadata={"target_total": target, "start": 0},
+    )
+
+
+TASKS = [
+    _task(0, ["Add 2 to the total."], 2),
+    _task(1, ["Add 3 to the total.", "Now add 4."], 7),
+    _task(2, ["Echo 'hi'.", "Add 5.", "Add -1."], 4),
+]
+
+
+class ScriptedSuite:
+    """The stub suite; `verify` replays the calls and compares the final total to the task's target."""
+
+    name = "scripted"
+
+    def tasks(self, categories=None, split="train"):
+        return list(TASKS)
+
+    def make_backend(self, task: Task) -> ScriptedBackend:
+        return ScriptedBackend(task.metadata.get("start", 0))
+
+    def verify(self, task, calls_per_turn, final_responses=None) -> VerifierResult:
+        backend = self.make_backend(task)
+        for turn in calls_per_turn:
+            for step in turn:
+                for call in step:
+                    backend.execute(call)
+        ok = len(calls_per_turn) == task.num_turns and backend.total == task.metadata["target_total"]
+        return VerifierResult(reward=1.0 if ok else 0.0, valid=ok, details={"total": backend.total})
+
+
+register_suite("scripted", ScriptedSuite)

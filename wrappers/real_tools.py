@@ -1,0 +1,57 @@
+"""`RealTools`: answer tool calls with a real backend instead of the policy's rehearsal."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import gymnasium as gym
+from gymnasium.utils import RecordConstructorArgs
+
+from envace_gym.suites import ToolBackend
+from envace_gym.types import Task
+
+__all__ = ["RealTools"]
+
+
+class RealTools(gym.Wrapper, RecordConstructorArgs):
+    """Swap rehearsal for a real tool backend (evaluation time); nothing else changes.
+
+    Wrapping a `RehearseEnv` makes every tool call of the following episodes go to a fresh real backend
+    built by `backend_factory` (by default the suite's, e.g. an isolated BFCL instance set per episode);
+    the observation tokens are then OBSERVATION segments (no loss). Parsing, turns, termination, reward
+    and the token bookkeeping stay those of the wrapped env, so the same action sequence yields the
+    rehearsed observation without the wrapper and the real one with it. Wrapping a `ToolUseEnv` replaces
+    its backend factory. The swap takes effect at the next `reset`.
+
+    Example:
+        >>> import gymnasium as gym, envace_gym  # doctest: +SKIP
+        >>> env = RealTools(gym.make("EnvACE-Rehearse-v0"))  # doctest: +SKIP
+
+    Args:
+        env: an env whose ``unwrapped`` is a `ToolUseEnv` or `RehearseEnv`.
+        backend_factory: Task -> ToolBackend; None uses ``env.unwrapped.suite.make_backend``.
+
+    Raises:
+        TypeError: the wrapped env is not a tool-use env, or `backend_factory` is not callable.
+
+    Change log:
+        * v0.1.0: initial version.
+    """
+
+    def __init__(self, env: gym.Env, backend_factory: Callable[[Task], ToolBackend] | None = None) -> None:
+        RecordConstructorArgs.__init__(self, backend_factory=backend_factory)
+        gym.Wrapper.__init__(self, env)
+        base = env.unwrapped
+        if not hasattr(base, "suite") or not hasattr(base, "backend_factory"):
+            raise TypeError(f"RealTools wraps a ToolUseEnv or RehearseEnv, got {type(base).__name__}")
+        if backend_factory is not None and not callable(backend_factory):
+            raise TypeError(f"backend_factory must be callable (Task -> ToolBackend), got {backend_factory!r}")
+        factory = backend_factory or base.suite.make_backend
+        if hasattr(base, "real_backend_factory"):
+            base.real_backend_factory = factory
+        else:
+            base.backend_factory = factory
+
+    def reset(self, **kwargs: Any):
+        """Reset the wrapped env (its next episode uses the real backend)."""
+        return self.env.reset(**kwargs)
