@@ -16,3 +16,11 @@ def smol_tokenizer():
     from agents.models import load_tokenizer
 
     return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """A tiny random Llama-style model (2 layers, hidden 64, SmolLM2 vocab, seed 0, fp32, eval). Shared: do not train it in place."""
+    from agents.models import tiny_random_model
+
+    return tiny_random_model("llama", seed=0)
