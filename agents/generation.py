@@ -108,11 +108,11 @@ def generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past,
+            cache=past,
             use_cache=True,
             logits_to_keep=1,
         )
-        past = out.past_key_values
+        past = out.cache
         logits = out.logits[:, -1, :].float()  # (B, V)
         if temperature > 0:
             logprobs = torch.log_softmax(logits / temperature, dim=-1)  # (B, V)
