@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Generator, Sequence
 
 import gymnasium as gym
@@ -257,8 +258,18 @@ class ToolUseEnv(gym.Env[str, str]):
 
     # ------------------------------------------------------------------ helpers
     def _open_turn(self, turn: int) -> list[Message]:
+        """Record and return the messages that open user turn `turn`.
+
+        At a turn where the task reveals held-out tools (BFCL miss_func), their schemas are prepended to the
+        first user message as a JSON list followed by a newline, as BFCL's prompting harness does
+        (``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING``); ``info["tools"]`` lists them from then on.
+        """
         assert self.task is not None
         new = [Message(role=m.role, content=m.content) for m in self.task.turns[turn]]
+        revealed = self.task.held_out_tools.get(turn) if turn > 0 else None
+        if revealed and new:
+            schemas = json.dumps([t.to_openai()["function"] for t in revealed], ensure_ascii=False)
+            new[0] = Message(role=new[0].role, content=f"{schemas}\n{new[0].content}")
         for m in new:
             self._record(m)
         return new

@@ -153,3 +153,55 @@ def test_bad_config_fails_fast():
 
 def test_check_env_scripted():
     check_env(ToolUseEnv(suite="scripted"), skip_render_check=True)
+
+
+BFCL_TASKS = ["multi_turn_base_0", "multi_turn_base_167", "multi_turn_long_context_5"]
+
+
+@pytest.fixture(scope="module")
+def bfcl_env():
+    return ToolUseEnv(suite="bfcl", categories=["multi_turn_base", "multi_turn_long_context"], split="all", max_steps_per_turn=5)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_bfcl_arbitrary_actions_keep_invariants_and_replay(bfcl_env, data):
+    """Same properties on real BFCL backends, with calls drawn over each task's own tool names."""
+    task_id = data.draw(st.sampled_from(BFCL_TASKS))
+    names = [t.name for t in bfcl_env.tasks[bfcl_env._task_index[task_id]].tools] + ["not_a_tool", "_load_scenario"]
+    actions = data.draw(st.lists(action_strategy(names), min_size=1, max_size=8))
+    steps = _run_episode(bfcl_env, task_id, actions)
+    _check_invariants(bfcl_env, steps)
+    _check_replay(bfcl_env)
+
+
+@pytest.mark.parametrize("style", ["hermes", "python"])
+def test_bfcl_ground_truth_through_the_env_scores_one_and_a_dropped_call_zero(style):
+    from benchmarks.bfcl.verify import ground_truth_tool_calls
+
+    env = ToolUseEnv(suite="bfcl", categories=["multi_turn_base"], split="all")
+    task = env.tasks[env._task_index["multi_turn_base_0"]]
+    turns = ground_truth_tool_calls(task)
+    for drop in (False, True):
+        env.reset(options={"task_id": task.id})
+        for t, calls in enumerate(turns):
+            for j, call in enumerate(calls):
+                if drop and t == 0 and j == len(calls) - 1:
+                    continue
+                env.step(format_tool_calls([call], style))
+            obs, reward, term, trunc, info = env.step("Done.")
+        assert term and reward == (0.0 if drop else 1.0), info.get("verifier")
+
+
+def test_miss_func_reveals_held_out_tools_at_their_turn():
+    env = ToolUseEnv(suite="bfcl", categories=["multi_turn_miss_func"], split="all")
+    task = next(t for t in env.tasks if t.held_out_tools)
+    (turn,) = list(task.held_out_tools)
+    _, info = env.reset(options={"task_id": task.id})
+    hidden = {t.name for t in task.held_out_tools[turn]}
+    assert not hidden & {t["function"]["name"] for t in info["tools"]}
+    for _ in range(turn):
+        obs, _, _, _, info = env.step("Done.")
+    assert hidden <= {t["function"]["name"] for t in info["tools"]}
+    revealed = json.loads(obs.split("\n", 1)[0])
+    assert {f["name"] for f in revealed} == hidden
