@@ -1,0 +1,534 @@
+"""Rollout collection and batching: drive a `RehearseVectorEnv` with the policy, then fill a `RolloutBatch`.
+
+Two steps (the split of SB3's ``OnPolicyAlgorithm.collect_rollouts`` / ``RolloutBuffer``, STYLE.md §3):
+
+* `collect_rollouts(policy, vector_env, task_ids, group_size, ...)`: B instructions × K samples = B·K
+  episodes, one env each, stepped in lockstep. Every step makes ONE batched `policy.act` over the active
+  envs' token contexts and one `vector_env.step` (which itself batches the rehearsals of every env;
+  DESIGN.md §3, "Batch the model, not the env"). Returns the B·K `Trajectory` objects in group-major order
+  (index ``b * K + k``), so ``group_ids = [i // K for i in range(B * K)]`` (`group_ids_for`).
+* `build_batch(trajectories, group_ids, ...)`: the padded training tensors (`RolloutBatch`), built from the
+  recorded token ids and logprobs only (token in, token out: nothing is re-rendered or re-tokenised), with
+  the role-wise (or plain) GRPO advantages of `agents.grpo` broadcast to the tokens of each segment.
+
+Sources: EnvACE (Xu et al., 2026, arXiv 2608.06197) as DESIGN.md §1 and §3 describe it; the invalid-action
+penalty (0.1 for an empty response) is the reference hyperparameter listed in DESIGN.md §1.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from agents.grpo import Weighting, grpo_advantages, role_wise_advantages, segment_advantages_to_tokens
+from envace_gym.types import Role, Trajectory
+
+__all__ = [
+    "RolloutBatch",
+    "ActPolicy",
+    "collect_rollouts",
+    "build_batch",
+    "group_ids_for",
+    "is_empty_action",
+    "PAD_ROLE",
+]
+
+PAD_ROLE = -1
+"""``role_mask`` value of right-padding positions (every real token holds a `Role` value, 0-4)."""
+
+RowKind = Literal["trajectory", "rehearsal"]
+Algo = Literal["role_grpo", "grpo"]
+PromptMode = Literal["inline", "separate"]
+RolloutMode = Literal["rehearse", "real"]
+
+_TRAINABLE = (Role.ACT, Role.REHEARSE)
+
+
+class ActPolicy(Protocol):
+    """What `collect_rollouts` needs from a policy: `agents.policy.Policy.act`."""
+
+    def act(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        seeds: Sequence[int | None] | None,
+    ) -> list[str]:
+        ...
+
+
+def group_ids_for(num_groups: int, group_size: int) -> list[int]:
+    """Group id of each of the B·K trajectories `collect_rollouts` returns: ``[i // K for i in range(B * K)]``.
+
+    Regroups ``(B, K)`` (instruction, sample) into the flat ``(B·K,)`` order ``b * K + k``.
+    """
+    return [i // group_size for i in range(num_groups * group_size)]
+
+
+def is_empty_action(action: str) -> bool:
+    """True for an empty ACT response: no text once the stop token is dropped, or whitespace only.
+
+    `agents.policy.Policy.act` already decodes without the trailing end-of-message id, so a response made
+    of the stop token alone is the empty string here.
+    """
+    return str(action).strip() == ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Collection
+# ---------------------------------------------------------------------------------------------------------
+
+
+def collect_rollouts(
+    policy: ActPolicy,
+    vector_env: Any,
+    task_ids: Sequence[str],
+    group_size: int,
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 1.0,
+    seed: int = 0,
+    rollout: RolloutMode = "rehearse",
+    max_steps_per_turn: int | None = None,
+    max_steps: int | None = None,
+    invalid_action_penalty: float = 0.1,
+) -> tuple[list[Trajectory], dict[str, Any]]:
+    """Play K episodes of each of B tasks through a `RehearseVectorEnv` with ``num_envs == B·K``.
+
+    Env ``i = b * K + k`` plays ``task_ids[b]`` (the vector env is reset with
+    ``options={"task_ids": [t for t in task_ids for _ in range(K)]}`` and ``seed=seed``, so env i gets seed
+    ``seed + i``). Each round: the contexts are the active envs' ``trajectory.token_ids`` (which end with the
+    assistant opener after every non-final step, so they ARE the ACT contexts), ONE batched ``policy.act``
+    answers all of them, and one ``vector_env.step`` plays the actions (rehearsals batched inside).
+
+    Finished envs (terminated or truncated). Their `Trajectory` object is kept at the step they end (a
+    reset creates a new object, so it is never mutated afterwards) and they get no model call again. Since a
+    vector env steps all its envs, a finished env is passed the empty action ``""``: the first such step is
+    Gymnasium's NEXT_STEP autoreset (the action is ignored), later ones play ``""`` in a throwaway episode,
+    which never yields a tool call, hence never a rehearsal nor a model call. Those episodes are discarded;
+    the loop stops as soon as every env has finished once.
+
+    Invalid-action penalty (DESIGN.md §1: 0.1 for an empty response). An ACT response that is empty
+    (`is_empty_action`: only the stop token, or whitespace) makes the trajectory's reward
+    ``R = R_verifier - invalid_action_penalty``, once per trajectory however many empty responses it has
+    (so R stays in [-penalty, 1]). ``Trajectory.reward`` holds the penalised R (what the advantages use);
+    ``stats["verifier_rewards"]`` the unpenalised ones. A truncated episode has ``R_verifier = 0``.
+
+    Rehearsal rows (``separate`` prompt mode). The env keeps each rehearsal's simulator prompt and
+    completion in ``env.rehearsal_rows`` (the ACT row holds the rehearsed text as OBSERVATION tokens only).
+    They are carried with the trajectory in ``trajectory.turn_info``: one dict per user turn reached,
+    ``{"turn": t, "steps": n, "empty_actions": e, "rehearsals": [row, ...]}``, each row a dict with
+    ``call``, ``text``, ``token_ids``, ``logprobs``, ``prompt_ids``, ``stopped`` (as the env records it).
+    In ``inline`` mode the REHEARSE segments are already in ``trajectory.segments`` and ``rehearsals`` is
+    empty. `build_batch` reads these rows; everything is JSON-compatible (`Trajectory.to_dict`).
+
+    Temperature. ``old_logprobs`` are ``log_softmax(logits / temperature)`` (`agents.generation`): ACT
+    tokens at ``temperature``, REHEARSE tokens at the env's rehearsal ``temperature``. A warning is issued
+    when they differ, since one recomputation temperature cannot then match both. Temperature 0 (greedy)
+    records ``log_softmax(logits)``: recompute it at temperature 1.
+
+    Args:
+        policy: anything with `agents.policy.Policy.act`'s signature (`ActPolicy`); its actions are passed to
+            the env as they come (`GeneratedText` records ids and logprobs; a plain ``str`` is tokenised by
+            the env and carries no logprobs, hence no loss).
+        vector_env: a `envace_gym.envs.rehearse_vector.RehearseVectorEnv` (or a vector wrapper of one) with
+            ``num_envs == len(task_ids) * group_size``.
+        task_ids: the B task ids (repeats allowed: groups are positions, not ids).
+        group_size: K >= 1 samples per task (K = 1 gives zero advantages; see `agents.grpo`).
+        max_new_tokens: cap on each ACT response.
+        temperature: ACT sampling temperature (0: greedy).
+        seed: reset seed (env i gets ``seed + i``, which also seeds its rehearsals) and the seed of the ACT
+            sampling seeds (one stream per env, independent of which other envs are still active).
+        rollout: ``"rehearse"`` (EnvACE: tool calls answered by the policy's REHEARSE role) or ``"real"``
+            (the real-environment ablation: each env gets ``real_backend_factory = env.suite.make_backend``
+            before the reset, as `wrappers.RealTools` does; tool outputs are OBSERVATION segments, no loss).
+            ``"rehearse"`` sets ``real_backend_factory = None`` (both override what was set before).
+        max_steps_per_turn: when given, sets each env's ``max_steps_per_turn`` (ACT messages per user turn
+            before truncation); None keeps the env's.
+        max_steps: cap on vector steps (a safety net); envs still running then are marked truncated with
+            verifier reward 0 (``stats["num_capped"]``). None: no cap (the env limits end every episode).
+        invalid_action_penalty: >= 0, subtracted once from R of a trajectory with an empty ACT response.
+
+    Returns:
+        ``(trajectories, stats)``: the B·K trajectories (group-major, `group_ids_for`), and a dict with
+        ``group_ids`` (list[int], (B·K,)), ``task_ids`` (list[str], (B·K,)), ``verifier_rewards`` and
+        ``rewards`` (list[float], (B·K,)), ``empty_actions`` (list[int], (B·K,)), ``num_steps`` (vector
+        steps), ``num_act_calls`` (batched ``act`` calls), ``num_capped``, ``reward_mean``, ``truncated``
+        (count), ``mean_tokens`` (per trajectory), ``rollout``.
+
+    Raises:
+        ValueError: empty ``task_ids``, ``group_size < 1``, ``num_envs != B·K``, negative penalty, an unknown
+            ``rollout``, ``max_steps < 1``, or a policy returning the wrong number of actions.
+        TypeError: ``vector_env`` has no ``envs`` (not a `RehearseVectorEnv`).
+        KeyError: a task id unknown to the envs (from ``ToolUseEnv.reset``).
+    """
+    if not task_ids:
+        raise ValueError("task_ids must name at least one task")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if invalid_action_penalty < 0:
+        raise ValueError(f"invalid_action_penalty must be >= 0, got {invalid_action_penalty}")
+    if rollout not in ("rehearse", "real"):
+        raise ValueError(f"rollout must be 'rehearse' or 'real', got {rollout!r}")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps must be None or >= 1, got {max_steps}")
+    base = getattr(vector_env, "unwrapped", vector_env)
+    envs = getattr(base, "envs", None)
+    if envs is None:
+        raise TypeError(f"vector_env must be a RehearseVectorEnv (with .envs), got {type(base).__name__}")
+    n = len(task_ids) * group_size
+    if len(envs) != n:
+        raise ValueError(
+            f"vector_env has num_envs={len(envs)} but B·K = {len(task_ids)}·{group_size} = {n}; they must match"
+        )
+    rehearsal_temps = {float(getattr(e, "temperature", temperature)) for e in envs}
+    if rollout == "rehearse" and rehearsal_temps != {float(temperature)}:
+        warnings.warn(
+            f"ACT temperature {temperature} differs from the envs' rehearsal temperature(s) {sorted(rehearsal_temps)}: "
+            "old_logprobs of ACT and REHEARSE tokens are then at different temperatures",
+            stacklevel=2,
+        )
+    for env in envs:
+        env.real_backend_factory = env.suite.make_backend if rollout == "real" else None
+        if max_steps_per_turn is not None:
+            env.max_steps_per_turn = max_steps_per_turn
+
+    env_task_ids = [t for t in task_ids for _ in range(group_size)]
+    vector_env.reset(seed=seed, options={"task_ids": env_task_ids})
+    rng = np.random.default_rng(seed)
+    done = [False] * n
+    results: list[Trajectory | None] = [None] * n
+    turns = [0] * n
+    turn_info: list[list[dict[str, Any]]] = [[_turn_entry(0)] for _ in range(n)]
+    rows_seen = [0] * n
+    empty = [0] * n
+    num_steps = num_act_calls = num_capped = 0
+
+    while not all(done):
+        if max_steps is not None and num_steps >= max_steps:
+            for i in range(n):
+                if not done[i]:
+                    traj = envs[i].trajectory
+                    traj.truncated, traj.reward = True, 0.0
+                    results[i], done[i] = traj, True
+                    num_capped += 1
+            break
+        step_seeds = rng.integers(0, 2**31 - 1, size=n)  # (B·K,) one draw per env per step, active or not
+        active = [i for i in range(n) if not done[i]]
+        contexts = [envs[i].trajectory.token_ids for i in active]
+        outputs = policy.act(
+            contexts, max_new_tokens=max_new_tokens, temperature=temperature, seeds=[int(step_seeds[i]) for i in active]
+        )
+        num_act_calls += 1
+        if len(outputs) != len(active):
+            raise ValueError(f"policy.act returned {len(outputs)} actions for {len(active)} contexts")
+        actions: list[str] = [""] * n
+        for i, out in zip(active, outputs):
+            actions[i] = out
+            if is_empty_action(out):
+                empty[i] += 1
+                turn_info[i][-1]["empty_actions"] += 1
+            turn_info[i][-1]["steps"] += 1
+        _, _, terminated, truncated, infos = vector_env.step(actions)
+        num_steps += 1
+        for i in active:
+            env = envs[i]
+            rows = getattr(env, "rehearsal_rows", [])
+            turn_info[i][-1]["rehearsals"].extend(rows[rows_seen[i]:])
+            rows_seen[i] = len(rows)
+            if terminated[i] or truncated[i]:
+                results[i], done[i] = env.trajectory, True
+                continue
+            new_turn = int(infos["turn"][i]) if "turn" in infos else turns[i]
+            if new_turn != turns[i]:
+                turns[i] = new_turn
+                turn_info[i].append(_turn_entry(new_turn))
+
+    trajectories: list[Trajectory] = []
+    verifier_rewards: list[float] = []
+    for i, traj in enumerate(results):
+        assert traj is not None
+        verifier_rewards.append(float(traj.reward))
+        if empty[i]:
+            traj.reward = float(traj.reward) - invalid_action_penalty
+        traj.turn_info = turn_info[i]
+        trajectories.append(traj)
+    rewards = [t.reward for t in trajectories]
+    stats = {
+        "group_ids": group_ids_for(len(task_ids), group_size),
+        "task_ids": env_task_ids,
+        "verifier_rewards": verifier_rewards,
+        "rewards": rewards,
+        "empty_actions": empty,
+        "num_steps": num_steps,
+        "num_act_calls": num_act_calls,
+        "num_capped": num_capped,
+        "reward_mean": float(np.mean(rewards)),
+        "truncated": sum(t.truncated for t in trajectories),
+        "mean_tokens": float(np.mean([len(t.token_ids) for t in trajectories])),
+        "rollout": rollout,
+    }
+    return trajectories, stats
+
+
+def _turn_entry(turn: int) -> dict[str, Any]:
+    return {"turn": turn, "steps": 0, "empty_actions": 0, "rehearsals": []}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Batching
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RolloutBatch:
+    """Padded training tensors of one rollout batch (STYLE.md §3: shapes written down).
+
+    N rows of T tokens, right-padded. Inline mode: N = number of trajectories (B·K from `collect_rollouts`),
+    one row each. Separate mode: the B·K ACT rows first (row i = trajectory i), then one row per rehearsal
+    (simulator prompt + completion), in trajectory order then rehearsal order. S = number of trainable
+    segments (ACT/REHEARSE segments that have recorded logprobs) over all rows.
+
+    Attributes:
+        input_ids: ``(N, T) int64``, the recorded token ids; padding holds ``pad_id``.
+        attention_mask: ``(N, T) int64``, 1 on real tokens, 0 on padding.
+        role_mask: ``(N, T) int64``, the `envace_gym.types.Role` value of each token (PROMPT 0, ACT 1,
+            REHEARSE 2, OBSERVATION 3, TEMPLATE 4); `PAD_ROLE` (-1) on padding. Partitions every row.
+        loss_mask: ``(N, T) bool``, True on ACT/REHEARSE tokens that have recorded logprobs (never on
+            padding, prompt, template or observation tokens, nor on plain-text actions without logprobs).
+        old_logprobs: ``(N, T) float32``, the logprob recorded at generation for each loss token
+            (position t = log p(ids[t] | ids[:t]), as `agents.logprobs.token_logprobs` returns); 0 elsewhere.
+        advantages: ``(N, T) float32``, the segment advantage on each token of its segment; 0 outside
+            ``loss_mask``.
+        segment_ids: ``(N, T) int64``, index in ``[0, S)`` of the trainable segment of each token; -1 elsewhere.
+        group_ids: ``(N,) int64``, the group (instruction) of each row's trajectory.
+        rewards: ``(N,) float32``, R(τ) of each row's trajectory (penalised; see `collect_rollouts`).
+        traj_ids: ``(N,) int64``, the index of each row's trajectory in the input list.
+        row_kinds: ``(N,)`` list of ``"trajectory"`` or ``"rehearsal"``.
+        task_ids: ``(N,)`` list of the row's task id.
+        seg_rewards: ``(S,) float32``, R(τ) of each segment's trajectory.
+        seg_group_ids: ``(S,) int64``.
+        seg_roles: ``(S,) int64``, ``Role.ACT`` or ``Role.REHEARSE``.
+        seg_traj_ids: ``(S,) int64``.
+        seg_num_tokens: ``(S,) int64``.
+        seg_advantages: ``(S,) float32``, from `agents.grpo.role_wise_advantages` (``algo="role_grpo"``) or
+            `agents.grpo.grpo_advantages` (``algo="grpo"``).
+        seg_rows: ``(S,) int64``, the row of each segment.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    role_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    segment_ids: torch.Tensor
+    group_ids: torch.Tensor
+    rewards: torch.Tensor
+    traj_ids: torch.Tensor
+    row_kinds: list[RowKind] = field(default_factory=list)
+    task_ids: list[str] = field(default_factory=list)
+    seg_rewards: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    seg_group_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    seg_roles: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    seg_traj_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    seg_num_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    seg_advantages: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    seg_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    @property
+    def num_rows(self) -> int:
+        """N."""
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        """T."""
+        return int(self.input_ids.shape[1])
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """A copy with every tensor on `device` (lists are shared)."""
+        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return RolloutBatch(**moved)
+
+    def select(self, rows: Sequence[int] | torch.Tensor) -> RolloutBatch:
+        """The rows `rows` (a minibatch); per-segment arrays keep only those rows' segments.
+
+        ``segment_ids`` is renumbered into the kept segments; padding columns are not trimmed.
+        """
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        keep = torch.isin(self.seg_rows, idx)  # (S,)
+        old_to_new = torch.full((self.seg_rows.shape[0] + 1,), -1, dtype=torch.long)
+        old_to_new[:-1][keep] = torch.arange(int(keep.sum()))
+        row_map = torch.full((self.num_rows,), -1, dtype=torch.long)
+        row_map[idx] = torch.arange(idx.shape[0])
+        seg_ids = old_to_new[self.segment_ids[idx]]  # -1 indexes the trailing -1
+        return RolloutBatch(
+            input_ids=self.input_ids[idx],
+            attention_mask=self.attention_mask[idx],
+            role_mask=self.role_mask[idx],
+            loss_mask=self.loss_mask[idx],
+            old_logprobs=self.old_logprobs[idx],
+            advantages=self.advantages[idx],
+            segment_ids=seg_ids,
+            group_ids=self.group_ids[idx],
+            rewards=self.rewards[idx],
+            traj_ids=self.traj_ids[idx],
+            row_kinds=[self.row_kinds[i] for i in idx.tolist()],
+            task_ids=[self.task_ids[i] for i in idx.tolist()],
+            seg_rewards=self.seg_rewards[keep],
+            seg_group_ids=self.seg_group_ids[keep],
+            seg_roles=self.seg_roles[keep],
+            seg_traj_ids=self.seg_traj_ids[keep],
+            seg_num_tokens=self.seg_num_tokens[keep],
+            seg_advantages=self.seg_advantages[keep],
+            seg_rows=row_map[self.seg_rows[keep]],
+        )
+
+
+@dataclass
+class _Row:
+    kind: RowKind
+    traj: int
+    pieces: list[tuple[Role, list[int], list[float] | None]]
+
+
+def _rows(trajectories: Sequence[Trajectory], prompt_mode: PromptMode) -> list[_Row]:
+    rows = [
+        _Row("trajectory", i, [(s.role, list(s.token_ids), s.logprobs) for s in t.segments])
+        for i, t in enumerate(trajectories)
+    ]
+    for i, t in enumerate(trajectories):
+        has_rehearse_segment = any(s.role == Role.REHEARSE for s in t.segments)
+        rehearsals = [r for entry in t.turn_info for r in entry.get("rehearsals", [])]
+        if prompt_mode == "inline" and rehearsals:
+            raise ValueError(
+                f"trajectory {i} carries separate-mode rehearsal rows in turn_info but prompt_mode='inline'"
+            )
+        if prompt_mode == "separate" and has_rehearse_segment:
+            raise ValueError(f"trajectory {i} has inline REHEARSE segments but prompt_mode='separate'")
+        for r in rehearsals:
+            if r.get("prompt_ids") is None:
+                raise ValueError(f"a rehearsal row of trajectory {i} has no prompt_ids (not a separate-mode row)")
+            rows.append(
+                _Row("rehearsal", i, [(Role.PROMPT, list(r["prompt_ids"]), None), (Role.REHEARSE, list(r["token_ids"]), r["logprobs"])])
+            )
+    return rows
+
+
+def build_batch(
+    trajectories: Sequence[Trajectory],
+    group_ids: Sequence[int],
+    *,
+    weighting: Weighting = "turn",
+    algo: Algo = "role_grpo",
+    scale_by_std: bool = False,
+    prompt_mode: PromptMode = "inline",
+    pad_id: int,
+) -> RolloutBatch:
+    """Pack trajectories into a right-padded `RolloutBatch` with per-token role masks and advantages.
+
+    Rows (see `RolloutBatch`): ``inline``, one row per trajectory (ACT and REHEARSE segments in one
+    sequence); ``separate``, one ACT row per trajectory (its rehearsed tool messages are OBSERVATION
+    tokens) plus one row per rehearsal read from ``trajectory.turn_info[*]["rehearsals"]`` (as
+    `collect_rollouts` stores them): the simulator prompt ids as PROMPT, then the generated ids as REHEARSE
+    with their recorded logprobs.
+
+    Advantages: every ACT/REHEARSE segment with logprobs is one advantage segment (reward R(τ) of its
+    trajectory, its group, its role, its length); segments without logprobs (plain-text actions) are left
+    out of the baselines and of the loss. ``algo="role_grpo"``: `agents.grpo.role_wise_advantages` (one
+    baseline per (group, role), ``weighting``/``scale_by_std`` as there); ``algo="grpo"``:
+    `agents.grpo.grpo_advantages` (one baseline per group over trajectories; ``weighting`` is ignored).
+    Each segment's advantage is broadcast to its tokens with `agents.grpo.segment_advantages_to_tokens`.
+
+    Args:
+        trajectories: the trajectories (e.g. `collect_rollouts`' B·K, group-major).
+        group_ids: one group id per trajectory, ``(len(trajectories),)``; `group_ids_for` gives
+            `collect_rollouts`' layout.
+        weighting: ``"turn"``, ``"token"`` or ``"trajectory"`` (see `agents.grpo`).
+        algo: ``"role_grpo"`` or ``"grpo"``.
+        scale_by_std: divide advantages by the per-key std (off by default).
+        prompt_mode: ``"inline"`` or ``"separate"``: the env's prompt mode at collection.
+        pad_id: the id written in padding positions (masked out by ``attention_mask``).
+
+    Returns:
+        A `RolloutBatch` on the CPU.
+
+    Raises:
+        ValueError: no trajectories, ``len(group_ids) != len(trajectories)``, an unknown ``algo`` or
+            ``prompt_mode``, a prompt mode that contradicts the trajectories (inline REHEARSE segments in
+            ``separate``, rehearsal rows in ``inline``), or the errors of `agents.grpo` (unknown weighting, ...).
+    """
+    if not trajectories:
+        raise ValueError("build_batch needs at least one trajectory")
+    if len(group_ids) != len(trajectories):
+        raise ValueError(f"{len(group_ids)} group ids for {len(trajectories)} trajectories; they must match")
+    if algo not in ("role_grpo", "grpo"):
+        raise ValueError(f"algo must be 'role_grpo' or 'grpo', got {algo!r}")
+    if prompt_mode not in ("inline", "separate"):
+        raise ValueError(f"prompt_mode must be 'inline' or 'separate', got {prompt_mode!r}")
+    rows = _rows(trajectories, prompt_mode)
+    n = len(rows)
+    t_max = max(1, max(sum(len(ids) for _, ids, _ in r.pieces) for r in rows))
+    input_ids = torch.full((n, t_max), int(pad_id), dtype=torch.long)  # (N, T)
+    attention_mask = torch.zeros((n, t_max), dtype=torch.long)  # (N, T)
+    role_mask = torch.full((n, t_max), PAD_ROLE, dtype=torch.long)  # (N, T)
+    old_logprobs = torch.zeros((n, t_max), dtype=torch.float32)  # (N, T)
+    segment_ids = torch.full((n, t_max), -1, dtype=torch.long)  # (N, T)
+    seg_group, seg_role, seg_traj, seg_len, seg_reward, seg_row = [], [], [], [], [], []
+    for r_idx, row in enumerate(rows):
+        pos = 0
+        for role, ids, logprobs in row.pieces:
+            end = pos + len(ids)
+            if ids:
+                input_ids[r_idx, pos:end] = torch.tensor(ids, dtype=torch.long)
+                attention_mask[r_idx, pos:end] = 1
+                role_mask[r_idx, pos:end] = int(role)
+                if role in _TRAINABLE and logprobs is not None:
+                    old_logprobs[r_idx, pos:end] = torch.tensor(logprobs, dtype=torch.float32)
+                    segment_ids[r_idx, pos:end] = len(seg_role)
+                    seg_group.append(int(group_ids[row.traj]))
+                    seg_role.append(int(role))
+                    seg_traj.append(row.traj)
+                    seg_len.append(len(ids))
+                    seg_reward.append(float(trajectories[row.traj].reward))
+                    seg_row.append(r_idx)
+            pos = end
+    seg_rewards = torch.tensor(seg_reward, dtype=torch.float32)  # (S,)
+    seg_group_ids = torch.tensor(seg_group, dtype=torch.long)  # (S,)
+    seg_roles = torch.tensor(seg_role, dtype=torch.long)  # (S,)
+    seg_traj_ids = torch.tensor(seg_traj, dtype=torch.long)  # (S,)
+    seg_num_tokens = torch.tensor(seg_len, dtype=torch.long)  # (S,)
+    if algo == "role_grpo":
+        seg_advantages = role_wise_advantages(
+            seg_rewards, seg_group_ids, seg_roles, seg_traj_ids, seg_num_tokens, weighting=weighting, scale_by_std=scale_by_std
+        )  # (S,)
+    else:
+        seg_advantages = grpo_advantages(seg_rewards, seg_group_ids, seg_traj_ids, scale_by_std=scale_by_std)  # (S,)
+    advantages = segment_advantages_to_tokens(seg_advantages, segment_ids)  # (N, T)
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        role_mask=role_mask,
+        loss_mask=segment_ids >= 0,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        segment_ids=segment_ids,
+        group_ids=torch.tensor([int(group_ids[r.traj]) for r in rows], dtype=torch.long),
+        rewards=torch.tensor([float(trajectories[r.traj].reward) for r in rows], dtype=torch.float32),
+        traj_ids=torch.tensor([r.traj for r in rows], dtype=torch.long),
+        row_kinds=[r.kind for r in rows],
+        task_ids=[trajectories[r.traj].task.id for r in rows],
+        seg_rewards=seg_rewards,
+        seg_group_ids=seg_group_ids,
+        seg_roles=seg_roles,
+        seg_traj_ids=seg_traj_ids,
+        seg_num_tokens=seg_num_tokens,
+        seg_advantages=seg_advantages,
+        seg_rows=torch.tensor(seg_row, dtype=torch.long),
+    )

@@ -1,0 +1,312 @@
+"""Tests of agents/rollout.py: rollouts on the tiny random model through the scripted suite, and batching.
+
+The key check: logprobs recomputed by one forward pass (`agents.logprobs.token_logprobs`) over the batch
+rows equal the logprobs recorded at generation on every loss position, in both prompt modes. A token at
+the wrong offset, a wrong mask or a re-tokenised piece would break it (token in, token out; DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import envace_gym  # noqa: F401
+import tests.testing_env  # noqa: F401
+from agents.grpo import grpo_advantages, role_wise_advantages
+from agents.logprobs import token_logprobs
+from agents.policy import load_policy
+from agents.rollout import PAD_ROLE, RolloutBatch, build_batch, collect_rollouts, group_ids_for
+from envace_gym.types import GeneratedText, Message, Role, Segment, Task, Trajectory
+
+B, K = 2, 2
+TASKS = ["scripted_0", "scripted_1"]
+NEW = 8
+ADD3 = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
+TWO_CALLS = "[echo(text='a'), add(value=1)]"
+# First ACT of each env (plain text: tokenised by the env, no logprobs, so no loss); None = the model's.
+FIRST = [ADD3, TWO_CALLS, None, ADD3]
+
+
+class FirstStepScript:
+    """The tiny model's policy, except that the first `act` call returns fixed plain-text actions where given.
+
+    A random model almost never writes a tool call; forcing the first action to be one makes every episode
+    rehearse (or call the real tool), so the REHEARSE/OBSERVATION paths are exercised.
+    """
+
+    def __init__(self, policy, first):
+        self.policy, self.first, self.calls = policy, list(first), 0
+
+    def act(self, contexts, *, max_new_tokens, temperature, seeds):
+        out = self.policy.act(contexts, max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds)
+        if self.calls == 0:
+            out = [f if f is not None else o for f, o in zip(self.first, out)]
+        self.calls += 1
+        return out
+
+
+class EmptyFirst:
+    """The tiny model's policy, except that env 0's first action is empty (just the stop token)."""
+
+    def __init__(self, policy):
+        self.policy, self.calls = policy, 0
+
+    def act(self, contexts, *, max_new_tokens, temperature, seeds):
+        out = self.policy.act(contexts, max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds)
+        if self.calls == 0:
+            out[0] = GeneratedText("", [self.policy.stop_ids[0]], [-0.5])
+        self.calls += 1
+        return out
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy("tiny-random")
+
+
+def _venv(prompt_mode):
+    return gym.make_vec(
+        "EnvACE-Rehearse-v0",
+        num_envs=B * K,
+        vectorization_mode="vector_entry_point",
+        suite="scripted",
+        categories=None,
+        model="tiny-random",
+        prompt_mode=prompt_mode,
+        max_new_tokens=NEW,
+        temperature=1.0,
+    )
+
+
+@pytest.fixture(scope="module")
+def venvs():
+    return {"inline": _venv("inline"), "separate": _venv("separate")}
+
+
+@pytest.fixture(scope="module")
+def rollouts(policy, venvs):
+    """One scripted-first-step rollout per prompt mode: {mode: (trajectories, stats)}."""
+    out = {}
+    for mode, venv in venvs.items():
+        out[mode] = collect_rollouts(
+            FirstStepScript(policy, FIRST), venv, TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=3
+        )
+    return out
+
+
+def _batch(trajs, policy, mode, **kw):
+    return build_batch(trajs, group_ids_for(B, K), prompt_mode=mode, pad_id=policy.pad_id, **kw)
+
+
+@pytest.mark.parametrize("mode", ["inline", "separate"])
+def test_recomputed_logprobs_match_recorded_ones_on_loss_positions(policy, rollouts, mode):
+    trajs, _ = rollouts[mode]
+    batch = _batch(trajs, policy, mode)
+    with torch.no_grad():
+        recomputed = token_logprobs(policy.model, batch.input_ids, batch.attention_mask, temperature=1.0)  # (N, T)
+    mask = batch.loss_mask
+    assert int(mask.sum()) > 0
+    roles_in_loss = set(batch.role_mask[mask].tolist())
+    assert roles_in_loss == {int(Role.ACT), int(Role.REHEARSE)}  # both roles are checked
+    diff = (recomputed.float().cpu() - batch.old_logprobs)[mask].abs().max()
+    assert float(diff) < 1e-3
+    # and the check has teeth: the logprobs shifted by one position do not match
+    shifted = torch.roll(batch.old_logprobs, 1, dims=1)
+    assert float((recomputed.float().cpu() - shifted)[mask].abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("mode", ["inline", "separate"])
+def test_rows_masks_and_advantages(policy, rollouts, mode):
+    trajs, stats = rollouts[mode]
+    batch = _batch(trajs, policy, mode)
+    n_reh = sum(len(e["rehearsals"]) for t in trajs for e in t.turn_info)
+    assert batch.row_kinds[: B * K] == ["trajectory"] * (B * K)
+    if mode == "inline":
+        assert batch.num_rows == B * K and n_reh == 0
+        assert any(s.role == Role.REHEARSE for t in trajs for s in t.segments)
+    else:
+        # env 1 made two calls, envs 0 and 3 one each (the model's own later actions may add more)
+        assert n_reh >= 4 and batch.num_rows == B * K + n_reh
+        assert batch.row_kinds[B * K:] == ["rehearsal"] * n_reh
+        assert not any(s.role == Role.REHEARSE for t in trajs for s in t.segments)
+    # group ids: group-major layout, rehearsal rows inherit their trajectory's group
+    assert stats["group_ids"] == [0, 0, 1, 1] and stats["task_ids"] == ["scripted_0"] * 2 + ["scripted_1"] * 2
+    assert batch.group_ids.tolist() == [i // K for i in batch.traj_ids.tolist()]
+    assert batch.task_ids == [trajs[i].task.id for i in batch.traj_ids.tolist()]
+    # token in, token out: the rows are the recorded ids
+    for r in range(batch.num_rows):
+        length = int(batch.attention_mask[r].sum())
+        assert batch.attention_mask[r, :length].all() and not batch.attention_mask[r, length:].any()
+        ids = batch.input_ids[r, :length].tolist()
+        if batch.row_kinds[r] == "trajectory":
+            assert ids == trajs[r].token_ids and batch.role_mask[r, :length].tolist() == trajs[r].role_mask
+    # role masks partition every row: every real token has exactly one Role, padding has PAD_ROLE
+    real = batch.attention_mask.bool()
+    assert set(batch.role_mask[real].tolist()) <= {int(r) for r in Role}
+    assert (batch.role_mask[~real] == PAD_ROLE).all()
+    # loss only on generated tokens with logprobs; forced plain-text first actions carry none
+    trainable = (batch.role_mask == int(Role.ACT)) | (batch.role_mask == int(Role.REHEARSE))
+    assert not (batch.loss_mask & ~trainable).any()
+    forced_act = [t.segments[2] for i, t in enumerate(trajs) if FIRST[i] is not None]
+    assert all(s.role == Role.ACT and s.logprobs is None for s in forced_act)
+    assert not (batch.loss_mask & ~real).any()
+    _check_advantage_layout(batch)
+
+
+def _check_advantage_layout(batch: RolloutBatch):
+    assert (batch.advantages[~batch.loss_mask] == 0).all()
+    assert (batch.old_logprobs[~batch.loss_mask] == 0).all()
+    assert batch.loss_mask.equal(batch.segment_ids >= 0)
+    for s in range(batch.seg_advantages.shape[0]):
+        tokens = batch.segment_ids == s
+        assert int(tokens.sum()) == int(batch.seg_num_tokens[s])
+        assert (batch.advantages[tokens] == batch.seg_advantages[s]).all()
+        assert set(batch.role_mask[tokens].tolist()) == {int(batch.seg_roles[s])}
+        assert int(tokens.nonzero()[:, 0].unique()) == int(batch.seg_rows[s])
+
+
+def test_real_rollout_gives_observations_not_rehearsals(policy, venvs):
+    trajs, stats = collect_rollouts(
+        FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=3, rollout="real"
+    )
+    assert stats["rollout"] == "real"
+    for i, t in enumerate(trajs):
+        assert Role.REHEARSE not in {s.role for s in t.segments}
+        assert all(not e["rehearsals"] for e in t.turn_info)
+    obs = [s.text for s in trajs[0].segments if s.role == Role.OBSERVATION]
+    assert obs[0] == '{"total": 3}'  # the real scripted backend answered the forced add(3)
+    batch = _batch(trajs, policy, "inline")
+    assert set(batch.role_mask[batch.loss_mask].tolist()) == {int(Role.ACT)}
+    # the vector env goes back to rehearsal on the next default rollout
+    trajs, _ = collect_rollouts(
+        FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=3
+    )
+    assert any(s.role == Role.REHEARSE for s in trajs[0].segments)
+
+
+def test_empty_action_penalty(policy, venvs):
+    trajs, stats = collect_rollouts(
+        EmptyFirst(policy), venvs["inline"], TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=1, invalid_action_penalty=0.1
+    )
+    assert stats["empty_actions"][0] >= 1
+    assert trajs[0].reward == pytest.approx(stats["verifier_rewards"][0] - 0.1)
+    assert stats["rewards"][0] == trajs[0].reward
+    for i in range(1, B * K):
+        if stats["empty_actions"][i] == 0:
+            assert trajs[i].reward == stats["verifier_rewards"][i]
+    act = [s for s in trajs[0].segments if s.role == Role.ACT]
+    assert act[0].token_ids == [policy.stop_ids[0]] and act[0].logprobs == [-0.5]
+
+
+def test_same_seed_reproduces_the_rollout_and_finished_envs_get_no_model_calls(policy, venvs, rollouts):
+    trajs, stats = collect_rollouts(
+        FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=3
+    )
+    before, _ = rollouts["inline"]
+    assert [t.token_ids for t in trajs] == [t.token_ids for t in before]
+    assert stats["num_act_calls"] == stats["num_steps"]
+    # every trajectory ended and kept its task (a NEXT_STEP autoreset did not overwrite it)
+    assert all(t.terminated or t.truncated for t in trajs)
+    assert [t.task.id for t in trajs] == stats["task_ids"]
+
+
+def test_argument_errors(policy, venvs):
+    with pytest.raises(ValueError, match="num_envs=4"):
+        collect_rollouts(policy, venvs["inline"], ["scripted_0"], 3)
+    with pytest.raises(ValueError, match="group_size"):
+        collect_rollouts(policy, venvs["inline"], TASKS, 0)
+    with pytest.raises(ValueError, match="rollout"):
+        collect_rollouts(policy, venvs["inline"], TASKS, K, rollout="fake")
+    trajs, stats = collect_rollouts(policy, venvs["inline"], TASKS, K, max_new_tokens=2, seed=0, max_steps=1)
+    assert stats["num_steps"] == 1 and all(t.terminated or t.truncated for t in trajs)
+    with pytest.raises(ValueError, match="group ids"):
+        build_batch(trajs, [0], pad_id=0)
+    with pytest.raises(ValueError, match="prompt_mode"):
+        build_batch(trajs, group_ids_for(B, K), pad_id=0, prompt_mode="bogus")
+    with pytest.raises(ValueError, match="algo"):
+        build_batch(trajs, group_ids_for(B, K), pad_id=0, algo="ppo")
+    inline_reh = Trajectory(task=trajs[0].task, segments=[Segment(Role.REHEARSE, [1], [-1.0])])
+    with pytest.raises(ValueError, match="inline REHEARSE"):
+        build_batch([inline_reh], [0], pad_id=0, prompt_mode="separate")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# build_batch on synthetic trajectories (no model): hypothesis invariants
+# ---------------------------------------------------------------------------------------------------------
+
+_TASK = Task(id="t", suite="scripted", turns=[[Message("user", "x")]], tools=[], verifier="none")
+
+
+@st.composite
+def synthetic(draw):
+    """Trajectories made of random segments (roles, lengths, logprobs or None) and rehearsal rows."""
+    separate = draw(st.booleans())
+    roles = [Role.PROMPT, Role.ACT, Role.OBSERVATION, Role.TEMPLATE] + ([] if separate else [Role.REHEARSE])
+    num_groups = draw(st.integers(1, 3))
+    k = draw(st.integers(1, 3))
+    trajs = []
+    for _ in range(num_groups * k):
+        segs = [Segment(Role.PROMPT, draw(st.lists(st.integers(0, 99), min_size=1, max_size=4)))]
+        for _ in range(draw(st.integers(0, 5))):
+            role = draw(st.sampled_from(roles))
+            ids = draw(st.lists(st.integers(0, 99), min_size=1, max_size=4))
+            lps = None
+            if role.trainable and draw(st.booleans()):
+                lps = [-float(draw(st.integers(1, 50))) / 10 for _ in ids]
+            segs.append(Segment(role, ids, lps))
+        rows = []
+        if separate:
+            for _ in range(draw(st.integers(0, 2))):
+                ids = draw(st.lists(st.integers(0, 99), min_size=1, max_size=3))
+                rows.append({"prompt_ids": draw(st.lists(st.integers(0, 99), min_size=1, max_size=3)), "token_ids": ids, "logprobs": [-0.25] * len(ids)})
+        reward = float(draw(st.sampled_from([0.0, 1.0, -0.1, 0.9])))
+        trajs.append(Trajectory(task=_TASK, segments=segs, reward=reward, turn_info=[{"turn": 0, "rehearsals": rows}]))
+    return trajs, group_ids_for(num_groups, k), "separate" if separate else "inline"
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=synthetic(), algo=st.sampled_from(["role_grpo", "grpo"]), weighting=st.sampled_from(["turn", "token", "trajectory"]))
+def test_build_batch_invariants(data, algo, weighting):
+    trajs, gids, mode = data
+    batch = build_batch(trajs, gids, prompt_mode=mode, algo=algo, weighting=weighting, pad_id=7)
+    n_reh = sum(len(e["rehearsals"]) for t in trajs for e in t.turn_info)
+    assert batch.num_rows == len(trajs) + n_reh
+    assert batch.input_ids.dtype == batch.attention_mask.dtype == batch.role_mask.dtype == torch.int64
+    assert batch.loss_mask.dtype == torch.bool and batch.old_logprobs.dtype == batch.advantages.dtype == torch.float32
+    assert batch.input_ids[~batch.attention_mask.bool()].eq(7).all()
+    # expected segments, listed independently of build_batch: row order, then segment order
+    expected = []  # (row, role, logprobs, traj)
+    for i, t in enumerate(trajs):
+        expected += [(i, s.role, s.logprobs, i) for s in t.segments if s.role.trainable and s.logprobs is not None]
+    row = len(trajs)
+    for i, t in enumerate(trajs):
+        for r in t.turn_info[0]["rehearsals"]:
+            expected.append((row, Role.REHEARSE, r["logprobs"], i))
+            row += 1
+    assert batch.seg_rows.tolist() == [e[0] for e in expected]
+    assert batch.seg_roles.tolist() == [int(e[1]) for e in expected]
+    assert batch.seg_traj_ids.tolist() == [e[3] for e in expected]
+    for s, (r, _, lps, _) in enumerate(expected):
+        assert batch.old_logprobs[batch.segment_ids == s].tolist() == pytest.approx(lps)
+    if expected:
+        rewards = torch.tensor([trajs[e[3]].reward for e in expected])
+        groups = torch.tensor([gids[e[3]] for e in expected])
+        traj_ids = torch.tensor([e[3] for e in expected])
+        if algo == "grpo":
+            want = grpo_advantages(rewards, groups, traj_ids)
+        else:
+            want = role_wise_advantages(
+                rewards, groups, torch.tensor([int(e[1]) for e in expected]), traj_ids, batch.seg_num_tokens, weighting
+            )
+        assert torch.equal(batch.seg_advantages, want)
+    _check_advantage_layout(batch)
+    real = batch.attention_mask.bool()
+    assert (batch.role_mask[real] >= 0).all() and (batch.role_mask[~real] == PAD_ROLE).all()
+    # a minibatch of rows keeps its segments consistent
+    if batch.num_rows > 1:
+        sub = batch.select([batch.num_rows - 1, 0])
+        assert sub.num_rows == 2 and sub.row_kinds == [batch.row_kinds[-1], batch.row_kinds[0]]
+        _check_advantage_layout(sub)
