@@ -250,7 +250,10 @@ class BFCLBackend:
                 )
             if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
                 return f"Error during execution: arguments of {name} must be an object of keyword arguments"
-            return bfcl_result_to_str(self._methods[name][1](**args))
+            # Deep-copy the arguments: BFCL methods store argument objects in their state (post_tweet keeps
+            # the `tags`/`mentions` lists and `mention` later extends them), which would otherwise alias the
+            # caller's ToolCall and corrupt a later replay of the same calls (e.g. by the verifier).
+            return bfcl_result_to_str(self._methods[name][1](**copy.deepcopy(args)))
         except Exception as e:  # any failure is an observation, never a crash (DESIGN.md §3)
             return f"Error during execution: {e}"
 

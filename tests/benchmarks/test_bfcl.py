@@ -446,3 +446,18 @@ def test_ast_checker_loads_without_vendor_sdks():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+
+
+def test_executing_calls_does_not_alias_their_arguments_into_backend_state():
+    """Replaying calls that already ran on another backend still scores 1.0 (post_tweet stores its list args)."""
+    from benchmarks.bfcl import BFCLSuite
+    from benchmarks.bfcl.verify import ground_truth_tool_calls
+
+    suite = BFCLSuite()
+    task = next(t for t in suite.tasks(["multi_turn_base"], "all") if t.id == "multi_turn_base_147")
+    turns = ground_truth_tool_calls(task)
+    backend = suite.make_backend(task)
+    for calls in turns:
+        for call in calls:
+            backend.execute(call)
+    assert suite.verify(task, [[[c] for c in calls] for calls in turns]).reward == 1.0
