@@ -22,9 +22,9 @@ Known differences between piecewise and whole rendering (each is covered by a te
 1. Tokenisation at boundaries: pieces are tokenised separately, so the ids can differ from tokenising the
    whole text at once where BPE would merge across a piece boundary. The decoded text is always equal.
    With ChatML special-token delimiters nothing merges across ``<|im_start|>``/``<|im_end|>``, but content
-   that starts with whitespace merges with the ``\n`` that ends the role header when tokenised whole
-   (SmolLM2: ``"\n" + "  leading"`` is ``["\n", " ", " leading"]`` piecewise and ``["\n ", " leading"]``
-   whole; ``"\n" + "\n\nx"`` is ``["\n", "\n", "\n", "x"]`` versus ``["\n\n", "\n", "x"]``). Otherwise the
+   that starts with whitespace merges with the ``\\n`` that ends the role header when tokenised whole
+   (SmolLM2: ``"\\n" + "  leading"`` is ``["\\n", " ", " leading"]`` piecewise and ``["\\n ", " leading"]``
+   whole; ``"\\n" + "\\n\\nx"`` is ``["\\n", "\\n", "\\n", "x"]`` versus ``["\\n\\n", "\\n", "x"]``). Otherwise the
    ids are equal. Training uses the piecewise ids the model actually saw, so this is harmless for
    token-in-token-out; it only matters when comparing with a fresh whole rendering.
 2. Templates that merge consecutive messages: Qwen's template puts consecutive ``tool`` messages into one

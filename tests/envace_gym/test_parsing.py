@@ -5,6 +5,7 @@ from __future__ import annotations
 import keyword
 import math
 import re
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -75,6 +76,12 @@ def test_round_trip_keeps_int_float_and_tag_like_strings_apart():
         (back,) = parse_tool_calls(format_tool_calls([call], style))
         assert back.arguments == call.arguments
         assert type(back.arguments["a"]) is int and type(back.arguments["b"]) is float
+
+
+def test_fenced_python_with_backticks_in_a_string():
+    call = ToolCall("f", {"code": "```py\nprint(1)\n```"})
+    text = format_tool_calls([call], "python")
+    assert parse_tool_calls(f"```python\n{text}\n```")[0].arguments == call.arguments
 
 
 def test_format_exact_text():
@@ -156,6 +163,28 @@ def test_any_text_inside_markup_parses_or_raises_parse_error(inner, outer):
 def test_huge_or_deep_input_raises_parse_error(text):
     with pytest.raises(ToolCallParseError):
         parse_tool_calls(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "```\n" + " " * MAX_MARKUP_CHARS + "x```",
+        "<tool_call>```" + " " * MAX_MARKUP_CHARS + "x```</tool_call>",
+        "<think>" * 50_000 + "</think>" * 50_000 + "[f(a=1)]",
+        "<tool_call>{}</tool_call>" * 10_000,
+        "[" + "f(a=1), " * 20_000 + "]",
+        "x" * 5_000_000,
+    ],
+)
+def test_pathological_inputs_are_fast(text):
+    start = time.perf_counter()
+    try:
+        parse_tool_calls(text)
+    except ToolCallParseError:
+        pass
+    # linear time (well under a second alone; the bound leaves room for a loaded machine): a regex here
+    # was once quadratic, ~200 s on the first input
+    assert time.perf_counter() - start < 5.0
 
 
 def test_bounds_are_not_hit_by_ordinary_nesting():
