@@ -23,7 +23,7 @@ from envace_gym.types import GeneratedText, Message, Role, Segment, Task, Trajec
 
 B, K = 2, 2
 TASKS = ["scripted_0", "scripted_1"]
-NEW = 8
+NEW = 6
 ADD3 = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
 TWO_CALLS = "[echo(text='a'), add(value=1)]"
 # First ACT of each env (plain text: tokenised by the env, no logprobs, so no loss); None = the model's.
@@ -168,69 +168,69 @@ def _check_advantage_layout(batch: RolloutBatch):
         assert int(tokens.nonzero()[:, 0].unique()) == int(batch.seg_rows[s])
 
 
-def test_real_rollout_gives_observations_not_rehearsals(policy, venvs):
-    trajs, stats = collect_rollouts(
-        FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=3, rollout="real"
-    )
+def test_real_rollout_then_rehearsal_again_reproduces_the_seeded_rollout(policy, venvs, rollouts):
+    # One vector step is enough: the forced first actions are tool calls (capped envs end truncated).
+    first_step = dict(max_new_tokens=NEW, temperature=1.0, seed=3, max_steps=1)
+    trajs, stats = collect_rollouts(FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, rollout="real", **first_step)
     assert stats["rollout"] == "real"
-    for i, t in enumerate(trajs):
+    for t in trajs:
         assert Role.REHEARSE not in {s.role for s in t.segments}
         assert all(not e["rehearsals"] for e in t.turn_info)
     obs = [s.text for s in trajs[0].segments if s.role == Role.OBSERVATION]
-    assert obs[0] == '{"total": 3}'  # the real scripted backend answered the forced add(3)
+    assert obs == ['{"total": 3}']  # the real scripted backend answered the forced add(3)
+    assert [s.text for s in trajs[1].segments if s.role == Role.OBSERVATION] == ['{"text": "a"}', '{"total": 1}']
     batch = _batch(trajs, policy, "inline")
-    assert set(batch.role_mask[batch.loss_mask].tolist()) == {int(Role.ACT)}
-    # the vector env goes back to rehearsal on the next default rollout
-    trajs, _ = collect_rollouts(
-        FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=3
-    )
-    assert any(s.role == Role.REHEARSE for s in trajs[0].segments)
+    assert set(batch.role_mask[batch.loss_mask].tolist()) == {int(Role.ACT)}  # env 2's generated answer
+    # the default rollout goes back to rehearsal, and the same seed replays the fixture's first step exactly
+    trajs, stats = collect_rollouts(FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, **first_step)
+    before, _ = rollouts["inline"]
+    for now, full in zip(trajs, before):
+        assert now.token_ids == full.token_ids[: len(now.token_ids)]
+    assert sum(s.role == Role.REHEARSE for s in trajs[1].segments) == 2
+    assert stats["num_act_calls"] == stats["num_steps"] == 1
+    # every trajectory ended and kept its task (a NEXT_STEP autoreset of a finished env did not touch it)
+    assert all(t.terminated or t.truncated for t in before)
+    assert [t.task.id for t in before] == stats["task_ids"]
 
 
-def test_empty_action_penalty(policy, venvs):
+def test_empty_action_penalty_and_step_cap(policy, venvs):
     trajs, stats = collect_rollouts(
-        EmptyFirst(policy), venvs["inline"], TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=1, invalid_action_penalty=0.1
+        EmptyFirst(policy), venvs["inline"], TASKS, K, max_new_tokens=2, temperature=1.0, seed=1,
+        invalid_action_penalty=0.1, max_steps=1,
     )
-    assert stats["empty_actions"][0] >= 1
-    assert trajs[0].reward == pytest.approx(stats["verifier_rewards"][0] - 0.1)
+    # env 0 (single-turn scripted_0) ends on its empty answer: verifier 0, penalised to -0.1
+    assert stats["empty_actions"][0] == 1 and trajs[0].terminated
+    assert stats["verifier_rewards"][0] == 0.0 and trajs[0].reward == pytest.approx(-0.1)
     assert stats["rewards"][0] == trajs[0].reward
     for i in range(1, B * K):
         if stats["empty_actions"][i] == 0:
             assert trajs[i].reward == stats["verifier_rewards"][i]
     act = [s for s in trajs[0].segments if s.role == Role.ACT]
     assert act[0].token_ids == [policy.stop_ids[0]] and act[0].logprobs == [-0.5]
+    # the cap: one vector step, envs still running are truncated with reward 0
+    assert stats["num_steps"] == 1 and all(t.terminated or t.truncated for t in trajs)
+    assert stats["num_capped"] == sum(not t.terminated for t in trajs)
 
 
-def test_same_seed_reproduces_the_rollout_and_finished_envs_get_no_model_calls(policy, venvs, rollouts):
-    trajs, stats = collect_rollouts(
-        FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=3
-    )
-    before, _ = rollouts["inline"]
-    assert [t.token_ids for t in trajs] == [t.token_ids for t in before]
-    assert stats["num_act_calls"] == stats["num_steps"]
-    # every trajectory ended and kept its task (a NEXT_STEP autoreset did not overwrite it)
-    assert all(t.terminated or t.truncated for t in trajs)
-    assert [t.task.id for t in trajs] == stats["task_ids"]
-
-
-def test_argument_errors(policy, venvs):
+def test_argument_errors(policy, venvs, rollouts):
     with pytest.raises(ValueError, match="num_envs=4"):
         collect_rollouts(policy, venvs["inline"], ["scripted_0"], 3)
     with pytest.raises(ValueError, match="group_size"):
         collect_rollouts(policy, venvs["inline"], TASKS, 0)
     with pytest.raises(ValueError, match="rollout"):
         collect_rollouts(policy, venvs["inline"], TASKS, K, rollout="fake")
-    trajs, stats = collect_rollouts(policy, venvs["inline"], TASKS, K, max_new_tokens=2, seed=0, max_steps=1)
-    assert stats["num_steps"] == 1 and all(t.terminated or t.truncated for t in trajs)
+    trajs, _ = rollouts["inline"]
     with pytest.raises(ValueError, match="group ids"):
         build_batch(trajs, [0], pad_id=0)
     with pytest.raises(ValueError, match="prompt_mode"):
         build_batch(trajs, group_ids_for(B, K), pad_id=0, prompt_mode="bogus")
     with pytest.raises(ValueError, match="algo"):
         build_batch(trajs, group_ids_for(B, K), pad_id=0, algo="ppo")
-    inline_reh = Trajectory(task=trajs[0].task, segments=[Segment(Role.REHEARSE, [1], [-1.0])])
     with pytest.raises(ValueError, match="inline REHEARSE"):
-        build_batch([inline_reh], [0], pad_id=0, prompt_mode="separate")
+        build_batch(trajs, group_ids_for(B, K), pad_id=0, prompt_mode="separate")
+    sep, _ = rollouts["separate"]
+    with pytest.raises(ValueError, match="rehearsal rows"):
+        build_batch(sep, group_ids_for(B, K), pad_id=0, prompt_mode="inline")
 
 
 # ---------------------------------------------------------------------------------------------------------
