@@ -181,6 +181,7 @@ def collect_rollouts(
     envs = getattr(base, "envs", None)
     if envs is None:
         raise TypeError(f"vector_env must be a RehearseVectorEnv (with .envs), got {type(base).__name__}")
+    envs = [getattr(e, "unwrapped", e) for e in envs]  # Gymnasium 1.x wrappers do not forward attributes
     n = len(task_ids) * group_size
     if len(envs) != n:
         raise ValueError(
