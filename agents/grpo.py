@@ -49,7 +49,8 @@ Implementation details (numbered as in CleanRL's docs):
    padding holding -inf, NaN or garbage gives a finite loss and exactly zero gradient there.
 10. **KL in the loss, not in the reward** (DeepSeekMath eq. 3), with the k3 estimator
     exp(ref − lp) − (ref − lp) − 1 ≥ 0 of KL(π_θ ‖ π_ref) (DeepSeekMath eq. 4), weighted by β (0 by default;
-    the reference model is then never needed).
+    the reference model is then never needed). Computed as expm1(δ) − δ clamped at 0, since the literal
+    form rounds to small negatives for |δ| ≲ 1e-4 in float32.
 11. **Entropy bonus from the full distribution**, −entropy_coef·H per token, with H computed from logits in
     float32 row chunks (`entropy_from_logits`) so a (N, T, V) softmax never has to exist in full.
 12. **Aggregation** (`Aggregation`), resolved once through a dict of functions:
@@ -346,7 +347,9 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """Per-token k3 estimate of KL(π_θ ‖ π_ref) for tokens sampled from π_θ (detail 10).
 
     k3 = exp(ref − lp) − (ref − lp) − 1, unbiased and ≥ 0 (Schulman, http://joschu.net/blog/kl-approx.html;
-    DeepSeekMath eq. 4). No clamping: mask padding before calling, or use `grpo_loss`, which does.
+    DeepSeekMath eq. 4). Computed as ``expm1(δ) − δ`` and clamped at 0: written literally, exp(δ) − δ − 1
+    rounds to small negatives for |δ| ≲ 1e-4 in float32. No other clamping (large δ overflow to inf): mask
+    padding before calling, or use `grpo_loss`, which does.
 
     Args:
         logprobs: ``(N, T)`` floating, log π_θ of the sampled tokens.
@@ -360,7 +363,7 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """
     _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     delta = ref_logprobs - logprobs  # (N, T)
-    return torch.exp(delta) - delta - 1.0  # (N, T)
+    return torch.clamp(torch.expm1(delta) - delta, min=0.0)  # (N, T)
 
 
 def entropy_from_logits(logits: Tensor, chunk_size: int = 1024) -> Tensor:
