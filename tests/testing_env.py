@@ -88,3 +88,19 @@ class ScriptedSuite:
 
 
 register_suite("scripted", ScriptedSuite)
+
+
+class LengthRewardSuite(ScriptedSuite):
+    """The scripted tasks with a shaped reward that varies across random samples, so trainer tests see
+    non-zero advantages: R = (total characters of the final responses mod 11) / 10, like the shared TRL
+    benchmark's length term. Registered as suite ``"scripted-length"``."""
+
+    name = "scripted-length"
+
+    def verify(self, task, calls_per_turn, final_responses=None) -> VerifierResult:
+        chars = sum(len(r) for r in (final_responses or []))
+        reward = (chars % 11) / 10
+        return VerifierResult(reward=reward, valid=True, details={"chars": chars})
+
+
+register_suite("scripted-length", LengthRewardSuite)

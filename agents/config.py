@@ -1,0 +1,213 @@
+"""`TrainConfig`: every setting of `RoleWiseGRPOTrainer`, one documented field each.
+
+Each field's ``help`` metadata is its single description: ``envace train --help`` prints it, the YAML
+loader validates against it, and the run folder's ``config.yaml`` records the resolved values. Fields are
+grouped like CleanRL's ``Args`` and TRL's ``GRPOConfig`` ("Parameters that control ..."); sizes derived from
+others are filled in `__post_init__` and never set by hand. `__post_init__` rejects bad combinations with a
+message that says what to change, before any model loads.
+
+Defaults are the small-CPU settings of the README's main job; the paper's run (Qwen3-8B, 16 GPUs) used
+lr 1e-6, AdamW weight decay 0.01, grad clip 1.0, 16 instructions x K=4 per step, temperature 1.0, one
+optimizer step per batch, an invalid-action penalty of 0.1 and about 470 steps (DESIGN.md §1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import yaml
+
+__all__ = ["TrainConfig", "add_config_arguments", "config_from_args", "load_config"]
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda d=default: list(d), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class TrainConfig:
+    """Settings of a role-wise GRPO run; see each field's help (``envace train --help``)."""
+
+    # --- Parameters that control the experiment -------------------------------------------------------
+    run_dir: str = _f("runs/envace", "folder for checkpoints, metrics.jsonl, TensorBoard events and config.yaml")
+    seed: int = _f(0, "seed of task sampling, rollouts and initialisation; step s uses seeds derived from (seed, s)")
+    model: str = _f("smollm2-135m", "policy model: 'smollm2-135m', a local Hugging Face folder, or 'tiny-random'")
+    init: str | None = _f(None, "start from this checkpoint's model folder (e.g. an `envace sft` checkpoint) instead of --model")
+    num_steps: int = _f(4, "training steps (one rollout batch and its update each)")
+    save_every: int = _f(1, "save a checkpoint every this many steps (and at the end)")
+    keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (older ones are deleted)")
+    resume: bool = _f(True, "continue from the newest checkpoint in run_dir when there is one")
+    threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
+    tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")
+
+    # --- Parameters that control the tasks ------------------------------------------------------------
+    suite: str = _f("bfcl", "task suite registered in envace_gym.suites")
+    categories: list[str] = _f(["multi_turn_base"], "suite categories to train on")
+    split: str = _f("train", "task split: train, test or all (test ids are never used for training by default)")
+    task_ids: list[str] = _f([], "train on these task ids only (empty: every task of the categories and split)")
+
+    # --- Parameters that control the rollouts ---------------------------------------------------------
+    batch_tasks: int = _f(2, "B: instructions per step")
+    group_size: int = _f(4, "K: trajectories sampled per instruction (the GRPO group); K = 1 makes every advantage 0")
+    rollout: Literal["rehearse", "real"] = _f("rehearse", "'rehearse': the policy simulates the tools (EnvACE); 'real': real backends (ablation)")
+    prompt_mode: Literal["inline", "separate"] = _f("inline", "rehearsal prompt: 'inline' continues the trajectory; 'separate' uses a simulator prompt and its own row")
+    max_new_tokens: int = _f(64, "cap on tokens per ACT message")
+    rehearse_max_new_tokens: int = _f(64, "cap on tokens per rehearsed tool response")
+    temperature: float = _f(1.0, "sampling temperature of both roles (the recorded and recomputed logprobs use it)")
+    max_steps_per_turn: int = _f(3, "ACT messages per user turn before truncation (BFCL's own limit is 20)")
+    max_rollout_steps: int = _f(6, "cap on ACT steps per episode in a rollout (truncates long episodes)")
+    max_episode_tokens: int | None = _f(None, "token budget per episode (None: unlimited)")
+    invalid_action_penalty: float = _f(0.1, "subtracted from R(tau) when an ACT response is empty (DESIGN.md §1)")
+
+    # --- Parameters that control the algorithm --------------------------------------------------------
+    algo: Literal["role_grpo", "grpo"] = _f("role_grpo", "'role_grpo': one baseline per (group, role); 'grpo': one per group (ablation)")
+    policy: Literal["shared", "per_role"] = _f("shared", "'shared': one model plays both roles; 'per_role': two models, each trained on its role (ablation)")
+    weighting: Literal["turn", "token", "trajectory"] = _f("turn", "baseline weights within (group, role): per segment, per token, or per trajectory")
+    scale_by_std: bool = _f(False, "divide advantages by the per-(group, role) std (off, as in the reference runs)")
+    clip_eps_low: float = _f(0.2, "epsilon_low of the clipped importance ratio")
+    clip_eps_high: float = _f(0.2, "epsilon_high of the clipped importance ratio")
+    beta: float = _f(0.0, "KL coefficient to a frozen reference model (k3 estimator); 0 loads no reference")
+    entropy_coef: float = _f(0.0, "entropy bonus coefficient")
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = _f("token-mean", "how per-token losses are averaged")
+    ppo_epochs: int = _f(1, "passes over each rollout batch")
+    num_minibatches: int = _f(1, "optimizer steps per epoch; the B*K trajectory rows must split into whole minibatches")
+
+    # --- Parameters that control the optimizer --------------------------------------------------------
+    lr: float = _f(1e-5, "AdamW learning rate (the paper's 8B run used 1e-6)")
+    weight_decay: float = _f(0.01, "AdamW weight decay")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.999, "AdamW beta2")
+    max_grad_norm: float = _f(1.0, "gradient clipping norm (0: off)")
+    lr_schedule: Literal["constant", "linear", "cosine"] = _f("constant", "learning-rate schedule after warmup")
+    warmup_steps: int = _f(0, "linear warmup steps of the schedule")
+
+    # --- Parameters that control memory ---------------------------------------------------------------
+    logprob_chunk_size: int = _f(512, "positions per chunk through the LM head when recomputing logprobs")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, slower)")
+
+    # --- Computed at run time (not set by hand) -------------------------------------------------------
+    trajectories_per_step: int = field(default=0, init=False, metadata={"help": "B*K (computed)", "computed": True})
+
+    def __post_init__(self) -> None:
+        def fail(msg: str) -> None:
+            raise ValueError(f"invalid TrainConfig: {msg}")
+
+        for name in ("num_steps", "batch_tasks", "group_size", "max_new_tokens", "rehearse_max_new_tokens",
+                     "max_steps_per_turn", "max_rollout_steps", "ppo_epochs", "num_minibatches", "save_every",
+                     "logprob_chunk_size", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                fail(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size == 1:
+            fail("group_size K=1 makes every advantage zero (a group of one has no baseline); set --group-size 2 or more")
+        self.trajectories_per_step = self.batch_tasks * self.group_size
+        if self.trajectories_per_step % self.num_minibatches:
+            fail(
+                f"B*K = {self.batch_tasks}*{self.group_size} = {self.trajectories_per_step} rows do not split into "
+                f"{self.num_minibatches} whole minibatches; choose --num-minibatches dividing {self.trajectories_per_step}"
+            )
+        for name in ("rollout", "prompt_mode", "algo", "policy", "weighting", "aggregation", "lr_schedule"):
+            allowed = typing.get_args(_HINTS[name])
+            if getattr(self, name) not in allowed:
+                fail(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
+        if self.temperature < 0:
+            fail(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.clip_eps_low < 1 or self.clip_eps_high < 0:
+            fail(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {self.clip_eps_low}, {self.clip_eps_high}")
+        if self.beta < 0 or self.entropy_coef < 0 or self.lr <= 0 or self.invalid_action_penalty < 0:
+            fail("beta, entropy_coef and invalid_action_penalty must be >= 0 and lr > 0")
+        if self.policy == "per_role" and self.rollout == "real":
+            fail("policy=per_role trains a separate REHEARSE model, but rollout=real never rehearses; use policy=shared")
+        if self.split not in ("train", "test", "all"):
+            fail(f"split must be train, test or all, got {self.split!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field (computed ones included), JSON/YAML-compatible."""
+        return dataclasses.asdict(self)
+
+
+_HINTS = typing.get_type_hints(TrainConfig)
+
+
+def _settable_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(TrainConfig) if f.init]
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
+    """A `TrainConfig` from a YAML file (optional) with keyword overrides on top.
+
+    Raises:
+        ValueError: the YAML names an unknown field (the message lists the valid ones), or a value is invalid.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a mapping of TrainConfig fields, got {type(loaded).__name__}")
+        values.update(loaded)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in _settable_fields()}
+    unknown = sorted(set(values) - known - {"trajectories_per_step"})
+    if unknown:
+        raise ValueError(f"unknown TrainConfig field(s) {unknown}; valid fields: {sorted(known)}")
+    values.pop("trajectories_per_step", None)
+    return TrainConfig(**values)
+
+
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config FILE`` and one ``--field-name`` option per `TrainConfig` field (help from the field)."""
+    parser.add_argument("--config", default=None, help="YAML file of TrainConfig fields (command-line options override it)")
+    for f in _settable_fields():
+        hint = _HINTS[f.name]
+        origin = typing.get_origin(hint)
+        args = typing.get_args(hint)
+        kw: dict[str, Any] = {"default": None, "dest": f.name}
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        help_text = f"{f.metadata['help']} (default: {default})"
+        if hint is bool:
+            kw["type"] = _bool
+            kw["metavar"] = "BOOL"
+        elif origin is list:
+            kw["nargs"] = "*"
+        elif origin is Literal:
+            kw["choices"] = list(args)
+        elif hint in (int, float, str):
+            kw["type"] = hint
+        elif type(None) in args:  # Optional[X]
+            inner = [a for a in args if a is not type(None)][0]
+            kw["type"] = inner
+        parser.add_argument("--" + f.name.replace("_", "-"), help=help_text, **kw)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The `TrainConfig` of parsed arguments (``--config`` YAML, then explicit options)."""
+    overrides = {f.name: getattr(args, f.name, None) for f in _settable_fields()}
+    return load_config(getattr(args, "config", None), **overrides)
+
+
+def _dump_yaml(config: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+def field_docs() -> Sequence[tuple[str, str, Any]]:
+    """(name, help, default) of every settable field, for docs tables."""
+    out = []
+    for f in _settable_fields():
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        out.append((f.name, f.metadata["help"], default))
+    return out

@@ -1,0 +1,387 @@
+"""`RoleWiseGRPOTrainer`: role-wise GRPO over the rehearse envs (EnvACE, DESIGN.md §1).
+
+One training step, in the order of the algorithm box:
+
+1. sample B task ids (seeded by (seed, step), so a resumed run samples exactly what it would have);
+2. `agents.rollout.collect_rollouts`: B x K episodes through one `RehearseVectorEnv` (the shared policy
+   ACTs and REHEARSEs; ``rollout="real"`` uses real backends instead), token in, token out;
+3. `agents.rollout.build_batch`: rows, role masks, old logprobs and per-token advantages (role-wise or plain
+   GRPO, `agents.grpo`);
+4. ``ppo_epochs`` x ``num_minibatches`` updates: logprobs recomputed in chunks through the LM head
+   (`agents.logprobs.token_logprobs`), `agents.grpo.grpo_loss` (clipped ratio against the logprobs recorded
+   at generation, optional k3 KL to a frozen reference, optional entropy bonus), AdamW with grad clipping;
+5. metrics to ``metrics.jsonl`` and TensorBoard, a checkpoint every ``save_every`` steps.
+
+``policy="per_role"`` (ablation) keeps two models: the ACT model generates actions and is updated on ACT
+tokens only, the REHEARSE model generates rehearsals and is updated on REHEARSE tokens only.
+
+Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act, rehearse}:
+
+| key | definition |
+|---|---|
+| ``rollout/reward_mean``, ``rollout/reward_std`` | mean / std of R(τ) over the B·K trajectories (penalised) |
+| ``rollout/verifier_reward_mean`` | mean of the verifier's reward (before the invalid-action penalty) |
+| ``rollout/reward_mean/ρ`` | mean R(τ) over the segments of role ρ (what the role's baselines average) |
+| ``rollout/zero_std_groups/ρ`` | fraction of groups whose role-ρ segment rewards are all equal (no signal) |
+| ``rollout/tokens/ρ`` | loss tokens of role ρ in the batch |
+| ``rollout/parse_error_rate`` | ACT messages answered with a parse-error observation / all ACT messages |
+| ``rollout/empty_action_rate`` | trajectories with an empty ACT response / B·K |
+| ``rollout/truncated_rate`` | truncated trajectories / B·K |
+| ``train/advantage_mean/ρ``, ``train/advantage_std/ρ``, ``train/advantage_abs/ρ`` | over role-ρ segments |
+| ``train/loss``, ``train/pg_loss``, ``train/kl``, ``train/entropy`` | `agents.grpo.grpo_loss` terms, mean over minibatches |
+| ``train/clip_fraction``, ``train/approx_kl``, ``train/ratio_mean`` | masked token means, mean over minibatches |
+| ``train/grad_norm`` | total gradient norm before clipping, mean over minibatches |
+| ``train/lr`` | learning rate after the step |
+| ``perf/rollout_s``, ``perf/update_s``, ``perf/step_s`` | wall seconds |
+| ``perf/rollout_share``, ``perf/update_share`` | phase seconds / step seconds |
+| ``perf/rollout_tokens_per_s`` | generated tokens (ACT + REHEARSE) / rollout seconds |
+| ``perf/update_tokens_per_s`` | row tokens processed by the update (all epochs) / update seconds |
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from agents.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from agents.config import TrainConfig, _dump_yaml
+from agents.grpo import grpo_loss
+from agents.logprobs import enable_gradient_checkpointing, token_logprobs
+from agents.policy import TINY_MODEL, Policy, PolicyRehearser
+from agents.rollout import RolloutBatch, build_batch, collect_rollouts
+from envace_gym.envs.rehearse_vector import RehearseVectorEnv
+from envace_gym.types import Role, Trajectory
+
+__all__ = ["RoleWiseGRPOTrainer", "make_lr_scheduler"]
+
+
+def make_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup_steps: int, total_steps: int):
+    """A `LambdaLR`: linear warmup over `warmup_steps`, then constant, linear decay to 0, or cosine to 0."""
+
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        progress = min(max(progress, 0.0), 1.0)
+        if schedule == "linear":
+            return 1.0 - progress
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _load_trainable(name: str, tokenizer_source: str | None = None):
+    """A fresh (unshared) trainable model and its tokenizer: a name, a folder or ``tiny-random``."""
+    from agents.models import load_model, load_tokenizer, tiny_random_model
+
+    if name == TINY_MODEL:
+        return tiny_random_model(seed=0), load_tokenizer()
+    return load_model(name, shared=False), load_tokenizer(tokenizer_source or name)
+
+
+class RoleWiseGRPOTrainer:
+    """Role-wise GRPO on the rehearse envs; see the module docstring for the step and the metrics.
+
+    Args:
+        config: a validated `TrainConfig` (its checks run before any model loads).
+
+    Attributes:
+        policy: the ACT policy (for ``policy="shared"`` also the rehearser's policy).
+        rehearse_policy: the REHEARSE policy (the same object unless ``policy="per_role"``).
+        step: completed training steps (restored on resume).
+        run_dir: where checkpoints, ``metrics.jsonl``, ``config.yaml`` and ``tb/`` go.
+
+    Raises:
+        ValueError: the suite, categories and split give fewer tasks than ``batch_tasks``.
+    """
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+        self.run_dir = Path(config.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        torch.manual_seed(config.seed)
+        source = config.init or config.model
+        model, tokenizer = _load_trainable(source)
+        self.tokenizer = tokenizer
+        self.policy = Policy(model, tokenizer)
+        self.rehearse_policy = self.policy
+        if config.policy == "per_role":
+            self.rehearse_policy = Policy(copy.deepcopy(model), tokenizer)
+        self.models: dict[str, torch.nn.Module] = {"model": self.policy.model}
+        if self.rehearse_policy is not self.policy:
+            self.models["rehearse_model"] = self.rehearse_policy.model
+        if config.gradient_checkpointing:
+            for m in self.models.values():
+                enable_gradient_checkpointing(m)
+        self.ref_model = None
+        if config.beta > 0:
+            self.ref_model = copy.deepcopy(self.policy.model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.optimizers = {
+            k: torch.optim.AdamW(
+                m.parameters(),
+                lr=config.lr,
+                weight_decay=config.weight_decay,
+                betas=(config.adam_beta1, config.adam_beta2),
+            )
+            for k, m in self.models.items()
+        }
+        self.schedulers = {
+            k: make_lr_scheduler(o, config.lr_schedule, config.warmup_steps, config.num_steps)
+            for k, o in self.optimizers.items()
+        }
+        self.env = RehearseVectorEnv(
+            num_envs=config.trajectories_per_step,
+            suite=config.suite,
+            categories=config.categories,
+            split=config.split,
+            rehearser=PolicyRehearser(self.rehearse_policy, prompt_mode=config.prompt_mode),
+            prompt_mode=config.prompt_mode,
+            max_new_tokens=config.rehearse_max_new_tokens,
+            temperature=config.temperature,
+            max_steps_per_turn=config.max_steps_per_turn,
+            max_episode_tokens=config.max_episode_tokens,
+        )
+        all_ids = [t.id for t in self.env.envs[0].tasks]
+        if config.task_ids:
+            missing = sorted(set(config.task_ids) - set(all_ids))
+            if missing:
+                raise ValueError(f"task_ids not in {config.suite}/{config.categories}/{config.split}: {missing[:5]}")
+            all_ids = list(config.task_ids)
+        if len(all_ids) < config.batch_tasks:
+            raise ValueError(f"only {len(all_ids)} tasks available but batch_tasks={config.batch_tasks}; lower --batch-tasks")
+        self.task_pool = all_ids
+        self.step = 0
+        self._writer = None
+        ckpt = latest_checkpoint(self.run_dir) if config.resume else None
+        if ckpt is not None:
+            self.step = load_checkpoint(ckpt, self.models, self.optimizers, self.schedulers)
+        _dump_yaml(config, self.run_dir / "config.yaml")
+
+    # ------------------------------------------------------------------ the loop
+    def train(self, progress: bool = True) -> list[dict[str, Any]]:
+        """Run until ``config.num_steps`` steps are done (resuming counts the finished ones); returns the metrics."""
+        history = []
+        bar = tqdm(total=self.config.num_steps, initial=self.step, desc="train", disable=not progress, unit="step")
+        while self.step < self.config.num_steps:
+            metrics = self.train_step()
+            history.append(metrics)
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", loss=f"{metrics['train/loss']:.4f}")
+            if self.step % self.config.save_every == 0 or self.step == self.config.num_steps:
+                self.save()
+        bar.close()
+        if self._writer is not None:
+            self._writer.flush()
+        return history
+
+    def sample_task_ids(self, step: int) -> list[str]:
+        """B distinct task ids for `step`, drawn from a generator seeded by (seed, step)."""
+        rng = np.random.default_rng([self.config.seed, step])
+        idx = rng.choice(len(self.task_pool), size=self.config.batch_tasks, replace=False)
+        return [self.task_pool[i] for i in idx]
+
+    def train_step(self) -> dict[str, Any]:
+        """One rollout batch and its update; returns the step's metrics (also logged)."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        for m in self.models.values():
+            m.eval()
+        task_ids = self.sample_task_ids(self.step)
+        trajectories, rstats = collect_rollouts(
+            self.policy,
+            self.env,
+            task_ids,
+            cfg.group_size,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            seed=int(np.random.default_rng([cfg.seed, self.step, 1]).integers(2**31 - 1)),
+            rollout=cfg.rollout,
+            max_steps=cfg.max_rollout_steps,
+            invalid_action_penalty=cfg.invalid_action_penalty,
+        )
+        batch = build_batch(
+            trajectories,
+            rstats["group_ids"],
+            weighting=cfg.weighting,
+            algo=cfg.algo,
+            scale_by_std=cfg.scale_by_std,
+            prompt_mode=cfg.prompt_mode,
+            pad_id=self.policy.pad_id,
+        )
+        t1 = time.perf_counter()
+        train_stats = self.update(batch)
+        t2 = time.perf_counter()
+        for s in self.schedulers.values():
+            s.step()
+        self.step += 1
+        metrics = self._metrics(trajectories, rstats, batch, train_stats, t1 - t0, t2 - t1)
+        self._log(metrics)
+        return metrics
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """``ppo_epochs`` x ``num_minibatches`` optimizer steps on `batch`; returns mean loss statistics."""
+        cfg = self.config
+        for m in self.models.values():
+            m.train()
+        n = batch.num_rows
+        order_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
+        sums: dict[str, float] = {}
+        count = 0
+        tokens = 0
+        targets = [("model", self.policy.model, None)]
+        if "rehearse_model" in self.models:
+            targets = [("model", self.policy.model, Role.ACT), ("rehearse_model", self.rehearse_policy.model, Role.REHEARSE)]
+        total = cfg.ppo_epochs * cfg.num_minibatches * len(targets)
+        bar = tqdm(total=total, desc="update", leave=False, disable=total <= 1)
+        for _ in range(cfg.ppo_epochs):
+            perm = torch.randperm(n, generator=order_rng)
+            for mb_rows in torch.tensor_split(perm, cfg.num_minibatches):
+                mb = batch.select(mb_rows)
+                for name, model, role in targets:
+                    stats = self._minibatch_step(name, model, mb, role)
+                    tokens += int(mb.attention_mask.sum())
+                    for k, v in stats.items():
+                        sums[k] = sums.get(k, 0.0) + v
+                    count += 1
+                    bar.update(1)
+        bar.close()
+        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out["update_tokens"] = float(tokens)
+        return out
+
+    def _minibatch_step(self, name: str, model: torch.nn.Module, mb: RolloutBatch, role: Role | None) -> dict[str, float]:
+        cfg = self.config
+        mask = mb.loss_mask  # (n, T) bool
+        if role is not None:
+            mask = mask & (mb.role_mask == int(role))  # (n, T)
+        temperature = cfg.temperature if cfg.temperature > 0 else 1.0
+        if cfg.entropy_coef > 0:
+            logprobs, entropy = token_logprobs(
+                model, mb.input_ids, mb.attention_mask, temperature=temperature,
+                chunk_size=cfg.logprob_chunk_size, return_entropy=True,
+            )  # (n, T), (n, T)
+        else:
+            logprobs = token_logprobs(
+                model, mb.input_ids, mb.attention_mask, temperature=temperature, chunk_size=cfg.logprob_chunk_size
+            )  # (n, T)
+            entropy = None
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref = token_logprobs(
+                    self.ref_model, mb.input_ids, mb.attention_mask, temperature=temperature,
+                    chunk_size=cfg.logprob_chunk_size,
+                )  # (n, T)
+        loss, stats = grpo_loss(
+            logprobs, mb.old_logprobs, mb.advantages, mask, ref_logprobs=ref, entropy=entropy,
+            clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
+            entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation,
+        )
+        opt = self.optimizers[name]
+        opt.zero_grad(set_to_none=True)
+        if bool(mask.any()):
+            loss.backward()
+            if cfg.max_grad_norm > 0:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+            else:
+                grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])))
+            opt.step()
+        else:
+            grad_norm = 0.0
+        stats = dict(stats)
+        stats["grad_norm"] = grad_norm
+        if not math.isfinite(stats.get("loss", 0.0)):
+            raise FloatingPointError(f"non-finite loss at step {self.step}: {stats}")
+        return stats
+
+    # ------------------------------------------------------------------ checkpoints and metrics
+    def save(self) -> Path:
+        """Write a checkpoint of the current step (see `agents.checkpoint`) and prune old ones."""
+        path = save_checkpoint(
+            self.run_dir, self.step, self.models, self.optimizers, self.schedulers, self.tokenizer, self.config.to_dict()
+        )
+        prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
+        return path
+
+    def _metrics(self, trajectories: list[Trajectory], rstats: dict[str, Any], batch: RolloutBatch,
+                 train_stats: dict[str, float], rollout_s: float, update_s: float) -> dict[str, Any]:
+        rewards = np.asarray(rstats["rewards"], dtype=np.float64)
+        m: dict[str, Any] = {
+            "step": self.step,
+            "rollout/reward_mean": float(rewards.mean()),
+            "rollout/reward_std": float(rewards.std()),
+            "rollout/verifier_reward_mean": float(np.mean(rstats["verifier_rewards"])),
+            "rollout/empty_action_rate": float(np.mean([e > 0 for e in rstats["empty_actions"]])),
+            "rollout/truncated_rate": float(np.mean([t.truncated for t in trajectories])),
+            "rollout/parse_error_rate": _parse_error_rate(trajectories),
+        }
+        generated = 0
+        for role in (Role.ACT, Role.REHEARSE):
+            key = role.name.lower()
+            sel = batch.seg_roles == int(role)
+            seg_r = batch.seg_rewards[sel]
+            seg_a = batch.seg_advantages[sel]
+            seg_g = batch.seg_group_ids[sel]
+            m[f"rollout/reward_mean/{key}"] = float(seg_r.mean()) if len(seg_r) else 0.0
+            groups = seg_g.unique()
+            zero = [float(seg_r[seg_g == g].std(unbiased=False)) < 1e-8 for g in groups]
+            m[f"rollout/zero_std_groups/{key}"] = float(np.mean(zero)) if zero else 1.0
+            tok = int(((batch.role_mask == int(role)) & batch.loss_mask).sum())
+            m[f"rollout/tokens/{key}"] = tok
+            generated += tok
+            m[f"train/advantage_mean/{key}"] = float(seg_a.mean()) if len(seg_a) else 0.0
+            m[f"train/advantage_std/{key}"] = float(seg_a.std(unbiased=False)) if len(seg_a) else 0.0
+            m[f"train/advantage_abs/{key}"] = float(seg_a.abs().mean()) if len(seg_a) else 0.0
+        for k in ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm"):
+            m[f"train/{k}"] = float(train_stats.get(k, 0.0))
+        m["train/lr"] = float(self.schedulers["model"].get_last_lr()[0])
+        step_s = rollout_s + update_s
+        m["perf/rollout_s"] = rollout_s
+        m["perf/update_s"] = update_s
+        m["perf/step_s"] = step_s
+        m["perf/rollout_share"] = rollout_s / step_s if step_s else 0.0
+        m["perf/update_share"] = update_s / step_s if step_s else 0.0
+        m["perf/rollout_tokens_per_s"] = generated / rollout_s if rollout_s else 0.0
+        m["perf/update_tokens_per_s"] = train_stats.get("update_tokens", 0.0) / update_s if update_s else 0.0
+        return m
+
+    def _log(self, metrics: dict[str, Any]) -> None:
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if self.config.tensorboard:
+            if self._writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(str(self.run_dir / "tb"))
+            for k, v in metrics.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self._writer.add_scalar(k, v, metrics["step"])
+
+
+def _parse_error_rate(trajectories: list[Trajectory]) -> float:
+    """ACT messages answered with a parse-error observation (a tool message with no call id) / ACT messages."""
+    acts = errors = 0
+    for t in trajectories:
+        msgs = t.messages
+        for i, m in enumerate(msgs):
+            if m.role != "assistant":
+                continue
+            acts += 1
+            nxt = msgs[i + 1] if i + 1 < len(msgs) else None
+            if nxt is not None and nxt.role == "tool" and nxt.tool_call_id is None and nxt.content.startswith("Error:"):
+                errors += 1
+    return errors / acts if acts else 0.0
