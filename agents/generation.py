@@ -118,17 +118,22 @@ def generate(
             logprobs = torch.log_softmax(logits / temperature, dim=-1)  # (B, V)
         else:
             logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
-        next_ids = torch.empty(batch, dtype=torch.long)  # (B,)
+        if temperature > 0:
+            # Inverse-CDF sampling, batched: one uniform per row from that row's own generator keeps every
+            # row reproducible from its seed whatever the batch it is in.
+            u = torch.stack([torch.rand((), generator=g) for g in generators])  # (B,)
+            cdf = logprobs.exp().cumsum(dim=-1)  # (B, V)
+            next_ids = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)  # (B,)
+            next_ids = next_ids.clamp_(max=logits.shape[-1] - 1)
+        else:
+            next_ids = logits.argmax(dim=-1)  # (B,)
+        next_ids = torch.where(finished, torch.full_like(next_ids, pad_id), next_ids)  # (B,)
+        chosen = logprobs.gather(-1, next_ids.view(batch, 1)).squeeze(-1)  # (B,)
+        ids_list, lps_list, done_list = next_ids.tolist(), chosen.tolist(), finished.tolist()
         for i in range(batch):
-            if finished[i]:
-                next_ids[i] = pad_id
-                continue
-            if temperature > 0:
-                next_ids[i] = torch.multinomial(logprobs[i].exp().cpu(), 1, generator=generators[i])[0]
-            else:
-                next_ids[i] = int(torch.argmax(logits[i]))
-            out_ids[i].append(int(next_ids[i]))
-            out_lps[i].append(float(logprobs[i, next_ids[i]]))
+            if not done_list[i]:
+                out_ids[i].append(ids_list[i])
+                out_lps[i].append(lps_list[i])
         is_stop = torch.isin(next_ids, stop) & ~finished  # (B,)
         stopped |= is_stop
         finished |= is_stop

@@ -74,6 +74,10 @@ class RehearseVectorEnv(VectorEnv):
             seeds = list(seed)
         options = dict(options or {})
         task_ids = options.pop("task_ids", None)
+        if task_ids is not None and len(task_ids) != self.num_envs:
+            raise ValueError(f"options['task_ids'] has {len(task_ids)} ids for {self.num_envs} envs; give one per env")
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs; give an int or one seed per env")
         obs, infos = [], {}
         for i, env in enumerate(self.envs):
             env_options = dict(options)
