@@ -1,0 +1,458 @@
+"""Demonstrations for supervised warm-start (issue 7 part 1): real executions of BFCL ground truth, and
+recorded rollouts filtered by reward (rejection-sampling fine-tuning), as token-level `Trajectory` objects.
+
+Both sources give trajectories in the policy's own token format (the one `envace_gym.envs.rehearse.RehearseEnv`
+builds and `agents.rollout.build_batch` trains on), relabelled so that `agents.sft` can train both roles:
+
+* ACT segments: the assistant messages (tool calls and closing messages) are ACT targets.
+* Real tool results (OBSERVATION segments answering a tool call) become REHEARSE targets: the world model
+  learns the real dynamics. Parse-error observations (a tool message without a call id) and prompt,
+  template and user-turn tokens stay untrained.
+
+## Demonstrations from real executions (`build_bfcl_demonstrations`)
+
+For each BFCL multi-turn task a `RehearseEnv` wrapped in `wrappers.RealTools` (so every tool call goes to
+a fresh, isolated real BFCL backend of the suite: ``long_context`` backends included) is driven with text
+actions, turn by turn:
+
+1. Each ground-truth call of the turn (`benchmarks.bfcl.verify.ground_truth_tool_calls`, positional
+   arguments bound) is one ACT message in Hermes format, ``format_tool_calls([call], "hermes")``
+   (``calls_per_message="one"``, the default: every later call is conditioned on the real result of the
+   previous one, as a model acting step by step would be). ``calls_per_message="all"`` puts all the turn's
+   calls in one message (fewer messages, BFCL's 20-step limit never binds; the results then follow as
+   consecutive tool messages).
+2. The real backend's result is the tool message (recorded by the env as an OBSERVATION segment).
+3. One closing assistant message without a tool call ends the user turn (the env then opens the next
+   user turn; for ``miss_func`` tasks the env reveals the held-out tools in that message, as BFCL's
+   harness does). The closing text is a fixed template (`closing_message`): ``"Done."`` after a turn with
+   calls, and `NO_CALL_MESSAGE` after a turn whose ground truth is empty (BFCL ``miss_func`` /
+   ``miss_param`` turns where the right behaviour is to not call: the function is missing or a parameter
+   is unknown). BFCL scores calls and state only, so the closing text does not change the reward; it
+   teaches the policy to end a turn.
+
+Every action is passed as a `GeneratedText` whose ids are the content ids plus the end-of-message id
+(``<|im_end|>``), so the ACT segment ends with the stop token exactly as a generated one does (the model
+learns to stop); its logprobs are None. Tool results are relabelled the same way: the first closing
+template id (the end-of-message id) moves into the REHEARSE segment, as the policy generates it when it
+rehearses inline. The episode's verifier reward (BFCL's state and response checks replaying the ACT
+calls) must be 1.0; otherwise the demonstration is skipped and counted (`DemoStats.skipped_reward`).
+
+## Length cap (`cap_length`)
+
+BFCL prompts alone are 3.5k to 7.7k tokens with the SmolLM2 tokenizer (the tool schemas are in the system
+prompt). ``overflow="truncate"`` (default) keeps the first ``max_tokens`` tokens: a causal LM's targets in
+a prefix are exactly the targets of the full sequence there, so a prefix is a valid (shorter)
+demonstration; a demo left with no ACT token is dropped (counted). ``overflow="drop"`` drops every demo
+longer than ``max_tokens``.
+
+## Recorded rollouts (`load_recorded_trajectories`)
+
+Reads the JSONL written by ``wrappers.RecordTrajectories(include_tokens=True)``, keeps records with
+``reward >= min_reward`` (rejection sampling), rebuilds each `Trajectory` with ``Trajectory.from_dict``,
+applies the same relabelling (real tool results become REHEARSE targets; rehearsed ones already are) and
+the same length cap.
+
+Sources: EnvACE (Xu et al., 2026, arXiv 2608.06197) as DESIGN.md §1 describes it (one policy, two roles);
+BFCL v4 multi-turn data, backends and checkers from ``bfcl-eval`` (DESIGN.md §4); rejection-sampling
+fine-tuning as in Yuan et al., 2023 ("Scaling relationship on learning mathematical reasoning with LLMs").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Sequence
+
+from envace_gym.parsing import format_tool_calls
+from envace_gym.rendering import ChatRenderer
+from envace_gym.types import GeneratedText, Role, Segment, Task, ToolCall, Trajectory
+
+__all__ = [
+    "DemoStats",
+    "NO_CALL_MESSAGE",
+    "DONE_MESSAGE",
+    "closing_message",
+    "relabel_for_sft",
+    "cap_length",
+    "build_bfcl_demonstrations",
+    "demonstration_for_task",
+    "load_recorded_trajectories",
+    "MULTI_TURN_CATEGORIES",
+]
+
+MULTI_TURN_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+DONE_MESSAGE = "Done."
+"""Closing assistant message of a user turn whose ground truth has calls."""
+NO_CALL_MESSAGE = (
+    "I cannot complete this request with the functions and information I have. "
+    "Please provide the missing function or parameter."
+)
+"""Closing assistant message of a user turn whose ground truth is empty (BFCL miss_func / miss_param)."""
+
+Overflow = Literal["truncate", "drop"]
+CallsPerMessage = Literal["one", "all"]
+
+
+@dataclass
+class DemoStats:
+    """What a builder kept and skipped.
+
+    Attributes:
+        considered: tasks (or JSONL records) looked at.
+        kept: demonstrations returned.
+        skipped_reward: skipped because the verifier reward was not 1.0 (demos) or below ``min_reward`` (JSONL).
+        skipped_no_tokens: JSONL records without a ``trajectory`` (written without ``include_tokens``).
+        dropped_length: dropped by the length cap (``overflow="drop"``, or nothing left to train after truncation).
+        truncated: kept after truncation to ``max_tokens``.
+        skipped_error: tasks whose ground truth could not be played (an exception while building; the
+            messages are in ``errors``).
+        tokens_per_role: total kept tokens keyed by role name.
+        errors: ``"task_id: message"`` of each skipped_error.
+    """
+
+    considered: int = 0
+    kept: int = 0
+    skipped_reward: int = 0
+    skipped_no_tokens: int = 0
+    dropped_length: int = 0
+    truncated: int = 0
+    skipped_error: int = 0
+    tokens_per_role: dict[str, int] = field(default_factory=lambda: {r.name: 0 for r in Role})
+    errors: list[str] = field(default_factory=list)
+
+    def add_tokens(self, traj: Trajectory) -> None:
+        """Add `traj`'s tokens to ``tokens_per_role``."""
+        for k, v in traj.tokens_per_role().items():
+            self.tokens_per_role[k] += v
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible dict."""
+        return dict(self.__dict__, tokens_per_role=dict(self.tokens_per_role), errors=list(self.errors))
+
+
+def closing_message(calls: Sequence[ToolCall]) -> str:
+    """The templated closing ACT message of a user turn: `DONE_MESSAGE` if the turn made calls, else `NO_CALL_MESSAGE`."""
+    return DONE_MESSAGE if calls else NO_CALL_MESSAGE
+
+
+class _TokenizerOnlyRehearser:
+    """A `Rehearser` that only carries a tokenizer: the demo env answers every call with a real backend."""
+
+    prompt_mode = "inline"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def rehearse(self, requests):  # pragma: no cover - RealTools is always set
+        raise RuntimeError("demonstrations use real backends; nothing should be rehearsed")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Relabelling and the length cap
+# ---------------------------------------------------------------------------------------------------------
+
+
+def relabel_for_sft(traj: Trajectory, stop_ids: Sequence[int]) -> Trajectory:
+    """A copy of `traj` whose real tool results are REHEARSE targets (the roles still partition the tokens).
+
+    An OBSERVATION segment becomes REHEARSE when it is the content of a tool message that answers a call
+    (a tool message with a ``tool_call_id``; parse-error messages have none and stay OBSERVATION). The
+    OBSERVATION segments and the tool messages are matched in order; the first id of the TEMPLATE segment
+    right after a relabelled segment moves into it when it is a stop id (``<|im_end|>``), so the REHEARSE
+    target ends with the end-of-message token, as an inline rehearsal generated by the policy does. ACT and
+    REHEARSE segments are kept as they are (logprobs included). The token ids and their order never change.
+
+    Args:
+        traj: a trajectory from `RehearseEnv` (inline mode).
+        stop_ids: the end-of-message ids (`ChatRenderer.stop_token_ids`).
+
+    Returns:
+        Trajectory: a new object (segments copied; task and messages shared).
+
+    Raises:
+        ValueError: the trajectory has more OBSERVATION segments than tool messages (not an env trajectory).
+    """
+    stops = set(int(i) for i in stop_ids)
+    tool_msgs = [m for m in traj.messages if m.role == "tool"]
+    obs_count = sum(1 for s in traj.segments if s.role == Role.OBSERVATION)
+    if obs_count > len(tool_msgs):
+        raise ValueError(f"{obs_count} OBSERVATION segments but only {len(tool_msgs)} tool messages; cannot match them")
+    # separate-mode rehearsed responses are OBSERVATION too and have call ids; they are model text, not real
+    # results, but a record cannot tell them apart: the docstring of load_recorded_trajectories says so.
+    out: list[Segment] = []
+    obs_index = 0
+    move_stop = False
+    for seg in traj.segments:
+        seg = Segment(seg.role, list(seg.token_ids), list(seg.logprobs) if seg.logprobs is not None else None, seg.text)
+        if move_stop and seg.role == Role.TEMPLATE and seg.token_ids and seg.token_ids[0] in stops:
+            out[-1].token_ids.append(seg.token_ids[0])
+            seg.token_ids = seg.token_ids[1:]
+        move_stop = False
+        if seg.role == Role.OBSERVATION:
+            msg = tool_msgs[obs_index]
+            obs_index += 1
+            if msg.tool_call_id is not None:
+                seg = Segment(Role.REHEARSE, seg.token_ids, None, seg.text)
+                move_stop = not (seg.token_ids and seg.token_ids[-1] in stops)
+        if seg.token_ids:
+            out.append(seg)
+    return Trajectory(
+        task=traj.task, segments=out, messages=traj.messages, reward=traj.reward, terminated=traj.terminated,
+        truncated=traj.truncated, turn_info=traj.turn_info,
+    )
+
+
+def cap_length(traj: Trajectory, max_tokens: int | None, overflow: Overflow = "truncate") -> tuple[Trajectory | None, bool]:
+    """Apply the length cap (module docstring, "Length cap").
+
+    Args:
+        traj: a trajectory.
+        max_tokens: the cap in tokens; None means no cap.
+        overflow: ``"truncate"`` keeps the first `max_tokens` tokens (segments cut at the boundary); ``"drop"``
+            returns None for a longer trajectory.
+
+    Returns:
+        ``(trajectory or None, truncated)``: None when the trajectory is dropped (too long with ``"drop"``,
+        or no ACT token left after truncation).
+
+    Raises:
+        ValueError: ``max_tokens < 1`` or an unknown `overflow`.
+    """
+    if overflow not in ("truncate", "drop"):
+        raise ValueError(f"overflow must be 'truncate' or 'drop', got {overflow!r}")
+    if max_tokens is None:
+        return traj, False
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1 (or None), got {max_tokens}")
+    total = sum(len(s) for s in traj.segments)
+    if total <= max_tokens:
+        return traj, False
+    if overflow == "drop":
+        return None, False
+    kept: list[Segment] = []
+    left = max_tokens
+    for s in traj.segments:
+        if left <= 0:
+            break
+        n = min(left, len(s))
+        kept.append(Segment(s.role, s.token_ids[:n], s.logprobs[:n] if s.logprobs is not None else None, s.text if n == len(s) else ""))
+        left -= n
+    if not any(s.role == Role.ACT for s in kept):
+        return None, False
+    return (
+        Trajectory(task=traj.task, segments=kept, messages=traj.messages, reward=traj.reward,
+                   terminated=traj.terminated, truncated=True, turn_info=traj.turn_info),
+        True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# BFCL demonstrations
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _action(renderer: ChatRenderer, text: str, stop_id: int) -> GeneratedText:
+    """The action as the policy would have generated it: content ids then the end-of-message id, no logprobs."""
+    return GeneratedText(text, renderer.content_ids(text) + [stop_id], None)
+
+
+def demonstration_for_task(env: Any, task: Task, calls_per_message: CallsPerMessage = "one") -> tuple[Trajectory, float]:
+    """Play `task`'s ground truth in `env` (a `RealTools`-wrapped `RehearseEnv`) and return ``(trajectory, reward)``.
+
+    The trajectory is the env's own (not yet relabelled); see the module docstring for the message layout.
+
+    Raises:
+        ValueError: `calls_per_message` is unknown, or the ground truth cannot be parsed
+            (`benchmarks.bfcl.verify.ground_truth_tool_calls`).
+        RuntimeError: the episode ended before the last user turn was answered (e.g. the step limit).
+    """
+    from benchmarks.bfcl.verify import ground_truth_tool_calls
+
+    if calls_per_message not in ("one", "all"):
+        raise ValueError(f"calls_per_message must be 'one' or 'all', got {calls_per_message!r}")
+    base = env.unwrapped
+    renderer = base.renderer
+    stop_id = renderer.stop_token_ids[0]
+    env.reset(options={"task_id": task.id})
+    gt = ground_truth_tool_calls(task)
+    reward, done = 0.0, False
+    for t, calls in enumerate(gt):
+        messages = [[c] for c in calls] if calls_per_message == "one" else ([list(calls)] if calls else [])
+        for group in messages:
+            _, _, terminated, truncated, _ = env.step(_action(renderer, format_tool_calls(group, "hermes"), stop_id))
+            if terminated or truncated:
+                raise RuntimeError(f"{task.id}: the episode ended during the calls of turn {t}")
+        _, reward, terminated, truncated, _ = env.step(_action(renderer, closing_message(calls), stop_id))
+        done = terminated or truncated
+        if done and t + 1 < len(gt):
+            raise RuntimeError(f"{task.id}: the episode ended after turn {t} of {len(gt)}")
+    if not done:
+        raise RuntimeError(f"{task.id}: the episode did not end after the last user turn")
+    return base.trajectory, float(reward)
+
+
+def build_bfcl_demonstrations(
+    tokenizer: Any,
+    categories: Sequence[str] = ("multi_turn_base",),
+    split: str = "train",
+    *,
+    task_ids: Sequence[str] | None = None,
+    limit: int | None = None,
+    max_tokens: int | None = 4096,
+    overflow: Overflow = "truncate",
+    calls_per_message: CallsPerMessage = "one",
+    progress: bool = False,
+) -> tuple[list[Trajectory], DemoStats]:
+    """Demonstrations from real executions of BFCL multi-turn ground truth (module docstring).
+
+    Args:
+        tokenizer: the policy's tokenizer (its chat template renders the prompt and the message pieces).
+        categories: BFCL multi-turn categories (`MULTI_TURN_CATEGORIES`).
+        split: ``"train"`` (default), ``"test"`` or ``"all"`` (`benchmarks.bfcl.data.split_of`).
+        task_ids: only these tasks (in this order); None: every task of the categories and split.
+        limit: stop after this many kept demonstrations (None: all).
+        max_tokens: the length cap in tokens (None: no cap); see `cap_length`.
+        overflow: ``"truncate"`` or ``"drop"`` (see `cap_length`).
+        calls_per_message: ``"one"`` or ``"all"`` calls per ACT message.
+        progress: show a tqdm bar.
+
+    Returns:
+        ``(demos, stats)``: relabelled trajectories (reward 1.0 each) and the counts of `DemoStats`.
+
+    Raises:
+        ValueError: a category that is not multi-turn, a task id not in the categories and split, or an
+            invalid `overflow` / `calls_per_message`.
+    """
+    import gymnasium as gym
+    from tqdm.auto import tqdm
+
+    import envace_gym  # noqa: F401  (registers the env ids)
+    from wrappers import RealTools
+
+    bad = [c for c in categories if c not in MULTI_TURN_CATEGORIES]
+    if bad:
+        raise ValueError(f"demonstrations need BFCL multi-turn categories {MULTI_TURN_CATEGORIES}, got {bad}")
+    if overflow not in ("truncate", "drop"):
+        raise ValueError(f"overflow must be 'truncate' or 'drop', got {overflow!r}")
+    if calls_per_message not in ("one", "all"):
+        raise ValueError(f"calls_per_message must be 'one' or 'all', got {calls_per_message!r}")
+    # BFCL's 20-step limit counts ACT messages; with one call per message a long ground-truth turn needs more.
+    env = RealTools(
+        gym.make(
+            "EnvACE-Rehearse-v0", suite="bfcl", categories=list(categories), split=split,
+            rehearser=_TokenizerOnlyRehearser(tokenizer), max_steps_per_turn=10_000, disable_env_checker=True,
+        )
+    )
+    base = env.unwrapped
+    pool = {t.id: t for t in base.tasks}
+    if task_ids is not None:
+        missing = [i for i in task_ids if i not in pool]
+        if missing:
+            raise ValueError(f"task ids not in {list(categories)}/{split}: {missing[:5]}")
+        tasks = [pool[i] for i in task_ids]
+    else:
+        tasks = list(base.tasks)
+    stops = base.renderer.stop_token_ids
+    stats = DemoStats()
+    demos: list[Trajectory] = []
+    for task in tqdm(tasks, desc="demos", disable=not progress, unit="task"):
+        if limit is not None and len(demos) >= limit:
+            break
+        stats.considered += 1
+        try:
+            traj, reward = demonstration_for_task(env, task, calls_per_message)
+        except (RuntimeError, ValueError) as err:
+            stats.skipped_error += 1
+            stats.errors.append(f"{task.id}: {err}")
+            continue
+        if reward != 1.0:
+            stats.skipped_reward += 1
+            continue
+        capped, was_cut = cap_length(relabel_for_sft(traj, stops), max_tokens, overflow)
+        if capped is None:
+            stats.dropped_length += 1
+            continue
+        stats.truncated += int(was_cut)
+        stats.kept += 1
+        stats.add_tokens(capped)
+        demos.append(capped)
+    env.close()
+    return demos, stats
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Recorded rollouts (rejection sampling)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _records(paths: Iterable[str | os.PathLike[str]]) -> Iterable[dict[str, Any]]:
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"{path}:{n}: not a JSON record ({err})") from err
+
+
+def load_recorded_trajectories(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    stop_ids: Sequence[int],
+    *,
+    min_reward: float = 1.0,
+    max_tokens: int | None = 4096,
+    overflow: Overflow = "truncate",
+    relabel_observations: bool = True,
+) -> tuple[list[Trajectory], DemoStats]:
+    """Trajectories recorded by ``RecordTrajectories(include_tokens=True)`` with ``reward >= min_reward``.
+
+    Rejection-sampling fine-tuning: keep the rollouts whose verifier reward clears the threshold and train
+    on them like demonstrations. Records without a ``trajectory`` key (written without ``include_tokens``)
+    are skipped and counted. With `relabel_observations`, real tool results become REHEARSE targets
+    (`relabel_for_sft`); note that a ``separate``-mode rollout's rehearsed responses are OBSERVATION segments
+    with call ids too and would be relabelled as well (they are the policy's own text, not real results), so
+    use ``relabel_observations=False`` for those.
+
+    Args:
+        paths: one JSONL file or several.
+        stop_ids: the end-of-message ids of the tokenizer the rollouts were recorded with.
+        min_reward: the threshold on the record's ``reward``.
+        max_tokens, overflow: the length cap (`cap_length`).
+        relabel_observations: turn real tool results into REHEARSE targets.
+
+    Returns:
+        ``(trajectories, stats)``.
+
+    Raises:
+        ValueError: a line is not JSON, or a record's ``trajectory`` is malformed.
+        OSError: a file cannot be read.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    stats = DemoStats()
+    out: list[Trajectory] = []
+    for rec in _records(paths):
+        stats.considered += 1
+        if float(rec.get("reward", 0.0)) < min_reward:
+            stats.skipped_reward += 1
+            continue
+        if "trajectory" not in rec:
+            stats.skipped_no_tokens += 1
+            continue
+        try:
+            traj = Trajectory.from_dict(rec["trajectory"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"record of task {rec.get('task_id')!r} holds a malformed trajectory: {err}") from err
+        if relabel_observations:
+            traj = relabel_for_sft(traj, stop_ids)
+        capped, was_cut = cap_length(traj, max_tokens, overflow)
+        if capped is None:
+            stats.dropped_length += 1
+            continue
+        stats.truncated += int(was_cut)
+        stats.kept += 1
+        stats.add_tokens(capped)
+        out.append(capped)
+    return out, stats
