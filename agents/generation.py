@@ -8,14 +8,23 @@ on any end-of-message id, and records each sampled token's logprob from the same
 
 Recorded logprobs are ``log_softmax(logits / temperature)`` at the sampled id (temperature 0: greedy, and
 the logprob of ``log_softmax(logits)``), which is what the trainer's recomputation uses (same temperature).
+
+With a `agents.kv_cache.PrefixKVCache` (the inline-mode default of `agents.policy.Policy`), each row reuses
+the keys/values of its longest cached prefix and the model processes only the new tokens; the layout is in
+`generate`'s docstring. The decode loop does only step-dependent work: the attention mask and the output
+buffers are allocated once, ids and logprobs are copied to Python lists once at the end.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
+import numpy as np
 import torch
+from transformers import DynamicCache
+
+from agents.kv_cache import KVEntry, PrefixKVCache
 
 __all__ = ["Generation", "generate"]
 
@@ -35,17 +44,6 @@ class Generation:
     stopped: bool
 
 
-def _left_pad(contexts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(c) for c in contexts)
-    input_ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)  # (B, L)
-    attention_mask = torch.zeros((len(contexts), width), dtype=torch.long)  # (B, L)
-    for i, ctx in enumerate(contexts):
-        if ctx:
-            input_ids[i, width - len(ctx):] = torch.tensor(ctx, dtype=torch.long)
-            attention_mask[i, width - len(ctx):] = 1
-    return input_ids, attention_mask
-
-
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -56,18 +54,34 @@ def generate(
     stop_ids: Sequence[int],
     pad_id: int,
     seeds: Sequence[int | None] | None = None,
+    kv_cache: PrefixKVCache | None = None,
 ) -> list[Generation]:
     """Sample a continuation of every context in one batched decode.
 
+    Without `kv_cache` every context is encoded in full. With it, each row's longest cached prefix
+    (`PrefixKVCache.lookup`, exact id match) is reused and only the suffix is prefilled; identical
+    (context, prefix) rows are prefilled once and their KV copied (the K samples of a group); afterwards
+    each row's processed ids (context + generated ids but the last) and KV are stored for its next call.
+
+    Batch layout of the prefill (U unique rows, P = longest reused prefix, S = longest suffix), per row u
+    with reused length p_u and suffix length s_u::
+
+        cache columns [0, P):      P - p_u zero pads | p_u reused KV
+        input columns [P, P + S):  S - s_u pads      | s_u suffix ids
+
+    ``attention_mask`` ``(U, P + S)`` marks the real columns and ``position_ids`` continue each row's true
+    length (``p_u + j``), so a row's logits do not depend on the batch it is in (up to float rounding).
+
     Args:
-        model: a Transformers causal LM (accepts ``attention_mask``, ``position_ids``, ``past_key_values``,
-            ``logits_to_keep``).
+        model: a Transformers causal LM (accepts ``attention_mask``, ``position_ids``, ``cache``,
+            ``logits_to_keep``; returns ``out.cache``, a `transformers.DynamicCache`).
         contexts: B token-id lists, each non-empty, of any lengths.
         max_new_tokens: cap on generated tokens per row (>= 1).
         temperature: > 0 samples from ``softmax(logits / temperature)``; 0 is greedy.
         stop_ids: ids that end a row (the template's end-of-message ids); the stop id is kept.
         pad_id: id used for left padding (masked out).
         seeds: one seed per row (None: unseeded); same seed and context give the same sample.
+        kv_cache: the prefix cache to read and extend (None: no caching, full re-encoding).
 
     Returns:
         B `Generation`s in input order.
@@ -93,31 +107,83 @@ def generate(
         g.manual_seed(int(s) if s is not None else int(torch.randint(0, 2**31 - 1, ()).item()))
         generators.append(g)
     stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long)
-
     device = next(model.parameters()).device
-    input_ids, attention_mask = _left_pad(contexts, pad_id)  # (B, L), (B, L)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
-    input_ids, attention_mask, position_ids = input_ids.to(device), attention_mask.to(device), position_ids.to(device)
-    out_ids: list[list[int]] = [[] for _ in range(batch)]
-    out_lps: list[list[float]] = [[] for _ in range(batch)]
-    finished = torch.zeros(batch, dtype=torch.bool)
-    stopped = torch.zeros(batch, dtype=torch.bool)
-    past = None
-    for _ in range(max_new_tokens):
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=past,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        past = out.cache
-        logits = out.logits[:, -1, :].float()  # (B, V)
-        if temperature > 0:
-            logprobs = torch.log_softmax(logits / temperature, dim=-1)  # (B, V)
-        else:
-            logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
+    contexts = [list(c) for c in contexts]
+
+    # Prefix lookup and de-duplication of identical rows (the K samples of a group share the prompt).
+    sources: list[KVEntry | None] = [None] * batch
+    reused = [0] * batch
+    if kv_cache is not None:
+        kv_cache.sync(model)
+        kv_cache.begin_call()
+        for i, ctx in enumerate(contexts):
+            sources[i], reused[i] = kv_cache.lookup(ctx)
+    uniq: dict[tuple, int] = {}
+    row_to_uniq = [uniq.setdefault((tuple(c), id(sources[i]), reused[i]), len(uniq)) for i, c in enumerate(contexts)]
+    first_row = {u: i for i, u in reversed(list(enumerate(row_to_uniq)))}
+    rows_u = [first_row[u] for u in range(len(uniq))]
+    p_u = [reused[i] for i in rows_u]
+    s_u = [len(contexts[i]) - reused[i] for i in rows_u]
+    n_u, width_p, width_s = len(rows_u), max(p_u), max(s_u)
+
+    input_ids = torch.full((n_u, width_s), pad_id, dtype=torch.long)  # (U, S)
+    prefill_mask = torch.zeros((n_u, width_p + width_s), dtype=torch.long)  # (U, P+S)
+    for u, i in enumerate(rows_u):
+        input_ids[u, width_s - s_u[u]:] = torch.tensor(contexts[i][p_u[u]:], dtype=torch.long)
+        prefill_mask[u, width_p - p_u[u]:width_p] = 1
+        prefill_mask[u, width_p + width_s - s_u[u]:] = 1
+    position_ids = (prefill_mask.cumsum(-1) - 1).clamp(min=0)[:, width_p:]  # (U, S): p_u + j on real columns
+    cache = _past_cache(model, [sources[i] for i in rows_u], p_u, width_p, device) if width_p > 0 else None
+
+    out = model(
+        input_ids=input_ids.to(device),
+        attention_mask=prefill_mask.to(device),
+        position_ids=position_ids.to(device),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = out.cache
+    logits = out.logits[:, -1, :].float()  # (U, V)
+    if kv_cache is not None:
+        kv_cache.stats["fed_tokens"] += sum(s_u)
+        kv_cache.stats["hits"] += sum(1 for r in reused if r > 0)
+        kv_cache.stats["reused_tokens"] += sum(reused)
+    if n_u < batch:  # expand the unique rows back to the B rows
+        index = torch.tensor(row_to_uniq, dtype=torch.long)  # (B,)
+        _select_rows(cache, index.to(device))
+        logits = logits.index_select(0, index)  # (B, V)
+        prefill_mask = prefill_mask.index_select(0, index)  # (B, P+S)
+        position_ids = position_ids.index_select(0, index)  # (B, S)
+
+    # Decode loop state, allocated once: full attention mask, output buffers.
+    width0 = width_p + width_s
+    attention_mask = torch.ones((batch, width0 + max_new_tokens), dtype=torch.long)  # (B, P+S+N)
+    attention_mask[:, :width0] = prefill_mask
+    attention_mask = attention_mask.to(device)
+    next_pos = position_ids[:, -1:].to(device) + 1  # (B, 1)
+    sampled = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)  # (B, N)
+    sampled_lp = torch.zeros((batch, max_new_tokens), dtype=torch.float32)  # (B, N)
+    lengths = torch.zeros(batch, dtype=torch.long)  # (B,) tokens generated per row
+    finished = torch.zeros(batch, dtype=torch.bool)  # (B,)
+    stopped = torch.zeros(batch, dtype=torch.bool)  # (B,)
+    pad_fill = torch.full((batch,), pad_id, dtype=torch.long)  # (B,)
+    steps = 0
+    for t in range(max_new_tokens):
+        if t > 0:
+            out = model(
+                input_ids=next_ids.view(batch, 1).to(device),
+                attention_mask=attention_mask[:, : width0 + t],
+                position_ids=next_pos,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = out.cache
+            logits = out.logits[:, -1, :].float()  # (B, V)
+            next_pos = next_pos + 1
+        scaled = logits / temperature if temperature > 0 else logits  # (B, V)
+        logprobs = torch.log_softmax(scaled, dim=-1).cpu()  # (B, V)
         if temperature > 0:
             # Inverse-CDF sampling, batched: one uniform per row from that row's own generator keeps every
             # row reproducible from its seed whatever the batch it is in.
@@ -126,20 +192,70 @@ def generate(
             next_ids = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)  # (B,)
             next_ids = next_ids.clamp_(max=logits.shape[-1] - 1)
         else:
-            next_ids = logits.argmax(dim=-1)  # (B,)
-        next_ids = torch.where(finished, torch.full_like(next_ids, pad_id), next_ids)  # (B,)
-        chosen = logprobs.gather(-1, next_ids.view(batch, 1)).squeeze(-1)  # (B,)
-        ids_list, lps_list, done_list = next_ids.tolist(), chosen.tolist(), finished.tolist()
-        for i in range(batch):
-            if not done_list[i]:
-                out_ids[i].append(ids_list[i])
-                out_lps[i].append(lps_list[i])
-        is_stop = torch.isin(next_ids, stop) & ~finished  # (B,)
+            next_ids = logits.argmax(dim=-1).cpu()  # (B,)
+        next_ids = torch.where(finished, pad_fill, next_ids)  # (B,)
+        live = ~finished  # (B,)
+        sampled[:, t] = next_ids
+        sampled_lp[:, t] = logprobs.gather(-1, next_ids.view(batch, 1)).squeeze(-1)
+        lengths += live.long()
+        is_stop = torch.isin(next_ids, stop) & live  # (B,)
         stopped |= is_stop
         finished |= is_stop
+        steps = t + 1
         if bool(finished.all()):
             break
-        input_ids = next_ids.view(batch, 1).to(device)  # (B, 1)
-        attention_mask = torch.cat([attention_mask, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=1)  # (B, L+1)
-        position_ids = position_ids[:, -1:] + 1  # (B, 1)
-    return [Generation(out_ids[i], out_lps[i], bool(stopped[i])) for i in range(batch)]
+
+    lens = lengths.tolist()
+    ids_all, lps_all = sampled[:, :steps].tolist(), sampled_lp[:, :steps].tolist()
+    gens = [Generation(ids_all[i][: lens[i]], lps_all[i][: lens[i]], bool(stopped[i])) for i in range(batch)]
+    if kv_cache is not None:
+        # Columns fed for row i: the prefill columns plus its first len_i - 1 generated ids (the last
+        # sampled id was never fed back); keep the real ones only.
+        fed_mask = attention_mask[:, : width0 + steps - 1].clone()  # (B, P+S+steps-1)
+        for i in range(batch):
+            fed_mask[i, width0 + max(lens[i] - 1, 0):] = 0
+        kv_cache.stats["fed_tokens"] += sum(max(n - 1, 0) for n in lens)
+        new_entries = []
+        layers = _cache_layers(cache)
+        for i in range(batch):
+            cols = fed_mask[i].nonzero().squeeze(-1)  # (L_i,)
+            ids = contexts[i] + gens[i].token_ids[:-1]
+            keys = [k[i : i + 1].index_select(2, cols) for k, _ in layers]  # each (1, H_kv, L_i, D)
+            values = [v[i : i + 1].index_select(2, cols) for _, v in layers]  # each (1, H_kv, L_i, D)
+            new_entries.append(KVEntry(np.asarray(ids, dtype=np.int64), keys, values))
+        kv_cache.store(new_entries, sources)
+    return gens
+
+
+def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-layer ``(keys, values)`` of a `DynamicCache`, each ``(B, H_kv, T, D)``."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _select_rows(cache: Any, index: torch.Tensor) -> None:
+    """Reorder/duplicate the batch rows of every cache layer in place: ``(U, ...) -> (len(index), ...)``."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, index)  # (B, H_kv, T, D)
+        layer.values = layer.values.index_select(0, index)  # (B, H_kv, T, D)
+
+
+def _past_cache(
+    model: torch.nn.Module, entries: Sequence[KVEntry | None], lengths: Sequence[int], width: int, device: torch.device
+) -> DynamicCache:
+    """A `DynamicCache` holding each row's reused prefix, left-padded with zeros to ``width`` columns.
+
+    Row u gets ``entries[u]``'s first ``lengths[u]`` positions in columns ``[width - lengths[u], width)``;
+    the zero columns are masked by the caller's attention mask. Per layer keys/values ``(U, H_kv, width, D)``.
+    """
+    ref = next(e for e in entries if e is not None)
+    data = []
+    for layer in range(len(ref.keys)):
+        k0, v0 = ref.keys[layer], ref.values[layer]
+        keys = k0.new_zeros((len(entries), k0.shape[1], width, k0.shape[3]), device=device)  # (U, H_kv, P, D)
+        values = v0.new_zeros((len(entries), v0.shape[1], width, v0.shape[3]), device=device)  # (U, H_kv, P, D)
+        for u, (e, n) in enumerate(zip(entries, lengths)):
+            if e is not None and n > 0:
+                keys[u, :, width - n:] = e.keys[layer][0, :, :n]
+                values[u, :, width - n:] = e.values[layer][0, :, :n]
+        data.append((keys, values))
+    return DynamicCache(ddp_cache_data=data, config=model.config)

@@ -15,11 +15,13 @@ random model of `agents.models.tiny_random_model`, for tests and quick checks).
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Sequence
 
 import torch
 
 from agents.generation import Generation, generate
+from agents.kv_cache import PrefixKVCache, shared_prefix_cache
 from agents.models import load_tokenizer, tiny_random_model
 from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse
 from envace_gym.rendering import ChatRenderer
@@ -44,13 +46,23 @@ class Policy:
     Args:
         model: a Transformers causal LM.
         tokenizer: its tokenizer (must have a chat template).
+        kv_cache: the per-trajectory prefix KV cache (`agents.kv_cache.PrefixKVCache`) used by `act` and by
+            inline rehearsal. True (default): the model's shared cache (`shared_prefix_cache(model)`), so
+            every `Policy` over the same model object (the rollout's ACT policy and the env's rehearser)
+            continues the same entries; False or None: no caching, every context is re-encoded in full
+            (the fallback, and the benchmarks' baseline); or a cache object to use. The environment
+            variable ``ENVACE_KV_CACHE=0`` turns the default (True) off process-wide.
 
     Attributes:
         renderer: `envace_gym.rendering.ChatRenderer` of the tokenizer; its end-of-message ids stop generation.
+        kv_cache: the `PrefixKVCache` in use, or None when caching is off (assignable).
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, kv_cache: PrefixKVCache | bool | None = True) -> None:
         self.model = model
+        if kv_cache is True and os.environ.get("ENVACE_KV_CACHE", "1") != "0":
+            kv_cache = shared_prefix_cache(model)
+        self.kv_cache: PrefixKVCache | None = kv_cache if isinstance(kv_cache, PrefixKVCache) else None
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
         self.stop_ids = list(self.renderer.stop_token_ids)
@@ -64,8 +76,13 @@ class Policy:
         max_new_tokens: int,
         temperature: float = 1.0,
         seeds: Sequence[int | None] | None = None,
+        use_cache: bool = True,
     ) -> list[Generation]:
-        """Batched sampling from token contexts; see `agents.generation.generate`."""
+        """Batched sampling from token contexts; see `agents.generation.generate`.
+
+        ``use_cache=False`` bypasses `kv_cache` for this call (one-off prompts such as the ``separate``
+        mode's simulator prompts, which no later call extends).
+        """
         return generate(
             self.model,
             contexts,
@@ -74,6 +91,7 @@ class Policy:
             stop_ids=self.stop_ids,
             pad_id=self.pad_id,
             seeds=seeds,
+            kv_cache=self.kv_cache if use_cache else None,
         )
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -133,6 +151,9 @@ class PolicyRehearser:
     def rehearse(self, requests: Sequence[RehearseRequest]) -> list[RehearseResponse]:
         """Answer every request with one batched decode per (max_new_tokens, temperature) setting.
 
+        ``inline`` requests continue their trajectory's cached KV (`Policy.kv_cache`); ``separate`` simulator
+        prompts are encoded without the cache.
+
         Raises:
             ValueError: an ``inline`` request without ``context_ids``.
         """
@@ -154,6 +175,7 @@ class PolicyRehearser:
                 max_new_tokens=max_new,
                 temperature=temperature,
                 seeds=[requests[i].seed for i in idx],
+                use_cache=self.prompt_mode == "inline",
             )
             for i, g in zip(idx, gens):
                 out[i] = RehearseResponse(
@@ -166,8 +188,10 @@ class PolicyRehearser:
         return [o for o in out if o is not None]
 
 
-def load_policy(model: str = "smollm2-135m") -> Policy:
+def load_policy(model: str = "smollm2-135m", kv_cache: bool = True) -> Policy:
     """A `Policy` over a shared (per-process) model: ``"smollm2-135m"``, a local folder or ``"tiny-random"``.
+
+    ``kv_cache`` as in `Policy` (True: the model's shared prefix cache; False: none).
 
     Raises:
         The errors of `agents.models.load_model` for an unknown name or a missing folder.
@@ -175,10 +199,10 @@ def load_policy(model: str = "smollm2-135m") -> Policy:
     if model == TINY_MODEL:
         if 0 not in _TINY:
             _TINY[0] = tiny_random_model(seed=0)
-        return Policy(_TINY[0], load_tokenizer())
+        return Policy(_TINY[0], load_tokenizer(), kv_cache=kv_cache)
     from agents.models import load_model
 
-    return Policy(load_model(model), load_tokenizer(model))
+    return Policy(load_model(model), load_tokenizer(model), kv_cache=kv_cache)
 
 
 def make_policy_rehearser(model: str = "smollm2-135m", prompt_mode: PromptMode = "inline", policy: Policy | None = None) -> PolicyRehearser:

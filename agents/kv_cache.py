@@ -1,0 +1,182 @@
+"""Per-trajectory prefix KV cache: each inline trajectory's keys/values survive between its generation calls.
+
+In the ``inline`` prompt mode (DESIGN.md §1) ACT and REHEARSE continue ONE token sequence per trajectory:
+the context of every generation call is the previous context + the ids generated then + a few template
+ids. Re-encoding that whole context at every call costs O(turns × context) model tokens; with a cache the
+model only processes the new tokens. `PrefixKVCache` stores, per trajectory, the ids the model has
+processed so far with their per-layer keys and values; `agents.generation.generate` looks up the longest
+stored prefix of each context, prefills only the suffix, decodes, and stores the extended entry.
+
+Matching is by token ids only (exact check, never by trajectory identity), so a wrong hit is impossible:
+an entry is used for exactly the ids it was computed from. Two things can still make an entry stale, and
+both are handled:
+
+1. The weights changed (an optimizer step, ``load_state_dict``, ``.to(...)``). `PrefixKVCache.sync`
+   fingerprints the parameters by ``(id(p), p._version)`` (every in-place update bumps ``_version``) and
+   drops every entry when the fingerprint moved. `agents.generation.generate` calls it at each call.
+2. Memory. The cache is bounded (documented trade-off, defaults fit SmolLM2-135M rollouts of 16 trajectories
+   of 8k tokens in about 6 GB):
+
+   * ``replace``: an entry that served a lookup is dropped when the rows that used it store their
+     extensions (the next turn matches the extension, which contains it);
+   * ``max_idle_calls``: an entry not used by the last that many `generate` calls is evicted (a trajectory
+     that finished, or was reset, stops being looked up and disappears after a few calls);
+   * ``max_tokens``: total stored tokens over all entries; the least recently used entries go first.
+
+Memory per stored token is ``2 × layers × kv_heads × head_dim × 4`` bytes in float32 (SmolLM2-135M:
+30 × 3 × 64 → 46 KB/token). The K trajectories of a group that share a prompt each hold their own copy
+after their first turn (they diverge from there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+from weakref import WeakKeyDictionary
+
+import numpy as np
+import torch
+
+__all__ = ["KVEntry", "PrefixKVCache", "shared_prefix_cache"]
+
+
+@dataclass(eq=False)
+class KVEntry:
+    """One trajectory's processed prefix.
+
+    Attributes:
+        ids: the token ids the model processed, ``(L,)`` int64 numpy array.
+        keys: one tensor per layer, ``(1, H_kv, L, D)`` in the model's dtype.
+        values: one tensor per layer, ``(1, H_kv, L, D)``.
+        last_used: value of the cache's call counter when it was stored or last matched.
+    """
+
+    ids: np.ndarray
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    last_used: int = 0
+    num_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_tokens = int(self.ids.shape[0])
+        for k, v in zip(self.keys, self.values):
+            if k.shape[2] != self.num_tokens or v.shape[2] != self.num_tokens:
+                raise ValueError(f"KV length {k.shape[2]}/{v.shape[2]} != {self.num_tokens} ids")
+
+
+class PrefixKVCache:
+    """Token-id-keyed store of per-trajectory KV prefixes, shared by a `Policy` and its `PolicyRehearser`.
+
+    Args:
+        max_tokens: cap on the total tokens stored over all entries (>= 1); LRU eviction beyond it.
+        max_idle_calls: entries not used during this many consecutive `begin_call`s are evicted (>= 1).
+        replace: drop an entry once the rows that matched it stored their extensions (True by default).
+
+    Attributes:
+        stats: counters since creation: ``calls``, ``hits`` (rows that reused > 0 tokens), ``reused_tokens``,
+            ``fed_tokens`` (real tokens the model processed through this cache), ``evicted``, ``invalidations``.
+
+    Raises:
+        ValueError: ``max_tokens < 1`` or ``max_idle_calls < 1``.
+    """
+
+    def __init__(self, max_tokens: int = 131_072, max_idle_calls: int = 4, replace: bool = True) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if max_idle_calls < 1:
+            raise ValueError(f"max_idle_calls must be >= 1, got {max_idle_calls}")
+        self.max_tokens = int(max_tokens)
+        self.max_idle_calls = int(max_idle_calls)
+        self.replace = bool(replace)
+        self._entries: list[KVEntry] = []
+        self._clock = 0
+        self._fingerprint: tuple | None = None
+        self.stats = {"calls": 0, "hits": 0, "reused_tokens": 0, "fed_tokens": 0, "evicted": 0, "invalidations": 0}
+
+    # ------------------------------------------------------------------ bookkeeping
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[KVEntry]:
+        return iter(self._entries)
+
+    @property
+    def num_tokens(self) -> int:
+        """Total tokens stored over all entries."""
+        return sum(e.num_tokens for e in self._entries)
+
+    def clear(self) -> None:
+        """Drop every entry (e.g. after changing the model outside an in-place parameter update)."""
+        self._entries.clear()
+
+    def sync(self, model: torch.nn.Module) -> None:
+        """Drop every entry when the model's weights changed since the last call (see the module doc)."""
+        fp = tuple((id(p), p._version, p.dtype, p.device) for p in model.parameters())
+        if fp != self._fingerprint:
+            if self._entries:
+                self.stats["invalidations"] += 1
+            self._entries.clear()
+            self._fingerprint = fp
+
+    def begin_call(self) -> None:
+        """Advance the call clock and evict entries idle for ``max_idle_calls`` calls."""
+        self._clock += 1
+        self.stats["calls"] += 1
+        keep = [e for e in self._entries if self._clock - e.last_used <= self.max_idle_calls]
+        self.stats["evicted"] += len(self._entries) - len(keep)
+        self._entries = keep
+
+    # ------------------------------------------------------------------ lookup / store
+    def lookup(self, context: Sequence[int]) -> tuple[KVEntry | None, int]:
+        """The entry sharing the longest common prefix with `context`, and that prefix length.
+
+        The length is capped at ``len(context) - 1``: the last context token must be fed to the model to
+        get the next-token logits. Exact id comparison (numpy), O(entries × L).
+
+        Returns:
+            ``(entry, n)`` with ``entry.ids[:n] == context[:n]``; ``(None, 0)`` when nothing matches.
+        """
+        ctx = np.asarray(context, dtype=np.int64)
+        best, best_n = None, 0
+        for e in self._entries:
+            n = min(e.num_tokens, ctx.shape[0] - 1)
+            if n <= best_n:
+                continue
+            eq = e.ids[:n] == ctx[:n]  # (n,)
+            m = n if bool(eq.all()) else int(eq.argmin())
+            if m > best_n:
+                best, best_n = e, m
+        if best is not None:
+            best.last_used = self._clock
+        return best, best_n
+
+    def store(self, entries: Sequence[KVEntry], sources: Sequence[KVEntry | None] = ()) -> None:
+        """Add `entries` (stamped with the current call); drop `sources` when ``replace``; enforce ``max_tokens``."""
+        if self.replace:
+            gone = {id(s) for s in sources if s is not None}
+            self._entries = [e for e in self._entries if id(e) not in gone]
+        for e in entries:
+            e.last_used = self._clock
+            self._entries.append(e)
+        total = self.num_tokens
+        if total > self.max_tokens:
+            self._entries.sort(key=lambda e: e.last_used)  # oldest first
+            while self._entries and total > self.max_tokens:
+                total -= self._entries.pop(0).num_tokens
+                self.stats["evicted"] += 1
+
+
+_SHARED: "WeakKeyDictionary[torch.nn.Module, PrefixKVCache]" = WeakKeyDictionary()
+
+
+def shared_prefix_cache(model: torch.nn.Module) -> PrefixKVCache:
+    """The process-wide `PrefixKVCache` of `model` (created on first use, freed with the model).
+
+    Every `agents.policy.Policy` over the same model object gets this one cache, so the ACT policy of
+    `agents.rollout.collect_rollouts` and the env's `PolicyRehearser` (two `Policy` objects over one shared
+    model) continue the same trajectory entries.
+    """
+    cache = _SHARED.get(model)
+    if cache is None:
+        cache = _SHARED[model] = PrefixKVCache()
+    return cache
