@@ -1,0 +1,190 @@
+"""Tests of the per-trajectory prefix KV cache (agents/kv_cache.py) and the cached path of agents/generation.py.
+
+The key property: generating through `PrefixKVCache` over several calls, each context an extension of the
+previous context + generated ids + arbitrary "template" ids (the inline-mode pattern), records logprobs
+equal to a full forward recomputation (`agents.logprobs.token_logprobs`, float32) of the final sequences,
+for ragged batches (rows with different cached prefix lengths and different suffix lengths). Greedy and
+seeded samples equal those of the uncached path. A wrong prefix length, a misplaced pad column, a wrong
+position id or a stale entry changes the logprobs far beyond the 1e-3 tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agents.generation import generate
+from agents.kv_cache import KVEntry, PrefixKVCache, shared_prefix_cache
+from agents.logprobs import token_logprobs
+from agents.models import tiny_random_model
+from agents.policy import Policy, load_policy
+
+STOP, PAD = 2, 2
+TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_random_model(seed=3)
+
+
+def _ids(draw_list):
+    # ids >= 3 so that a context never contains the stop/pad id by accident
+    return [3 + x for x in draw_list]
+
+
+def _recompute(model, seq: list[int], temperature: float) -> torch.Tensor:
+    ids = torch.tensor([seq])  # (1, T)
+    return token_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)[0]  # (T,)
+
+
+def _check_against_recompute(model, contexts, gens, temperature):
+    for ctx, g in zip(contexts, gens):
+        if not g.token_ids:
+            continue
+        full = _recompute(model, list(ctx) + g.token_ids, temperature)
+        diff = (full[len(ctx):] - torch.tensor(g.logprobs)).abs().max().item()
+        assert diff <= TOL, diff
+
+
+segment = st.lists(st.integers(0, 4000), min_size=1, max_size=12)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prompts=st.lists(segment, min_size=1, max_size=3),
+    group=st.integers(1, 3),
+    turns=st.lists(st.tuples(st.integers(1, 6), st.lists(segment, min_size=6, max_size=6)), min_size=1, max_size=3),
+    temperature=st.sampled_from([0.0, 1.0, 0.7]),
+    seed=st.integers(0, 2**20),
+)
+def test_cached_multi_turn_matches_full_recompute_and_uncached(model, prompts, group, turns, temperature, seed):
+    """Multi-call inline pattern, ragged rows: cached logprobs == recompute; ids == uncached path's ids."""
+    cache = PrefixKVCache()
+    contexts = [_ids(p) for p in prompts for _ in range(group)]  # K identical prompts per group
+    for t, (max_new, templates) in enumerate(turns):
+        seeds = [seed + 97 * t + i for i in range(len(contexts))]
+        cached = generate(model, contexts, max_new_tokens=max_new, temperature=temperature, stop_ids=[STOP],
+                          pad_id=PAD, seeds=seeds, kv_cache=cache)
+        plain = generate(model, contexts, max_new_tokens=max_new, temperature=temperature, stop_ids=[STOP],
+                         pad_id=PAD, seeds=seeds)
+        _check_against_recompute(model, contexts, cached, temperature)
+        for c, p in zip(cached, plain):
+            if c.token_ids != p.token_ids:
+                # only allowed where the two paths' float rounding straddles a sampling boundary; the
+                # logprobs of the first differing token must then be (nearly) tied
+                k = next(j for j, (a, b) in enumerate(zip(c.token_ids, p.token_ids)) if a != b)
+                assert abs(c.logprobs[k] - p.logprobs[k]) < 1e-4 or temperature > 0
+                pytest.fail(f"cached and uncached samples differ at {k}: {c.token_ids} vs {p.token_ids}")
+            assert max((abs(a - b) for a, b in zip(c.logprobs, p.logprobs)), default=0.0) <= TOL
+        # next context: previous context + generated ids + template ids of random length per row
+        contexts = [c + g.token_ids + _ids(templates[i % len(templates)]) for i, (c, g) in enumerate(zip(contexts, cached))]
+    assert cache.stats["calls"] == len(turns)
+    if len(turns) > 1:
+        assert cache.stats["hits"] > 0
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    base=st.lists(st.integers(0, 4000), min_size=2, max_size=30),
+    cuts=st.lists(st.integers(0, 30), min_size=2, max_size=4),
+    suffixes=st.lists(segment, min_size=4, max_size=4),
+    seed=st.integers(0, 2**20),
+)
+def test_ragged_prefix_lengths_in_one_batch(model, base, cuts, suffixes, seed):
+    """Rows whose cached prefixes have different lengths (cut points into one stored entry, or none)."""
+    base = _ids(base)
+    cache = PrefixKVCache(replace=False)
+    generate(model, [base], max_new_tokens=1, temperature=0.0, stop_ids=[STOP], pad_id=PAD, kv_cache=cache)
+    contexts = [base[: min(c, len(base))] + _ids(s) for c, s in zip(cuts, suffixes)]
+    gens = generate(model, contexts, max_new_tokens=5, temperature=1.0, stop_ids=[STOP], pad_id=PAD,
+                    seeds=[seed + i for i in range(len(contexts))], kv_cache=cache)
+    _check_against_recompute(model, contexts, gens, 1.0)
+    plain = generate(model, contexts, max_new_tokens=5, temperature=1.0, stop_ids=[STOP], pad_id=PAD,
+                     seeds=[seed + i for i in range(len(contexts))])
+    assert [g.token_ids for g in gens] == [g.token_ids for g in plain]
+
+
+def test_seeded_sampling_reproducible_with_cache(model):
+    ctx = [[5, 6, 7, 8], [9, 10]]
+    a = generate(model, ctx, max_new_tokens=6, temperature=1.0, stop_ids=[STOP], pad_id=PAD, seeds=[1, 2],
+                 kv_cache=PrefixKVCache())
+    b = generate(model, ctx, max_new_tokens=6, temperature=1.0, stop_ids=[STOP], pad_id=PAD, seeds=[1, 2],
+                 kv_cache=PrefixKVCache())
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.logprobs for g in a] == [g.logprobs for g in b]
+
+
+def test_only_new_tokens_are_fed(model):
+    cache = PrefixKVCache()
+    ctx = [list(range(10, 60))] * 4  # a group of 4 identical 50-token prompts: prefilled once
+    g = generate(model, ctx, max_new_tokens=4, temperature=1.0, stop_ids=[STOP], pad_id=PAD, seeds=[0, 1, 2, 3],
+                 kv_cache=cache)
+    fed_first = cache.stats["fed_tokens"]
+    assert fed_first == 50 + sum(len(x.token_ids) - 1 for x in g)
+    ctx2 = [c + x.token_ids + [11, 12, 13] for c, x in zip(ctx, g)]
+    generate(model, ctx2, max_new_tokens=1, temperature=1.0, stop_ids=[STOP], pad_id=PAD, seeds=[0, 1, 2, 3],
+             kv_cache=cache)
+    # the second call feeds each row's last generated id (never fed before) + 3 template ids
+    assert cache.stats["fed_tokens"] - fed_first == 4 * 4
+    assert cache.stats["reused_tokens"] == sum(len(c) - 4 for c in ctx2)
+
+
+def test_weight_change_invalidates(model):
+    m = tiny_random_model(seed=5)
+    cache = PrefixKVCache()
+    ctx = [[5, 6, 7, 8, 9]]
+    generate(m, ctx, max_new_tokens=3, temperature=0.0, stop_ids=[STOP], pad_id=PAD, kv_cache=cache)
+    assert len(cache) == 1
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    g = generate(m, ctx, max_new_tokens=3, temperature=0.0, stop_ids=[STOP], pad_id=PAD, kv_cache=cache)
+    assert cache.stats["invalidations"] == 1 and cache.stats["reused_tokens"] == 0
+    _check_against_recompute(m, ctx, g, 1.0)
+
+
+def test_eviction_bounds():
+    def entry(ids):
+        kv = [torch.zeros(1, 1, len(ids), 2)]
+        import numpy as np
+
+        return KVEntry(np.asarray(ids, dtype=np.int64), kv, kv)
+
+    cache = PrefixKVCache(max_tokens=10, max_idle_calls=2)
+    cache.begin_call()
+    cache.store([entry([1, 2, 3, 4]), entry([5, 6, 7, 8])])
+    cache.begin_call()
+    cache.store([entry([9, 10, 11, 12])])  # 12 tokens > 10: the oldest goes
+    assert cache.num_tokens <= 10 and len(cache) == 2
+    cache.begin_call()
+    cache.begin_call()
+    cache.begin_call()  # nothing used for 3 calls > max_idle_calls
+    assert len(cache) == 0
+    with pytest.raises(ValueError):
+        PrefixKVCache(max_tokens=0)
+    with pytest.raises(ValueError):
+        PrefixKVCache(max_idle_calls=0)
+
+
+def test_lookup_never_covers_the_last_token():
+    cache = PrefixKVCache()
+    kv = [torch.zeros(1, 1, 3, 2)]
+    import numpy as np
+
+    cache.store([KVEntry(np.asarray([4, 5, 6]), kv, kv)])
+    entry, n = cache.lookup([4, 5, 6])
+    assert entry is not None and n == 2  # the last context token is always fed
+    assert cache.lookup([4, 9, 9, 9])[1] == 1
+    assert cache.lookup([7, 5])[1] == 0
+
+
+def test_policy_cache_switch_and_sharing():
+    p1, p2 = load_policy("tiny-random"), load_policy("tiny-random")
+    assert p1.kv_cache is not None and p1.kv_cache is p2.kv_cache is shared_prefix_cache(p1.model)
+    off = load_policy("tiny-random", kv_cache=False)
+    assert off.kv_cache is None
+    own = PrefixKVCache()
+    assert Policy(p1.model, p1.tokenizer, kv_cache=own).kv_cache is own
