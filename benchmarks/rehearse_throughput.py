@@ -1,0 +1,93 @@
+"""Rehearsal throughput: the batched vector env vs N sequential single envs, same seeds, one run (issue 4).
+
+Both sides play the same BFCL multi_turn_base tasks with the same env seeds and the same scripted ACT
+actions (one tool call per step, drawn from each task's ground truth), so they rehearse the same calls:
+the vector env answers all N pending calls with ONE batched generate per step, the sequential side makes
+N generate calls of batch 1. Prints rehearsed tokens per second for both and their ratio (target >= 3x at
+N = 8 with the tiny model). Runs alternate (sequential, vector, sequential, ...) and the median is used.
+
+    .venv/bin/python benchmarks/rehearse_throughput.py [--num-envs 8] [--model tiny-random] [--steps 3] [--max-new-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import envace_gym  # noqa: F401
+from agents.policy import load_policy, make_policy_rehearser
+from benchmarks.bfcl.verify import ground_truth_tool_calls
+from envace_gym.envs.rehearse import RehearseEnv
+from envace_gym.envs.rehearse_vector import RehearseVectorEnv
+from envace_gym.parsing import format_tool_calls
+
+
+def _actions(env: RehearseEnv, task_ids: list[str], steps: int) -> list[list[str]]:
+    """Per env, `steps` single-call actions from the task's ground truth (cycled)."""
+    out = []
+    for tid in task_ids:
+        task = env.tasks[env._task_index[tid]]
+        calls = [c for turn in ground_truth_tool_calls(task) for c in turn]
+        out.append([format_tool_calls([calls[i % len(calls)]], "hermes") for i in range(steps)])
+    return out
+
+
+def run_sequential(envs: list[RehearseEnv], task_ids, actions, seed: int) -> tuple[float, int]:
+    tokens = 0
+    t0 = time.perf_counter()
+    for i, env in enumerate(envs):
+        env.reset(seed=seed + i, options={"task_id": task_ids[i]})
+        for action in actions[i]:
+            _, _, term, trunc, info = env.step(action)
+            tokens += sum(len(r["token_ids"]) for r in info["rehearsals"])
+            if term or trunc:
+                break
+    return time.perf_counter() - t0, tokens
+
+
+def run_vector(venv: RehearseVectorEnv, task_ids, actions, seed: int) -> tuple[float, int]:
+    tokens = 0
+    t0 = time.perf_counter()
+    venv.reset(seed=seed, options={"task_ids": task_ids})
+    for s in range(len(actions[0])):
+        _, _, _, _, infos = venv.step([a[s] for a in actions])
+        tokens += sum(len(r["token_ids"]) for rs in infos["rehearsals"] for r in (rs or []))
+    return time.perf_counter() - t0, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--model", default="tiny-random")
+    parser.add_argument("--steps", type=int, default=3, help="tool-call steps per episode")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rehearser = make_policy_rehearser(policy=load_policy(args.model))
+    kw = dict(suite="bfcl", categories=["multi_turn_base"], split="train", rehearser=rehearser,
+              max_new_tokens=args.max_new_tokens, temperature=1.0, max_steps_per_turn=args.steps + 1)
+    envs = [RehearseEnv(**kw) for _ in range(args.num_envs)]
+    venv = RehearseVectorEnv(num_envs=args.num_envs, **kw)
+    task_ids = [t.id for t in envs[0].tasks[: args.num_envs]]
+    actions = _actions(envs[0], task_ids, args.steps)
+    seq, vec = [], []
+    for r in range(args.repeats):
+        seq.append(run_sequential(envs, task_ids, actions, seed=100 * r))
+        vec.append(run_vector(venv, task_ids, actions, seed=100 * r))
+    seq_tps = statistics.median(tok / s for s, tok in seq)
+    vec_tps = statistics.median(tok / s for s, tok in vec)
+    same = all(a[1] == b[1] for a, b in zip(seq, vec))
+    print(f"model={args.model} N={args.num_envs} steps={args.steps} max_new_tokens={args.max_new_tokens} "
+          f"threads={args.threads} repeats={args.repeats}")
+    print(f"sequential single envs : {seq_tps:8.1f} rehearsed tokens/s  (median of {[f'{s:.2f}s' for s, _ in seq]})")
+    print(f"batched vector env     : {vec_tps:8.1f} rehearsed tokens/s  (median of {[f'{s:.2f}s' for s, _ in vec]})")
+    print(f"ratio vector/sequential: {vec_tps / seq_tps:.2f}x   (same rehearsed token counts: {same})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""TestTimeRehearsal on the tiny model: N attempts per turn in both modes, a bounded memory appended token in,
+token out, rehearsals that never touch the real backend (scripted suite and BFCL), real committed steps."""
+
+from __future__ import annotations
+
+import re
+
+import gymnasium as gym
+import pytest
+
+import envace_gym  # noqa: F401
+import tests.testing_env  # noqa: F401
+from agents.policy import Policy, load_policy
+from envace_gym.rendering import ChatRenderer
+from envace_gym.types import GeneratedText, Message, Role
+from wrappers import RealTools, TestTimeRehearsal
+from wrappers.test_time_rehearsal import MEMORY_HEADER
+
+TINY = dict(model="tiny-random", max_new_tokens=12, temperature=1.0)
+SMALL = dict(memory_tokens=40, attempt_max_steps=2, max_new_tokens=8, critique_tokens=6)
+
+
+class ScriptedPolicy(Policy):
+    """The tiny model for critiques and summaries, but ACT messages chosen by `rule(context_text) -> str`,
+    so attempts really make tool calls (a random model almost never does)."""
+
+    def __init__(self, rule):
+        base = load_policy("tiny-random")
+        super().__init__(base.model, base.tokenizer)
+        self.rule = rule
+        self.act_calls = 0
+
+    def act(self, contexts, *, max_new_tokens=256, temperature=1.0, seeds=None):
+        self.act_calls += 1
+        out = []
+        for ctx in contexts:
+            text = self.rule(self.tokenizer.decode(ctx))
+            ids = self.renderer.content_ids(text) + [self.stop_ids[0]]
+            out.append(GeneratedText(text, ids, None))
+        return out
+
+
+def always(text):
+    return lambda _ctx: text
+
+
+def make_env(suite="scripted", **kw):
+    return RealTools(gym.make("EnvACE-Rehearse-v0", **{"suite": suite, "categories": None, **TINY, **kw}))
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_scripted_attempts_memory_and_untouched_backend(mode):
+    policy = ScriptedPolicy(always('<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'))
+    env = TestTimeRehearsal(make_env(), policy, n=2, mode=mode, seed=0, **SMALL)
+    obs, info = env.reset(seed=0, options={"task_id": "scripted_1"})
+    base = env.unwrapped
+    fresh = base.suite.make_backend(base.task)
+    rec = info["rehearsal"]
+    assert rec["n"] == 2 and rec["mode"] == mode and rec["turn"] == 0
+    assert len(rec["attempts"]) == 2 and len(rec["critiques"]) == 2
+    for a in rec["attempts"]:
+        assert a["steps"] == 2 and a["tool_calls"] == 2 and a["ended"] == "steps"
+        tool_msgs = [m for m in a["messages"] if m["role"] == "tool"]
+        assert len(tool_msgs) == 2 and a["rehearse_tokens"] > 0  # answered by REHEARSE
+    starts = [a["start_tokens"] for a in rec["attempts"]]
+    if mode == "parallel":
+        assert starts[0] == starts[1] == rec["context_tokens_before"]
+        assert policy.act_calls == 2  # the two attempts' ACT steps are batched: one call per step
+    else:
+        assert starts[1] > starts[0] == rec["context_tokens_before"]  # attempt 2 sees attempt 1 + critique
+    # the rehearsals made 4 add(3) calls, none reached the real backend
+    assert base.backend.snapshot() == fresh.snapshot()
+    # bounded memory, appended before the pending ACT step as a user message
+    assert 0 < rec["memory_tokens"] <= SMALL["memory_tokens"]
+    memory_msg = base.trajectory.messages[-1]
+    assert memory_msg.role == "user" and memory_msg.content == rec["memory"]
+    assert rec["memory"].startswith(MEMORY_HEADER.format(n=2))
+    segs = base.trajectory.segments
+    assert [s.role for s in segs[-4:]] == [Role.TEMPLATE, Role.PROMPT, Role.TEMPLATE, Role.TEMPLATE]
+    assert len(segs[-3].token_ids) == rec["memory_tokens"]
+    assert segs[-1].token_ids == base.renderer.open_ids("assistant")
+    assert rec["context_tokens_after"] == len(base.trajectory.token_ids) == rec["context_tokens_before"] + sum(
+        len(s.token_ids) for s in segs[-4:-1])
+    # token in, token out: the appended pieces decode to the same text as rendering the history whole
+    renderer = ChatRenderer(policy.tokenizer)
+    whole = renderer.render([Message(m.role, m.content) for m in base.trajectory.messages], base.task.tools, True)
+    assert policy.tokenizer.decode(base.trajectory.token_ids) == whole
+    # the committed step uses the real backend
+    obs, reward, term, trunc, info = env.step(policy.act([base.trajectory.token_ids])[0])
+    assert obs == '<tool_response>\n{"total": 3}\n</tool_response>'
+    assert info["rehearsal"] is None  # same turn: no new rehearsal
+    assert base.backend.snapshot() != fresh.snapshot()
+
+
+def test_new_turn_rehearses_again_and_backend_holds_only_committed_calls():
+    def rule(ctx):
+        after_user = ctx.rsplit("<|im_start|>user", 1)[-1]
+        return "done" if "<|im_start|>tool" in after_user else "[add(value=3)]"
+
+    policy = ScriptedPolicy(rule)
+    env = TestTimeRehearsal(make_env(), policy, n=1, seed=1, **SMALL)
+    env.reset(seed=1, options={"task_id": "scripted_1"})
+    base = env.unwrapped
+    _, _, _, _, info = env.step("[add(value=3)]")  # committed call; the memory turn text has no tool block
+    assert info["rehearsal"] is None
+    _, _, term, _, info = env.step("done")  # ends turn 0 and opens turn 1
+    assert not term and info["rehearsal"] is not None and info["rehearsal"]["turn"] == 1
+    expected = base.suite.make_backend(base.task)
+    from envace_gym.types import ToolCall
+
+    expected.execute(ToolCall("add", {"value": 3}))
+    assert base.backend.snapshot() == expected.snapshot()  # rehearsals of turn 1 changed nothing
+    user_msgs = [m.content for m in base.trajectory.messages if m.role == "user"]
+    assert sum(c.startswith("Rehearsal memory") for c in user_msgs) == 2  # one memory per user turn
+
+
+def test_bfcl_rehearsals_leave_the_real_backend_byte_identical():
+    policy = ScriptedPolicy(always("[list_all_airports()]"))
+    env = TestTimeRehearsal(
+        make_env(suite="bfcl", categories=["multi_turn_base"], split="all"),
+        policy, n=2, mode="parallel", seed=0, **{**SMALL, "attempt_max_steps": 1},
+    )
+    obs, info = env.reset(seed=0, options={"task_id": "multi_turn_base_167"})
+    base = env.unwrapped
+    assert info["rehearsal"]["attempts"][0]["tool_calls"] == 1
+    obs, *_ = env.step(policy.act([base.trajectory.token_ids])[0])
+    real = base.suite.make_backend(base.task)
+    from envace_gym.types import ToolCall
+
+    assert obs == f"<tool_response>\n{real.execute(ToolCall('list_all_airports', {}))}\n</tool_response>"
+    before = base.backend.snapshot()
+    rec = env.rehearse()  # by hand, mid-turn: attempts call list_all_airports on rehearse copies only
+    assert len(rec["attempts"]) == 2 and all(a["tool_calls"] == 1 for a in rec["attempts"])
+    assert base.backend.snapshot() == before
+    assert re.search(r"\[tool\]", TestTimeRehearsal._transcript(rec["attempts"][0]))
+
+
+def test_bad_arguments_are_rejected_with_their_names():
+    policy = load_policy("tiny-random")
+    with pytest.raises(ValueError, match="n must be"):
+        TestTimeRehearsal(make_env(), policy, n=-1)
+    with pytest.raises(ValueError, match="mode"):
+        TestTimeRehearsal(make_env(), policy, mode="both")
+    with pytest.raises(ValueError, match="memory_tokens"):
+        TestTimeRehearsal(make_env(), policy, memory_tokens=3)
+    with pytest.raises(TypeError):
+        TestTimeRehearsal(gym.make("EnvACE-Tool-v0", suite="scripted", categories=None), policy)
+    env = TestTimeRehearsal(make_env(), policy, n=0)
+    _, info = env.reset(seed=0)
+    assert info["rehearsal"] is None
