@@ -121,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="role-wise GRPO on the rehearse envs (every option is a TrainConfig field)")
     add_config_arguments(train)
     train.set_defaults(func=cmd_train)
+    from agents.evaluate import add_eval_parsers
+
+    add_eval_parsers(sub)
+    from agents.sft import register_sft_parser
+
+    register_sft_parser(sub)
     return parser
 
 

@@ -1,0 +1,457 @@
+"""Evaluation: the policy plays a suite's tasks against real backends (`envace eval`), and `envace report`.
+
+`evaluate` builds one env per task: a `RehearseEnv` over that task wrapped in `wrappers.RealTools` (the
+token sequence is kept, so the policy acts token in, token out on ``env.unwrapped.trajectory.token_ids``,
+which ends with the assistant opener after every non-final step), optionally in
+`wrappers.TestTimeRehearsal` (``rehearsal_n > 0``). All tasks are played together: every round, one
+batched `Policy.act` call serves the ACT step of every unfinished task (test-time rehearsals run inside
+each env's `reset`/`step`, one env at a time). With ``fidelity=True`` the env is instead the *rehearsing*
+`RehearseEnv` wrapped in `wrappers.RehearsalFidelity` (no real tools; the shadow backend scores the
+rehearsed responses).
+
+Scores are BFCL's: the reward of an episode is the env's final reward (multi-turn: our replay verifier,
+single-turn: the AST checker; a truncated episode scores 0), accuracy of a category is the mean reward of
+its tasks, and the overall accuracy is the unweighted mean of the category accuracies, as BFCL reports it.
+
+Output folder (``out``):
+
+| file | content |
+|---|---|
+| ``episodes.jsonl`` | one line per task: `EPISODE_FIELDS` |
+| ``summary.csv`` | one row per category plus ``overall``: `SUMMARY_FIELDS` |
+| ``summary.json`` | ``{"config": {...}, "overall_accuracy": float, "categories": {name: row}}`` |
+| ``fidelity_calls.jsonl`` | ``--fidelity``: one line per rehearsed call (`wrappers.RehearsalFidelity` records) |
+| ``fidelity_per_tool.csv``, ``fidelity_per_category.csv`` | ``--fidelity``: `FIDELITY_FIELDS` per group |
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = [
+    "EvalConfig",
+    "evaluate",
+    "summarize",
+    "fidelity_tables",
+    "add_eval_parsers",
+    "cmd_eval",
+    "cmd_report",
+    "EPISODE_FIELDS",
+    "SUMMARY_FIELDS",
+    "FIDELITY_FIELDS",
+]
+
+EPISODE_FIELDS = [
+    "task_id", "category", "reward", "valid", "terminated", "truncated", "turns", "num_turns", "steps",
+    "parse_errors", "tool_call_fraction", "rehearsal_turns", "rehearsal_attempts", "rehearsal_generated_tokens",
+    "memory_tokens", "fidelity_calls", "wall_s",
+]
+"""Per-task record: ``turns`` user turns reached (1-based) of ``num_turns``; ``steps`` ACT steps;
+``parse_errors`` malformed ACT messages; ``tool_call_fraction`` ACT steps whose message parsed into at least
+one tool call / ACT steps; ``rehearsal_*`` test-time rehearsal totals (0 without); ``memory_tokens`` summed
+over turns; ``fidelity_calls`` rehearsed calls shadowed (``--fidelity``); ``wall_s`` the episode's own
+wall seconds (rehearsals and its env steps; the shared batched ACT time is split evenly)."""
+
+SUMMARY_FIELDS = ["category", "n_tasks", "accuracy", "valid_rate", "mean_steps", "parse_errors_per_task", "tool_call_fraction"]
+"""Per-category row; the ``overall`` row holds unweighted means over the categories' rows."""
+
+FIDELITY_FIELDS = ["group", "n_calls", "exact_match", "json_structure_match", "token_f1"]
+"""Fidelity table row: the group (tool or category name, or ``all``), call count, metric means."""
+
+
+@dataclass
+class EvalConfig:
+    """Settings of one evaluation run (the ``envace eval`` options).
+
+    Attributes:
+        model: model name (``"smollm2-135m"``, ``"tiny-random"``) or a local Hugging Face folder.
+        suite: registered suite name.
+        categories: suite categories; None is the suite's default.
+        split: ``"train"``, ``"test"`` or ``"all"``.
+        limit: play only the first `limit` tasks of each category (None: all).
+        max_new_tokens: cap per generated message (ACT and rehearsed tool responses).
+        temperature: ACT sampling temperature; 0 is greedy.
+        max_steps_per_turn: ACT steps per user turn before truncation (BFCL: 20).
+        seed: episode i uses ``seed + i``.
+        rehearsal_n: test-time rehearsal attempts per user turn (0: none).
+        rehearsal_mode: ``"parallel"`` or ``"sequential"``.
+        rehearser_model: model that plays REHEARSE during test-time rehearsal (None: the policy itself).
+        memory_tokens: bound on the rehearsal memory, tokens.
+        attempt_max_steps: ACT steps per rehearsal attempt.
+        critique_tokens: cap per rehearsal critique, tokens.
+        fidelity: play rehearsed episodes and shadow each rehearsed call on a real backend.
+        out: output folder.
+    """
+
+    model: str = "smollm2-135m"
+    suite: str = "bfcl"
+    categories: list[str] | None = None
+    split: str = "test"
+    limit: int | None = None
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    max_steps_per_turn: int = 20
+    seed: int = 0
+    rehearsal_n: int = 0
+    rehearsal_mode: str = "parallel"
+    rehearser_model: str | None = None
+    memory_tokens: int = 256
+    attempt_max_steps: int = 3
+    critique_tokens: int = 64
+    fidelity: bool = False
+    out: str = "eval_out"
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be None or >= 1, got {self.limit!r}")
+        if self.rehearsal_n < 0:
+            raise ValueError(f"rehearsal_n must be >= 0, got {self.rehearsal_n!r}")
+        if self.rehearsal_mode not in ("parallel", "sequential"):
+            raise ValueError(f"rehearsal_mode must be 'parallel' or 'sequential', got {self.rehearsal_mode!r}")
+        if self.fidelity and self.rehearsal_n:
+            raise ValueError("--fidelity plays rehearsed episodes; it cannot be combined with --rehearsal-n > 0")
+
+
+@dataclass
+class EvalResult:
+    """What `evaluate` returns: per-task records, the summary rows and the fidelity call records."""
+
+    episodes: list[dict[str, Any]]
+    summary: list[dict[str, Any]]
+    fidelity_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def overall_accuracy(self) -> float:
+        """The ``overall`` row's accuracy (unweighted mean over categories)."""
+        return float(self.summary[-1]["accuracy"])
+
+
+def _select_tasks(config: EvalConfig) -> list[Any]:
+    from envace_gym.suites import make_suite
+
+    tasks = make_suite(config.suite).tasks(config.categories, config.split)
+    if config.limit is None:
+        return tasks
+    kept: dict[str, int] = defaultdict(int)
+    out = []
+    for t in tasks:
+        cat = _category(t)
+        if kept[cat] < config.limit:
+            kept[cat] += 1
+            out.append(t)
+    return out
+
+
+def _category(task: Any) -> str:
+    return str(task.metadata.get("category", task.suite))
+
+
+def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any) -> Any:
+    from agents.policy import PolicyRehearser
+    from envace_gym.envs.rehearse import RehearseEnv
+    from wrappers import RealTools, RehearsalFidelity, TestTimeRehearsal
+
+    env = RehearseEnv(
+        suite=config.suite, tasks=[task], rehearser=PolicyRehearser(rehearser_policy if rehearser_policy is not None else policy),
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+        max_steps_per_turn=config.max_steps_per_turn,
+    )
+    if config.fidelity:
+        return RehearsalFidelity(env)
+    env = RealTools(env)
+    if config.rehearsal_n:
+        rehearser = None
+        if rehearser_policy is not None:  # another model plays REHEARSE; separate prompts if its vocabulary differs
+            same = rehearser_policy.tokenizer.get_vocab() == policy.tokenizer.get_vocab()
+            rehearser = PolicyRehearser(rehearser_policy, prompt_mode="inline" if same else "separate")
+        env = TestTimeRehearsal(env, policy, n=config.rehearsal_n, mode=config.rehearsal_mode,
+                                memory_tokens=config.memory_tokens, rehearser_policy=rehearser,
+                                attempt_max_steps=config.attempt_max_steps,
+                                critique_tokens=config.critique_tokens, seed=config.seed)
+    return env
+
+
+def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = None, log: Any = print) -> EvalResult:
+    """Play every selected task once and write the output folder (module docstring).
+
+    Args:
+        config: the run's settings.
+        policy: a loaded `agents.policy.Policy`; None loads ``config.model``.
+        rehearser_policy: the REHEARSE model for test-time rehearsal and ``--fidelity``; None loads
+            ``config.rehearser_model`` when set, else uses `policy`.
+        log: a print-like callable for progress lines (None: silent).
+
+    Returns:
+        `EvalResult` (also written to ``config.out``).
+
+    Raises:
+        ValueError: no task is selected (unknown categories raise the suite's own ValueError).
+    """
+    from agents.policy import load_policy
+
+    log = log or (lambda *a, **k: None)
+    tasks = _select_tasks(config)
+    if not tasks:
+        raise ValueError(f"no tasks for suite={config.suite!r} categories={config.categories!r} split={config.split!r}")
+    policy = policy if policy is not None else load_policy(config.model)
+    if rehearser_policy is None and config.rehearser_model:
+        rehearser_policy = load_policy(config.rehearser_model)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    envs = [_make_env(t, config, policy, rehearser_policy) for t in tasks]
+    state = [_new_state(t) for t in tasks]
+    t_start = time.perf_counter()
+    for i, (env, task) in enumerate(zip(envs, tasks)):
+        t0 = time.perf_counter()
+        _, info = env.reset(seed=config.seed + i, options={"task_id": task.id})
+        _absorb(state[i], info)
+        state[i]["wall_s"] += time.perf_counter() - t0
+    active = list(range(len(tasks)))
+    round_ = 0
+    while active:
+        round_ += 1
+        t0 = time.perf_counter()
+        actions = policy.act([envs[i].unwrapped.trajectory.token_ids for i in active],
+                             max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                             seeds=[config.seed * 1_000_003 + 7919 * i + round_ for i in active])
+        share = (time.perf_counter() - t0) / len(active)
+        still = []
+        for i, action in zip(active, actions):
+            t1 = time.perf_counter()
+            _, reward, terminated, truncated, info = envs[i].step(action)
+            s = state[i]
+            s["wall_s"] += share + time.perf_counter() - t1
+            s["steps"] += 1
+            s["tool_steps"] += bool(info["tool_calls"])
+            _absorb(s, info)
+            if terminated or truncated:
+                s.update(reward=float(reward), terminated=bool(terminated), truncated=bool(truncated),
+                         valid=bool(info.get("verifier", {}).get("valid", False)))
+                log(f"[eval] {tasks[i].id}: reward {reward:.2f} after {s['steps']} steps "
+                    f"({'terminated' if terminated else 'truncated'}), {time.perf_counter() - t_start:.0f} s")
+            else:
+                still.append(i)
+        active = still
+
+    episodes = [_episode_record(t, s) for t, s in zip(tasks, state)]
+    fidelity_calls = [c for s in state for c in s["fidelity"]]
+    summary = summarize(episodes)
+    _write(out, config, episodes, summary, fidelity_calls)
+    return EvalResult(episodes, summary, fidelity_calls)
+
+
+def _new_state(task: Any) -> dict[str, Any]:
+    return {"steps": 0, "tool_steps": 0, "parse_errors": 0, "turn": 0, "reward": 0.0, "valid": False,
+            "terminated": False, "truncated": False, "rehearsals": [], "fidelity": [], "wall_s": 0.0}
+
+
+def _absorb(s: dict[str, Any], info: dict[str, Any]) -> None:
+    s["parse_errors"] = int(info.get("num_parse_errors", s["parse_errors"]))
+    s["turn"] = max(s["turn"], int(info.get("turn", 0)))
+    if info.get("rehearsal"):
+        s["rehearsals"].append(info["rehearsal"])
+    if info.get("fidelity"):
+        s["fidelity"].extend(info["fidelity"]["calls"])
+
+
+def _episode_record(task: Any, s: dict[str, Any]) -> dict[str, Any]:
+    reh = s["rehearsals"]
+    return {
+        "task_id": task.id,
+        "category": _category(task),
+        "reward": s["reward"],
+        "valid": s["valid"],
+        "terminated": s["terminated"],
+        "truncated": s["truncated"],
+        "turns": s["turn"] + 1,
+        "num_turns": task.num_turns,
+        "steps": s["steps"],
+        "parse_errors": s["parse_errors"],
+        "tool_call_fraction": s["tool_steps"] / s["steps"] if s["steps"] else 0.0,
+        "rehearsal_turns": len(reh),
+        "rehearsal_attempts": sum(len(r["attempts"]) for r in reh),
+        "rehearsal_generated_tokens": sum(r["generated_tokens"] for r in reh),
+        "memory_tokens": sum(r["memory_tokens"] for r in reh),
+        "fidelity_calls": len(s["fidelity"]),
+        "wall_s": round(s["wall_s"], 3),
+    }
+
+
+def summarize(episodes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-category rows (in first-seen order) and a final ``overall`` row of unweighted category means.
+
+    Args:
+        episodes: records with at least ``category``, ``reward``, ``valid``, ``steps``, ``parse_errors``,
+            ``tool_call_fraction``.
+
+    Returns:
+        list of dicts with the `SUMMARY_FIELDS` keys; the last has ``category == "overall"`` and
+        ``n_tasks`` = total tasks.
+
+    Raises:
+        ValueError: `episodes` is empty.
+    """
+    if not episodes:
+        raise ValueError("no episodes to summarise")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for e in episodes:
+        groups.setdefault(e["category"], []).append(e)
+    rows = []
+    for cat, es in groups.items():
+        n = len(es)
+        rows.append({
+            "category": cat,
+            "n_tasks": n,
+            "accuracy": sum(float(e["reward"]) for e in es) / n,
+            "valid_rate": sum(bool(e["valid"]) for e in es) / n,
+            "mean_steps": sum(e["steps"] for e in es) / n,
+            "parse_errors_per_task": sum(e["parse_errors"] for e in es) / n,
+            "tool_call_fraction": sum(e["tool_call_fraction"] for e in es) / n,
+        })
+    overall = {"category": "overall", "n_tasks": len(episodes)}
+    for k in SUMMARY_FIELDS[2:]:
+        overall[k] = sum(r[k] for r in rows) / len(rows)
+    return rows + [overall]
+
+
+def fidelity_tables(calls: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Mean fidelity metrics per tool and per category, each table ending with an ``all`` row.
+
+    Returns:
+        ``{"tool": rows, "category": rows}``, rows with the `FIDELITY_FIELDS` keys (``all`` with zeros and
+        ``n_calls == 0`` when there are no calls).
+    """
+    out = {}
+    for key in ("tool", "category"):
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for c in calls:
+            groups.setdefault(str(c[key]), []).append(c)
+        groups["all"] = list(calls)
+        rows = []
+        for name, cs in groups.items():
+            n = len(cs)
+            row = {"group": name, "n_calls": n}
+            for m in FIDELITY_FIELDS[2:]:
+                row[m] = sum(c[m] for c in cs) / n if n else 0.0
+            rows.append(row)
+        out[key] = rows
+    return out
+
+
+def _write_csv(path: Path, fields: list[str], rows: Sequence[dict[str, Any]]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _write(out: Path, config: EvalConfig, episodes, summary, fidelity_calls) -> None:
+    with open(out / "episodes.jsonl", "w", encoding="utf-8") as f:
+        for e in episodes:
+            f.write(json.dumps(e, ensure_ascii=False) + "\n")
+    _write_csv(out / "summary.csv", SUMMARY_FIELDS, summary)
+    doc = {"config": asdict(config), "overall_accuracy": summary[-1]["accuracy"],
+           "categories": {r["category"]: r for r in summary[:-1]}}
+    if config.fidelity:
+        tables = fidelity_tables(fidelity_calls)
+        with open(out / "fidelity_calls.jsonl", "w", encoding="utf-8") as f:
+            for c in fidelity_calls:
+                f.write(json.dumps(c, ensure_ascii=False) + "\n")
+        _write_csv(out / "fidelity_per_tool.csv", FIDELITY_FIELDS, tables["tool"])
+        _write_csv(out / "fidelity_per_category.csv", FIDELITY_FIELDS, tables["category"])
+        doc["fidelity"] = tables
+    with open(out / "summary.json", "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+
+
+def format_table(rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> str:
+    """Rows as a fixed-width text table (floats with 3 decimals)."""
+    cells = [[f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in fields] for r in rows]
+    widths = [max(len(f), *(len(c[j]) for c in cells)) for j, f in enumerate(fields)]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
+    return "\n".join([line(list(fields)), line(["-" * w for w in widths])] + [line(c) for c in cells])
+
+
+# ---------------------------------------------------------------------------------------- command line
+def _model_from_args(args: argparse.Namespace) -> str:
+    if args.checkpoint:
+        folder = Path(args.checkpoint) / "model"
+        if not folder.is_dir():
+            raise SystemExit(f"--checkpoint {args.checkpoint!r} has no model/ folder")
+        return str(folder)
+    return args.model
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """``envace eval``: run `evaluate` and print the summary (and fidelity) tables."""
+    model = _model_from_args(args)
+    mode = "fidelity" if args.fidelity else f"n{args.rehearsal_n}-{args.rehearsal_mode}"
+    out = args.out or os.path.join("eval_out", f"{Path(model).name}-{args.suite}-{args.split}-{mode}")
+    config = EvalConfig(
+        model=model, suite=args.suite, categories=args.categories, split=args.split, limit=args.limit,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, max_steps_per_turn=args.max_steps_per_turn,
+        seed=args.seed, rehearsal_n=args.rehearsal_n, rehearsal_mode=args.rehearsal_mode,
+        rehearser_model=args.rehearser_model, memory_tokens=args.memory_tokens,
+        attempt_max_steps=args.attempt_max_steps, critique_tokens=args.critique_tokens, fidelity=args.fidelity, out=out,
+    )
+    t0 = time.perf_counter()
+    result = evaluate(config)
+    print(f"[eval] {len(result.episodes)} tasks in {time.perf_counter() - t0:.0f} s; results in {out}")
+    print(format_table(result.summary, SUMMARY_FIELDS))
+    if config.fidelity:
+        tables = fidelity_tables(result.fidelity_calls)
+        print("[eval] rehearsal fidelity per tool")
+        print(format_table(tables["tool"], FIDELITY_FIELDS))
+        print("[eval] rehearsal fidelity per category")
+        print(format_table(tables["category"], FIDELITY_FIELDS))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``envace report RUN_DIR``: write the applicable plots to ``RUN_DIR/plots/`` (`agents.plots.report`)."""
+    from agents.plots import report
+
+    paths = report(args.run_dir)
+    if not paths:
+        print(f"[report] nothing to plot in {args.run_dir} (no metrics.jsonl, summary.json or fidelity CSV)")
+        return 1
+    for p in paths:
+        print(f"[report] wrote {p}")
+    return 0
+
+
+def add_eval_parsers(sub: Any) -> None:
+    """Add the ``eval`` and ``report`` sub-commands to an argparse sub-parser collection."""
+    ev = sub.add_parser("eval", help="evaluate a policy on real backends (BFCL accuracy), optionally with test-time rehearsal")
+    src = ev.add_mutually_exclusive_group()
+    src.add_argument("--model", default="smollm2-135m", help="model name, local HF folder, or tiny-random")
+    src.add_argument("--checkpoint", default=None, help="RUN_DIR/checkpoints/step_N: evaluate its model/ folder")
+    ev.add_argument("--suite", default="bfcl", help="registered suite name")
+    ev.add_argument("--categories", nargs="+", default=None, help="suite categories (default: the suite's)")
+    ev.add_argument("--split", default="test", choices=["train", "test", "all"])
+    ev.add_argument("--limit", type=int, default=None, help="first N tasks of each category")
+    ev.add_argument("--max-new-tokens", type=int, default=256, help="cap per generated message")
+    ev.add_argument("--temperature", type=float, default=0.0, help="ACT sampling temperature; 0 is greedy")
+    ev.add_argument("--max-steps-per-turn", type=int, default=20, help="ACT steps per user turn (BFCL: 20)")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--rehearsal-n", type=int, default=0, help="test-time rehearsal attempts per user turn (0: off)")
+    ev.add_argument("--rehearsal-mode", default="parallel", choices=["parallel", "sequential"])
+    ev.add_argument("--rehearser-model", default=None, help="another model plays REHEARSE in test-time rehearsal / --fidelity")
+    ev.add_argument("--memory-tokens", type=int, default=256, help="bound on the rehearsal memory, tokens")
+    ev.add_argument("--attempt-max-steps", type=int, default=3, help="ACT steps per rehearsal attempt")
+    ev.add_argument("--critique-tokens", type=int, default=64, help="cap per rehearsal critique, tokens")
+    ev.add_argument("--fidelity", action="store_true", help="play rehearsed episodes; score each rehearsed call against a real backend")
+    ev.add_argument("--out", default=None, help="output folder (default eval_out/<model>-<suite>-<split>-<mode>)")
+    ev.set_defaults(func=cmd_eval)
+    rep = sub.add_parser("report", help="write plots (training curves, accuracy vs rehearsal N, fidelity) to RUN_DIR/plots/")
+    rep.add_argument("run_dir", help="a training run folder or a folder of eval outputs")
+    rep.set_defaults(func=cmd_report)

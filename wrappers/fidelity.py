@@ -1,0 +1,204 @@
+"""`RehearsalFidelity`: shadow every rehearsed tool response with the real backend's answer to the same call.
+
+Three per-call metrics compare a rehearsed response (the policy's REHEARSE text) with the real response
+(what a real backend returns for the same call at the same point of the same trajectory):
+
+* `exact_match`: the two texts are equal after stripping leading and trailing whitespace.
+* `json_structure_match`: both texts parse as JSON (``json.loads`` after stripping) and have the same
+  *structure*, defined recursively: JSON numbers (int or float) match each other; strings, booleans and
+  null match only their own type; two objects match when they have the same key set and the values of
+  every key match; two arrays match when they have the same length and match element by element. Values
+  of strings, numbers and booleans are ignored. Text that is not JSON never matches.
+* `token_f1`: SQuAD-style token F1: both texts are lower-cased, every punctuation character
+  (``string.punctuation``) becomes a space, the articles a/an/the are dropped, the rest is split on
+  whitespace; F1 = 2PR/(P+R) over the multiset overlap of the two token lists. Two empty token lists give
+  1.0, one empty list 0.0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections import Counter
+from typing import Any, Callable
+
+import gymnasium as gym
+from gymnasium.utils import RecordConstructorArgs
+
+from envace_gym.suites import ToolBackend
+from envace_gym.types import Task, ToolCall
+
+__all__ = ["RehearsalFidelity", "exact_match", "json_structure_match", "token_f1", "fidelity_metrics"]
+
+_PUNCT = re.compile("[" + re.escape(string.punctuation) + "]")
+_ARTICLES = {"a", "an", "the"}
+
+
+def exact_match(rehearsed: str, real: str) -> float:
+    """1.0 when the texts are equal after ``str.strip()``, else 0.0."""
+    return 1.0 if rehearsed.strip() == real.strip() else 0.0
+
+
+def _structure_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool)
+    if isinstance(a, (int, float)) or isinstance(b, (int, float)):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float))
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, str) or isinstance(b, str):
+        return isinstance(a, str) and isinstance(b, str)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_structure_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_structure_equal(x, y) for x, y in zip(a, b))
+    return False
+
+
+def json_structure_match(rehearsed: str, real: str) -> float:
+    """1.0 when both texts are JSON with the same structure (module docstring), else 0.0. Never raises."""
+    try:
+        a, b = json.loads(rehearsed.strip()), json.loads(real.strip())
+    except (ValueError, RecursionError):
+        return 0.0
+    try:
+        return 1.0 if _structure_equal(a, b) else 0.0
+    except RecursionError:
+        return 0.0
+
+
+def _tokens(text: str) -> list[str]:
+    return [t for t in _PUNCT.sub(" ", text.lower()).split() if t not in _ARTICLES]
+
+
+def token_f1(rehearsed: str, real: str) -> float:
+    """SQuAD-style token F1 in [0, 1] (module docstring).
+
+    Example:
+        >>> token_f1('{"total": 3}', '{"total": 5}')
+        0.5
+        >>> token_f1("The file a.txt", "file a txt")
+        1.0
+    """
+    pred, gold = _tokens(rehearsed), _tokens(real)
+    if not pred and not gold:
+        return 1.0
+    if not pred or not gold:
+        return 0.0
+    common = sum((Counter(pred) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def fidelity_metrics(rehearsed: str, real: str) -> dict[str, float]:
+    """``{"exact_match", "json_structure_match", "token_f1"}`` for one pair of texts (floats in [0, 1])."""
+    return {
+        "exact_match": exact_match(rehearsed, real),
+        "json_structure_match": json_structure_match(rehearsed, real),
+        "token_f1": token_f1(rehearsed, real),
+    }
+
+
+class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
+    """Record how close each rehearsed tool response is to the real backend's response to the same call.
+
+    The wrapped env is a `RehearseEnv` that rehearses (no `RealTools` underneath). At every `reset` the
+    wrapper builds its own *shadow* backend with `backend_factory` (default: the suite's real backend, in
+    the task's initial state), isolated from everything else. After each step it executes every call the
+    step rehearsed (``info["rehearsals"]``, in order) on the shadow backend, so the shadow follows the
+    rehearsed trajectory's calls, and compares the two responses (`fidelity_metrics`). The rehearsed
+    trajectory itself is not changed: the shadow's answers are never shown to the policy. Steps with a
+    parse error or no call rehearse nothing and add no record.
+
+    ``info["fidelity"]`` on every step (after `reset`: the same keys, ``calls`` empty):
+
+    * ``calls``: list of dicts, one per rehearsed call of this step: ``task_id`` (str), ``category`` (str:
+      ``task.metadata["category"]`` or the suite name), ``turn`` (int), ``tool`` (str), ``arguments``
+      (dict), ``rehearsed`` (str), ``real`` (str), ``exact_match``, ``json_structure_match``, ``token_f1``
+      (floats in [0, 1]).
+    * ``episode``: ``num_calls`` (int) and the means of the three metrics over the episode's calls so far
+      (0.0 when there are none).
+
+    ``self.episode_calls`` holds every record of the current episode.
+
+    Example:
+        >>> import gymnasium as gym, envace_gym  # doctest: +SKIP
+        >>> env = RehearsalFidelity(gym.make("EnvACE-Rehearse-v0", model="tiny-random"))  # doctest: +SKIP
+        >>> _ = env.reset(seed=0)  # doctest: +SKIP
+        >>> *_, info = env.step("[ls()]")  # doctest: +SKIP
+        >>> info["fidelity"]["calls"][0]["real"]  # the real GorillaFileSystem answer  # doctest: +SKIP
+
+    Args:
+        env: an env whose ``unwrapped`` is a `RehearseEnv` without a real backend.
+        backend_factory: Task -> ToolBackend for the shadow; None uses ``env.unwrapped.suite.make_backend``.
+
+    Raises:
+        TypeError: the wrapped env is not a rehearsing `RehearseEnv`, or `backend_factory` is not callable.
+
+    Change log:
+        * v0.1.0: initial version.
+    """
+
+    def __init__(self, env: gym.Env, backend_factory: Callable[[Task], ToolBackend] | None = None) -> None:
+        RecordConstructorArgs.__init__(self, backend_factory=backend_factory)
+        gym.Wrapper.__init__(self, env)
+        base = env.unwrapped
+        if not hasattr(base, "needs_rehearsal") or not hasattr(base, "suite"):
+            raise TypeError(f"RehearsalFidelity wraps a RehearseEnv, got {type(base).__name__}")
+        if not base.needs_rehearsal():
+            raise TypeError("RehearsalFidelity needs a rehearsing env; this RehearseEnv has a real backend (RealTools)")
+        if backend_factory is not None and not callable(backend_factory):
+            raise TypeError(f"backend_factory must be callable (Task -> ToolBackend), got {backend_factory!r}")
+        self.backend_factory = backend_factory or base.suite.make_backend
+        self.shadow: ToolBackend | None = None
+        self.episode_calls: list[dict[str, Any]] = []
+
+    def reset(self, **kwargs: Any):
+        """Reset the wrapped env and build a fresh shadow backend for its task."""
+        obs, info = self.env.reset(**kwargs)
+        self.shadow = self.backend_factory(self.env.unwrapped.task)
+        self.episode_calls = []
+        info["fidelity"] = self._summary([])
+        return obs, info
+
+    def step(self, action: str):
+        """Step the wrapped env, then shadow each rehearsed call on the real backend.
+
+        Raises:
+            RuntimeError: `step` before `reset`.
+        """
+        if self.shadow is None:
+            raise RuntimeError("call reset() before step()")
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        task = self.env.unwrapped.task
+        records = []
+        for reh in info.get("rehearsals", []):
+            call = ToolCall.from_openai(reh["call"])
+            try:
+                real = str(self.shadow.execute(call))
+            except Exception as err:  # a backend must not crash the env (DESIGN.md §3)
+                real = f"Error during execution: {type(err).__name__}: {err}"
+            record = {
+                "task_id": task.id,
+                "category": str(task.metadata.get("category", task.suite)),
+                "turn": info.get("turn", 0),
+                "tool": call.name,
+                "arguments": call.arguments,
+                "rehearsed": reh["text"],
+                "real": real,
+                **fidelity_metrics(reh["text"], real),
+            }
+            records.append(record)
+        self.episode_calls.extend(records)
+        info["fidelity"] = self._summary(records)
+        return obs, reward, terminated, truncated, info
+
+    def _summary(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        n = len(self.episode_calls)
+        episode: dict[str, Any] = {"num_calls": n}
+        for key in ("exact_match", "json_structure_match", "token_f1"):
+            episode[key] = sum(r[key] for r in self.episode_calls) / n if n else 0.0
+        return {"calls": records, "episode": episode}
