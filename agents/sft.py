@@ -1,0 +1,680 @@
+"""Supervised warm-start of both roles (issue 7 parts 2-3): `SFTConfig`, `SFTTrainer`, ``envace sft``, and
+the measurement helpers (`demo_logprobs`, `act_parse_rate`, `measure`).
+
+Training data are token-level `Trajectory` objects from `agents.demonstrations` (real BFCL executions, or
+recorded rollouts filtered by reward): token in, token out, nothing is re-rendered. The loss is token-level
+cross-entropy on the ACT and REHEARSE tokens (DESIGN.md §3: only those roles carry loss); prompt,
+template and observation tokens are masked.
+
+Implementation details:
+
+1. Log-likelihoods come from `agents.logprobs.token_logprobs` (decoder once, LM head in checkpointed
+   chunks; the ``(N, T, V)`` logits are never built). Position t holds ``log p(ids[t] | ids[:t])``, so a
+   token's role in ``role_mask`` says whether that token is a target.
+2. Per-token weights ``w = act_weight`` on ACT tokens, ``rehearse_weight`` on REHEARSE tokens (only for the
+   roles in ``--roles``), 0 elsewhere (PROMPT, TEMPLATE, OBSERVATION, padding). Two normalisations
+   (``--loss-normalization``):
+   ``token`` (default): ``loss = -(w * logprobs).sum() / w.sum()``, a weighted mean over the batch's target
+   tokens, so a role's share of the gradient grows with its token count (BFCL demos: about 1.6 ACT tokens
+   per REHEARSE token on multi_turn_base, far fewer on long_context, whose file contents are long);
+   ``role``: ``loss = sum_r w_r * mean_r(-logprobs) / sum_r w_r`` over the roles present in the batch,
+   so each role weighs the same whatever its token count.
+3. Batches are built by token budget with length bucketing: sequences are sorted by length and cut
+   greedily into batches of at most ``batch_tokens`` padded tokens (rows x longest row) and
+   ``max_batch_rows`` rows; a sequence longer than the budget is a batch of its own. The batch order is
+   shuffled per epoch with a generator seeded by (seed, epoch), so step s always sees the same batch and a
+   resumed run continues exactly. ``data/padding_fraction`` is logged per step.
+4. AdamW, gradient clipping, and the GRPO trainer's schedule (`agents.trainer.make_lr_scheduler`: linear
+   warmup then constant, linear or cosine decay over the total steps).
+5. LoRA (``--lora``, needs ``pip install envace-gym[lora]``): peft adapters on the attention and MLP
+   projections; only they are trained and the optimizer holds only their state. A checkpoint's
+   ``model/`` is the adapter merged into a copy of the base (a plain Hugging Face folder, valid as
+   ``envace train --init``); ``adapter/`` holds the peft adapter, which is what resume loads (on top of
+   the original ``--model``/``--init`` weights), so LoRA resume is exact too.
+6. Checkpoints use `agents.checkpoint.save_checkpoint` (same layout as `RoleWiseGRPOTrainer`); resume
+   restores weights, optimizer, scheduler and RNG from the newest one.
+
+Metrics (one JSON line per step in ``run_dir/metrics.jsonl``), ρ in {act, rehearse}:
+
+| key | definition |
+|---|---|
+| ``train/loss`` | the optimised loss (detail 2) |
+| ``train/loss/ρ`` | mean ``-log p`` over the batch's ρ tokens (0 when none) |
+| ``train/grad_norm`` | total gradient norm before clipping |
+| ``train/lr`` | learning rate used by this step |
+| ``data/tokens/ρ`` | ρ target tokens in the batch |
+| ``data/rows``, ``data/seq_len`` | rows and padded length of the batch |
+| ``data/padding_fraction`` | padding positions / (rows x padded length) |
+| ``perf/tokens_per_s`` | real (non-padding) tokens / step seconds |
+| ``perf/step_s`` | wall seconds of the step |
+
+Sources: supervised warm-start before RL as in EnvACE (Xu et al., 2026, arXiv 2608.06197; DESIGN.md §1);
+LoRA: Hu et al., 2021 (arXiv 2106.09685), via Hugging Face peft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import math
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import torch
+
+from agents.rollout import PAD_ROLE
+from envace_gym.types import Role, Task, Trajectory
+
+__all__ = [
+    "SFTConfig",
+    "SFTTrainer",
+    "bucket_batches",
+    "collate",
+    "role_weights",
+    "sft_loss",
+    "demo_logprobs",
+    "act_parse_rate",
+    "measure",
+    "register_sft_parser",
+    "add_sft_arguments",
+    "sft_config_from_args",
+]
+
+_ROLE_NAMES = {"act": Role.ACT, "rehearse": Role.REHEARSE}
+Normalization = Literal["token", "role"]
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda d=default: list(d), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class SFTConfig:
+    """Settings of an ``envace sft`` run; see each field's help (``envace sft --help``)."""
+
+    # --- Parameters that control the experiment -------------------------------------------------------
+    run_dir: str = _f("runs/sft", "folder for checkpoints, metrics.jsonl, config.json and data_stats.json")
+    seed: int = _f(0, "seed of the batch order (per epoch) and of LoRA initialisation")
+    model: str = _f("smollm2-135m", "model to fine-tune: 'smollm2-135m', a local Hugging Face folder, or 'tiny-random'")
+    init: str | None = _f(None, "start from this folder (e.g. a checkpoint's model/) instead of --model")
+    save_every: int = _f(50, "save a checkpoint every this many optimizer steps (and at the end)")
+    keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep")
+    resume: bool = _f(True, "continue from the newest checkpoint in run_dir when there is one")
+    threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
+
+    # --- Parameters that control the data -------------------------------------------------------------
+    data: list[str] = _f(["bfcl"], "sources: 'bfcl' (real executions of BFCL multi-turn ground truth) and/or JSONL files from RecordTrajectories(include_tokens=True)")
+    categories: list[str] = _f(["multi_turn_base"], "BFCL multi-turn categories of the 'bfcl' source")
+    split: str = _f("train", "BFCL split of the 'bfcl' source: train, test or all")
+    task_ids: list[str] = _f([], "only these BFCL task ids (empty: every task of the categories and split)")
+    max_demos: int = _f(0, "cap on the number of training sequences (0: no cap)")
+    min_reward: float = _f(1.0, "JSONL sources: keep records with reward >= this (rejection sampling)")
+    calls_per_message: Literal["one", "all"] = _f("one", "BFCL demos: one ground-truth call per ACT message, or all of a turn's calls in one")
+    max_seq_len: int = _f(4096, "length cap in tokens (BFCL prompts alone are 3.5k-7.7k SmolLM2 tokens)")
+    overflow: Literal["truncate", "drop"] = _f("truncate", "longer sequences: keep the first max_seq_len tokens, or drop them")
+
+    # --- Parameters that control the loss -------------------------------------------------------------
+    roles: str = _f("act,rehearse", "comma-separated roles that carry loss: act, rehearse")
+    act_weight: float = _f(1.0, "loss weight of ACT tokens")
+    rehearse_weight: float = _f(1.0, "loss weight of REHEARSE tokens")
+    loss_normalization: Literal["token", "role"] = _f("token", "'token': weighted mean over target tokens; 'role': weighted mean of per-role means")
+
+    # --- Parameters that control the optimisation -----------------------------------------------------
+    num_epochs: int = _f(1, "passes over the data (ignored when max_steps > 0)")
+    max_steps: int = _f(0, "optimizer steps to run (0: num_epochs x batches per epoch)")
+    batch_tokens: int = _f(8192, "token budget per batch: rows x padded length (length bucketing)")
+    max_batch_rows: int = _f(8, "cap on rows per batch")
+    lr: float = _f(2e-5, "AdamW learning rate")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.999, "AdamW beta2")
+    max_grad_norm: float = _f(1.0, "gradient clipping norm (0: off)")
+    lr_schedule: Literal["constant", "linear", "cosine"] = _f("cosine", "learning-rate schedule after warmup")
+    warmup_steps: int = _f(0, "linear warmup steps")
+
+    # --- Parameters that control memory ---------------------------------------------------------------
+    logprob_chunk_size: int = _f(512, "positions per chunk through the LM head")
+    gradient_checkpointing: bool = _f(False, "recompute decoder activations in the backward (less memory, about 30% slower)")
+    lora: bool = _f(False, "train LoRA adapters instead of every weight (needs peft: pip install envace-gym[lora])")
+    lora_r: int = _f(16, "LoRA rank")
+    lora_alpha: float = _f(32.0, "LoRA alpha (the update is scaled by alpha / r)")
+    lora_dropout: float = _f(0.0, "LoRA dropout")
+    lora_target_modules: list[str] = _f(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "module names that get adapters"
+    )
+
+    def __post_init__(self) -> None:
+        def fail(msg: str) -> None:
+            raise ValueError(f"invalid SFTConfig: {msg}")
+
+        for name in ("save_every", "keep_checkpoints", "num_epochs", "batch_tokens", "max_batch_rows",
+                     "logprob_chunk_size", "max_seq_len", "lora_r"):
+            if getattr(self, name) < 1:
+                fail(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "max_demos", "warmup_steps", "threads"):
+            if getattr(self, name) < 0:
+                fail(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0 or self.act_weight < 0 or self.rehearse_weight < 0 or self.max_grad_norm < 0:
+            fail("lr must be > 0 and act_weight, rehearse_weight, max_grad_norm >= 0")
+        for name in ("calls_per_message", "overflow", "loss_normalization", "lr_schedule"):
+            allowed = typing.get_args(_HINTS[name])
+            if getattr(self, name) not in allowed:
+                fail(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
+        roles = self.role_list()
+        if not roles:
+            fail("--roles is empty; give act, rehearse or act,rehearse")
+        weights = {"act": self.act_weight, "rehearse": self.rehearse_weight}
+        if all(weights[r] == 0 for r in roles):
+            fail(f"every role in --roles {self.roles!r} has weight 0; nothing would be trained")
+        if self.split not in ("train", "test", "all"):
+            fail(f"split must be train, test or all, got {self.split!r}")
+        if not self.data:
+            fail("--data is empty; give 'bfcl' and/or JSONL files")
+
+    def role_list(self) -> list[str]:
+        """The loss roles as lower-case names.
+
+        Raises:
+            ValueError: an unknown role name.
+        """
+        names = [r.strip().lower() for r in self.roles.split(",") if r.strip()]
+        bad = [r for r in names if r not in _ROLE_NAMES]
+        if bad:
+            raise ValueError(f"invalid SFTConfig: unknown role(s) {bad} in --roles; valid: act, rehearse")
+        return list(dict.fromkeys(names))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-compatible."""
+        return dataclasses.asdict(self)
+
+
+_HINTS = typing.get_type_hints(SFTConfig)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Batching and the loss (pure functions)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def bucket_batches(lengths: Sequence[int], batch_tokens: int, max_rows: int, seed: int, epoch: int) -> list[list[int]]:
+    """Length-bucketed batches of example indices (implementation detail 3).
+
+    Args:
+        lengths: ``(E,)`` sequence lengths in tokens.
+        batch_tokens: budget of padded tokens per batch (rows x the batch's longest length).
+        max_rows: cap on rows per batch.
+        seed, epoch: the batch order is a permutation drawn from ``np.random.default_rng([seed, epoch])``.
+
+    Returns:
+        The batches: lists of indices into `lengths`, each sorted by length; every index appears once.
+        The partition itself does not depend on (seed, epoch), only the order of the batches does.
+
+    Raises:
+        ValueError: ``batch_tokens < 1`` or ``max_rows < 1``.
+    """
+    if batch_tokens < 1 or max_rows < 1:
+        raise ValueError(f"batch_tokens and max_rows must be >= 1, got {batch_tokens}, {max_rows}")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and ((len(cur) + 1) * lengths[i] > batch_tokens or len(cur) >= max_rows):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    perm = np.random.default_rng([seed, epoch]).permutation(len(batches))
+    return [batches[j] for j in perm]
+
+
+def collate(examples: Sequence[Trajectory], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``(input_ids, attention_mask, role_mask)``, each ``(N, T) int64``.
+
+    ``role_mask`` holds the `Role` value of each token and `agents.rollout.PAD_ROLE` (-1) on padding, as in
+    `agents.rollout.RolloutBatch`.
+
+    Raises:
+        ValueError: no examples.
+    """
+    if not examples:
+        raise ValueError("collate needs at least one example")
+    t_max = max(1, max(len(e.token_ids) for e in examples))
+    n = len(examples)
+    input_ids = torch.full((n, t_max), int(pad_id), dtype=torch.long)  # (N, T)
+    attention_mask = torch.zeros((n, t_max), dtype=torch.long)  # (N, T)
+    role_mask = torch.full((n, t_max), PAD_ROLE, dtype=torch.long)  # (N, T)
+    for r, e in enumerate(examples):
+        ids = e.token_ids
+        if ids:
+            input_ids[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[r, : len(ids)] = 1
+            role_mask[r, : len(ids)] = torch.tensor(e.role_mask, dtype=torch.long)
+    return input_ids, attention_mask, role_mask
+
+
+def role_weights(role_mask: torch.Tensor, weights: dict[Role, float]) -> torch.Tensor:
+    """``(N, T) float32`` per-token loss weights: ``weights[role]`` on tokens of those roles, 0 elsewhere."""
+    w = torch.zeros(role_mask.shape, dtype=torch.float32, device=role_mask.device)  # (N, T)
+    for role, value in weights.items():
+        w = torch.where(role_mask == int(role), torch.as_tensor(float(value), device=w.device), w)  # (N, T)
+    return w
+
+
+def sft_loss(
+    logprobs: torch.Tensor, role_mask: torch.Tensor, weights: dict[Role, float], normalization: Normalization = "token"
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted token-level cross-entropy on the target roles (implementation detail 2).
+
+    Args:
+        logprobs: ``(N, T) float32``, ``log p(ids[t] | ids[:t])`` (`agents.logprobs.token_logprobs`).
+        role_mask: ``(N, T) int64`` `Role` values, `PAD_ROLE` on padding.
+        weights: loss weight per target role, e.g. ``{Role.ACT: 1.0, Role.REHEARSE: 1.0}``; roles not in it
+            carry no loss.
+        normalization: ``"token"`` or ``"role"``.
+
+    Returns:
+        ``(loss, stats)``: a scalar tensor (0 with a graph when there is no target token), and
+        ``loss/<role>`` (mean ``-log p`` over that role's tokens) and ``tokens/<role>`` for each role in `weights`.
+
+    Raises:
+        ValueError: an unknown normalisation, a non-target role in `weights`, or mismatched shapes.
+    """
+    if logprobs.shape != role_mask.shape:
+        raise ValueError(f"logprobs {tuple(logprobs.shape)} and role_mask {tuple(role_mask.shape)} must match")
+    if normalization not in ("token", "role"):
+        raise ValueError(f"normalization must be 'token' or 'role', got {normalization!r}")
+    for role in weights:
+        if not Role(role).trainable:
+            raise ValueError(f"only ACT and REHEARSE tokens carry loss, got a weight for {Role(role).name}")
+    stats: dict[str, float] = {}
+    means: dict[Role, torch.Tensor] = {}
+    for role in weights:
+        sel = role_mask == int(role)  # (N, T)
+        n = int(sel.sum())
+        key = Role(role).name.lower()
+        stats[f"tokens/{key}"] = float(n)
+        if n:
+            means[role] = -(logprobs * sel).sum() / n
+            stats[f"loss/{key}"] = float(means[role].detach())
+        else:
+            stats[f"loss/{key}"] = 0.0
+    if normalization == "token":
+        w = role_weights(role_mask, weights)  # (N, T)
+        total = w.sum()
+        loss = -(w * logprobs).sum() / total if float(total) > 0 else (logprobs * 0.0).sum()
+    else:
+        present = [r for r in means if weights[r] > 0]
+        denom = sum(weights[r] for r in present)
+        loss = sum(weights[r] * means[r] for r in present) / denom if present else (logprobs * 0.0).sum()
+    stats["loss"] = float(loss.detach())
+    return loss, stats
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------
+
+
+def load_sft_data(config: SFTConfig, tokenizer: Any, progress: bool = False) -> tuple[list[Trajectory], dict[str, Any]]:
+    """The training sequences of `config` (``data`` sources, length cap) and per-source `DemoStats` dicts.
+
+    Raises:
+        ValueError: no sequence at all, or the errors of `agents.demonstrations`.
+    """
+    from agents.demonstrations import build_bfcl_demonstrations, load_recorded_trajectories
+    from envace_gym.rendering import ChatRenderer
+
+    stops = ChatRenderer(tokenizer).stop_token_ids
+    demos: list[Trajectory] = []
+    stats: dict[str, Any] = {}
+    for source in config.data:
+        if source == "bfcl":
+            got, st = build_bfcl_demonstrations(
+                tokenizer, config.categories, config.split, task_ids=config.task_ids or None,
+                limit=config.max_demos or None, max_tokens=config.max_seq_len, overflow=config.overflow,
+                calls_per_message=config.calls_per_message, progress=progress,
+            )
+        else:
+            got, st = load_recorded_trajectories(
+                source, stops, min_reward=config.min_reward, max_tokens=config.max_seq_len, overflow=config.overflow
+            )
+        demos.extend(got)
+        stats[source] = st.to_dict()
+    if config.max_demos:
+        demos = demos[: config.max_demos]
+    if not demos:
+        raise ValueError(f"no training sequences from {config.data} (stats: {json.dumps(stats)[:500]})")
+    return demos, stats
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _require_peft():
+    try:
+        import peft  # noqa: F401
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("--lora needs peft: pip install 'envace-gym[lora]' (or pip install 'peft>=0.12')") from err
+    return peft
+
+
+class SFTTrainer:
+    """Supervised fine-tuning of ACT and REHEARSE tokens; see the module docstring.
+
+    Args:
+        config: a validated `SFTConfig`.
+        demos: the training sequences; None loads them from ``config.data`` (`load_sft_data`).
+
+    Attributes:
+        model: the trained module (a peft model with ``--lora``).
+        tokenizer, pad_id: the tokenizer and its padding id.
+        demos: the training sequences.
+        batches_per_epoch: number of batches of one epoch; ``total_steps`` the run's optimizer steps.
+        step: completed optimizer steps (restored on resume).
+
+    Raises:
+        ValueError: no training sequence, or no target token in any sequence for the chosen roles.
+        ImportError: ``lora=True`` without peft installed.
+    """
+
+    def __init__(self, config: SFTConfig, demos: Sequence[Trajectory] | None = None) -> None:
+        from agents.checkpoint import latest_checkpoint, load_checkpoint
+        from agents.logprobs import enable_gradient_checkpointing
+        from agents.trainer import _load_trainable, make_lr_scheduler
+
+        self.config = config
+        self.run_dir = Path(config.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        torch.manual_seed(config.seed)
+        if config.lora:
+            _require_peft()
+        base, tokenizer = _load_trainable(config.init or config.model)
+        self.tokenizer = tokenizer
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
+        self.weights = {_ROLE_NAMES[r]: (config.act_weight if r == "act" else config.rehearse_weight) for r in config.role_list()}
+        if demos is None:
+            demos, data_stats = load_sft_data(config, tokenizer)
+            (self.run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
+        self.demos = list(demos)
+        if not self.demos:
+            raise ValueError("SFTTrainer needs at least one training sequence")
+        targets = sum(1 for d in self.demos for r in d.role_mask if r in {int(k) for k in self.weights})
+        if targets == 0:
+            raise ValueError(f"no {config.roles} token in any of the {len(self.demos)} sequences; nothing to train")
+        self.lengths = [len(d.token_ids) for d in self.demos]
+        self.batches_per_epoch = len(bucket_batches(self.lengths, config.batch_tokens, config.max_batch_rows, config.seed, 0))
+        self.total_steps = config.max_steps or config.num_epochs * self.batches_per_epoch
+
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(base)
+        self.model = base
+        if config.lora:
+            from peft import LoraConfig, get_peft_model
+
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(config.seed)
+                self.model = get_peft_model(base, LoraConfig(
+                    r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                    target_modules=list(config.lora_target_modules), bias="none", task_type="CAUSAL_LM",
+                ))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=config.lr, weight_decay=config.weight_decay, betas=(config.adam_beta1, config.adam_beta2)
+        )
+        self.scheduler = make_lr_scheduler(self.optimizer, config.lr_schedule, config.warmup_steps, self.total_steps)
+        self.step = 0
+        ckpt = latest_checkpoint(self.run_dir) if config.resume else None
+        if ckpt is not None:
+            if config.lora:
+                from peft import set_peft_model_state_dict
+                from safetensors.torch import load_file
+
+                self.step = load_checkpoint(ckpt, {}, {"model": self.optimizer}, {"model": self.scheduler})
+                set_peft_model_state_dict(self.model, load_file(str(ckpt / "adapter" / "adapter_model.safetensors")))
+            else:
+                self.step = load_checkpoint(ckpt, {"model": self.model}, {"model": self.optimizer}, {"model": self.scheduler})
+        (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+
+    def batch_for_step(self, step: int) -> list[int]:
+        """The example indices of optimizer step `step` (0-based): epoch ``step // batches_per_epoch``."""
+        epoch, index = divmod(step, self.batches_per_epoch)
+        cfg = self.config
+        return bucket_batches(self.lengths, cfg.batch_tokens, cfg.max_batch_rows, cfg.seed, epoch)[index]
+
+    def train(self, progress: bool = True) -> list[dict[str, Any]]:
+        """Run until ``total_steps`` optimizer steps are done; returns this call's metrics (also logged)."""
+        from tqdm.auto import tqdm
+
+        history = []
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="sft", disable=not progress, unit="step")
+        while self.step < self.total_steps:
+            m = self.train_step()
+            history.append(m)
+            bar.update(1)
+            bar.set_postfix(loss=f"{m['train/loss']:.3f}", pad=f"{m['data/padding_fraction']:.2f}",
+                            tok_s=f"{m['perf/tokens_per_s']:.0f}")
+            if self.step % self.config.save_every == 0 or self.step == self.total_steps:
+                self.save()
+        bar.close()
+        return history
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step on the step's batch; returns (and logs) its metrics."""
+        from agents.logprobs import token_logprobs
+
+        cfg = self.config
+        t0 = time.perf_counter()
+        rows = [self.demos[i] for i in self.batch_for_step(self.step)]
+        input_ids, attention_mask, role_mask = collate(rows, self.pad_id)  # (N, T) each
+        self.model.train()
+        lr = float(self.scheduler.get_last_lr()[0])
+        logprobs = token_logprobs(self.model, input_ids, attention_mask, chunk_size=cfg.logprob_chunk_size)  # (N, T)
+        loss, stats = sft_loss(logprobs, role_mask.to(logprobs.device), self.weights, cfg.loss_normalization)
+        if not math.isfinite(stats["loss"]):
+            raise FloatingPointError(f"non-finite SFT loss at step {self.step}: {stats}")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if cfg.max_grad_norm > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        else:
+            grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        dt = time.perf_counter() - t0
+        real = int(attention_mask.sum())
+        n, t = input_ids.shape
+        m: dict[str, Any] = {"step": self.step, "train/loss": stats["loss"], "train/grad_norm": grad_norm, "train/lr": lr}
+        for key in ("act", "rehearse"):
+            m[f"train/loss/{key}"] = stats.get(f"loss/{key}", 0.0)
+            m[f"data/tokens/{key}"] = int(((role_mask == int(_ROLE_NAMES[key])) & attention_mask.bool()).sum())
+        m.update({
+            "data/rows": n, "data/seq_len": t, "data/padding_fraction": 1.0 - real / (n * t),
+            "perf/tokens_per_s": real / dt if dt else 0.0, "perf/step_s": dt,
+        })
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(m) + "\n")
+        return m
+
+    def plain_model(self) -> torch.nn.Module:
+        """The model as a plain Transformers model: itself, or (LoRA) a merged copy of base + adapter."""
+        if not self.config.lora:
+            return self.model
+        return copy.deepcopy(self.model).merge_and_unload()
+
+    def save(self) -> Path:
+        """Write a checkpoint (`agents.checkpoint` layout; LoRA adds ``adapter/``) and prune old ones."""
+        from agents.checkpoint import prune_checkpoints, save_checkpoint
+
+        models = {"model": self.plain_model()}
+        if self.config.lora:
+            models["adapter"] = self.model
+        path = save_checkpoint(self.run_dir, self.step, models, {"model": self.optimizer}, {"model": self.scheduler},
+                               self.tokenizer, self.config.to_dict())
+        prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
+        return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Measurement (issue 7 part 3)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def demo_logprobs(model: torch.nn.Module, demos: Sequence[Trajectory], pad_id: int, *, chunk_size: int = 512) -> dict[str, float]:
+    """Mean logprob (nats per token) of the demos' ACT and REHEARSE tokens under `model`, one row at a time.
+
+    Returns:
+        ``{"logprob/act", "logprob/rehearse", "tokens/act", "tokens/rehearse"}``; a mean is NaN when the
+        demos have no token of that role.
+    """
+    from agents.logprobs import token_logprobs
+
+    was_training = model.training
+    model.eval()
+    sums = {Role.ACT: 0.0, Role.REHEARSE: 0.0}
+    counts = {Role.ACT: 0, Role.REHEARSE: 0}
+    for d in demos:
+        ids, mask, roles = collate([d], pad_id)  # (1, T) each
+        lp = token_logprobs(model, ids, mask, chunk_size=chunk_size).cpu()  # (1, T)
+        for r in sums:
+            sel = roles == int(r)  # (1, T)
+            sums[r] += float(lp[sel].sum())
+            counts[r] += int(sel.sum())
+    model.train(was_training)
+    out = {}
+    for r in sums:
+        key = r.name.lower()
+        out[f"logprob/{key}"] = sums[r] / counts[r] if counts[r] else float("nan")
+        out[f"tokens/{key}"] = counts[r]
+    return out
+
+
+def act_parse_rate(policy: Any, tasks: Sequence[Task], *, max_new_tokens: int = 128) -> dict[str, Any]:
+    """Greedy first ACT turn of each task; the fraction that parses as tool calls.
+
+    The context is the task's first user turn with its tools (the env's prompt: `ChatRenderer.prompt_ids`);
+    one greedy generation per task (batch 1, so no padding). A turn "parses as tool calls" when
+    `envace_gym.parsing.parse_tool_calls` returns at least one call without error; ``valid_name_rate``
+    additionally asks every call name to be one of the task's tools.
+
+    Args:
+        policy: an `agents.policy.Policy`.
+        tasks: the tasks (e.g. five test-split BFCL tasks).
+        max_new_tokens: cap per ACT message.
+
+    Returns:
+        ``{"parse_rate", "valid_name_rate", "n", "texts"}`` (``texts``: the generated messages).
+    """
+    from envace_gym.parsing import ToolCallParseError, parse_tool_calls
+    from envace_gym.types import Message
+
+    parsed = valid = 0
+    texts = []
+    for task in tasks:
+        first = [Message(role=m.role, content=m.content) for m in task.turns[0]]
+        ctx = policy.renderer.prompt_ids(first, task.tools_at_turn(0))
+        (action,) = policy.act([ctx], max_new_tokens=max_new_tokens, temperature=0.0)
+        texts.append(str(action))
+        try:
+            calls = parse_tool_calls(str(action))
+        except ToolCallParseError:
+            calls = []
+        if calls:
+            parsed += 1
+            names = {t.name for t in task.tools_at_turn(0)}
+            valid += int(all(c.name in names for c in calls))
+    n = len(tasks)
+    return {"parse_rate": parsed / n if n else float("nan"), "valid_name_rate": valid / n if n else float("nan"), "n": n, "texts": texts}
+
+
+def measure(policy: Any, demos: Sequence[Trajectory], tasks: Sequence[Task], *, max_new_tokens: int = 128,
+            chunk_size: int = 512) -> dict[str, Any]:
+    """`demo_logprobs` on `demos` and `act_parse_rate` on `tasks` for one policy (call before and after SFT)."""
+    out = dict(demo_logprobs(policy.model, demos, policy.pad_id, chunk_size=chunk_size))
+    out.update(act_parse_rate(policy, tasks, max_new_tokens=max_new_tokens))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def add_sft_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--field-name`` option per `SFTConfig` field, its help from the field."""
+    for f in dataclasses.fields(SFTConfig):
+        hint = _HINTS[f.name]
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        kw: dict[str, Any] = {"default": None, "dest": f.name, "help": f"{f.metadata['help']} (default: {default})"}
+        if hint is bool:
+            kw.update(type=_bool, metavar="BOOL")
+        elif origin is list:
+            kw["nargs"] = "*"
+        elif origin is Literal:
+            kw["choices"] = list(args)
+        elif hint in (int, float, str):
+            kw["type"] = hint
+        elif type(None) in args:
+            kw["type"] = [a for a in args if a is not type(None)][0]
+        parser.add_argument("--" + f.name.replace("_", "-"), **kw)
+
+
+def sft_config_from_args(args: argparse.Namespace) -> SFTConfig:
+    """The `SFTConfig` of parsed arguments (unset options keep the field defaults).
+
+    Raises:
+        ValueError: an invalid value (`SFTConfig.__post_init__`).
+    """
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SFTConfig) if getattr(args, f.name, None) is not None}
+    return SFTConfig(**values)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """``envace sft``: build the data, train, save; prints the data counts and the last step's metrics."""
+    config = sft_config_from_args(args)  # fails fast, before any model loads
+    trainer = SFTTrainer(config)
+    if trainer.step:
+        print(f"[sft] resumed from step {trainer.step} in {config.run_dir}")
+    toks = {r: sum(d.tokens_per_role()[r] for d in trainer.demos) for r in ("ACT", "REHEARSE")}
+    print(f"[sft] {len(trainer.demos)} sequences ({toks['ACT']} ACT, {toks['REHEARSE']} REHEARSE tokens), "
+          f"{trainer.batches_per_epoch} batches/epoch, {trainer.total_steps} steps")
+    history = trainer.train()
+    if history:
+        last = history[-1]
+        print(f"[sft] step {last['step']}: loss {last['train/loss']:.4f} (act {last['train/loss/act']:.4f}, "
+              f"rehearse {last['train/loss/rehearse']:.4f}); metrics in {config.run_dir}/metrics.jsonl")
+    return 0
+
+
+def register_sft_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``sft`` sub-command to an ``add_subparsers()`` object; returns its parser."""
+    p = sub.add_parser("sft", help="supervised warm-start of ACT and REHEARSE tokens on demonstrations (every option is an SFTConfig field)")
+    add_sft_arguments(p)
+    p.set_defaults(func=cmd_sft)
+    return p
