@@ -1,0 +1,100 @@
+"""`envace eval` and `envace report` on the scripted suite: output files and columns, accuracy equal to the
+episodes' rewards (BFCL-style unweighted category mean), rehearsal and fidelity columns, PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import tests.testing_env  # noqa: F401
+from agents.cli import main
+from agents.evaluate import EPISODE_FIELDS, FIDELITY_FIELDS, SUMMARY_FIELDS, EvalConfig, evaluate, summarize
+from tests.wrappers.test_test_time_rehearsal import ScriptedPolicy
+
+
+def _read_csv(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)
+
+
+def _rule(ctx):
+    """Answer scripted_0 right (add 2) and scripted_1 wrong (adds 3 + 5 = 8, target 7)."""
+    pieces = ctx.split("<|im_start|>user\n")
+    k = max(i for i, p in enumerate(pieces) if i > 0 and not p.startswith("Rehearsal memory"))
+    last = "<|im_start|>user\n".join(pieces[k:])  # the request being played and all after it (memory, tools)
+    if "<|im_start|>tool" in last:
+        return "done"
+    n = int(re.search(r"[Aa]dd (-?\d+)", last).group(1))
+    return f"[add(value={n + 1 if last.startswith('Now') else n})]"
+
+
+def test_cli_eval_writes_jsonl_and_csv_with_the_right_columns(tmp_path):
+    out = tmp_path / "ev"
+    rc = main(["eval", "--model", "tiny-random", "--suite", "scripted", "--split", "all", "--limit", "2",
+               "--max-new-tokens", "6", "--max-steps-per-turn", "1", "--out", str(out)])
+    assert rc == 0
+    episodes = [json.loads(line) for line in open(out / "episodes.jsonl", encoding="utf-8")]
+    assert [e["task_id"] for e in episodes] == ["scripted_0", "scripted_1"]
+    assert all(list(e) == EPISODE_FIELDS for e in episodes)
+    fields, rows = _read_csv(out / "summary.csv")
+    assert fields == SUMMARY_FIELDS and [r["category"] for r in rows] == ["scripted", "overall"]
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["config"]["model"] == "tiny-random" and doc["config"]["rehearsal_n"] == 0
+    assert doc["overall_accuracy"] == sum(e["reward"] for e in episodes) / 2
+
+
+def test_accuracy_matches_rewards_and_rehearsal_columns(tmp_path):
+    policy = ScriptedPolicy(_rule)
+    config = EvalConfig(model="tiny-random", suite="scripted", split="all", limit=2, max_new_tokens=6,
+                        max_steps_per_turn=3, rehearsal_n=1, memory_tokens=32, attempt_max_steps=1,
+                        critique_tokens=4, out=str(tmp_path / "r"))
+    result = evaluate(config, policy=policy, log=None)
+    rewards = {e["task_id"]: e["reward"] for e in result.episodes}
+    assert rewards == {"scripted_0": 1.0, "scripted_1": 0.0}
+    assert result.overall_accuracy == 0.5 == result.summary[0]["accuracy"]
+    e0, e1 = result.episodes
+    assert (e0["steps"], e0["turns"], e0["tool_call_fraction"]) == (2, 1, 0.5)  # add, then "done"
+    assert (e1["steps"], e1["turns"], e1["num_turns"]) == (4, 2, 2)
+    assert e0["rehearsal_turns"] == 1 and e1["rehearsal_turns"] == 2 and e1["rehearsal_attempts"] == 2
+    assert 0 < e1["memory_tokens"] <= 2 * 32
+    assert e0["valid"] is True and e1["valid"] is False and e0["parse_errors"] == 0
+
+
+def test_overall_is_the_unweighted_category_mean():
+    eps = [dict(category="a", reward=1.0, valid=True, steps=1, parse_errors=0, tool_call_fraction=1.0)] * 3
+    eps += [dict(category="b", reward=0.0, valid=False, steps=3, parse_errors=1, tool_call_fraction=0.0)]
+    rows = summarize(eps)
+    assert [r["accuracy"] for r in rows] == [1.0, 0.0, 0.5]  # not 3/4 (the task mean)
+    assert rows[-1]["n_tasks"] == 4
+
+
+def test_fidelity_eval_and_report_write_tables_and_pngs(tmp_path):
+    policy = ScriptedPolicy(_rule)
+    fid = evaluate(EvalConfig(model="tiny-random", suite="scripted", split="all", limit=1, max_new_tokens=6,
+                              max_steps_per_turn=2, fidelity=True, out=str(tmp_path / "fid")), policy=policy, log=None)
+    assert fid.episodes[0]["fidelity_calls"] == 1 and fid.fidelity_calls[0]["real"] == '{"total": 2}'
+    fields, rows = _read_csv(tmp_path / "fid" / "fidelity_per_tool.csv")
+    assert fields == FIDELITY_FIELDS and [r["group"] for r in rows] == ["add", "all"]
+    assert rows[0]["n_calls"] == "1"
+    # a run folder: training metrics plus eval summaries at N = 0, 1, 2 in both modes
+    run = tmp_path
+    with open(run / "metrics.jsonl", "w") as f:
+        for step in (1, 2, 3):
+            f.write(json.dumps({"step": step, "rollout/reward_mean": 0.1 * step, "rollout/reward_mean/act": 0.1,
+                                "rollout/reward_mean/rehearse": 0.2, "train/loss": 1.0 / step,
+                                "train/clip_fraction": 0.01, "train/approx_kl": 0.001, "train/kl": 0.0}) + "\n")
+    for n, mode, acc in [(0, "parallel", 0.2), (1, "parallel", 0.3), (2, "parallel", 0.4), (1, "sequential", 0.25), (2, "sequential", 0.35)]:
+        d = run / f"ev_n{n}_{mode}"
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"config": {"rehearsal_n": n, "rehearsal_mode": mode, "fidelity": False},
+                                                    "overall_accuracy": acc, "categories": {}}))
+    assert main(["report", str(run)]) == 0
+    pngs = sorted(p.name for p in (run / "plots").glob("*.png"))
+    assert pngs == ["accuracy_vs_rehearsal_n.png", "fidelity_per_tool_fid.png", "training_curves.png"]
+    for p in (run / "plots").glob("*.png"):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["report", str(empty)]) == 1
