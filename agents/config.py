@@ -22,13 +22,26 @@ from typing import Any, Literal, Sequence
 
 import yaml
 
-__all__ = ["TrainConfig", "add_config_arguments", "config_from_args", "load_config"]
+__all__ = [
+    "TrainConfig",
+    "config_field",
+    "add_config_arguments",
+    "config_from_args",
+    "load_config",
+    "add_dataclass_arguments",
+    "dataclass_from_args",
+    "load_dataclass",
+]
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
+def config_field(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field whose ``metadata["help"]`` is its one description (the ``--help`` text)."""
     if isinstance(default, list):
         return field(default_factory=lambda d=default: list(d), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
+
+
+_f = config_field
 
 
 @dataclass
@@ -135,12 +148,16 @@ class TrainConfig:
 _HINTS = typing.get_type_hints(TrainConfig)
 
 
-def _settable_fields() -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(TrainConfig) if f.init]
+def _settable_fields(cls: type = TrainConfig) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.init]
 
 
-def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
-    """A `TrainConfig` from a YAML file (optional) with keyword overrides on top.
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def load_dataclass(cls: type, path: str | Path | None = None, **overrides: Any) -> Any:
+    """An instance of the config dataclass `cls` from a YAML file (optional) with keyword overrides on top.
 
     Raises:
         ValueError: the YAML names an unknown field (the message lists the valid ones), or a value is invalid.
@@ -149,15 +166,20 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig
     if path is not None:
         loaded = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: expected a mapping of TrainConfig fields, got {type(loaded).__name__}")
+            raise ValueError(f"{path}: expected a mapping of {cls.__name__} fields, got {type(loaded).__name__}")
         values.update(loaded)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    known = {f.name for f in _settable_fields()}
-    unknown = sorted(set(values) - known - {"trajectories_per_step"})
+    computed = {f.name for f in dataclasses.fields(cls) if not f.init}
+    known = {f.name for f in _settable_fields(cls)}
+    unknown = sorted(set(values) - known - computed)
     if unknown:
-        raise ValueError(f"unknown TrainConfig field(s) {unknown}; valid fields: {sorted(known)}")
-    values.pop("trajectories_per_step", None)
-    return TrainConfig(**values)
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(known)}")
+    return cls(**{k: v for k, v in values.items() if k not in computed})
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
+    """A `TrainConfig` from a YAML file (optional) with keyword overrides on top; see `load_dataclass`."""
+    return load_dataclass(TrainConfig, path, **overrides)
 
 
 def _bool(text: str) -> bool:
@@ -169,19 +191,17 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--config FILE`` and one ``--field-name`` option per `TrainConfig` field (help from the field)."""
-    parser.add_argument("--config", default=None, help="YAML file of TrainConfig fields (command-line options override it)")
-    for f in _settable_fields():
-        hint = _HINTS[f.name]
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add ``--config FILE`` and one ``--field-name`` option per settable field of `cls` (help from the field)."""
+    hints = typing.get_type_hints(cls)
+    parser.add_argument("--config", default=None, help=f"YAML file of {cls.__name__} fields (command-line options override it)")
+    for f in _settable_fields(cls):
+        hint = hints[f.name]
         origin = typing.get_origin(hint)
         args = typing.get_args(hint)
-        kw: dict[str, Any] = {"default": None, "dest": f.name}
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        help_text = f"{f.metadata['help']} (default: {default})"
+        kw: dict[str, Any] = {"default": None, "dest": f.name, "help": f"{f.metadata['help']} (default: {_default(f)})"}
         if hint is bool:
-            kw["type"] = _bool
-            kw["metavar"] = "BOOL"
+            kw.update(type=_bool, metavar="BOOL")
         elif origin is list:
             kw["nargs"] = "*"
         elif origin is Literal:
@@ -189,25 +209,30 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         elif hint in (int, float, str):
             kw["type"] = hint
         elif type(None) in args:  # Optional[X]
-            inner = [a for a in args if a is not type(None)][0]
-            kw["type"] = inner
-        parser.add_argument("--" + f.name.replace("_", "-"), help=help_text, **kw)
+            kw["type"] = [a for a in args if a is not type(None)][0]
+        parser.add_argument("--" + f.name.replace("_", "-"), **kw)
+
+
+def dataclass_from_args(cls: type, args: argparse.Namespace) -> Any:
+    """The `cls` instance of parsed arguments (``--config`` YAML, then explicit options)."""
+    overrides = {f.name: getattr(args, f.name, None) for f in _settable_fields(cls)}
+    return load_dataclass(cls, getattr(args, "config", None), **overrides)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """`add_dataclass_arguments` for `TrainConfig`."""
+    add_dataclass_arguments(parser, TrainConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The `TrainConfig` of parsed arguments (``--config`` YAML, then explicit options)."""
-    overrides = {f.name: getattr(args, f.name, None) for f in _settable_fields()}
-    return load_config(getattr(args, "config", None), **overrides)
+    """`dataclass_from_args` for `TrainConfig`."""
+    return dataclass_from_args(TrainConfig, args)
 
 
 def _dump_yaml(config: TrainConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
-def field_docs() -> Sequence[tuple[str, str, Any]]:
-    """(name, help, default) of every settable field, for docs tables."""
-    out = []
-    for f in _settable_fields():
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        out.append((f.name, f.metadata["help"], default))
-    return out
+def field_docs(cls: type = TrainConfig) -> Sequence[tuple[str, str, Any]]:
+    """(name, help, default) of every settable field of `cls`, for docs tables."""
+    return [(f.name, f.metadata["help"], _default(f)) for f in _settable_fields(cls)]

@@ -68,6 +68,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 import torch
 
+from agents.config import add_dataclass_arguments, config_field, dataclass_from_args
 from agents.rollout import PAD_ROLE
 from envace_gym.types import Role, Task, Trajectory
 
@@ -90,10 +91,7 @@ _ROLE_NAMES = {"act": Role.ACT, "rehearse": Role.REHEARSE}
 Normalization = Literal["token", "role"]
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    if isinstance(default, list):
-        return field(default_factory=lambda d=default: list(d), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
+_f = config_field
 
 
 @dataclass
@@ -616,43 +614,18 @@ def measure(policy: Any, demos: Sequence[Trajectory], tasks: Sequence[Task], *, 
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
 def add_sft_arguments(parser: argparse.ArgumentParser) -> None:
-    """One ``--field-name`` option per `SFTConfig` field, its help from the field."""
-    for f in dataclasses.fields(SFTConfig):
-        hint = _HINTS[f.name]
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        kw: dict[str, Any] = {"default": None, "dest": f.name, "help": f"{f.metadata['help']} (default: {default})"}
-        if hint is bool:
-            kw.update(type=_bool, metavar="BOOL")
-        elif origin is list:
-            kw["nargs"] = "*"
-        elif origin is Literal:
-            kw["choices"] = list(args)
-        elif hint in (int, float, str):
-            kw["type"] = hint
-        elif type(None) in args:
-            kw["type"] = [a for a in args if a is not type(None)][0]
-        parser.add_argument("--" + f.name.replace("_", "-"), **kw)
+    """``--config FILE`` and one ``--field-name`` option per `SFTConfig` field, its help from the field."""
+    add_dataclass_arguments(parser, SFTConfig)
 
 
 def sft_config_from_args(args: argparse.Namespace) -> SFTConfig:
-    """The `SFTConfig` of parsed arguments (unset options keep the field defaults).
+    """The `SFTConfig` of parsed arguments (``--config`` YAML, then explicit options; unset ones keep defaults).
 
     Raises:
-        ValueError: an invalid value (`SFTConfig.__post_init__`).
+        ValueError: an unknown YAML field or an invalid value (`SFTConfig.__post_init__`).
     """
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SFTConfig) if getattr(args, f.name, None) is not None}
-    return SFTConfig(**values)
+    return dataclass_from_args(SFTConfig, args)
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
