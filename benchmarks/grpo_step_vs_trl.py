@@ -1,0 +1,198 @@
+"""One GRPO optimizer step, ours vs TRL 1.16.0, on the fixed workload of /work/shared/bench/trl_grpo_step.py.
+
+Same work on both sides (imported from that script: `build_rows`, `reward_fn`, `PhaseClock`): 64 "add two
+numbers" chat prompts, 2 prompts x K=4 completions per step, at most 64 new tokens, temperature 1, fp32,
+lr 1e-6, beta 0, one optimizer step per generation batch, 2 torch threads, 8 steps, median of steps 3..8.
+
+Ours: `agents.policy.Policy.generate` (batched, identical prompts of a group prefilled once, last-position
+logits only) -> `reward_fn` -> `agents.grpo.grpo_advantages` (group mean baseline, std scaling as TRL's
+default) -> `agents.logprobs.token_logprobs` (chunked LM head, never the full (N, T, V) logits) ->
+`agents.grpo.grpo_loss` (token-mean clipped surrogate; ratio against the logprobs recorded at generation, so
+no extra old-logprob forward) -> backward -> grad-norm clip 1.0 -> AdamW. TRL: its own script, unchanged, in a
+separate virtual environment (TRL is not a project dependency).
+
+Each run is a fresh subprocess (so peak RSS is per implementation); runs alternate ours/TRL ``--rounds``
+times and the ratio is of the medians over rounds of each run's median step.
+
+Usage::
+
+    python3 -m venv /tmp/trlvenv && /tmp/trlvenv/bin/pip install torch==2.13.0 trl==1.16.0 transformers==5.24.0
+    SMOL=$(.venv/bin/python -c "import agents.models as m; print(m.ensure_smollm2_converted())")
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_step_vs_trl.py --model tiny --smol-path $SMOL --rounds 2
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_step_vs_trl.py --model smol --smol-path $SMOL --rounds 1
+    # one side only (what the orchestrator runs): --impl ours  |  --impl trl --trl-python /tmp/trlvenv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+if __package__ in (None, ""):
+    sys.path.insert(0, REPO)
+for cand in ("/work/shared/bench", os.path.join(REPO, "..", "shared", "bench")):
+    if os.path.isfile(os.path.join(cand, "trl_grpo_step.py")):
+        BENCH_DIR = os.path.abspath(cand)
+        sys.path.insert(0, BENCH_DIR)
+        break
+else:  # pragma: no cover
+    raise SystemExit("trl_grpo_step.py not found in /work/shared/bench or ../shared/bench")
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+K = 4
+PROMPTS_PER_STEP = 2
+MAX_NEW = 64
+
+
+def run_ours(args) -> dict:
+    """Time our GRPO step in this process; returns the same summary keys as the TRL script."""
+    import torch
+    from transformers import AutoTokenizer
+
+    import trl_grpo_step as anchor
+    from agents.grpo import grpo_advantages, grpo_loss
+    from agents.logprobs import token_logprobs
+    from agents.policy import Policy
+    from envace_gym.types import Message
+
+    torch.set_num_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(args.smol_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = anchor.build_model(args.model, tokenizer, args.smol_path, args.seed)
+    model.train()
+    policy = Policy(model, tokenizer, kv_cache=False)  # single-turn prompts: nothing to carry over
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+    rows = anchor.build_rows()
+    clock = anchor.PhaseClock()
+    for step in range(args.max_steps):
+        batch_rows = [rows[(step * PROMPTS_PER_STEP + j) % len(rows)] for j in range(PROMPTS_PER_STEP)]
+        clock.begin()
+        t_roll = time.perf_counter()
+        prompts = [policy.renderer.prompt_ids([Message(role="user", content=r["prompt"][0]["content"])], None)
+                   for r in batch_rows for _ in range(K)]
+        t = time.perf_counter()
+        model.eval()
+        gens = policy.generate(prompts, max_new_tokens=MAX_NEW, temperature=1.0,
+                               seeds=[args.seed * 1000 + step * 10 + i for i in range(len(prompts))])
+        model.train()
+        clock.add("generate", time.perf_counter() - t)
+        t = time.perf_counter()
+        texts = [policy.decode(g.token_ids) for g in gens]
+        rewards = anchor.reward_fn(texts, [r["answer"] for r in batch_rows for _ in range(K)])
+        clock.add("reward", time.perf_counter() - t)
+        n = len(prompts)
+        group_ids = torch.arange(n) // K  # (N,)
+        adv = grpo_advantages(torch.tensor(rewards), group_ids, torch.arange(n), scale_by_std=True, eps=1e-4)  # (N,)
+        width = max(len(p) + len(g.token_ids) for p, g in zip(prompts, gens))
+        input_ids = torch.full((n, width), policy.pad_id, dtype=torch.long)  # (N, T) right padded
+        attention_mask = torch.zeros((n, width), dtype=torch.long)  # (N, T)
+        loss_mask = torch.zeros((n, width), dtype=torch.bool)  # (N, T)
+        old_lp = torch.zeros((n, width))  # (N, T)
+        for i, (p, g) in enumerate(zip(prompts, gens)):
+            seq = p + g.token_ids
+            input_ids[i, : len(seq)] = torch.tensor(seq)
+            attention_mask[i, : len(seq)] = 1
+            loss_mask[i, len(p): len(seq)] = True
+            old_lp[i, len(p): len(seq)] = torch.tensor(g.logprobs)
+        advantages = adv.view(n, 1).expand(n, width)  # (N, T)
+        clock.add("rollout", time.perf_counter() - t_roll)
+        t = time.perf_counter()
+        lp = token_logprobs(model, input_ids, attention_mask, temperature=1.0)  # (N, T)
+        loss, _ = grpo_loss(lp, old_lp, advantages, loss_mask, aggregation="token-mean")
+        clock.add("loss_fwd", time.perf_counter() - t)
+        t = time.perf_counter()
+        loss.backward()
+        clock.add("backward", time.perf_counter() - t)
+        t = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        clock.add("optim", time.perf_counter() - t)
+        rec = clock.end(global_step=step + 1, mean_completion_len=sum(len(g.token_ids) for g in gens) / n)
+        print("STEP " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}), flush=True)
+    measured = [r for r in clock.steps if r["global_step"] > args.warmup]
+    return {
+        "impl": "ours",
+        "model": args.model,
+        "step_s": anchor.summarize([r["step"] for r in measured]),
+        "phase_s": {p: anchor.summarize([r[p] for r in measured]) for p in anchor.PHASES},
+        "mean_completion_len": anchor.summarize([r["mean_completion_len"] for r in measured]),
+        "peak_rss_mib": anchor.peak_rss_mib(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def _last_json(text: str) -> dict:
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError("no JSON summary line in:\n" + text[-3000:])
+
+
+def _subprocess(cmd: list[str]) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="2")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return _last_json(proc.stdout)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=["tiny", "smol"], default="tiny")
+    ap.add_argument("--smol-path", default=os.environ.get("SMOL_PATH"))
+    ap.add_argument("--impl", choices=["both", "ours", "trl"], default="both")
+    ap.add_argument("--trl-python", default="/tmp/trlvenv/bin/python")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating ours/TRL run pairs (--impl both)")
+    ap.add_argument("--max-steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args(argv)
+    if not args.smol_path:
+        from agents.models import ensure_smollm2_converted
+
+        args.smol_path = str(ensure_smollm2_converted())
+    if args.impl == "ours":
+        print(json.dumps(run_ours(args)), flush=True)
+        return
+    common = ["--model", args.model, "--smol-path", args.smol_path, "--max-steps", str(args.max_steps),
+              "--warmup", str(args.warmup), "--threads", str(args.threads), "--seed", str(args.seed)]
+    ours_cmd = [sys.executable, os.path.abspath(__file__), "--impl", "ours", *common]
+    trl_cmd = [args.trl_python, os.path.join(BENCH_DIR, "trl_grpo_step.py"), *common]
+    if args.impl == "trl":
+        print(json.dumps(_subprocess(trl_cmd)), flush=True)
+        return
+    runs = {"ours": [], "trl": []}
+    for r in range(args.rounds):
+        for name, cmd in (("ours", ours_cmd), ("trl", trl_cmd)) if r % 2 == 0 else (("trl", trl_cmd), ("ours", ours_cmd)):
+            res = _subprocess(cmd)
+            runs[name].append(res)
+            print(f"round {r} {name:4s} median step {res['step_s']['median']:.3f}s  generate "
+                  f"{res['phase_s']['generate']['median']:.3f}s  peak RSS {res['peak_rss_mib']:.0f} MiB  "
+                  f"completion len {res['mean_completion_len'].get('median')}", flush=True)
+    med = {k: statistics.median(x["step_s"]["median"] for x in v) for k, v in runs.items()}
+    gen = {k: statistics.median(x["phase_s"]["generate"]["median"] for x in v) for k, v in runs.items()}
+    rss = {k: max(x["peak_rss_mib"] for x in v) for k, v in runs.items()}
+    print(json.dumps({
+        "model": args.model, "rounds": args.rounds,
+        "median_step_s": med, "median_generate_s": gen, "peak_rss_mib": rss,
+        "step_ratio_ours_over_trl": round(med["ours"] / med["trl"], 3),
+        "generate_ratio_ours_over_trl": round(gen["ours"] / gen["trl"], 3),
+        "rss_ratio_ours_over_trl": round(rss["ours"] / rss["trl"], 3),
+        "targets": {"step_ratio<=0.8": med["ours"] / med["trl"] <= 0.8, "rss_not_higher": rss["ours"] <= rss["trl"]},
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

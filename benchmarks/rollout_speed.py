@@ -1,0 +1,125 @@
+"""Rollout wall time on BFCL multi-turn: our cached inline rollout vs HF ``model.generate`` re-encoding per call.
+
+Both sides run the same `agents.rollout.collect_rollouts` loop on the same tasks with the same scripted
+first call per user turn (`benchmarks.rollout_tokens.ScriptedFirstCall`), inline prompt mode, ``--new`` new
+tokens per segment, ``--turns`` user turns per trajectory, B=``--tasks`` x K=``--k``; only the generation
+backend differs:
+
+* ``ours``: `agents.policy.Policy` with its `PrefixKVCache` (each call prefills only new tokens; the K
+  identical prompts of a group are prefilled once; last-position logits only).
+* ``hf``: `HFGeneratePolicy`, a `Policy` whose ``generate`` left-pads the full contexts and calls
+  ``model.generate(do_sample=True, ...)`` (HF's own KV cache inside a call, the whole context re-encoded at
+  every call), logprobs from ``output_logits``.
+
+Samples differ between the two (different RNG use), so the wall time per generated token is printed next
+to the totals. Runs alternate ``--rounds`` times in this one process; the ratio is of the medians.
+
+Usage::
+
+    BFCL_PROJECT_ROOT=/tmp/envace_bfcl_root HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/rollout_speed.py \
+        --model smollm2-135m --tasks 2 --k 4 --turns 3 --new 64
+    ... benchmarks/rollout_speed.py --model tiny-random          # quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Sequence
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from agents.generation import Generation  # noqa: E402
+from agents.policy import Policy, load_policy  # noqa: E402
+from agents.rollout import collect_rollouts  # noqa: E402
+from benchmarks.rollout_tokens import ScriptedFirstCall, make_venv, pick_tasks, scripts_for  # noqa: E402
+
+
+class HFGeneratePolicy(Policy):
+    """A `Policy` whose generation is plain ``model.generate`` on the full left-padded contexts (no reuse)."""
+
+    @torch.no_grad()
+    def generate(self, contexts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
+                 seeds=None, use_cache: bool = True) -> list[Generation]:
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)  # (B, L)
+        mask = torch.zeros((len(contexts), width), dtype=torch.long)  # (B, L)
+        for i, c in enumerate(contexts):
+            ids[i, width - len(c):] = torch.tensor(list(c))
+            mask[i, width - len(c):] = 1
+        if seeds and seeds[0] is not None:
+            torch.manual_seed(int(seeds[0]))
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None, top_k=0, top_p=1.0,
+            eos_token_id=self.stop_ids, pad_token_id=self.pad_id, return_dict_in_generate=True,
+            output_logits=True,
+        )
+        new = out.sequences[:, width:]  # (B, C)
+        logits = torch.stack(out.logits, dim=1).float()  # (B, C, V)
+        lps = torch.log_softmax(logits / (temperature or 1.0), dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (B, C)
+        gens = []
+        for i in range(len(contexts)):
+            row, lp = new[i].tolist(), lps[i].tolist()
+            n = next((j + 1 for j, t in enumerate(row) if t in self.stop_ids), len(row))
+            gens.append(Generation(row[:n], lp[:n], n < len(row) or (bool(row) and row[n - 1] in self.stop_ids)))
+        return gens
+
+
+def run(kind: str, model_name: str, tasks, k: int, turns: int, new: int, seed: int) -> dict:
+    base = load_policy(model_name)
+    if kind == "ours":
+        policy = Policy(base.model, base.tokenizer, kv_cache=True)
+        policy.kv_cache.clear()
+    else:
+        policy = HFGeneratePolicy(base.model, base.tokenizer, kv_cache=False)
+    venv = make_venv(policy, "inline", len(tasks) * k, new, tasks)
+    actor = ScriptedFirstCall(policy, venv, scripts_for(tasks))
+    t0 = time.perf_counter()
+    trajs, stats = collect_rollouts(actor, venv, [t.id for t in tasks], k, max_new_tokens=new, temperature=1.0,
+                                    seed=seed, max_steps=2 * turns)
+    wall = time.perf_counter() - t0
+    generated = sum(len(s.token_ids) for t in trajs for s in t.segments if s.logprobs is not None)
+    return {"kind": kind, "wall_s": wall, "generated_tokens": generated, "s_per_token": wall / max(generated, 1),
+            "traj_len_mean": sum(len(t.token_ids) for t in trajs) / len(trajs)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--tasks", type=int, default=2)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    tasks = pick_tasks(args.tasks)
+    load_policy(args.model)  # load once, outside the timings
+    res = {"ours": [], "hf": []}
+    for r in range(args.rounds):
+        for kind in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
+            out = run(kind, args.model, tasks, args.k, args.turns, args.new, args.seed + r)
+            res[kind].append(out)
+            print(f"round {r} {kind:4s} wall {out['wall_s']:8.2f}s  generated {out['generated_tokens']:6d}  "
+                  f"s/token {out['s_per_token']:.4f}  traj_len {out['traj_len_mean']:.0f}", flush=True)
+    wall = {k: statistics.median(x["wall_s"] for x in v) for k, v in res.items()}
+    per_tok = {k: statistics.median(x["s_per_token"] for x in v) for k, v in res.items()}
+    ratios = {"wall_hf_over_ours": round(wall["hf"] / wall["ours"], 2),
+              "per_token_hf_over_ours": round(per_tok["hf"] / per_tok["ours"], 2)}
+    print(json.dumps({"model": args.model, "tasks": [t.id for t in tasks], "k": args.k, "turns": args.turns,
+                      "new": args.new, "wall_s": wall, "ratios": ratios}), flush=True)
+    return ratios
+
+
+if __name__ == "__main__":
+    main()
