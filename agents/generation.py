@@ -182,21 +182,25 @@ def generate(
             cache = out.cache
             logits = out.logits[:, -1, :].float()  # (B, V)
             next_pos = next_pos + 1
-        scaled = logits / temperature if temperature > 0 else logits  # (B, V)
-        logprobs = torch.log_softmax(scaled, dim=-1).cpu()  # (B, V)
+        scaled = (logits / temperature if temperature > 0 else logits).cpu()  # (B, V)
+        # log_softmax at the chosen id only: x_id - max - log(sum exp(x - max)), the same formula as
+        # torch.log_softmax; the unnormalised exp(x - max) doubles as the sampling CDF (two vocab passes).
+        row_max = scaled.amax(dim=-1, keepdim=True)  # (B, 1)
+        cdf = (scaled - row_max).exp_().cumsum_(dim=-1)  # (B, V) unnormalised
+        total = cdf[:, -1:]  # (B, 1)
         if temperature > 0:
             # Inverse-CDF sampling, batched: one uniform per row from that row's own generator keeps every
             # row reproducible from its seed whatever the batch it is in.
             u = torch.stack([torch.rand((), generator=g) for g in generators])  # (B,)
-            cdf = logprobs.exp().cumsum(dim=-1)  # (B, V)
-            next_ids = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)  # (B,)
+            next_ids = torch.searchsorted(cdf, u.unsqueeze(-1) * total).squeeze(-1)  # (B,)
             next_ids = next_ids.clamp_(max=logits.shape[-1] - 1)
         else:
-            next_ids = logits.argmax(dim=-1).cpu()  # (B,)
+            next_ids = scaled.argmax(dim=-1)  # (B,)
         next_ids = torch.where(finished, pad_fill, next_ids)  # (B,)
         live = ~finished  # (B,)
         sampled[:, t] = next_ids
-        sampled_lp[:, t] = logprobs.gather(-1, next_ids.view(batch, 1)).squeeze(-1)
+        chosen = scaled.gather(-1, next_ids.view(batch, 1))  # (B, 1)
+        sampled_lp[:, t] = (chosen - row_max - total.log()).squeeze(-1)
         lengths += live.long()
         is_stop = torch.isin(next_ids, stop) & live  # (B,)
         stopped |= is_stop
