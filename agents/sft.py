@@ -140,7 +140,7 @@ class SFTConfig:
 
     # --- Parameters that control memory ---------------------------------------------------------------
     logprob_chunk_size: int = _f(512, "positions per chunk through the LM head")
-    gradient_checkpointing: bool = _f(False, "recompute decoder activations in the backward (less memory, about 30% slower)")
+    gradient_checkpointing: bool = _f(True, "recompute decoder activations layer by layer in the backward: about 30% slower, but a 4k-token SmolLM2 row otherwise keeps ~13 GB of attention probabilities")
     lora: bool = _f(False, "train LoRA adapters instead of every weight (needs peft: pip install envace-gym[lora])")
     lora_r: int = _f(16, "LoRA rank")
     lora_alpha: float = _f(32.0, "LoRA alpha (the update is scaled by alpha / r)")

@@ -182,6 +182,14 @@ class RoleWiseGRPOTrainer:
             history.append(metrics)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", loss=f"{metrics['train/loss']:.4f}")
+            if progress:
+                bar.write(
+                    f"[train] step {metrics['step']}: reward {metrics['rollout/reward_mean']:.3f} "
+                    f"(act {metrics['rollout/reward_mean/act']:.3f}, rehearse {metrics['rollout/reward_mean/rehearse']:.3f}), "
+                    f"tokens act {metrics['rollout/tokens/act']} rehearse {metrics['rollout/tokens/rehearse']}, "
+                    f"loss {metrics['train/loss']:.4f}, rollout {metrics['perf/rollout_s']:.0f} s + update "
+                    f"{metrics['perf/update_s']:.0f} s"
+                )
             if self.step % self.config.save_every == 0 or self.step == self.config.num_steps:
                 self.save()
         bar.close()
