@@ -31,6 +31,7 @@ Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act,
 | ``train/loss``, ``train/pg_loss``, ``train/kl``, ``train/entropy`` | `agents.grpo.grpo_loss` terms, mean over minibatches |
 | ``train/clip_fraction``, ``train/approx_kl``, ``train/ratio_mean`` | masked token means, mean over minibatches |
 | ``train/grad_norm`` | total gradient norm before clipping, mean over minibatches |
+| ``train/skipped_update`` | 1 when the batch had no learning signal (all advantages 0, no KL/entropy term) and the update was skipped |
 | ``train/lr`` | learning rate after the step |
 | ``perf/rollout_s``, ``perf/update_s``, ``perf/step_s`` | wall seconds |
 | ``perf/rollout_share``, ``perf/update_share`` | phase seconds / step seconds |
@@ -245,8 +246,16 @@ class RoleWiseGRPOTrainer:
         return metrics
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
-        """``ppo_epochs`` x ``num_minibatches`` optimizer steps on `batch`; returns mean loss statistics."""
+        """``ppo_epochs`` x ``num_minibatches`` optimizer steps on `batch`; returns mean loss statistics.
+
+        When the batch carries no learning signal (every advantage is 0, e.g. all rewards of every group
+        equal, and ``beta == entropy_coef == 0``), the forward and backward passes are skipped: the loss
+        would be exactly 0 with zero gradients. ``stats["skipped_update"]`` is then 1; AdamW's weight decay
+        is not applied on such a step (DAPO-style dynamic sampling drops such groups altogether).
+        """
         cfg = self.config
+        if cfg.beta == 0 and cfg.entropy_coef == 0 and not bool((batch.advantages[batch.loss_mask] != 0).any()):
+            return {"skipped_update": 1.0, "update_tokens": 0.0, "ratio_mean": 1.0}
         for m in self.models.values():
             m.train()
         n = batch.num_rows
@@ -273,6 +282,7 @@ class RoleWiseGRPOTrainer:
         bar.close()
         out = {k: v / max(count, 1) for k, v in sums.items()}
         out["update_tokens"] = float(tokens)
+        out["skipped_update"] = 0.0
         return out
 
     def _minibatch_step(self, name: str, model: torch.nn.Module, mb: RolloutBatch, role: Role | None) -> dict[str, float]:
@@ -358,7 +368,8 @@ class RoleWiseGRPOTrainer:
             m[f"train/advantage_mean/{key}"] = float(seg_a.mean()) if len(seg_a) else 0.0
             m[f"train/advantage_std/{key}"] = float(seg_a.std(unbiased=False)) if len(seg_a) else 0.0
             m[f"train/advantage_abs/{key}"] = float(seg_a.abs().mean()) if len(seg_a) else 0.0
-        for k in ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm"):
+        for k in ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm",
+                  "skipped_update"):
             m[f"train/{k}"] = float(train_stats.get(k, 0.0))
         m["train/lr"] = float(self.schedulers["model"].get_last_lr()[0])
         step_s = rollout_s + update_s

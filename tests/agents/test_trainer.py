@@ -106,3 +106,13 @@ def test_yaml_config_with_overrides(tmp_path):
     path.write_text("learning_rate: 1\n")
     with pytest.raises(ValueError, match="unknown TrainConfig field"):
         load_config(path)
+
+
+def test_a_batch_without_signal_skips_the_update_and_leaves_weights_unchanged(tmp_path):
+    """scripted suite + random model: every reward is 0, so every advantage is 0 and nothing is learned."""
+    trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path), num_steps=1, **{**FAST, "suite": "scripted"}))
+    before = _params(trainer.policy.model)
+    (m,) = trainer.train(progress=False)
+    assert m["train/skipped_update"] == 1.0 and m["rollout/reward_std"] == 0.0
+    after = _params(trainer.policy.model)
+    assert all(torch.equal(before[k], after[k]) for k in before)
