@@ -129,9 +129,11 @@ def plot_stages(rows: dict[str, dict[str, Any]], path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     width = 0.38
     xs = range(len(stages))
-    ax.bar([x - width / 2 for x in xs], [rows[s]["accuracy"] for s in stages], width, label="accuracy (real backends)")
-    ax.bar([x + width / 2 for x in xs], [rows[s]["tool_call_fraction"] for s in stages], width,
-           label="ACT steps parsed as tool calls")
+    acc = ax.bar([x - width / 2 for x in xs], [rows[s]["accuracy"] for s in stages], width, label="accuracy (real backends)")
+    calls = ax.bar([x + width / 2 for x in xs], [rows[s]["tool_call_fraction"] for s in stages], width,
+                   label="ACT steps parsed as tool calls")
+    for bars in (acc, calls):  # values printed, so a zero bar is still readable
+        ax.bar_label(bars, fmt="%.2f", fontsize=8)
     ax.set_xticks(list(xs), stages)
     ax.set_ylim(0, 1)
     ax.set_title("BFCL test tasks per stage")
