@@ -231,7 +231,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
     works when the inputs do not require grad and composes with the chunked LM head.
 
     Transformers only checkpoints a layer while the model is in training mode (``model.train()``); models
-    from `agents.models.load_model` start in ``eval()``, so call ``model.train()`` before the update (for
+    from `agents.models.load_model` start in evaluation mode, so call ``model.train()`` before the update (for
     Llama/Qwen3 without dropout this changes no numbers). It also sets ``model.config.use_cache = False``
     (a KV cache is useless in a training forward and Transformers warns about it). ``model.activation_checkpointing_disable()`` (older: ``gradient_checkpointing_disable``) undoes it; generation
     under ``torch.no_grad`` is unaffected either way.

@@ -242,7 +242,7 @@ def load_model(
 
     Returns:
         A ``PreTrainedModel`` (for SmolLM2 a ``LlamaForCausalLM``, 134.5M parameters, tied embeddings)
-        in ``eval()`` mode.
+        in evaluation mode (``model.training`` is False).
 
     Raises:
         ValueError: an unknown bare name, a file instead of a folder, or a folder without config.json.
