@@ -126,6 +126,20 @@ class DemoStats:
         for k, v in traj.tokens_per_role().items():
             self.tokens_per_role[k] += v
 
+    def cap_and_count(self, traj: Trajectory, max_tokens: int, overflow: str) -> Trajectory | None:
+        """`cap_length` plus the bookkeeping every builder does: count a drop, a truncation or a kept demo.
+
+        Returns the (possibly truncated) demonstration, or None when the cap dropped it.
+        """
+        capped, was_cut = cap_length(traj, max_tokens, overflow)
+        if capped is None:
+            self.dropped_length += 1
+            return None
+        self.truncated += int(was_cut)
+        self.kept += 1
+        self.add_tokens(capped)
+        return capped
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible dict."""
         return dict(self.__dict__, tokens_per_role=dict(self.tokens_per_role), errors=list(self.errors))
@@ -372,14 +386,9 @@ def build_bfcl_demonstrations(
         if reward != 1.0:
             stats.skipped_reward += 1
             continue
-        capped, was_cut = cap_length(relabel_for_sft(traj, stops), max_tokens, overflow)
-        if capped is None:
-            stats.dropped_length += 1
-            continue
-        stats.truncated += int(was_cut)
-        stats.kept += 1
-        stats.add_tokens(capped)
-        demos.append(capped)
+        capped = stats.cap_and_count(relabel_for_sft(traj, stops), max_tokens, overflow)
+        if capped is not None:
+            demos.append(capped)
     env.close()
     return demos, stats
 
@@ -450,12 +459,7 @@ def load_recorded_trajectories(
             raise ValueError(f"record of task {rec.get('task_id')!r} holds a malformed trajectory: {err}") from err
         if relabel_observations:
             traj = relabel_for_sft(traj, stop_ids)
-        capped, was_cut = cap_length(traj, max_tokens, overflow)
-        if capped is None:
-            stats.dropped_length += 1
-            continue
-        stats.truncated += int(was_cut)
-        stats.kept += 1
-        stats.add_tokens(capped)
-        out.append(capped)
+        capped = stats.cap_and_count(traj, max_tokens, overflow)
+        if capped is not None:
+            out.append(capped)
     return out, stats
