@@ -58,6 +58,7 @@ class TrainConfig:
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (older ones are deleted)")
     resume: bool = _f(True, "continue from the newest checkpoint in run_dir when there is one")
     threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
+    malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
     tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")
 
     # --- Parameters that control the tasks ------------------------------------------------------------
@@ -117,6 +118,8 @@ class TrainConfig:
                      "logprob_chunk_size", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 fail(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
+            fail(f"malloc_mmap_threshold_kb must be in [0, 32768] (0 keeps glibc's default), got {self.malloc_mmap_threshold_kb}")
         if self.group_size == 1:
             fail("group_size K=1 makes every advantage zero (a group of one has no baseline); set --group-size 2 or more")
         self.trajectories_per_step = self.batch_tasks * self.group_size

@@ -107,6 +107,7 @@ class SFTConfig:
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep")
     resume: bool = _f(True, "continue from the newest checkpoint in run_dir when there is one")
     threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
+    malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
 
     # --- Parameters that control the data -------------------------------------------------------------
     data: list[str] = _f(["bfcl"], "sources: 'bfcl' (real executions of BFCL multi-turn ground truth) and/or JSONL files from RecordTrajectories(include_tokens=True)")
@@ -160,6 +161,8 @@ class SFTConfig:
         for name in ("max_steps", "max_demos", "warmup_steps", "threads"):
             if getattr(self, name) < 0:
                 fail(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
+            fail(f"malloc_mmap_threshold_kb must be in [0, 32768] (0 keeps glibc's default), got {self.malloc_mmap_threshold_kb}")
         if self.lr <= 0 or self.act_weight < 0 or self.rehearse_weight < 0 or self.max_grad_norm < 0:
             fail("lr must be > 0 and act_weight, rehearse_weight, max_grad_norm >= 0")
         for name in ("calls_per_message", "overflow", "loss_normalization", "lr_schedule"):
@@ -387,6 +390,7 @@ class SFTTrainer:
     """
 
     def __init__(self, config: SFTConfig, demos: Sequence[Trajectory] | None = None) -> None:
+        from agents.allocator import set_malloc_mmap_threshold
         from agents.checkpoint import latest_checkpoint, load_checkpoint
         from agents.logprobs import enable_gradient_checkpointing
         from agents.trainer import _load_trainable, make_lr_scheduler
@@ -396,6 +400,8 @@ class SFTTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if config.threads:
             torch.set_num_threads(config.threads)
+        if config.malloc_mmap_threshold_kb:
+            set_malloc_mmap_threshold(config.malloc_mmap_threshold_kb * 1024)
         torch.manual_seed(config.seed)
         if config.lora:
             _require_peft()

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from agents.allocator import set_malloc_mmap_threshold
 from agents.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from agents.config import TrainConfig, _dump_yaml
 from agents.grpo import grpo_loss
@@ -113,6 +114,8 @@ class RoleWiseGRPOTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if config.threads:
             torch.set_num_threads(config.threads)
+        if config.malloc_mmap_threshold_kb:
+            set_malloc_mmap_threshold(config.malloc_mmap_threshold_kb * 1024)
         torch.manual_seed(config.seed)
         source = config.init or config.model
         model, tokenizer = _load_trainable(source)
