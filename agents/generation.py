@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from agents.kv_cache import KVEntry, PrefixKVCache
 
@@ -116,6 +117,7 @@ def generate(
     if kv_cache is not None:
         kv_cache.sync(model)
         kv_cache.begin_call()
+        _prefill_shared_prefixes(model, contexts, kv_cache, device)
         for i, ctx in enumerate(contexts):
             sources[i], reused[i] = kv_cache.lookup(ctx)
     uniq: dict[tuple, int] = {}
@@ -164,7 +166,9 @@ def generate(
         prefill_mask = prefill_mask.index_select(0, index)  # (B, P+S)
         position_ids = position_ids.index_select(0, index)  # (B, S)
 
-    # Decode loop state, allocated once: full attention mask, output buffers.
+    # Decode loop state, allocated once: KV buffers with room for every new column, the full attention
+    # mask, output buffers.
+    _reserve_columns(cache, max_new_tokens - 1)
     width0 = width_p + width_s
     attention_mask = torch.ones((batch, width0 + max_new_tokens), dtype=torch.long)  # (B, P+S+N)
     attention_mask[:, :width0] = prefill_mask
@@ -235,8 +239,55 @@ def generate(
             keys = [k[i : i + 1].index_select(2, cols) for k, _ in layers]  # each (1, H_kv, L_i, D)
             values = [v[i : i + 1].index_select(2, cols) for _, v in layers]  # each (1, H_kv, L_i, D)
             new_entries.append(KVEntry(np.asarray(ids, dtype=np.int64), keys, values))
-        kv_cache.store(new_entries, sources)
+        # Only an entry a row continued in full is superseded by that row's new entry.
+        kv_cache.store(new_entries, [s if s is not None and reused[i] == s.num_tokens else None
+                                     for i, s in enumerate(sources)])
     return gens
+
+
+def _common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two 1-D id arrays."""
+    n = min(a.shape[0], b.shape[0])
+    eq = a[:n] == b[:n]  # (n,)
+    return n if bool(eq.all()) else int(eq.argmin())
+
+
+def _prefill_shared_prefixes(
+    model: torch.nn.Module, contexts: Sequence[Sequence[int]], kv_cache: PrefixKVCache, device: torch.device
+) -> None:
+    """Prefill once each prefix that several of ``contexts`` share and store it in ``kv_cache``.
+
+    A row's shared length is its longest common prefix with any other distinct context of the call (the
+    maximum over its neighbours in sorted order), capped at ``len - 1`` (the last id is always fed). When
+    that is at least ``kv_cache.min_shared_prefix`` tokens longer than what the cache already gives the
+    row, the prefix is prefilled (shortest first, each reusing the cache) and stored as an entry, which
+    the rows' own lookups then find. Identical contexts are not "shared" here: `generate` de-duplicates
+    them anyway.
+    """
+    uniq = sorted({tuple(c) for c in contexts})
+    if len(uniq) < 2:
+        return
+    arrays = [np.asarray(c, dtype=np.int64) for c in uniq]
+    neighbour = [_common_prefix_length(arrays[i], arrays[i + 1]) for i in range(len(arrays) - 1)]
+    prefixes: set[tuple[int, ...]] = set()
+    for i, ctx in enumerate(uniq):
+        shared = max(neighbour[i - 1] if i > 0 else 0, neighbour[i] if i < len(neighbour) else 0)
+        shared = min(shared, len(ctx) - 1)
+        if shared < kv_cache.min_shared_prefix:
+            continue
+        _, hit = kv_cache.lookup(ctx)
+        if shared - hit >= kv_cache.min_shared_prefix:
+            prefixes.add(ctx[:shared])
+    for prefix in sorted(prefixes, key=len):
+        src, p = kv_cache.lookup(prefix)  # p <= len(prefix) - 1: at least one id is fed
+        row_cache = _past_cache(model, [src], [p], p, device) if p > 0 else None
+        ids = torch.tensor([list(prefix[p:])], dtype=torch.long, device=device)  # (1, S)
+        pos = torch.arange(p, len(prefix), device=device).view(1, -1)  # (1, S)
+        out = model(input_ids=ids, position_ids=pos, cache=row_cache, use_cache=True, logits_to_keep=1)
+        layers = _cache_layers(out.cache)
+        kv_cache.stats["fed_tokens"] += len(prefix) - p
+        kv_cache.stats["shared_prefixes"] += 1
+        kv_cache.store([KVEntry(np.asarray(prefix, dtype=np.int64), [k for k, _ in layers], [v for _, v in layers])])
 
 
 def _prefill_rows_separately(
@@ -271,6 +322,57 @@ def _prefill_rows_separately(
     position_ids = torch.tensor(lengths, dtype=torch.long).view(-1, 1) - 1  # (U, 1)
     cache = _past_cache(model, rows, lengths, width, device)
     return torch.cat(logits, dim=0), cache, prefill_mask, position_ids, width, 0  # (U, V)
+
+
+class _ReservedLayer(DynamicLayer):
+    """A `DynamicLayer` that writes new keys/values into buffers reserved for ``extra`` more columns.
+
+    `DynamicLayer.update` concatenates, copying the whole ``(B, H_kv, T, D)`` cache at every decode step
+    (O(B × T) per token: for 8 rows of 4k tokens that copy costs more than a tiny model's forward).
+    Here `update` writes the new columns in place and returns views of the written columns, so nothing
+    else changes (sequence length, mask sizes). When the reserve runs out, or something replaced
+    ``keys`` (``crop``, ``batch_select_indices``), it concatenates like a plain `DynamicLayer`.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, extra: int) -> None:
+        super().__init__()
+        n_cols = keys.shape[-2]
+        shape_k = (*keys.shape[:-2], n_cols + extra, keys.shape[-1])
+        shape_v = (*values.shape[:-2], n_cols + extra, values.shape[-1])
+        self._key_buffer = keys.new_empty(shape_k)  # (B, H_kv, T + extra, D)
+        self._value_buffer = values.new_empty(shape_v)  # (B, H_kv, T + extra, D)
+        self._key_buffer[..., :n_cols, :] = keys
+        self._value_buffer[..., :n_cols, :] = values
+        self.keys = self._key_buffer[..., :n_cols, :]  # (B, H_kv, T, D) view
+        self.values = self._value_buffer[..., :n_cols, :]  # (B, H_kv, T, D) view
+        self.device = keys.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n_cols, n_new = self.keys.shape[-2], key_states.shape[-2]
+        in_buffer = (
+            self.keys.data_ptr() == self._key_buffer.data_ptr()
+            and self.keys.shape[0] == key_states.shape[0] == self._key_buffer.shape[0]
+            and n_cols + n_new <= self._key_buffer.shape[-2]
+        )
+        if not in_buffer:
+            return super().update(key_states, value_states, *args, **kwargs)
+        self._key_buffer[..., n_cols:n_cols + n_new, :] = key_states
+        self._value_buffer[..., n_cols:n_cols + n_new, :] = value_states
+        self.keys = self._key_buffer[..., :n_cols + n_new, :]  # (B, H_kv, T', D) view
+        self.values = self._value_buffer[..., :n_cols + n_new, :]  # (B, H_kv, T', D) view
+        return self.keys, self.values
+
+
+def _reserve_columns(cache: Any, extra: int) -> None:
+    """Give every layer of ``cache`` room for ``extra`` more columns without reallocation (`_ReservedLayer`)."""
+    if extra < 1 or not hasattr(cache, "layers"):
+        return
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys is not None:
+            cache.layers[i] = _ReservedLayer(layer.keys, layer.values, extra)
 
 
 def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -17,8 +17,9 @@ both are handled:
 2. Memory. The cache is bounded (documented trade-off, defaults fit SmolLM2-135M rollouts of 16 trajectories
    of 8k tokens in about 6 GB):
 
-   * ``replace``: an entry that served a lookup is dropped when the rows that used it store their
-     extensions (the next turn matches the extension, which contains it);
+   * ``replace``: an entry is dropped when a row that continued ALL of it stores its extension (the
+     next turn matches the extension, which contains it); an entry that only shares a prefix with a
+     row (another trajectory of the same prompt, another task with the same tool schemas) stays;
    * ``max_idle_calls``: an entry not used by the last that many `generate` calls is evicted (a trajectory
      that finished, or was reset, stops being looked up and disappears after a few calls);
    * ``max_tokens``: total stored tokens over all entries; the least recently used entries go first.
@@ -26,6 +27,11 @@ both are handled:
 Memory per stored token is ``2 × layers × kv_heads × head_dim × 4`` bytes in float32 (SmolLM2-135M:
 30 × 3 × 64 → 46 KB/token). The K trajectories of a group that share a prompt each hold their own copy
 after their first turn (they diverge from there).
+
+Shared prefixes within one call: `agents.generation.generate` prefills a prefix of at least
+``min_shared_prefix`` tokens that several rows of the call share (and the cache does not hold yet) once,
+stores it as an entry, and lets every row continue from it. Tasks of a suite with the same tools share
+almost their whole prompt (8 BFCL multi_turn_base train tasks: 33.7k prompt tokens, 12.6k distinct).
 """
 
 from __future__ import annotations
@@ -70,28 +76,37 @@ class PrefixKVCache:
     Args:
         max_tokens: cap on the total tokens stored over all entries (>= 1); LRU eviction beyond it.
         max_idle_calls: entries not used during this many consecutive `begin_call`s are evicted (>= 1).
-        replace: drop an entry once the rows that matched it stored their extensions (True by default).
+        replace: drop an entry once a row that continued all of it stored its extension (True by default).
+        min_shared_prefix: shortest prefix shared by several rows of one `generate` call that is prefilled
+            once for all of them (>= 1; the default 128 skips the short common system-prompt start).
 
     Attributes:
         stats: counters since creation: ``calls``, ``hits`` (rows that reused > 0 tokens), ``reused_tokens``,
-            ``fed_tokens`` (real tokens the model processed through this cache), ``evicted``, ``invalidations``.
+            ``fed_tokens`` (real tokens the model processed through this cache), ``evicted``, ``invalidations``,
+            ``shared_prefixes`` (prefixes prefilled once for several rows of a call).
 
     Raises:
-        ValueError: ``max_tokens < 1`` or ``max_idle_calls < 1``.
+        ValueError: ``max_tokens < 1``, ``max_idle_calls < 1`` or ``min_shared_prefix < 1``.
     """
 
-    def __init__(self, max_tokens: int = 131_072, max_idle_calls: int = 4, replace: bool = True) -> None:
+    def __init__(
+        self, max_tokens: int = 131_072, max_idle_calls: int = 4, replace: bool = True, min_shared_prefix: int = 128
+    ) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if max_idle_calls < 1:
             raise ValueError(f"max_idle_calls must be >= 1, got {max_idle_calls}")
+        if min_shared_prefix < 1:
+            raise ValueError(f"min_shared_prefix must be >= 1, got {min_shared_prefix}")
         self.max_tokens = int(max_tokens)
         self.max_idle_calls = int(max_idle_calls)
         self.replace = bool(replace)
+        self.min_shared_prefix = int(min_shared_prefix)
         self._entries: list[KVEntry] = []
         self._clock = 0
         self._fingerprint: tuple | None = None
-        self.stats = {"calls": 0, "hits": 0, "reused_tokens": 0, "fed_tokens": 0, "evicted": 0, "invalidations": 0}
+        self.stats = {"calls": 0, "hits": 0, "reused_tokens": 0, "fed_tokens": 0, "evicted": 0, "invalidations": 0,
+                      "shared_prefixes": 0}
 
     # ------------------------------------------------------------------ bookkeeping
     def __len__(self) -> int:
@@ -151,7 +166,11 @@ class PrefixKVCache:
         return best, best_n
 
     def store(self, entries: Sequence[KVEntry], sources: Sequence[KVEntry | None] = ()) -> None:
-        """Add `entries` (stamped with the current call); drop `sources` when ``replace``; enforce ``max_tokens``."""
+        """Add `entries` (stamped with the current call); drop `sources` when ``replace``; enforce ``max_tokens``.
+
+        `sources` are the entries the new ones continue in full (the caller passes only those; an entry
+        a row matched only partly is still useful to others and is not passed).
+        """
         if self.replace:
             gone = {id(s) for s in sources if s is not None}
             self._entries = [e for e in self._entries if id(e) not in gone]

@@ -6,6 +6,10 @@ the vector env answers all N pending calls with ONE batched generate per step, t
 N generate calls of batch 1. Prints rehearsed tokens per second for both and their ratio (target >= 3x at
 N = 8 with the tiny model). Runs alternate (sequential, vector, sequential, ...) and the median is used.
 
+Every run starts from an empty prefix KV cache (`agents.kv_cache.PrefixKVCache.clear`), so neither side
+reuses keys/values computed by an earlier run: both prefill every episode's prompt once, as a fresh
+rollout does. Within a run the cache works as in training (each call feeds only the new tokens).
+
     .venv/bin/python benchmarks/rehearse_throughput.py [--num-envs 8] [--model tiny-random] [--steps 3] [--max-new-tokens 32]
 """
 
@@ -75,10 +79,13 @@ def main() -> None:
     venv = RehearseVectorEnv(num_envs=args.num_envs, **kw)
     task_ids = [t.id for t in envs[0].tasks[: args.num_envs]]
     actions = _actions(envs[0], task_ids, args.steps)
+    cache = rehearser.policy.kv_cache
     seq, vec = [], []
     for r in range(args.repeats):
-        seq.append(run_sequential(envs, task_ids, actions, seed=100 * r))
-        vec.append(run_vector(venv, task_ids, actions, seed=100 * r))
+        for runs, fn, target in ((seq, run_sequential, envs), (vec, run_vector, venv)):
+            if cache is not None:
+                cache.clear()
+            runs.append(fn(target, task_ids, actions, seed=100 * r))
     seq_tps = statistics.median(tok / s for s, tok in seq)
     vec_tps = statistics.median(tok / s for s, tok in vec)
     same = all(a[1] == b[1] for a, b in zip(seq, vec))

@@ -79,10 +79,17 @@ segment = st.lists(st.integers(0, 4000), min_size=1, max_size=12)
     turns=st.lists(st.tuples(st.integers(1, 6), st.lists(segment, min_size=6, max_size=6)), min_size=1, max_size=3),
     temperature=st.sampled_from([0.0, 1.0, 0.7]),
     seed=st.integers(0, 2**20),
+    min_shared=st.sampled_from([1, 4, 128]),
 )
-def test_cached_multi_turn_matches_full_recompute_and_uncached(model, prompts, group, turns, temperature, seed):
-    """Multi-call inline pattern, ragged rows: cached logprobs == recompute; ids == uncached path's ids."""
-    cache = PrefixKVCache()
+def test_cached_multi_turn_matches_full_recompute_and_uncached(
+    model, prompts, group, turns, temperature, seed, min_shared
+):
+    """Multi-call inline pattern, ragged rows: cached logprobs == recompute; ids == uncached path's ids.
+
+    Small ``min_shared`` makes rows that share a prefix (groups after they diverge) go through the
+    shared-prefix prefill too.
+    """
+    cache = PrefixKVCache(min_shared_prefix=min_shared)
     contexts = [_ids(p) for p in prompts for _ in range(group)]  # K identical prompts per group
     for t, (max_new, templates) in enumerate(turns):
         seeds = [seed + 97 * t + i for i in range(len(contexts))]
@@ -105,11 +112,12 @@ def test_cached_multi_turn_matches_full_recompute_and_uncached(model, prompts, g
     cuts=st.lists(st.integers(0, 30), min_size=2, max_size=4),
     suffixes=st.lists(segment, min_size=4, max_size=4),
     seed=st.integers(0, 2**20),
+    min_shared=st.sampled_from([1, 3, 128]),
 )
-def test_ragged_prefix_lengths_in_one_batch(model, base, cuts, suffixes, seed):
+def test_ragged_prefix_lengths_in_one_batch(model, base, cuts, suffixes, seed, min_shared):
     """Rows whose cached prefixes have different lengths (cut points into one stored entry, or none)."""
     base = _ids(base)
-    cache = PrefixKVCache(replace=False)
+    cache = PrefixKVCache(replace=False, min_shared_prefix=min_shared)
     generate(model, [base], max_new_tokens=1, temperature=0.0, stop_ids=[STOP], pad_id=PAD, kv_cache=cache)
     contexts = [base[: min(c, len(base))] + _ids(s) for c, s in zip(cuts, suffixes)]
     gens = generate(model, contexts, max_new_tokens=5, temperature=1.0, stop_ids=[STOP], pad_id=PAD,
@@ -143,6 +151,58 @@ def test_only_new_tokens_are_fed(model):
     # the second call feeds each row's last generated id (never fed before) + 3 template ids
     assert cache.stats["fed_tokens"] - fed_first == 4 * 4
     assert cache.stats["reused_tokens"] == sum(len(c) - 4 for c in ctx2)
+
+
+def test_prefix_shared_by_rows_of_one_call_is_prefilled_once(model):
+    """Four tasks with one 150-token prompt start (the same tools): 150 + suffixes fed, not 4 x 150."""
+    base = list(range(10, 160))  # (150,)
+    suffixes = [[200 + i] * (3 + 2 * i) for i in range(4)]  # distinct first ids: the shared part is `base`
+    contexts = [base + s for s in suffixes] + [base + suffixes[0]]  # plus one duplicate row
+    cache = PrefixKVCache(min_shared_prefix=64)
+    seeds = list(range(len(contexts)))
+    gens = generate(model, contexts, max_new_tokens=4, temperature=1.0, stop_ids=[STOP], pad_id=PAD, seeds=seeds,
+                    kv_cache=cache)
+    assert cache.stats["shared_prefixes"] == 1
+    decode_fed = sum(len(g.token_ids) - 1 for g in gens)
+    assert cache.stats["fed_tokens"] == 150 + sum(len(s) for s in suffixes) + decode_fed
+    _check_against_recompute(model, contexts, gens, 1.0)
+    plain = generate(model, contexts, max_new_tokens=4, temperature=1.0, stop_ids=[STOP], pad_id=PAD, seeds=seeds)
+    _assert_same_samples(gens, plain, 1.0)
+    # Shorter than min_shared_prefix: every row is prefilled on its own.
+    cache = PrefixKVCache(min_shared_prefix=151)
+    generate(model, contexts, max_new_tokens=1, temperature=0.0, stop_ids=[STOP], pad_id=PAD, kv_cache=cache)
+    assert cache.stats["shared_prefixes"] == 0
+    assert cache.stats["fed_tokens"] == sum(len(base) + len(s) for s in suffixes)
+
+
+def test_only_an_entry_continued_in_full_is_replaced(model):
+    cache = PrefixKVCache(max_idle_calls=10)
+    first = list(range(10, 40))
+    (g,) = generate(model, [first], max_new_tokens=3, temperature=0.0, stop_ids=[STOP], pad_id=PAD, kv_cache=cache)
+    (stored,) = list(cache)
+    # Another trajectory sharing only the first 20 ids: the stored entry stays for others.
+    generate(model, [first[:20] + [300, 301]], max_new_tokens=2, temperature=0.0, stop_ids=[STOP], pad_id=PAD,
+             kv_cache=cache)
+    assert any(e is stored for e in cache)
+    # The same trajectory's next turn continues all of it: its new entry replaces it.
+    generate(model, [list(stored.ids) + g.token_ids[-1:] + [11]], max_new_tokens=2, temperature=0.0,
+             stop_ids=[STOP], pad_id=PAD, kv_cache=cache)
+    assert not any(e is stored for e in cache)
+
+
+def test_reserved_layer_writes_in_place_then_falls_back_to_concatenation():
+    from agents.generation import _ReservedLayer
+
+    keys, values = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)  # (B, H_kv, T, D)
+    layer = _ReservedLayer(keys, values, extra=2)
+    expected_k, expected_v = keys, values
+    for step in range(4):  # 2 columns fit in the reserve, the next 2 concatenate
+        new_k, new_v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+        out_k, out_v = layer.update(new_k, new_v)
+        expected_k, expected_v = torch.cat([expected_k, new_k], -2), torch.cat([expected_v, new_v], -2)
+        assert torch.equal(out_k, expected_k) and torch.equal(out_v, expected_v)
+        assert layer.get_seq_length() == 6 + step
+        assert (out_k.data_ptr() == layer._key_buffer.data_ptr()) == (step < 2)
 
 
 def test_weight_change_invalidates(model):
@@ -180,6 +240,8 @@ def test_eviction_bounds():
         PrefixKVCache(max_tokens=0)
     with pytest.raises(ValueError):
         PrefixKVCache(max_idle_calls=0)
+    with pytest.raises(ValueError):
+        PrefixKVCache(min_shared_prefix=0)
 
 
 def test_lookup_never_covers_the_last_token():
