@@ -84,7 +84,11 @@ def test_gradients_match_naive(batch, chunk_size):
     for name in naive:
         assert chunked[name] is not None
         assert naive[name].abs().sum() > 0, name  # every parameter gets gradient (else the check is vacuous)
-        torch.testing.assert_close(chunked[name], naive[name], rtol=1e-4, atol=1e-6, msg=name)
+        # atol scales with the tensor: summation order (thread count, chunking) moves near-zero entries of
+        # sums over many positions (the tied embedding's gradient) by ~1e-6 of the largest entry; a mask
+        # or offset error moves them by O(1) of it.
+        scale = naive[name].abs().max().item()
+        torch.testing.assert_close(chunked[name], naive[name], rtol=1e-4, atol=1e-5 * scale, msg=name)
 
 
 def test_gradients_with_gradient_checkpointing_match(batch):
