@@ -194,7 +194,7 @@ def generate(
             cache = out.cache
             logits = out.logits[:, -1, :].float()  # (B, V)
             next_pos = next_pos + 1
-        scaled = (logits / temperature if temperature > 0 else logits).cpu()  # (B, V)
+        scaled = (logits / temperature if temperature not in (0.0, 1.0) else logits).cpu()  # (B, V)
         # log_softmax at the chosen id only: x_id - max - log(sum exp(x - max)), the same formula as
         # torch.log_softmax; the unnormalised exp(x - max) doubles as the sampling CDF (two vocab passes).
         row_max = scaled.amax(dim=-1, keepdim=True)  # (B, 1)

@@ -7,8 +7,16 @@ N generate calls of batch 1. Prints rehearsed tokens per second for both and the
 N = 8 with the tiny model). Runs alternate (sequential, vector, sequential, ...) and the median is used.
 
 Every run starts from an empty prefix KV cache (`agents.kv_cache.PrefixKVCache.clear`), so neither side
-reuses keys/values computed by an earlier run: both prefill every episode's prompt once, as a fresh
-rollout does. Within a run the cache works as in training (each call feeds only the new tokens).
+reuses keys/values computed by an earlier run. Within a run the cache works as in training (each call
+feeds only the new tokens; prompt prefixes shared by several tasks are prefilled once). Two settings,
+both printed:
+
+* ``cold``: the timed rehearsal calls also encode each episode's prompt (system prompt, tool schemas,
+  user turn: 3-5k tokens per BFCL task), because the scripted actions never ran the model on it.
+* ``rollout``: before the timed steps, the policy encodes each episode's prompt (untimed, in the same
+  way on both sides: one call per env for the sequential envs, one batched call for the vector env),
+  as the ACT role's generation does in a real rollout (`agents.rollout.collect_rollouts`), where the
+  rehearsal continues the KV of the ACT message it answers. This is the rehearsal work a rollout pays.
 
     .venv/bin/python benchmarks/rehearse_throughput.py [--num-envs 8] [--model tiny-random] [--steps 3] [--max-new-tokens 32]
 """
@@ -39,23 +47,37 @@ def _actions(env: RehearseEnv, task_ids: list[str], steps: int) -> list[list[str
     return out
 
 
-def run_sequential(envs: list[RehearseEnv], task_ids, actions, seed: int) -> tuple[float, int]:
-    tokens = 0
-    t0 = time.perf_counter()
+def _encode_prompts(policy, envs: list[RehearseEnv]) -> None:
+    """Run the policy over each env's current context (what an ACT generation does first), untimed."""
+    policy.generate([e.trajectory.token_ids for e in envs], max_new_tokens=1, temperature=0.0, seeds=[0] * len(envs))
+
+
+def run_sequential(envs: list[RehearseEnv], task_ids, actions, seed: int, policy=None) -> tuple[float, int]:
+    """Timed steps of N single envs one after the other; with `policy`, prompts are encoded first (untimed)."""
+    tokens, elapsed = 0, 0.0
     for i, env in enumerate(envs):
+        t0 = time.perf_counter()
         env.reset(seed=seed + i, options={"task_id": task_ids[i]})
+        if policy is not None:
+            _encode_prompts(policy, [env])
+            t0 = time.perf_counter()
         for action in actions[i]:
             _, _, term, trunc, info = env.step(action)
             tokens += sum(len(r["token_ids"]) for r in info["rehearsals"])
             if term or trunc:
                 break
-    return time.perf_counter() - t0, tokens
+        elapsed += time.perf_counter() - t0
+    return elapsed, tokens
 
 
-def run_vector(venv: RehearseVectorEnv, task_ids, actions, seed: int) -> tuple[float, int]:
+def run_vector(venv: RehearseVectorEnv, task_ids, actions, seed: int, policy=None) -> tuple[float, int]:
+    """Timed steps of the vector env; with `policy`, prompts are encoded first in one batch (untimed)."""
     tokens = 0
     t0 = time.perf_counter()
     venv.reset(seed=seed, options={"task_ids": task_ids})
+    if policy is not None:
+        _encode_prompts(policy, venv.envs)
+        t0 = time.perf_counter()
     for s in range(len(actions[0])):
         _, _, _, _, infos = venv.step([a[s] for a in actions])
         tokens += sum(len(r["token_ids"]) for rs in infos["rehearsals"] for r in (rs or []))
@@ -79,21 +101,24 @@ def main() -> None:
     venv = RehearseVectorEnv(num_envs=args.num_envs, **kw)
     task_ids = [t.id for t in envs[0].tasks[: args.num_envs]]
     actions = _actions(envs[0], task_ids, args.steps)
-    cache = rehearser.policy.kv_cache
-    seq, vec = [], []
-    for r in range(args.repeats):
-        for runs, fn, target in ((seq, run_sequential, envs), (vec, run_vector, venv)):
-            if cache is not None:
-                cache.clear()
-            runs.append(fn(target, task_ids, actions, seed=100 * r))
-    seq_tps = statistics.median(tok / s for s, tok in seq)
-    vec_tps = statistics.median(tok / s for s, tok in vec)
-    same = all(a[1] == b[1] for a, b in zip(seq, vec))
+    policy = rehearser.policy
     print(f"model={args.model} N={args.num_envs} steps={args.steps} max_new_tokens={args.max_new_tokens} "
           f"threads={args.threads} repeats={args.repeats}")
-    print(f"sequential single envs : {seq_tps:8.1f} rehearsed tokens/s  (median of {[f'{s:.2f}s' for s, _ in seq]})")
-    print(f"batched vector env     : {vec_tps:8.1f} rehearsed tokens/s  (median of {[f'{s:.2f}s' for s, _ in vec]})")
-    print(f"ratio vector/sequential: {vec_tps / seq_tps:.2f}x   (same rehearsed token counts: {same})")
+    for setting, encoder in (("cold", None), ("rollout", policy)):
+        seq, vec = [], []
+        for r in range(args.repeats):
+            for runs, fn, target in ((seq, run_sequential, envs), (vec, run_vector, venv)):
+                if policy.kv_cache is not None:
+                    policy.kv_cache.clear()
+                runs.append(fn(target, task_ids, actions, seed=100 * r, policy=encoder))
+        seq_tps = statistics.median(tok / s for s, tok in seq)
+        vec_tps = statistics.median(tok / s for s, tok in vec)
+        same = all(a[1] == b[1] for a, b in zip(seq, vec))
+        print(f"[{setting}] sequential single envs : {seq_tps:8.1f} rehearsed tokens/s  "
+              f"(median of {[f'{s:.2f}s' for s, _ in seq]})")
+        print(f"[{setting}] batched vector env     : {vec_tps:8.1f} rehearsed tokens/s  "
+              f"(median of {[f'{s:.2f}s' for s, _ in vec]})")
+        print(f"[{setting}] ratio vector/sequential: {vec_tps / seq_tps:.2f}x   (same rehearsed token counts: {same})")
 
 
 if __name__ == "__main__":
