@@ -11,8 +11,10 @@ the logprob of ``log_softmax(logits)``), which is what the trainer's recomputati
 
 With a `agents.kv_cache.PrefixKVCache` (the inline-mode default of `agents.policy.Policy`), each row reuses
 the keys/values of its longest cached prefix and the model processes only the new tokens; the layout is in
-`generate`'s docstring. The decode loop does only step-dependent work: the attention mask and the output
-buffers are allocated once, ids and logprobs are copied to Python lists once at the end.
+`generate`'s docstring; prompt prefixes that several rows of one call share (BFCL tasks with the same
+tools) are prefilled once. The decode loop does only step-dependent work: the KV buffers are reserved for
+every new column once (no concatenation per token), the attention mask and the output buffers are
+allocated once, ids and logprobs are copied to Python lists once at the end.
 """
 
 from __future__ import annotations
@@ -61,8 +63,10 @@ def generate(
 
     Without `kv_cache` every context is encoded in full. With it, each row's longest cached prefix
     (`PrefixKVCache.lookup`, exact id match) is reused and only the suffix is prefilled; identical
-    (context, prefix) rows are prefilled once and their KV copied (the K samples of a group); afterwards
-    each row's processed ids (context + generated ids but the last) and KV are stored for its next call.
+    (context, prefix) rows are prefilled once and their KV copied (the K samples of a group); a prefix of
+    at least ``kv_cache.min_shared_prefix`` tokens that several distinct rows share is prefilled once and
+    stored first, so each of them feeds only its own suffix; afterwards each row's processed ids
+    (context + generated ids but the last) and KV are stored for its next call.
 
     Batch layout of the prefill (U unique rows, P = longest reused prefix, S = longest suffix), per row u
     with reused length p_u and suffix length s_u::
