@@ -130,51 +130,25 @@ def generate(
     rows_u = [first_row[u] for u in range(len(uniq))]
     p_u = [reused[i] for i in rows_u]
     s_u = [len(contexts[i]) - reused[i] for i in rows_u]
-    n_u, width_p, width_s = len(rows_u), max(p_u), max(s_u)
 
-    if n_u > 1 and (len(set(p_u)) > 1 or len(set(s_u)) > 1):
-        # Ragged rows: prefill each unique row alone, then left-pad the finished KV for the batched decode.
-        # A padded batched prefill needs an explicit attention mask, which sends CPU attention to its masked
-        # math path (measured: 8 BFCL-length rows padded 1.9 s vs 0.6 s row by row, tiny model).
-        logits, cache, prefill_mask, position_ids, width_p, width_s = _prefill_rows_separately(
-            model, [contexts[i] for i in rows_u], [sources[i] for i in rows_u], p_u, device
-        )
-    else:
-        input_ids = torch.full((n_u, width_s), pad_id, dtype=torch.long)  # (U, S)
-        prefill_mask = torch.zeros((n_u, width_p + width_s), dtype=torch.long)  # (U, P+S)
-        for u, i in enumerate(rows_u):
-            input_ids[u, width_s - s_u[u]:] = torch.tensor(contexts[i][p_u[u]:], dtype=torch.long)
-            prefill_mask[u, width_p - p_u[u]:width_p] = 1
-            prefill_mask[u, width_p + width_s - s_u[u]:] = 1
-        position_ids = (prefill_mask.cumsum(-1) - 1).clamp(min=0)[:, width_p:]  # (U, S): p_u + j on real columns
-        cache = _past_cache(model, [sources[i] for i in rows_u], p_u, width_p, device) if width_p > 0 else None
-
-        out = model(
-            input_ids=input_ids.to(device),
-            attention_mask=prefill_mask.to(device),
-            position_ids=position_ids.to(device),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache = out.cache
-        logits = out.logits[:, -1, :].float()  # (U, V)
+    logits, cache, prefill_mask, position_ids, width0 = _prefill(
+        model, [contexts[i] for i in rows_u], [sources[i] for i in rows_u], p_u, max_new_tokens - 1, device
+    )
     if kv_cache is not None:
         kv_cache.stats["fed_tokens"] += sum(s_u)
         kv_cache.stats["hits"] += sum(1 for r in reused if r > 0)
         kv_cache.stats["reused_tokens"] += sum(reused)
-    if n_u < batch:  # expand the unique rows back to the B rows
+    if len(rows_u) < batch:  # expand the unique rows back to the B rows
         index = torch.tensor(row_to_uniq, dtype=torch.long)  # (B,)
-        _select_rows(cache, index.to(device))
+        for layer in cache.layers:
+            layer.select_rows(index.to(device))
         logits = logits.index_select(0, index)  # (B, V)
-        prefill_mask = prefill_mask.index_select(0, index)  # (B, P+S)
-        position_ids = position_ids.index_select(0, index)  # (B, S)
+        prefill_mask = prefill_mask.index_select(0, index)  # (B, W)
+        position_ids = position_ids.index_select(0, index)  # (B, 1)
 
-    # Decode loop state, allocated once: KV buffers with room for every new column, the full attention
-    # mask, output buffers.
-    _reserve_columns(cache, max_new_tokens - 1)
-    width0 = width_p + width_s
-    attention_mask = torch.ones((batch, width0 + max_new_tokens), dtype=torch.long)  # (B, P+S+N)
+    # Decode loop state, allocated once (the KV buffers already have a column for every new id): the full
+    # attention mask, output buffers.
+    attention_mask = torch.ones((batch, width0 + max_new_tokens), dtype=torch.long)  # (B, W+N)
     attention_mask[:, :width0] = prefill_mask
     attention_mask = attention_mask.to(device)
     next_pos = position_ids[:, -1:].to(device) + 1  # (B, 1)
@@ -229,19 +203,16 @@ def generate(
     ids_all, lps_all = sampled[:, :steps].tolist(), sampled_lp[:, :steps].tolist()
     gens = [Generation(ids_all[i][: lens[i]], lps_all[i][: lens[i]], bool(stopped[i])) for i in range(batch)]
     if kv_cache is not None:
-        # Columns fed for row i: the prefill columns plus its first len_i - 1 generated ids (the last
-        # sampled id was never fed back); keep the real ones only.
-        fed_mask = attention_mask[:, : width0 + steps - 1].clone()  # (B, P+S+steps-1)
-        for i in range(batch):
-            fed_mask[i, width0 + max(lens[i] - 1, 0):] = 0
+        # Row i's fed columns are contiguous: its context in [W - len(context_i), W) (left padding) and its
+        # first len_i - 1 generated ids after W (the last sampled id was never fed back).
         kv_cache.stats["fed_tokens"] += sum(max(n - 1, 0) for n in lens)
         new_entries = []
         layers = _cache_layers(cache)
         for i in range(batch):
-            cols = fed_mask[i].nonzero().squeeze(-1)  # (L_i,)
+            first, end = width0 - len(contexts[i]), width0 + max(lens[i] - 1, 0)
             ids = contexts[i] + gens[i].token_ids[:-1]
-            keys = [k[i : i + 1].index_select(2, cols) for k, _ in layers]  # each (1, H_kv, L_i, D)
-            values = [v[i : i + 1].index_select(2, cols) for _, v in layers]  # each (1, H_kv, L_i, D)
+            keys = [k[i : i + 1, :, first:end].clone() for k, _ in layers]  # each (1, H_kv, L_i, D)
+            values = [v[i : i + 1, :, first:end].clone() for _, v in layers]  # each (1, H_kv, L_i, D)
             new_entries.append(KVEntry(np.asarray(ids, dtype=np.int64), keys, values))
         # Only an entry a row continued in full is superseded by that row's new entry.
         kv_cache.store(new_entries, [s if s is not None and reused[i] == s.num_tokens else None
@@ -284,130 +255,156 @@ def _prefill_shared_prefixes(
             prefixes.add(ctx[:shared])
     for prefix in sorted(prefixes, key=len):
         src, p = kv_cache.lookup(prefix)  # p <= len(prefix) - 1: at least one id is fed
-        row_cache = _past_cache(model, [src], [p], p, device) if p > 0 else None
-        ids = torch.tensor([list(prefix[p:])], dtype=torch.long, device=device)  # (1, S)
-        pos = torch.arange(p, len(prefix), device=device).view(1, -1)  # (1, S)
-        out = model(input_ids=ids, position_ids=pos, cache=row_cache, use_cache=True, logits_to_keep=1)
-        layers = _cache_layers(out.cache)
+        _, cache, _, _, _ = _prefill(model, [prefix], [src], [p], 0, device)
         kv_cache.stats["fed_tokens"] += len(prefix) - p
         kv_cache.stats["shared_prefixes"] += 1
-        kv_cache.store([KVEntry(np.asarray(prefix, dtype=np.int64), [k for k, _ in layers], [v for _, v in layers])])
+        # extra=0: each layer's buffer is exactly the prefix, so its keys/values are whole tensors, not views
+        kv_cache.store([KVEntry(np.asarray(prefix, dtype=np.int64), [layer.keys for layer in cache.layers],
+                                [layer.values for layer in cache.layers])])
 
 
-def _prefill_rows_separately(
+def _prefill(
     model: torch.nn.Module,
     contexts: Sequence[Sequence[int]],
     sources: Sequence[KVEntry | None],
     reused: Sequence[int],
+    extra: int,
     device: torch.device,
-) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor, int, int]:
-    """Prefill U rows one at a time (no padding, so no attention mask), then batch their KV.
+) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor, int]:
+    """Prefill U rows into ONE left-padded KV buffer per layer, with ``extra`` free columns for the decode.
 
-    Row u reuses the first ``reused[u]`` positions of ``sources[u]`` and feeds the rest of ``contexts[u]``.
-    Returns ``(logits (U, V), cache, prefill_mask (U, W), position_ids (U, 1), W, 0)``: the cache holds every
-    row's whole context left-padded with zeros to W = the longest context, ``prefill_mask`` marks the real
-    columns, ``position_ids`` the last position of each row (the decode continues from it).
+    Row u occupies columns ``[W - len_u, W)`` of buffers ``(U, H_kv, W + extra, D)`` (W = the longest
+    context): its first ``reused[u]`` columns are copied from ``sources[u]``, the model writes the rest in
+    place (`_ReservedLayer`). Rows of equal lengths and equal reuse go through the model in one batched
+    forward; otherwise each row runs alone over its own view of the buffers, without padding and hence
+    without an attention mask (a padded batched prefill needs a mask, which sends CPU attention to its
+    masked math path; measured: 8 BFCL-length rows 1.9 s padded vs 0.6 s one at a time, tiny model).
+    Either way each row's KV is written once, with no concatenation or re-padding copy afterwards.
+
+    Returns:
+        ``(logits (U, V) float32, cache, prefill_mask (U, W) int64, position_ids (U, 1), W)``: the cache's
+        layers hold W columns (views of the buffers), ``prefill_mask`` marks each row's real columns,
+        ``position_ids`` the position of each row's last id (the decode continues from it).
+
+    Raises:
+        NotImplementedError: the model's cache layers are not plain full-attention `DynamicLayer`s.
     """
-    rows: list[KVEntry] = []
-    logits = []
-    for ctx, src, p in zip(contexts, sources, reused):
-        row_cache = _past_cache(model, [src], [p], p, device) if p > 0 else None
-        ids = torch.tensor([list(ctx[p:])], dtype=torch.long, device=device)  # (1, S_u)
-        pos = torch.arange(p, len(ctx), device=device).view(1, -1)  # (1, S_u)
-        out = model(input_ids=ids, position_ids=pos, cache=row_cache, use_cache=True, logits_to_keep=1)
-        logits.append(out.logits[:, -1, :].float())  # (1, V)
-        layers = _cache_layers(out.cache)
-        rows.append(KVEntry(np.asarray(list(ctx), dtype=np.int64), [k for k, _ in layers], [v for _, v in layers]))
     lengths = [len(c) for c in contexts]
-    width = max(lengths)
-    prefill_mask = torch.zeros((len(contexts), width), dtype=torch.long)  # (U, W)
+    n_rows, width = len(contexts), max(lengths)
+    n_layers, kv_heads, head_dim, dtype = _kv_geometry(model)
+    shape = (n_rows, kv_heads, width + extra, head_dim)
+    key_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # (U, H_kv, W+E, D)
+    value_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # (U, H_kv, W+E, D)
+    for u, (src, p) in enumerate(zip(sources, reused)):
+        if src is not None and p > 0:
+            start = width - lengths[u]
+            for layer in range(n_layers):
+                key_buffers[layer][u, :, start:start + p] = src.keys[layer][0, :, :p]
+                value_buffers[layer][u, :, start:start + p] = src.values[layer][0, :, :p]
+
+    if n_rows == 1 or (len(set(lengths)) == 1 and len(set(reused)) == 1):
+        p = reused[0]
+        cache = _buffer_cache(model, key_buffers, value_buffers, p)
+        ids = torch.tensor([list(c[p:]) for c in contexts], dtype=torch.long, device=device)  # (U, S)
+        pos = torch.arange(p, width, device=device).expand(n_rows, -1)  # (U, S)
+        out = model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :].float()  # (U, V)
+    else:
+        rows_logits = []
+        for u, (ctx, p) in enumerate(zip(contexts, reused)):
+            start = width - lengths[u]
+            row_cache = _buffer_cache(
+                model, [b[u:u + 1, :, start:] for b in key_buffers], [b[u:u + 1, :, start:] for b in value_buffers], p
+            )
+            ids = torch.tensor([list(ctx[p:])], dtype=torch.long, device=device)  # (1, S_u)
+            pos = torch.arange(p, len(ctx), device=device).view(1, -1)  # (1, S_u)
+            out = model(input_ids=ids, position_ids=pos, cache=row_cache, use_cache=True, logits_to_keep=1)
+            rows_logits.append(out.logits[:, -1, :].float())  # (1, V)
+        logits = torch.cat(rows_logits, dim=0)  # (U, V)
+        cache = _buffer_cache(model, key_buffers, value_buffers, width)
+    prefill_mask = torch.zeros((n_rows, width), dtype=torch.long)  # (U, W)
     for u, n in enumerate(lengths):
         prefill_mask[u, width - n:] = 1
     position_ids = torch.tensor(lengths, dtype=torch.long).view(-1, 1) - 1  # (U, 1)
-    cache = _past_cache(model, rows, lengths, width, device)
-    return torch.cat(logits, dim=0), cache, prefill_mask, position_ids, width, 0  # (U, V)
+    return logits, cache, prefill_mask, position_ids, width
+
+
+def _kv_geometry(model: torch.nn.Module) -> tuple[int, int, int, torch.dtype]:
+    """``(layers, kv_heads, head_dim, dtype)`` of the model's KV cache, from its config."""
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return cfg.num_hidden_layers, kv_heads, head_dim, next(model.parameters()).dtype
+
+
+def _buffer_cache(
+    model: torch.nn.Module, key_buffers: Sequence[torch.Tensor], value_buffers: Sequence[torch.Tensor], n_cols: int
+) -> DynamicCache:
+    """A `DynamicCache` whose layers are `_ReservedLayer`s over the given buffers, ``n_cols`` of them filled."""
+    cache = DynamicCache(config=model.config)
+    if len(cache.layers) != len(key_buffers) or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        raise NotImplementedError(
+            f"{type(model).__name__}: generation supports models whose cache layers are all full-attention "
+            f"DynamicLayers (Llama, Qwen3 without sliding window), got {[type(x).__name__ for x in cache.layers]}"
+        )
+    for i, (k, v) in enumerate(zip(key_buffers, value_buffers)):
+        cache.layers[i] = _ReservedLayer(k, v, n_cols)
+    return cache
 
 
 class _ReservedLayer(DynamicLayer):
-    """A `DynamicLayer` that writes new keys/values into buffers reserved for ``extra`` more columns.
+    """A `DynamicLayer` over preallocated buffers ``(B, H_kv, C, D)`` whose first ``n_cols`` columns are filled.
 
     `DynamicLayer.update` concatenates, copying the whole ``(B, H_kv, T, D)`` cache at every decode step
     (O(B × T) per token: for 8 rows of 4k tokens that copy costs more than a tiny model's forward).
-    Here `update` writes the new columns in place and returns views of the written columns, so nothing
-    else changes (sequence length, mask sizes). When the reserve runs out, or something replaced
-    ``keys`` (``crop``, ``batch_select_indices``), it concatenates like a plain `DynamicLayer`.
+    Here `update` writes the new columns in place and ``keys``/``values`` are views of the filled columns,
+    so nothing else changes (sequence length, mask sizes). When the buffers are full, or something
+    replaced ``keys`` (``crop``, ``batch_select_indices``), it concatenates like a plain `DynamicLayer`.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, extra: int) -> None:
+    def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, n_cols: int) -> None:
         super().__init__()
-        n_cols = keys.shape[-2]
-        shape_k = (*keys.shape[:-2], n_cols + extra, keys.shape[-1])
-        shape_v = (*values.shape[:-2], n_cols + extra, values.shape[-1])
-        self._key_buffer = keys.new_empty(shape_k)  # (B, H_kv, T + extra, D)
-        self._value_buffer = values.new_empty(shape_v)  # (B, H_kv, T + extra, D)
-        self._key_buffer[..., :n_cols, :] = keys
-        self._value_buffer[..., :n_cols, :] = values
-        self.keys = self._key_buffer[..., :n_cols, :]  # (B, H_kv, T, D) view
-        self.values = self._value_buffer[..., :n_cols, :]  # (B, H_kv, T, D) view
-        self.device = keys.device
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+        self.device = key_buffer.device
         self.is_initialized = True
+        self._fill(n_cols)
+
+    def _fill(self, n_cols: int) -> None:
+        self.keys = self._key_buffer[..., :n_cols, :]  # (B, H_kv, n_cols, D) view
+        self.values = self._value_buffer[..., :n_cols, :]  # (B, H_kv, n_cols, D) view
+        self._view = self.keys
+
+    def _in_buffer(self, n_new: int, rows: int) -> bool:
+        return (
+            self.keys is self._view
+            and rows == self._key_buffer.shape[0]
+            and self.keys.shape[-2] + n_new <= self._key_buffer.shape[-2]
+        )
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n_cols, n_new = self.keys.shape[-2], key_states.shape[-2]
-        in_buffer = (
-            self.keys.data_ptr() == self._key_buffer.data_ptr()
-            and self.keys.shape[0] == key_states.shape[0] == self._key_buffer.shape[0]
-            and n_cols + n_new <= self._key_buffer.shape[-2]
-        )
-        if not in_buffer:
+        if not self._in_buffer(n_new, key_states.shape[0]):
             return super().update(key_states, value_states, *args, **kwargs)
         self._key_buffer[..., n_cols:n_cols + n_new, :] = key_states
         self._value_buffer[..., n_cols:n_cols + n_new, :] = value_states
-        self.keys = self._key_buffer[..., :n_cols + n_new, :]  # (B, H_kv, T', D) view
-        self.values = self._value_buffer[..., :n_cols + n_new, :]  # (B, H_kv, T', D) view
+        self._fill(n_cols + n_new)
         return self.keys, self.values
 
-
-def _reserve_columns(cache: Any, extra: int) -> None:
-    """Give every layer of ``cache`` room for ``extra`` more columns without reallocation (`_ReservedLayer`)."""
-    if extra < 1 or not hasattr(cache, "layers"):
-        return
-    for i, layer in enumerate(cache.layers):
-        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys is not None:
-            cache.layers[i] = _ReservedLayer(layer.keys, layer.values, extra)
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Reorder/duplicate batch rows: ``(U, ...) -> (len(index), ...)``, keeping the free columns."""
+        if self.keys is self._view:
+            n_cols = self.keys.shape[-2]
+            self._key_buffer = self._key_buffer.index_select(0, index)  # (B, H_kv, C, D)
+            self._value_buffer = self._value_buffer.index_select(0, index)  # (B, H_kv, C, D)
+            self._fill(n_cols)
+        else:
+            self.keys = self.keys.index_select(0, index)  # (B, H_kv, T, D)
+            self.values = self.values.index_select(0, index)  # (B, H_kv, T, D)
 
 
 def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per-layer ``(keys, values)`` of a `DynamicCache`, each ``(B, H_kv, T, D)``."""
     return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _select_rows(cache: Any, index: torch.Tensor) -> None:
-    """Reorder/duplicate the batch rows of every cache layer in place: ``(U, ...) -> (len(index), ...)``."""
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(0, index)  # (B, H_kv, T, D)
-        layer.values = layer.values.index_select(0, index)  # (B, H_kv, T, D)
-
-
-def _past_cache(
-    model: torch.nn.Module, entries: Sequence[KVEntry | None], lengths: Sequence[int], width: int, device: torch.device
-) -> DynamicCache:
-    """A `DynamicCache` holding each row's reused prefix, left-padded with zeros to ``width`` columns.
-
-    Row u gets ``entries[u]``'s first ``lengths[u]`` positions in columns ``[width - lengths[u], width)``;
-    the zero columns are masked by the caller's attention mask. Per layer keys/values ``(U, H_kv, width, D)``.
-    """
-    ref = next(e for e in entries if e is not None)
-    data = []
-    for layer in range(len(ref.keys)):
-        k0, v0 = ref.keys[layer], ref.values[layer]
-        keys = k0.new_zeros((len(entries), k0.shape[1], width, k0.shape[3]), device=device)  # (U, H_kv, P, D)
-        values = v0.new_zeros((len(entries), v0.shape[1], width, v0.shape[3]), device=device)  # (U, H_kv, P, D)
-        for u, (e, n) in enumerate(zip(entries, lengths)):
-            if e is not None and n > 0:
-                keys[u, :, width - n:] = e.keys[layer][0, :, :n]
-                values[u, :, width - n:] = e.values[layer][0, :, :n]
-        data.append((keys, values))
-    return DynamicCache(ddp_cache_data=data, config=model.config)

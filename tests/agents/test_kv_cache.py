@@ -194,7 +194,9 @@ def test_reserved_layer_writes_in_place_then_falls_back_to_concatenation():
     from agents.generation import _ReservedLayer
 
     keys, values = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)  # (B, H_kv, T, D)
-    layer = _ReservedLayer(keys, values, extra=2)
+    key_buffer, value_buffer = torch.zeros(2, 3, 7, 4), torch.zeros(2, 3, 7, 4)  # room for 2 more columns
+    key_buffer[:, :, :5], value_buffer[:, :, :5] = keys, values
+    layer = _ReservedLayer(key_buffer, value_buffer, n_cols=5)
     expected_k, expected_v = keys, values
     for step in range(4):  # 2 columns fit in the reserve, the next 2 concatenate
         new_k, new_v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
@@ -202,7 +204,7 @@ def test_reserved_layer_writes_in_place_then_falls_back_to_concatenation():
         expected_k, expected_v = torch.cat([expected_k, new_k], -2), torch.cat([expected_v, new_v], -2)
         assert torch.equal(out_k, expected_k) and torch.equal(out_v, expected_v)
         assert layer.get_seq_length() == 6 + step
-        assert (out_k.data_ptr() == layer._key_buffer.data_ptr()) == (step < 2)
+        assert (out_k.data_ptr() == key_buffer.data_ptr()) == (step < 2)
 
 
 def test_weight_change_invalidates(model):
