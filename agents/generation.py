@@ -68,14 +68,13 @@ def generate(
     stored first, so each of them feeds only its own suffix; afterwards each row's processed ids
     (context + generated ids but the last) and KV are stored for its next call.
 
-    Batch layout of the prefill (U unique rows, P = longest reused prefix, S = longest suffix), per row u
-    with reused length p_u and suffix length s_u::
-
-        cache columns [0, P):      P - p_u zero pads | p_u reused KV
-        input columns [P, P + S):  S - s_u pads      | s_u suffix ids
-
-    ``attention_mask`` ``(U, P + S)`` marks the real columns and ``position_ids`` continue each row's true
-    length (``p_u + j``), so a row's logits do not depend on the batch it is in (up to float rounding).
+    KV layout (U unique rows, W = the longest context, N = ``max_new_tokens``): one buffer per layer
+    ``(U, H_kv, W + N - 1, D)``; row u's context of length L_u fills columns ``[W - L_u, W)`` (zeros to its
+    left: left padding), the decode writes column ``W + t - 1`` at step t. The reused prefix is copied in,
+    the model writes the rest in place (`_prefill`); rows of different shapes are prefilled one at a time
+    over their own slice of the buffers, so no prefill needs a padding mask. During the decode
+    ``attention_mask`` ``(B, W + t)`` marks the real columns and ``position_ids`` continue each row's true
+    length, so a row's logits do not depend on the batch it is in (up to float rounding).
 
     Args:
         model: a Transformers causal LM (accepts ``attention_mask``, ``position_ids``, ``cache``,
