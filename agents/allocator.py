@@ -10,9 +10,11 @@ fragment: freed blocks between live ones cannot be returned, and the process's r
 the OS sees, what kills a job) stays far above what tensors actually hold.
 
 Measured with ``benchmarks/logprob_memory.py`` (SmolLM2-135M, 8 rows × 512 tokens, chunked logprobs +
-gradient checkpointing, one forward and backward, one thread): peak RSS 4.39 GB with glibc's dynamic
-threshold, 1.93 GB with a fixed 128 KiB threshold (full logits: 9.84 and 8.85 GB); the step took about
-15% longer (more ``mmap``/``munmap`` calls and page faults).
+gradient checkpointing, one forward and backward, 2 threads): peak RSS 4.17 GB with glibc's dynamic
+threshold, 1.94 GB with a fixed 128 KiB threshold (full logits: 10.02 and 8.86 GB). The price is time:
+the step took 35-41 s instead of 30 s (every large block is a fresh mapping whose pages fault in;
+thresholds of 1 and 8 MiB measured the same, 37-38 s and 1.95-2.08 GB). Set
+``malloc_mmap_threshold_kb=0`` in the trainers' configs to trade the memory back for that time.
 
 `set_malloc_mmap_threshold` fixes the threshold with ``mallopt(M_MMAP_THRESHOLD, n)`` (which also
 switches off the dynamic adjustment; glibc ``mallopt(3)``), the same as starting Python with the
