@@ -37,13 +37,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 if __package__ in (None, ""):
     sys.path.insert(0, REPO)
-for cand in ("/work/shared/bench", os.path.join(REPO, "..", "shared", "bench")):
-    if os.path.isfile(os.path.join(cand, "trl_grpo_step.py")):
-        BENCH_DIR = os.path.abspath(cand)
-        sys.path.insert(0, BENCH_DIR)
-        break
-else:  # pragma: no cover
-    raise SystemExit("trl_grpo_step.py not found in /work/shared/bench or ../shared/bench")
+BENCH_DIRS = ("/work/shared/bench", os.path.join(REPO, "..", "shared", "bench"))
+
+
+def _bench_dir() -> str:
+    """The folder holding the shared workload script ``trl_grpo_step.py`` (put on ``sys.path``).
+
+    Raises:
+        SystemExit: it is in none of `BENCH_DIRS` (the script is the project's shared anchor, not part of
+            this repository).
+    """
+    for cand in BENCH_DIRS:
+        if os.path.isfile(os.path.join(cand, "trl_grpo_step.py")):
+            path = os.path.abspath(cand)
+            if path not in sys.path:
+                sys.path.insert(0, path)
+            return path
+    raise SystemExit(f"trl_grpo_step.py (the shared workload) not found in any of {list(BENCH_DIRS)}")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -58,6 +68,7 @@ def run_ours(args) -> dict:
     import torch
     from transformers import AutoTokenizer
 
+    _bench_dir()
     import trl_grpo_step as anchor
     from agents.grpo import grpo_advantages, grpo_loss
     from agents.logprobs import token_logprobs
@@ -159,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args(argv)
+    bench_dir = _bench_dir()
     if not args.smol_path:
         from agents.models import ensure_smollm2_converted
 
@@ -169,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     common = ["--model", args.model, "--smol-path", args.smol_path, "--max-steps", str(args.max_steps),
               "--warmup", str(args.warmup), "--threads", str(args.threads), "--seed", str(args.seed)]
     ours_cmd = [sys.executable, os.path.abspath(__file__), "--impl", "ours", *common]
-    trl_cmd = [args.trl_python, os.path.join(BENCH_DIR, "trl_grpo_step.py"), *common]
+    trl_cmd = [args.trl_python, os.path.join(bench_dir, "trl_grpo_step.py"), *common]
     if args.impl == "trl":
         print(json.dumps(_subprocess(trl_cmd)), flush=True)
         return
