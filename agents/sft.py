@@ -390,19 +390,14 @@ class SFTTrainer:
     """
 
     def __init__(self, config: SFTConfig, demos: Sequence[Trajectory] | None = None) -> None:
-        from agents.allocator import set_malloc_mmap_threshold
         from agents.checkpoint import latest_checkpoint, load_checkpoint
         from agents.logprobs import enable_gradient_checkpointing
-        from agents.trainer import _load_trainable, make_lr_scheduler
+        from agents.trainer import _load_trainable, _prepare_process, make_lr_scheduler
 
         self.config = config
         self.run_dir = Path(config.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        if config.malloc_mmap_threshold_kb:
-            set_malloc_mmap_threshold(config.malloc_mmap_threshold_kb * 1024)
-        torch.manual_seed(config.seed)
+        _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         if config.lora:
             _require_peft()
         base, tokenizer = _load_trainable(config.init or config.model)

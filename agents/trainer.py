@@ -83,6 +83,19 @@ def make_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup_st
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def _prepare_process(threads: int, malloc_mmap_threshold_kb: int, seed: int) -> None:
+    """Process-wide set-up of a trainer (GRPO and SFT alike), before any model is loaded.
+
+    Sets torch's CPU threads (0: leave the default), glibc's mmap threshold in KiB (0: leave glibc's dynamic
+    one; `agents.allocator`) and torch's global seed.
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    if malloc_mmap_threshold_kb:
+        set_malloc_mmap_threshold(malloc_mmap_threshold_kb * 1024)
+    torch.manual_seed(seed)
+
+
 def _load_trainable(name: str, tokenizer_source: str | None = None):
     """A fresh (unshared) trainable model and its tokenizer: a name, a folder or ``tiny-random``."""
     from agents.models import load_model, load_tokenizer, tiny_random_model
@@ -112,11 +125,7 @@ class RoleWiseGRPOTrainer:
         self.config = config
         self.run_dir = Path(config.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        if config.malloc_mmap_threshold_kb:
-            set_malloc_mmap_threshold(config.malloc_mmap_threshold_kb * 1024)
-        torch.manual_seed(config.seed)
+        _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         source = config.init or config.model
         model, tokenizer = _load_trainable(source)
         self.tokenizer = tokenizer

@@ -194,6 +194,8 @@ def test_config_validation_and_measurement(tmp_path):
         SFTConfig(roles="rehearse", rehearse_weight=0.0)
     with pytest.raises(ValueError, match="batch_tokens"):
         SFTConfig(batch_tokens=0)
+    with pytest.raises(ValueError, match="malloc_mmap_threshold_kb"):
+        SFTConfig(malloc_mmap_threshold_kb=-1)
     from agents.policy import load_policy
 
     policy = load_policy("tiny-random")

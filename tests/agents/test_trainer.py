@@ -91,6 +91,8 @@ def test_ablations_run_one_step(tmp_path, overrides):
         (dict(algo="ppo"), "algo must be one of"),
         (dict(policy="per_role", rollout="real"), "per_role"),
         (dict(temperature=-1.0), "temperature"),
+        (dict(malloc_mmap_threshold_kb=-1), "malloc_mmap_threshold_kb"),
+        (dict(malloc_mmap_threshold_kb=40000), "malloc_mmap_threshold_kb"),
     ],
 )
 def test_bad_configs_fail_fast_with_a_message(bad, match):
