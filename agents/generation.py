@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agents.kv_cache import KVEntry, PrefixKVCache
+from agents.kv_cache import KVEntry, PrefixKVCache, common_prefix_length
 
 __all__ = ["Generation", "generate"]
 
@@ -219,13 +219,6 @@ def generate(
     return gens
 
 
-def _common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two 1-D id arrays."""
-    n = min(a.shape[0], b.shape[0])
-    eq = a[:n] == b[:n]  # (n,)
-    return n if bool(eq.all()) else int(eq.argmin())
-
-
 def _prefill_shared_prefixes(
     model: torch.nn.Module, contexts: Sequence[Sequence[int]], kv_cache: PrefixKVCache, device: torch.device
 ) -> None:
@@ -242,7 +235,7 @@ def _prefill_shared_prefixes(
     if len(uniq) < 2:
         return
     arrays = [np.asarray(c, dtype=np.int64) for c in uniq]
-    neighbour = [_common_prefix_length(arrays[i], arrays[i + 1]) for i in range(len(arrays) - 1)]
+    neighbour = [common_prefix_length(arrays[i], arrays[i + 1]) for i in range(len(arrays) - 1)]
     prefixes: set[tuple[int, ...]] = set()
     for i, ctx in enumerate(uniq):
         shared = max(neighbour[i - 1] if i > 0 else 0, neighbour[i] if i < len(neighbour) else 0)

@@ -43,7 +43,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 import torch
 
-__all__ = ["KVEntry", "PrefixKVCache", "shared_prefix_cache"]
+__all__ = ["KVEntry", "PrefixKVCache", "common_prefix_length", "shared_prefix_cache"]
 
 
 @dataclass(eq=False)
@@ -151,14 +151,12 @@ class PrefixKVCache:
         Returns:
             ``(entry, n)`` with ``entry.ids[:n] == context[:n]``; ``(None, 0)`` when nothing matches.
         """
-        ctx = np.asarray(context, dtype=np.int64)
+        ctx = np.asarray(context, dtype=np.int64)[:-1]  # (L-1,): the last id is always fed
         best, best_n = None, 0
         for e in self._entries:
-            n = min(e.num_tokens, ctx.shape[0] - 1)
-            if n <= best_n:
+            if min(e.num_tokens, ctx.shape[0]) <= best_n:
                 continue
-            eq = e.ids[:n] == ctx[:n]  # (n,)
-            m = n if bool(eq.all()) else int(eq.argmin())
+            m = common_prefix_length(e.ids, ctx)
             if m > best_n:
                 best, best_n = e, m
         if best is not None:
@@ -183,6 +181,13 @@ class PrefixKVCache:
             while self._entries and total > self.max_tokens:
                 total -= self._entries.pop(0).num_tokens
                 self.stats["evicted"] += 1
+
+
+def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two 1-D int64 id arrays (exact comparison, O(min length))."""
+    n = min(a.shape[0], b.shape[0])
+    eq = a[:n] == b[:n]  # (n,)
+    return n if bool(eq.all()) else int(eq.argmin())
 
 
 _SHARED: "WeakKeyDictionary[torch.nn.Module, PrefixKVCache]" = WeakKeyDictionary()
