@@ -72,12 +72,12 @@ class TrainConfig:
     group_size: int = _f(4, "K: trajectories sampled per instruction (the GRPO group); K = 1 makes every advantage 0")
     rollout: Literal["rehearse", "real"] = _f("rehearse", "'rehearse': the policy simulates the tools (EnvACE); 'real': real backends (ablation)")
     prompt_mode: Literal["inline", "separate"] = _f("inline", "rehearsal prompt: 'inline' continues the trajectory; 'separate' uses a simulator prompt and its own row")
-    max_new_tokens: int = _f(64, "cap on tokens per ACT message")
+    max_new_tokens: int = _f(128, "cap on tokens per ACT message (the longest BFCL multi_turn_base ground-truth call is 114 SmolLM2 tokens in Hermes format)")
     rehearse_max_new_tokens: int = _f(64, "cap on tokens per rehearsed tool response")
     temperature: float = _f(1.0, "sampling temperature of both roles (the recorded and recomputed logprobs use it)")
-    max_steps_per_turn: int = _f(3, "ACT messages per user turn before truncation (BFCL's own limit is 20)")
-    max_rollout_steps: int = _f(6, "cap on ACT steps per episode in a rollout (truncates long episodes)")
+    max_steps_per_turn: int = _f(5, "ACT messages per user turn; a turn whose last allowed message still calls a tool truncates the episode with R = 0 (BFCL's semantics; BFCL's own limit is 20)")
     max_episode_tokens: int | None = _f(None, "token budget per episode (None: unlimited)")
+    min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the selected tasks than this can be completed within max_steps_per_turn, max_new_tokens and max_episode_tokens (computed from the ground truth before any model loads; agents.budgets)")
     invalid_action_penalty: float = _f(0.1, "subtracted from R(tau) when an ACT response is empty (DESIGN.md §1)")
 
     # --- Parameters that control the algorithm --------------------------------------------------------
@@ -99,6 +99,7 @@ class TrainConfig:
     adam_beta1: float = _f(0.9, "AdamW beta1")
     adam_beta2: float = _f(0.999, "AdamW beta2")
     max_grad_norm: float = _f(1.0, "gradient clipping norm (0: off)")
+    max_nonfinite_steps: int = _f(3, "an optimizer step whose loss or clipped gradient is not finite is skipped (train/skipped_nonfinite); this many in a row stop the run")
     lr_schedule: Literal["constant", "linear", "cosine"] = _f("constant", "learning-rate schedule after warmup")
     warmup_steps: int = _f(0, "linear warmup steps of the schedule")
 
@@ -114,8 +115,8 @@ class TrainConfig:
             raise ValueError(f"invalid TrainConfig: {msg}")
 
         for name in ("num_steps", "batch_tasks", "group_size", "max_new_tokens", "rehearse_max_new_tokens",
-                     "max_steps_per_turn", "max_rollout_steps", "ppo_epochs", "num_minibatches", "save_every",
-                     "logprob_chunk_size", "keep_checkpoints"):
+                     "max_steps_per_turn", "ppo_epochs", "num_minibatches", "save_every",
+                     "logprob_chunk_size", "keep_checkpoints", "max_nonfinite_steps"):
             if getattr(self, name) < 1:
                 fail(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
@@ -140,12 +141,21 @@ class TrainConfig:
             fail("beta, entropy_coef and invalid_action_penalty must be >= 0 and lr > 0")
         if self.policy == "per_role" and self.rollout == "real":
             fail("policy=per_role trains a separate REHEARSE model, but rollout=real never rehearses; use policy=shared")
+        if not 0 <= self.min_solvable_fraction <= 1:
+            fail(f"min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
         if self.split not in ("train", "test", "all"):
             fail(f"split must be train, test or all, got {self.split!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Every field (computed ones included), JSON/YAML-compatible."""
         return dataclasses.asdict(self)
+
+    REMOVED_FIELDS: typing.ClassVar[dict[str, str]] = {
+        "max_rollout_steps": "it cut every episode after that many ACT messages in total and set R = 0, so most "
+                             "multi-turn tasks could never earn reward; episodes are now limited per user turn by "
+                             "max_steps_per_turn (BFCL's semantics)",
+    }
+    """Fields of earlier versions, each with what replaced it (a config naming one fails with that message)."""
 
 
 _HINTS = typing.get_type_hints(TrainConfig)
@@ -174,6 +184,9 @@ def load_dataclass(cls: type, path: str | Path | None = None, **overrides: Any) 
     values.update({k: v for k, v in overrides.items() if v is not None})
     computed = {f.name for f in dataclasses.fields(cls) if not f.init}
     known = {f.name for f in _settable_fields(cls)}
+    removed = {k: v for k, v in getattr(cls, "REMOVED_FIELDS", {}).items() if k in values}
+    if removed:
+        raise ValueError("; ".join(f"{cls.__name__} field {k!r} was removed: {why}" for k, why in removed.items()))
     unknown = sorted(set(values) - known - computed)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(known)}")
@@ -214,11 +227,14 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         elif type(None) in args:  # Optional[X]
             kw["type"] = [a for a in args if a is not type(None)][0]
         parser.add_argument("--" + f.name.replace("_", "-"), **kw)
+    for name in getattr(cls, "REMOVED_FIELDS", {}):  # accepted only to fail with the message that says what replaced it
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=argparse.SUPPRESS)
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace) -> Any:
     """The `cls` instance of parsed arguments (``--config`` YAML, then explicit options)."""
-    overrides = {f.name: getattr(args, f.name, None) for f in _settable_fields(cls)}
+    names = [f.name for f in _settable_fields(cls)] + list(getattr(cls, "REMOVED_FIELDS", {}))
+    overrides = {n: getattr(args, n, None) for n in names}
     return load_dataclass(cls, getattr(args, "config", None), **overrides)
 
 

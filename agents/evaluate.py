@@ -89,6 +89,8 @@ class EvalConfig:
         critique_tokens: cap per rehearsal critique, tokens.
         fidelity: play rehearsed episodes and shadow each rehearsed call on a real backend.
         out: output folder.
+        min_solvable_fraction: refuse to start when fewer of the selected tasks than this can be completed
+            within ``max_steps_per_turn`` and ``max_new_tokens`` (`agents.budgets`, before any model loads).
     """
 
     model: str = "smollm2-135m"
@@ -108,8 +110,11 @@ class EvalConfig:
     critique_tokens: int = 64
     fidelity: bool = False
     out: str = "eval_out"
+    min_solvable_fraction: float = 0.9
 
     def __post_init__(self) -> None:
+        if not 0 <= self.min_solvable_fraction <= 1:
+            raise ValueError(f"min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction!r}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be None or >= 1, got {self.limit!r}")
         if self.rehearsal_n < 0:
@@ -194,13 +199,21 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
 
     Raises:
         ValueError: no task is selected (unknown categories raise the suite's own ValueError).
+        agents.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the tasks can be completed within
+            ``max_steps_per_turn`` and ``max_new_tokens`` (checked before the model loads).
     """
     from agents.policy import load_policy
+    from agents.trainer import _load_tokenizer_of, check_task_budgets
 
     log = log or (lambda *a, **k: None)
     tasks = _select_tasks(config)
     if not tasks:
         raise ValueError(f"no tasks for suite={config.suite!r} categories={config.categories!r} split={config.split!r}")
+    check_task_budgets(
+        tasks, config.suite, policy.tokenizer if policy is not None else _load_tokenizer_of(config.model),
+        max_steps_per_turn=config.max_steps_per_turn, max_new_tokens=config.max_new_tokens, max_episode_tokens=None,
+        min_fraction=config.min_solvable_fraction, command="envace eval", log=log,
+    )
     policy = policy if policy is not None else load_policy(config.model)
     if rehearser_policy is None and config.rehearser_model:
         rehearser_policy = load_policy(config.rehearser_model)
@@ -402,6 +415,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         seed=args.seed, rehearsal_n=args.rehearsal_n, rehearsal_mode=args.rehearsal_mode,
         rehearser_model=args.rehearser_model, memory_tokens=args.memory_tokens,
         attempt_max_steps=args.attempt_max_steps, critique_tokens=args.critique_tokens, fidelity=args.fidelity, out=out,
+        min_solvable_fraction=args.min_solvable_fraction,
     )
     t0 = time.perf_counter()
     result = evaluate(config)
@@ -451,6 +465,9 @@ def add_eval_parsers(sub: Any) -> None:
     ev.add_argument("--critique-tokens", type=int, default=64, help="cap per rehearsal critique, tokens")
     ev.add_argument("--fidelity", action="store_true", help="play rehearsed episodes; score each rehearsed call against a real backend")
     ev.add_argument("--out", default=None, help="output folder (default eval_out/<model>-<suite>-<split>-<mode>)")
+    ev.add_argument("--min-solvable-fraction", type=float, default=0.9,
+                    help="refuse to start when fewer of the selected tasks than this can be completed within "
+                         "--max-steps-per-turn and --max-new-tokens (computed from the ground truth; agents.budgets)")
     ev.set_defaults(func=cmd_eval)
     rep = sub.add_parser("report", help="write plots (training curves, accuracy vs rehearsal N, fidelity) to RUN_DIR/plots/")
     rep.add_argument("run_dir", help="a training run folder or a folder of eval outputs")

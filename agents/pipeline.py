@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,19 +57,29 @@ class PipelineConfig:
     grpo_batch_tasks: int = _f(1, "GRPO instructions per step (B)")
     grpo_group_size: int = _f(2, "GRPO group size (K)")
     grpo_lr: float = _f(1e-5, "GRPO learning rate")
-    grpo_max_rollout_steps: int = _f(3, "ACT steps per GRPO episode before it is cut")
-    max_new_tokens: int = _f(64, "cap on generated tokens per ACT message and per rehearsed tool response")
+    grpo_max_steps_per_turn: int = _f(5, "ACT messages per user turn in GRPO rollouts (BFCL's semantics: a turn that uses them all up truncates the episode with R = 0)")
+    max_new_tokens: int = _f(128, "cap on generated tokens per ACT message, in GRPO and evaluation (the longest multi_turn_base ground-truth call is 114 SmolLM2 tokens)")
+    rehearse_max_new_tokens: int = _f(64, "cap on generated tokens per rehearsed tool response in GRPO")
     # eval
     eval_tasks: int = _f(4, "BFCL test-split tasks per category for each evaluation")
-    eval_max_steps_per_turn: int = _f(2, "ACT steps per user turn during evaluation")
+    eval_max_steps_per_turn: int = _f(5, "ACT messages per user turn during evaluation")
+    min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the GRPO or evaluation tasks than this can be completed within their step and token budgets (agents.budgets; checked before any model loads)")
+
+    REMOVED_FIELDS: typing.ClassVar[dict[str, str]] = {
+        "grpo_max_rollout_steps": "it capped every GRPO episode at that many ACT messages in total with R = 0 after; "
+                                  "use grpo_max_steps_per_turn (a limit per user turn, BFCL's semantics)",
+    }
 
     def __post_init__(self) -> None:
         for name in ("sft_steps", "sft_max_demos", "sft_max_seq_len", "grpo_steps", "grpo_batch_tasks",
-                     "max_new_tokens", "eval_tasks", "eval_max_steps_per_turn", "grpo_max_rollout_steps"):
+                     "max_new_tokens", "rehearse_max_new_tokens", "eval_tasks", "eval_max_steps_per_turn",
+                     "grpo_max_steps_per_turn"):
             if getattr(self, name) < 1:
                 raise ValueError(f"invalid PipelineConfig: {name} must be >= 1, got {getattr(self, name)}")
         if self.grpo_group_size < 2:
             raise ValueError("invalid PipelineConfig: grpo_group_size K must be >= 2 (K = 1 makes every advantage 0)")
+        if not 0 <= self.min_solvable_fraction <= 1:
+            raise ValueError(f"invalid PipelineConfig: min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
 
 
 def _stage_done(folder: Path) -> bool:
@@ -99,17 +110,61 @@ def _shortest_demo_ids(config: PipelineConfig, tokenizer: Any) -> list[str]:
     return [d.task.id for d in demos[: config.sft_max_demos]]
 
 
-def _evaluate(config: PipelineConfig, model: str, out: Path, log) -> dict[str, Any]:
-    from agents.evaluate import EvalConfig, evaluate
+def _eval_config(config: PipelineConfig, model: str, out: Path | str) -> Any:
+    from agents.evaluate import EvalConfig
 
-    result = evaluate(
-        EvalConfig(
-            model=model, categories=list(config.categories), split="test", limit=config.eval_tasks,
-            max_new_tokens=config.max_new_tokens, temperature=0.0, max_steps_per_turn=config.eval_max_steps_per_turn,
-            seed=config.seed, out=str(out),
-        ),
-        log=None,
+    return EvalConfig(
+        model=model, categories=list(config.categories), split="test", limit=config.eval_tasks,
+        max_new_tokens=config.max_new_tokens, temperature=0.0, max_steps_per_turn=config.eval_max_steps_per_turn,
+        seed=config.seed, out=str(out), min_solvable_fraction=config.min_solvable_fraction,
     )
+
+
+def _grpo_config(config: PipelineConfig, init: str, out: Path | str) -> Any:
+    from agents.config import TrainConfig
+
+    return TrainConfig(
+        run_dir=str(out), seed=config.seed, init=init, categories=list(config.categories), split="train",
+        num_steps=config.grpo_steps, batch_tasks=config.grpo_batch_tasks, group_size=config.grpo_group_size,
+        max_new_tokens=config.max_new_tokens, rehearse_max_new_tokens=config.rehearse_max_new_tokens,
+        max_steps_per_turn=config.grpo_max_steps_per_turn, lr=config.grpo_lr, save_every=config.grpo_steps,
+        min_solvable_fraction=config.min_solvable_fraction, threads=config.threads,
+    )
+
+
+def check_budgets(config: PipelineConfig, log=print) -> dict[str, Any]:
+    """The solvable fractions of the GRPO and evaluation tasks under the pipeline's budgets, before any model loads.
+
+    Returns ``{"grpo": report, "eval": report}`` as dicts (`agents.budgets.BudgetReport.to_dict`).
+
+    Raises:
+        agents.budgets.BudgetError: a stage's fraction is below ``min_solvable_fraction`` (the message names the
+            pipeline option to raise).
+    """
+    from agents.evaluate import _select_tasks
+    from agents.trainer import _load_tokenizer_of, check_task_budgets
+    from envace_gym.suites import make_suite
+
+    tokenizer = _load_tokenizer_of(config.model)
+    grpo = check_task_budgets(
+        make_suite("bfcl").tasks(config.categories, "train"), "bfcl", tokenizer,
+        max_steps_per_turn=config.grpo_max_steps_per_turn, max_new_tokens=config.max_new_tokens, max_episode_tokens=None,
+        min_fraction=config.min_solvable_fraction, command="envace pipeline (grpo stage, train split)",
+        names={"max_steps_per_turn": "--grpo-max-steps-per-turn"}, log=log,
+    )
+    ev = check_task_budgets(
+        _select_tasks(_eval_config(config, config.model, "unused")), "bfcl", tokenizer,
+        max_steps_per_turn=config.eval_max_steps_per_turn, max_new_tokens=config.max_new_tokens, max_episode_tokens=None,
+        min_fraction=config.min_solvable_fraction, command="envace pipeline (eval stages, test split)",
+        names={"max_steps_per_turn": "--eval-max-steps-per-turn"}, log=log,
+    )
+    return {"grpo": grpo.to_dict(), "eval": ev.to_dict()}
+
+
+def _evaluate(config: PipelineConfig, model: str, out: Path, log) -> dict[str, Any]:
+    from agents.evaluate import evaluate
+
+    result = evaluate(_eval_config(config, model, out), log=None)
     overall = result.summary[-1]
     row = {"accuracy": float(overall["accuracy"]), "tool_call_fraction": float(overall["tool_call_fraction"]),
            "parse_errors_per_task": float(overall["parse_errors_per_task"]), "n_tasks": len(result.episodes)}
@@ -150,7 +205,6 @@ def run_pipeline(config: PipelineConfig, log=print) -> dict[str, Any]:
     """Run (or resume) every stage; returns the summary that is also written to ``run_dir/summary.json``."""
     import torch
 
-    from agents.config import TrainConfig
     from agents.models import load_tokenizer
     from agents.plots import report
     from agents.sft import SFTConfig, SFTTrainer
@@ -158,6 +212,7 @@ def run_pipeline(config: PipelineConfig, log=print) -> dict[str, Any]:
 
     if config.threads:
         torch.set_num_threads(config.threads)
+    budgets = check_budgets(config, log)
     run = Path(config.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -202,15 +257,12 @@ def run_pipeline(config: PipelineConfig, log=print) -> dict[str, Any]:
     stage("eval_sft", lambda out: {"eval": _evaluate(config, sft_model, out, log)})
 
     def grpo(out: Path) -> dict[str, Any]:
-        trainer = RoleWiseGRPOTrainer(TrainConfig(
-            run_dir=str(out), seed=config.seed, init=sft_model, categories=list(config.categories), split="train",
-            num_steps=config.grpo_steps, batch_tasks=config.grpo_batch_tasks, group_size=config.grpo_group_size,
-            max_new_tokens=config.max_new_tokens, rehearse_max_new_tokens=config.max_new_tokens,
-            max_steps_per_turn=config.grpo_max_rollout_steps, max_rollout_steps=config.grpo_max_rollout_steps,
-            lr=config.grpo_lr, save_every=config.grpo_steps,
-        ))
+        trainer = RoleWiseGRPOTrainer(_grpo_config(config, sft_model, out), log=lambda *_: None)
         history = trainer.train()
-        return {"last": history[-1] if history else None}
+        groups = [h["rollout/groups_with_reward_variance"] for h in history]
+        log(f"[pipeline] grpo: groups with non-zero reward variance per step: {groups} "
+            f"(of {config.grpo_batch_tasks} per step)")
+        return {"last": history[-1] if history else None, "groups_with_reward_variance": groups}
 
     stage("grpo", grpo)
     grpo_model = _latest_model(run / "grpo")
@@ -218,7 +270,7 @@ def run_pipeline(config: PipelineConfig, log=print) -> dict[str, Any]:
 
     plots = [str(p) for p in report(run / "grpo")]
     plots.append(str(plot_stages({k.replace("eval_", ""): v for k, v in evals.items()}, run / "plots" / "stages.png")))
-    summary = {"config": config.__dict__, "evals": evals, "seconds": timings, "plots": plots,
+    summary = {"config": config.__dict__, "budgets": budgets, "evals": evals, "seconds": timings, "plots": plots,
                "total_seconds": sum(timings.values())}
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
     log("")

@@ -115,7 +115,7 @@ class Policy:
             One `GeneratedText` per context: the message text, its generated ids `(C,)` and logprobs `(C,)`.
         """
         gens = self.generate(contexts, max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds)
-        return [GeneratedText(self.decode(g.token_ids), g.token_ids, g.logprobs) for g in gens]
+        return [GeneratedText(self.decode(g.token_ids), g.token_ids, g.logprobs, stopped=g.stopped) for g in gens]
 
 
 class PolicyRehearser:

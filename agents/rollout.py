@@ -150,8 +150,9 @@ def collect_rollouts(
             ``"rehearse"`` sets ``real_backend_factory = None`` (both override what was set before).
         max_steps_per_turn: when given, sets each env's ``max_steps_per_turn`` (ACT messages per user turn
             before truncation); None keeps the env's.
-        max_steps: cap on vector steps (a safety net); envs still running then are marked truncated with
-            verifier reward 0 (``stats["num_capped"]``). None: no cap (the env limits end every episode).
+        max_steps: cap on vector steps (a safety net, off by default); envs still running then are marked
+            truncated with verifier reward 0 (``stats["num_capped"]``). None: no cap: the env's per-turn step
+            limit ends every episode, as BFCL's harness does, and is the budget to set.
         invalid_action_penalty: >= 0, subtracted once from R of a trajectory with an empty ACT response.
 
     Returns:
@@ -159,7 +160,9 @@ def collect_rollouts(
         ``group_ids`` (list[int], (B·K,)), ``task_ids`` (list[str], (B·K,)), ``verifier_rewards`` and
         ``rewards`` (list[float], (B·K,)), ``empty_actions`` (list[int], (B·K,)), ``num_steps`` (vector
         steps), ``num_act_calls`` (batched ``act`` calls), ``num_capped``, ``reward_mean``, ``truncated``
-        (count), ``mean_tokens`` (per trajectory), ``rollout``.
+        (count), ``cut_generations`` (list[int], (B·K,): ACT messages and rehearsals of each episode that hit
+        their ``max_new_tokens``, the env's ``cut_generations``), ``budget_hit`` (list[bool], (B·K,): truncated
+        or any cut generation), ``mean_tokens`` (per trajectory), ``rollout``.
 
     Raises:
         ValueError: empty ``task_ids``, ``group_size < 1``, ``num_envs != B·K``, negative penalty, an unknown
@@ -208,6 +211,7 @@ def collect_rollouts(
     turn_info: list[list[dict[str, Any]]] = [[_turn_entry(0)] for _ in range(n)]
     rows_seen = [0] * n
     empty = [0] * n
+    cut = [0] * n
     num_steps = num_act_calls = num_capped = 0
 
     while not all(done):
@@ -217,6 +221,7 @@ def collect_rollouts(
                     traj = envs[i].trajectory
                     traj.truncated, traj.reward = True, 0.0
                     results[i], done[i] = traj, True
+                    cut[i] = int(getattr(envs[i], "cut_generations", 0))
                     num_capped += 1
             break
         step_seeds = rng.integers(0, 2**31 - 1, size=n)  # (B·K,) one draw per env per step, active or not
@@ -244,6 +249,7 @@ def collect_rollouts(
             rows_seen[i] = len(rows)
             if terminated[i] or truncated[i]:
                 results[i], done[i] = env.trajectory, True
+                cut[i] = int(getattr(env, "cut_generations", 0))
                 continue
             new_turn = int(infos["turn"][i]) if "turn" in infos else turns[i]
             if new_turn != turns[i]:
@@ -271,6 +277,8 @@ def collect_rollouts(
         "num_capped": num_capped,
         "reward_mean": float(np.mean(rewards)),
         "truncated": sum(t.truncated for t in trajectories),
+        "cut_generations": cut,
+        "budget_hit": [bool(t.truncated or c) for t, c in zip(trajectories, cut)],
         "mean_tokens": float(np.mean([len(t.token_ids) for t in trajectories])),
         "rollout": rollout,
     }

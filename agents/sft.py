@@ -117,8 +117,9 @@ class SFTConfig:
     max_demos: int = _f(0, "cap on the number of training sequences (0: no cap)")
     min_reward: float = _f(1.0, "JSONL sources: keep records with reward >= this (rejection sampling)")
     calls_per_message: Literal["one", "all"] = _f("one", "BFCL demos: one ground-truth call per ACT message, or all of a turn's calls in one")
-    max_seq_len: int = _f(4096, "length cap in tokens (BFCL prompts alone are 3.5k-7.7k SmolLM2 tokens)")
+    max_seq_len: int = _f(6144, "length cap in tokens (BFCL prompts alone are 2.9k-7.7k SmolLM2 tokens; 6144 holds 92.7% of the multi_turn_base train demonstrations whole)")
     overflow: Literal["truncate", "drop"] = _f("truncate", "longer sequences: keep the first max_seq_len tokens, or drop them")
+    min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the selected demonstrations than this fit max_seq_len whole (a cut one never shows its task completed); checked before the model loads")
 
     # --- Parameters that control the loss -------------------------------------------------------------
     roles: str = _f("act,rehearse", "comma-separated roles that carry loss: act, rehearse")
@@ -179,6 +180,8 @@ class SFTConfig:
             fail(f"split must be train, test or all, got {self.split!r}")
         if not self.data:
             fail("--data is empty; give 'bfcl' and/or JSONL files")
+        if not 0 <= self.min_solvable_fraction <= 1:
+            fail(f"min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
 
     def role_list(self) -> list[str]:
         """The loss roles as lower-case names.
@@ -362,6 +365,36 @@ def load_sft_data(config: SFTConfig, tokenizer: Any, progress: bool = False) -> 
 # ---------------------------------------------------------------------------------------------------------
 
 
+def whole_fraction(stats: dict[str, Any]) -> tuple[int, int]:
+    """``(whole, candidates)`` over `load_sft_data`'s per-source stats: demonstrations that fit the length cap
+    whole, of those the sources produced before the cap (kept + dropped by it)."""
+    whole = sum(st["kept"] - st["truncated"] for st in stats.values())
+    candidates = sum(st["kept"] + st["dropped_length"] for st in stats.values())
+    return whole, candidates
+
+
+def require_whole_demos(config: "SFTConfig", stats: dict[str, Any], log=print) -> None:
+    """Print how many selected demonstrations fit ``max_seq_len`` whole; raise below ``min_solvable_fraction``.
+
+    Raises:
+        agents.budgets.BudgetError: the fraction is below ``config.min_solvable_fraction``.
+    """
+    from agents.budgets import BudgetError
+
+    whole, candidates = whole_fraction(stats)
+    fraction = whole / candidates if candidates else 1.0
+    if log is not None:
+        log(f"[budget] envace sft: {whole}/{candidates} ({100 * fraction:.1f}%) of the selected demonstrations fit "
+            f"--max-seq-len={config.max_seq_len} whole")
+    if fraction < config.min_solvable_fraction:
+        raise BudgetError(
+            f"envace sft: only {100 * fraction:.1f}% of the {candidates} selected demonstrations fit --max-seq-len="
+            f"{config.max_seq_len} whole, below --min-solvable-fraction={config.min_solvable_fraction}; a cut "
+            f"demonstration never shows its task completed. Raise --max-seq-len, select shorter tasks (--task-ids), "
+            f"or lower --min-solvable-fraction to start anyway."
+        )
+
+
 def _require_peft():
     try:
         import peft  # noqa: F401
@@ -386,13 +419,15 @@ class SFTTrainer:
 
     Raises:
         ValueError: no training sequence, or no target token in any sequence for the chosen roles.
+        agents.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the demonstrations loaded from
+            ``config.data`` fit ``max_seq_len`` whole (checked before the model loads; not for `demos`).
         ImportError: ``lora=True`` without peft installed.
     """
 
-    def __init__(self, config: SFTConfig, demos: Sequence[Trajectory] | None = None) -> None:
+    def __init__(self, config: SFTConfig, demos: Sequence[Trajectory] | None = None, log=print) -> None:
         from agents.checkpoint import latest_checkpoint, load_checkpoint
         from agents.logprobs import enable_gradient_checkpointing
-        from agents.trainer import _load_trainable, _prepare_process, make_lr_scheduler
+        from agents.trainer import _load_tokenizer_of, _load_trainable, _prepare_process, make_lr_scheduler
 
         self.config = config
         self.run_dir = Path(config.run_dir)
@@ -400,14 +435,15 @@ class SFTTrainer:
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         if config.lora:
             _require_peft()
+        self.weights = {_ROLE_NAMES[r]: (config.act_weight if r == "act" else config.rehearse_weight) for r in config.role_list()}
+        if demos is None:
+            demos, data_stats = load_sft_data(config, _load_tokenizer_of(config.init or config.model))
+            (self.run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
+            require_whole_demos(config, data_stats, log=log)
         base, tokenizer = _load_trainable(config.init or config.model)
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
-        self.weights = {_ROLE_NAMES[r]: (config.act_weight if r == "act" else config.rehearse_weight) for r in config.role_list()}
-        if demos is None:
-            demos, data_stats = load_sft_data(config, tokenizer)
-            (self.run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
         self.demos = list(demos)
         if not self.demos:
             raise ValueError("SFTTrainer needs at least one training sequence")

@@ -22,16 +22,20 @@ Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act,
 | ``rollout/reward_mean``, ``rollout/reward_std`` | mean / std of R(τ) over the B·K trajectories (penalised) |
 | ``rollout/verifier_reward_mean`` | mean of the verifier's reward (before the invalid-action penalty) |
 | ``rollout/reward_mean/ρ`` | mean R(τ) over the segments of role ρ (what the role's baselines average) |
+| ``rollout/groups_with_reward_variance`` | groups (of B) whose K rewards R(τ) are not all equal: the groups with a learning signal |
 | ``rollout/zero_std_groups/ρ`` | fraction of groups whose role-ρ segment rewards are all equal (no signal) |
 | ``rollout/tokens/ρ`` | loss tokens of role ρ in the batch |
 | ``rollout/parse_error_rate`` | ACT messages answered with a parse-error observation / all ACT messages |
 | ``rollout/empty_action_rate`` | trajectories with an empty ACT response / B·K |
-| ``rollout/truncated_rate`` | truncated trajectories / B·K |
+| ``rollout/truncated_fraction`` | trajectories the env truncated (a user turn used ``max_steps_per_turn`` ACT messages and its last still called a tool, or the episode passed ``max_episode_tokens``) / B·K; their R is 0, as BFCL scores a force-quit turn |
+| ``rollout/reward_capped_fraction`` | trajectories in which a budget bit (truncated, or an ACT message or a rehearsal reached its ``max_new_tokens`` without its stop token) / B·K: rewards a budget, not the policy, may have capped |
 | ``train/advantage_mean/ρ``, ``train/advantage_std/ρ``, ``train/advantage_abs/ρ`` | over role-ρ segments |
 | ``train/loss``, ``train/pg_loss``, ``train/kl``, ``train/entropy`` | `agents.grpo.grpo_loss` terms, mean over minibatches |
-| ``train/clip_fraction``, ``train/approx_kl``, ``train/ratio_mean`` | masked token means, mean over minibatches |
-| ``train/grad_norm`` | total gradient norm before clipping, mean over minibatches |
-| ``train/skipped_update`` | 1 when the batch had no learning signal (all advantages 0, no KL/entropy term) and the update was skipped |
+| ``train/clip_fraction``, ``train/approx_kl``, ``train/ratio_mean`` | masked token means, mean over the (model, minibatch) targets that had loss tokens |
+| ``train/grad_norm`` | total gradient norm before clipping, mean over those targets |
+| ``train/update_targets`` | (model, minibatch) optimizer steps taken and averaged in the ``train/`` means |
+| ``train/skipped_update`` | 1 when no optimizer step was taken: no learning signal (all advantages 0, no KL/entropy term) or no loss token |
+| ``train/skipped_nonfinite`` | optimizer steps dropped because the loss or the clipped gradient was not finite (``max_nonfinite_steps`` in a row stop the run) |
 | ``train/lr`` | learning rate after the step |
 | ``perf/rollout_s``, ``perf/update_s``, ``perf/step_s`` | wall seconds |
 | ``perf/rollout_share``, ``perf/update_share`` | phase seconds / step seconds |
@@ -96,13 +100,41 @@ def _prepare_process(threads: int, malloc_mmap_threshold_kb: int, seed: int) -> 
     torch.manual_seed(seed)
 
 
+def _load_tokenizer_of(name: str):
+    """The tokenizer of a model name, a folder or ``tiny-random`` (loads no model)."""
+    from agents.models import load_tokenizer
+
+    return load_tokenizer() if name == TINY_MODEL else load_tokenizer(name)
+
+
 def _load_trainable(name: str, tokenizer_source: str | None = None):
     """A fresh (unshared) trainable model and its tokenizer: a name, a folder or ``tiny-random``."""
-    from agents.models import load_model, load_tokenizer, tiny_random_model
+    from agents.models import load_model, tiny_random_model
 
+    tokenizer = _load_tokenizer_of(tokenizer_source or name)
     if name == TINY_MODEL:
-        return tiny_random_model(seed=0), load_tokenizer()
-    return load_model(name, shared=False), load_tokenizer(tokenizer_source or name)
+        return tiny_random_model(seed=0), tokenizer
+    return load_model(name, shared=False), tokenizer
+
+
+def check_task_budgets(tasks, suite_name: str, tokenizer, *, max_steps_per_turn: int, max_new_tokens: int,
+                       max_episode_tokens: int | None, min_fraction: float, command: str,
+                       names: dict[str, str] | None = None, threshold_name: str = "--min-solvable-fraction",
+                       log=print):
+    """`agents.budgets.budget_report` of `tasks` then `agents.budgets.require_solvable`; returns the report.
+
+    Raises:
+        agents.budgets.BudgetError: fewer than `min_fraction` of the tasks can be completed (the message names
+            the option to raise).
+    """
+    from agents.budgets import budget_report, require_solvable
+    from envace_gym.suites import make_suite
+
+    report = budget_report(tasks, make_suite(suite_name), tokenizer, max_steps_per_turn=max_steps_per_turn,
+                           max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens,
+                           min_fraction=min_fraction)
+    require_solvable(report, min_fraction, command=command, names=names, threshold_name=threshold_name, log=log)
+    return report
 
 
 class RoleWiseGRPOTrainer:
@@ -118,15 +150,39 @@ class RoleWiseGRPOTrainer:
         run_dir: where checkpoints, ``metrics.jsonl``, ``config.yaml`` and ``tb/`` go.
 
     Raises:
-        ValueError: the suite, categories and split give fewer tasks than ``batch_tasks``.
+        ValueError: the suite, categories and split give fewer tasks than ``batch_tasks``, or ``task_ids`` names
+            a task they do not hold.
+        agents.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the selected tasks can be completed
+            within ``max_steps_per_turn``, ``max_new_tokens`` and ``max_episode_tokens`` (checked before the
+            model loads).
     """
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TrainConfig, log=print) -> None:
+        from envace_gym.suites import make_suite
+
         self.config = config
         self.run_dir = Path(config.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         source = config.init or config.model
+        tokenizer = _load_tokenizer_of(source)
+        tasks = make_suite(config.suite).tasks(config.categories, config.split)
+        all_ids = [t.id for t in tasks]
+        if config.task_ids:
+            missing = sorted(set(config.task_ids) - set(all_ids))
+            if missing:
+                raise ValueError(f"task_ids not in {config.suite}/{config.categories}/{config.split}: {missing[:5]}")
+            keep = set(config.task_ids)
+            tasks = [t for t in tasks if t.id in keep]
+            all_ids = list(config.task_ids)
+        if len(all_ids) < config.batch_tasks:
+            raise ValueError(f"only {len(all_ids)} tasks available but batch_tasks={config.batch_tasks}; lower --batch-tasks")
+        self.budget_report = check_task_budgets(
+            tasks, config.suite, tokenizer, max_steps_per_turn=config.max_steps_per_turn,
+            max_new_tokens=config.max_new_tokens, max_episode_tokens=config.max_episode_tokens,
+            min_fraction=config.min_solvable_fraction, command="envace train", log=log,
+        )
+        self.task_pool = all_ids
         model, tokenizer = _load_trainable(source)
         self.tokenizer = tokenizer
         self.policy = Policy(model, tokenizer)
@@ -169,16 +225,8 @@ class RoleWiseGRPOTrainer:
             max_steps_per_turn=config.max_steps_per_turn,
             max_episode_tokens=config.max_episode_tokens,
         )
-        all_ids = [t.id for t in self.env.envs[0].tasks]
-        if config.task_ids:
-            missing = sorted(set(config.task_ids) - set(all_ids))
-            if missing:
-                raise ValueError(f"task_ids not in {config.suite}/{config.categories}/{config.split}: {missing[:5]}")
-            all_ids = list(config.task_ids)
-        if len(all_ids) < config.batch_tasks:
-            raise ValueError(f"only {len(all_ids)} tasks available but batch_tasks={config.batch_tasks}; lower --batch-tasks")
-        self.task_pool = all_ids
         self.step = 0
+        self.nonfinite_in_a_row = 0
         self._writer = None
         ckpt = latest_checkpoint(self.run_dir) if config.resume else None
         if ckpt is not None:
@@ -232,7 +280,6 @@ class RoleWiseGRPOTrainer:
             temperature=cfg.temperature,
             seed=int(np.random.default_rng([cfg.seed, self.step, 1]).integers(2**31 - 1)),
             rollout=cfg.rollout,
-            max_steps=cfg.max_rollout_steps,
             invalid_action_penalty=cfg.invalid_action_penalty,
         )
         batch = build_batch(
@@ -246,6 +293,7 @@ class RoleWiseGRPOTrainer:
         )
         t1 = time.perf_counter()
         train_stats = self.update(batch)
+        self.clear_kv_caches()
         t2 = time.perf_counter()
         with warnings.catch_warnings():
             # per_role: a model whose role had no loss token this batch skipped its optimizer step on purpose
@@ -257,23 +305,47 @@ class RoleWiseGRPOTrainer:
         self._log(metrics)
         return metrics
 
+    def clear_kv_caches(self) -> None:
+        """Drop every prefix-KV entry of the trained models, explicitly, after their weights changed.
+
+        `agents.kv_cache.PrefixKVCache.sync` also notices most weight changes through ``Tensor._version``,
+        but an update that does not bump it (a fused AdamW kernel, ``p.data = ...``) would leave keys and
+        values of the old weights in place: the next rollout's prompts would reuse them and record logprobs
+        of a policy that no longer exists.
+        """
+        for policy in (self.policy, self.rehearse_policy):
+            if policy.kv_cache is not None:
+                policy.kv_cache.clear()
+
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """``ppo_epochs`` x ``num_minibatches`` optimizer steps on `batch`; returns mean loss statistics.
+
+        Statistics are averaged over the (model, minibatch) targets that had loss tokens; a target without
+        any (``policy="per_role"``: a minibatch with no REHEARSE token for the REHEARSE model) takes no
+        optimizer step and is left out of the means. ``update_targets`` counts the targets averaged.
 
         When the batch carries no learning signal (every advantage is 0, e.g. all rewards of every group
         equal, and ``beta == entropy_coef == 0``), the forward and backward passes are skipped: the loss
         would be exactly 0 with zero gradients. ``stats["skipped_update"]`` is then 1; AdamW's weight decay
         is not applied on such a step (DAPO-style dynamic sampling drops such groups altogether).
+
+        A target whose loss or clipped gradient norm is not finite is not applied (`_minibatch_step`):
+        ``skipped_nonfinite`` counts them; ``max_nonfinite_steps`` such steps in a row raise.
+
+        Raises:
+            FloatingPointError: ``max_nonfinite_steps`` optimizer steps in a row had a non-finite loss or
+                gradient (the message says what to change).
         """
         cfg = self.config
         if cfg.beta == 0 and cfg.entropy_coef == 0 and not bool((batch.advantages[batch.loss_mask] != 0).any()):
-            return {"skipped_update": 1.0, "update_tokens": 0.0, "ratio_mean": 1.0}
+            return {"skipped_update": 1.0, "update_tokens": 0.0, "ratio_mean": 1.0, "skipped_nonfinite": 0.0,
+                    "update_targets": 0.0}
         for m in self.models.values():
             m.train()
         n = batch.num_rows
         order_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
         sums: dict[str, float] = {}
-        count = 0
+        count = nonfinite = 0
         tokens = 0
         targets = [("model", self.policy.model, None)]
         if "rehearse_model" in self.models:
@@ -286,22 +358,37 @@ class RoleWiseGRPOTrainer:
                 mb = batch.select(mb_rows)
                 for name, model, role in targets:
                     stats = self._minibatch_step(name, model, mb, role)
+                    bar.update(1)
+                    if stats is None:  # no loss token for this model in this minibatch
+                        continue
                     tokens += int(mb.attention_mask.sum())
+                    if stats.pop("nonfinite"):
+                        nonfinite += 1
+                        continue
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v
                     count += 1
-                    bar.update(1)
         bar.close()
-        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out = {k: v / count for k, v in sums.items()} if count else {"ratio_mean": 1.0}
         out["update_tokens"] = float(tokens)
-        out["skipped_update"] = 0.0
+        out["skipped_update"] = 0.0 if count else 1.0
+        out["skipped_nonfinite"] = float(nonfinite)
+        out["update_targets"] = float(count)
         return out
 
-    def _minibatch_step(self, name: str, model: torch.nn.Module, mb: RolloutBatch, role: Role | None) -> dict[str, float]:
+    def _minibatch_step(self, name: str, model: torch.nn.Module, mb: RolloutBatch, role: Role | None) -> dict[str, float] | None:
+        """One optimizer step of `model` on the loss tokens of `mb` (of `role` only, when given).
+
+        Returns None when there is no such token (nothing is computed). Otherwise the loss statistics plus
+        ``grad_norm`` (before clipping) and ``nonfinite``: True when the loss or the clipped gradient norm
+        is not finite, in which case the gradients are dropped and ``optimizer.step()`` is not called.
+        """
         cfg = self.config
         mask = mb.loss_mask  # (n, T) bool
         if role is not None:
             mask = mask & (mb.role_mask == int(role))  # (n, T)
+        if not bool(mask.any()):
+            return None
         temperature = cfg.temperature if cfg.temperature > 0 else 1.0
         if cfg.entropy_coef > 0:
             logprobs, entropy = token_logprobs(
@@ -327,19 +414,32 @@ class RoleWiseGRPOTrainer:
         )
         opt = self.optimizers[name]
         opt.zero_grad(set_to_none=True)
-        if bool(mask.any()):
+        stats = dict(stats)
+        grad_norm = float("nan")
+        finite = math.isfinite(float(loss.detach()))
+        if finite:
             loss.backward()
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
             if cfg.max_grad_norm > 0:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
             else:
-                grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])))
+                grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+            # after clipping: a NaN/inf norm leaves NaN/inf in the clipped gradients as well
+            finite = math.isfinite(grad_norm) and all(bool(torch.isfinite(g).all()) for g in grads)
+        if finite:
             opt.step()
+            self.nonfinite_in_a_row = 0
         else:
-            grad_norm = 0.0
-        stats = dict(stats)
-        stats["grad_norm"] = grad_norm
-        if not math.isfinite(stats.get("loss", 0.0)):
-            raise FloatingPointError(f"non-finite loss at step {self.step}: {stats}")
+            opt.zero_grad(set_to_none=True)
+            self.nonfinite_in_a_row += 1
+            if self.nonfinite_in_a_row >= cfg.max_nonfinite_steps:
+                raise FloatingPointError(
+                    f"{self.nonfinite_in_a_row} optimizer steps in a row had a non-finite loss or gradient (last at "
+                    f"training step {self.step}, {name}); lower --lr, keep --max-grad-norm > 0, or check the model "
+                    f"in {self.config.init or self.config.model}; --max-nonfinite-steps sets how many are tolerated"
+                )
+        stats["grad_norm"] = grad_norm if finite else 0.0
+        stats["nonfinite"] = not finite
         return stats
 
     # ------------------------------------------------------------------ checkpoints and metrics
@@ -360,8 +460,10 @@ class RoleWiseGRPOTrainer:
             "rollout/reward_std": float(rewards.std()),
             "rollout/verifier_reward_mean": float(np.mean(rstats["verifier_rewards"])),
             "rollout/empty_action_rate": float(np.mean([e > 0 for e in rstats["empty_actions"]])),
-            "rollout/truncated_rate": float(np.mean([t.truncated for t in trajectories])),
+            "rollout/truncated_fraction": float(np.mean([t.truncated for t in trajectories])),
+            "rollout/reward_capped_fraction": float(np.mean(rstats["budget_hit"])),
             "rollout/parse_error_rate": _parse_error_rate(trajectories),
+            "rollout/groups_with_reward_variance": _groups_with_variance(rewards, rstats["group_ids"]),
         }
         generated = 0
         for role in (Role.ACT, Role.REHEARSE):
@@ -381,7 +483,7 @@ class RoleWiseGRPOTrainer:
             m[f"train/advantage_std/{key}"] = float(seg_a.std(unbiased=False)) if len(seg_a) else 0.0
             m[f"train/advantage_abs/{key}"] = float(seg_a.abs().mean()) if len(seg_a) else 0.0
         for k in ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm",
-                  "skipped_update"):
+                  "skipped_update", "skipped_nonfinite", "update_targets"):
             m[f"train/{k}"] = float(train_stats.get(k, 0.0))
         m["train/lr"] = float(self.schedulers["model"].get_last_lr()[0])
         step_s = rollout_s + update_s
@@ -405,6 +507,12 @@ class RoleWiseGRPOTrainer:
             for k, v in metrics.items():
                 if k != "step" and isinstance(v, (int, float)):
                     self._writer.add_scalar(k, v, metrics["step"])
+
+
+def _groups_with_variance(rewards: np.ndarray, group_ids: list[int]) -> int:
+    """Groups whose K trajectory rewards are not all equal (the groups that carry a learning signal)."""
+    ids = np.asarray(group_ids)
+    return int(sum(float(np.ptp(rewards[ids == g])) > 0 for g in np.unique(ids)))
 
 
 def _parse_error_rate(trajectories: list[Trajectory]) -> float:

@@ -10,6 +10,10 @@ A suite provides three things:
 * `Suite.make_backend(task)`: a fresh, isolated `ToolBackend` for one rollout (never shared).
 * `Suite.verify(task, calls_per_turn, responses_per_turn)`: the outcome reward and per-turn details,
   computed by replaying the ACT calls on fresh real backends (DESIGN.md §3, "Rewards come from the task").
+
+Optionally, ``Suite.ground_truth(task) -> list[list[ToolCall]] | None``: a reference solution, the calls of
+each user turn (turns × calls), or None when the task has none. `agents.budgets` reads it to tell whether the
+configured step and token budgets leave a task completable; a suite without it is not checked.
 """
 
 from __future__ import annotations

@@ -355,15 +355,18 @@ class GeneratedText(str):
     Attributes:
         token_ids: the generated ids `(C,)`, including the end-of-message token if generation stopped on it.
         logprobs: the sampling policy's logprob per id `(C,)`, or None.
+        stopped: False when generation hit its ``max_new_tokens`` before a stop token (the message was cut).
     """
 
     token_ids: list[int]
     logprobs: list[float] | None
+    stopped: bool
 
-    def __new__(cls, text: str, token_ids: list[int], logprobs: list[float] | None = None) -> GeneratedText:
+    def __new__(cls, text: str, token_ids: list[int], logprobs: list[float] | None = None, stopped: bool = True) -> GeneratedText:
         obj = super().__new__(cls, text)
         if logprobs is not None and len(logprobs) != len(token_ids):
             raise ValueError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs; they must match")
         obj.token_ids = list(token_ids)
         obj.logprobs = list(logprobs) if logprobs is not None else None
+        obj.stopped = bool(stopped)
         return obj

@@ -48,7 +48,12 @@ class ScriptedBackend:
         return json.dumps({"total": self.total, "log": self.log}).encode()
 
 
-def _task(i: int, turns: list[str], target: int) -> Task:
+REFERENCE: dict[str, list[list[ToolCall]]] = {}
+"""A reference solution per task id (what `ScriptedSuite.ground_truth` returns)."""
+
+
+def _task(i: int, turns: list[str], target: int, reference: list[list[ToolCall]]) -> Task:
+    REFERENCE[f"scripted_{i}"] = reference
     return Task(
         id=f"scripted_{i}",
         suite="scripted",
@@ -59,10 +64,14 @@ def _task(i: int, turns: list[str], target: int) -> Task:
     )
 
 
+def _add(value: int) -> ToolCall:
+    return ToolCall("add", {"value": value})
+
+
 TASKS = [
-    _task(0, ["Add 2 to the total."], 2),
-    _task(1, ["Add 3 to the total.", "Now add 4."], 7),
-    _task(2, ["Echo 'hi'.", "Add 5.", "Add -1."], 4),
+    _task(0, ["Add 2 to the total."], 2, [[_add(2)]]),
+    _task(1, ["Add 3 to the total.", "Now add 4."], 7, [[_add(3)], [_add(4)]]),
+    _task(2, ["Echo 'hi'.", "Add 5.", "Add -1."], 4, [[ToolCall("echo", {"text": "hi"})], [_add(5)], [_add(-1)]]),
 ]
 
 
@@ -76,6 +85,9 @@ class ScriptedSuite:
 
     def make_backend(self, task: Task) -> ScriptedBackend:
         return ScriptedBackend(task.metadata.get("start", 0))
+
+    def ground_truth(self, task: Task) -> list[list[ToolCall]] | None:
+        return REFERENCE.get(task.id)
 
     def verify(self, task, calls_per_turn, final_responses=None) -> VerifierResult:
         backend = self.make_backend(task)

@@ -9,7 +9,13 @@ from envace_gym.types import Task, ToolCall
 
 from benchmarks.bfcl import data
 from benchmarks.bfcl.backend import SingleTurnBackend
-from benchmarks.bfcl.verify import make_multi_turn_backend, verify_multi_turn, verify_single_turn
+from benchmarks.bfcl.verify import (
+    ground_truth_tool_calls,
+    make_multi_turn_backend,
+    single_turn_ground_truth_calls,
+    verify_multi_turn,
+    verify_single_turn,
+)
 
 __all__ = ["BFCLSuite"]
 
@@ -94,6 +100,20 @@ class BFCLSuite:
         if task.verifier == "bfcl.ast":
             return SingleTurnBackend(task.id)
         raise ValueError(f"task {task.id!r} has verifier {task.verifier!r}; BFCLSuite handles bfcl.multi_turn and bfcl.ast")
+
+    def ground_truth(self, task: Task) -> list[list[ToolCall]] | None:
+        """A reference solution: the ground-truth calls of each user turn, ``(turns, calls)``.
+
+        Multi-turn: BFCL's ``possible_answer`` calls with positional arguments bound
+        (`benchmarks.bfcl.verify.ground_truth_tool_calls`); single-turn: one turn holding the first
+        alternative of each possible answer (`benchmarks.bfcl.verify.single_turn_ground_truth_calls`;
+        irrelevance tasks: one turn without calls). None for a task of another suite.
+        """
+        if task.verifier == "bfcl.multi_turn":
+            return ground_truth_tool_calls(task)
+        if task.verifier == "bfcl.ast":
+            return [single_turn_ground_truth_calls(task)]
+        return None
 
     def verify(
         self,

@@ -48,7 +48,9 @@ class RehearseEnv(ToolUseEnv):
     Everything `ToolUseEnv` gives, plus ``rehearsals``: one dict per rehearsed call of this step with
     ``call`` (OpenAI dict), ``text``, ``token_ids``, ``logprobs``, ``prompt_ids`` (separate mode, else None),
     ``stopped``; ``num_tokens``: the length of the token sequence; ``rehearsal_tokens``: the episode's
-    REHEARSE tokens so far.
+    REHEARSE tokens so far; ``cut_generations``: generated messages of the episode (ACT actions passed as
+    `GeneratedText` and rehearsals) that reached their ``max_new_tokens`` before a stop token (also the
+    attribute ``cut_generations``, reset by `reset`).
 
     ## Arguments
     All of `ToolUseEnv`'s except ``backend_factory``, and:
@@ -137,6 +139,7 @@ class RehearseEnv(ToolUseEnv):
         self._episode_tokens = len(prompt)
         self._rehearsals: list[dict[str, Any]] = []
         self.rehearsal_rows: list[dict[str, Any]] = []
+        self.cut_generations = 0
         info.update(self._token_info())
         return obs, info
 
@@ -147,6 +150,8 @@ class RehearseEnv(ToolUseEnv):
         `rehearse_request` / `accept_rehearsal` so one batched model call serves all envs.
         """
         self._rehearsals = []
+        if not getattr(action, "stopped", True):
+            self.cut_generations += 1
         obs, reward, terminated, truncated, info = yield from super().step_coroutine(action)
         if not (terminated or truncated):
             self._append(Role.TEMPLATE, self.renderer.open_ids("assistant"))
@@ -190,6 +195,8 @@ class RehearseEnv(ToolUseEnv):
 
     def accept_rehearsal(self, call: ToolCall, response: RehearseResponse) -> str:
         """Record the rehearsed response to `call` (as made by `rehearse_request`) and return its text."""
+        if not response.stopped:
+            self.cut_generations += 1
         self._rehearsals.append(
             {
                 "call": call.to_openai(),
@@ -257,4 +264,5 @@ class RehearseEnv(ToolUseEnv):
     def _token_info(self) -> dict[str, Any]:
         assert self.trajectory is not None
         counts = self.trajectory.tokens_per_role()
-        return {"num_tokens": sum(counts.values()), "rehearsal_tokens": counts["REHEARSE"]}
+        return {"num_tokens": sum(counts.values()), "rehearsal_tokens": counts["REHEARSE"],
+                "cut_generations": self.cut_generations}

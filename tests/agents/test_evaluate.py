@@ -33,7 +33,7 @@ def _rule(ctx):
 def test_cli_eval_writes_jsonl_and_csv_with_the_right_columns(tmp_path):
     out = tmp_path / "ev"
     rc = main(["eval", "--model", "tiny-random", "--suite", "scripted", "--split", "all", "--limit", "2",
-               "--max-new-tokens", "6", "--max-steps-per-turn", "1", "--out", str(out)])
+               "--max-new-tokens", "6", "--max-steps-per-turn", "1", "--min-solvable-fraction", "0", "--out", str(out)])
     assert rc == 0
     episodes = [json.loads(line) for line in open(out / "episodes.jsonl", encoding="utf-8")]
     assert [e["task_id"] for e in episodes] == ["scripted_0", "scripted_1"]
@@ -48,7 +48,7 @@ def test_cli_eval_writes_jsonl_and_csv_with_the_right_columns(tmp_path):
 def test_accuracy_matches_rewards_and_rehearsal_columns(tmp_path):
     policy = ScriptedPolicy(_rule)
     config = EvalConfig(model="tiny-random", suite="scripted", split="all", limit=2, max_new_tokens=6,
-                        max_steps_per_turn=3, rehearsal_n=1, memory_tokens=32, attempt_max_steps=1,
+                        max_steps_per_turn=3, rehearsal_n=1, memory_tokens=32, attempt_max_steps=1, min_solvable_fraction=0.0,
                         critique_tokens=4, out=str(tmp_path / "r"))
     result = evaluate(config, policy=policy, log=None)
     rewards = {e["task_id"]: e["reward"] for e in result.episodes}
@@ -73,7 +73,8 @@ def test_overall_is_the_unweighted_category_mean():
 def test_fidelity_eval_and_report_write_tables_and_pngs(tmp_path):
     policy = ScriptedPolicy(_rule)
     fid = evaluate(EvalConfig(model="tiny-random", suite="scripted", split="all", limit=1, max_new_tokens=6,
-                              max_steps_per_turn=2, fidelity=True, out=str(tmp_path / "fid")), policy=policy, log=None)
+                              max_steps_per_turn=2, fidelity=True, min_solvable_fraction=0.0, out=str(tmp_path / "fid")),
+                   policy=policy, log=None)
     assert fid.episodes[0]["fidelity_calls"] == 1 and fid.fidelity_calls[0]["real"] == '{"total": 2}'
     fields, rows = _read_csv(tmp_path / "fid" / "fidelity_per_tool.csv")
     assert fields == FIDELITY_FIELDS and [r["group"] for r in rows] == ["add", "all"]

@@ -10,7 +10,8 @@ from agents.cli import main
 from agents.pipeline import PipelineConfig
 
 ARGS = ["--model", "tiny-random", "--sft-steps", "1", "--sft-max-demos", "1", "--grpo-steps", "1",
-        "--eval-tasks", "1", "--max-new-tokens", "4", "--grpo-max-rollout-steps", "2"]
+        "--eval-tasks", "1", "--max-new-tokens", "4", "--rehearse-max-new-tokens", "4",
+        "--grpo-max-steps-per-turn", "2", "--eval-max-steps-per-turn", "2", "--min-solvable-fraction", "0"]
 
 
 @pytest.mark.slow

@@ -212,6 +212,21 @@ def test_empty_action_penalty_and_step_cap(policy, venvs):
     assert stats["num_capped"] == sum(not t.terminated for t in trajs)
 
 
+@pytest.mark.parametrize("mode", ["inline", "separate"])
+def test_budget_hits_are_counted_per_trajectory(policy, rollouts, mode):
+    """``budget_hit`` = truncated, or a generated ACT message / rehearsal that ended without its stop token
+    (recomputed here from the recorded segments and rehearsal rows)."""
+    trajs, stats = rollouts[mode]
+    stops = set(policy.stop_ids)
+    for t, cut, hit in zip(trajs, stats["cut_generations"], stats["budget_hit"]):
+        generated = [s.token_ids for s in t.segments if s.role in (Role.ACT, Role.REHEARSE) and s.logprobs is not None]
+        generated += [r["token_ids"] for e in t.turn_info for r in e["rehearsals"]]
+        expected_cut = sum(ids[-1] not in stops for ids in generated)
+        assert cut == expected_cut
+        assert hit == (t.truncated or expected_cut > 0)
+    assert any(stats["cut_generations"])  # NEW = 6 tokens cut most of the random model's messages
+
+
 def test_argument_errors(policy, venvs, rollouts):
     with pytest.raises(ValueError, match="num_envs=4"):
         collect_rollouts(policy, venvs["inline"], ["scripted_0"], 3)

@@ -159,7 +159,8 @@ def test_cli_checkpoint_is_a_grpo_init_and_resume_is_exact(tmp_path):
 
     grpo = RoleWiseGRPOTrainer(TrainConfig(
         run_dir=str(tmp_path / "grpo"), init=str(ckpt / "model"), model="tiny-random", suite="scripted-length",
-        categories=[], batch_tasks=2, group_size=2, max_new_tokens=4, rehearse_max_new_tokens=4, max_rollout_steps=2,
+        categories=[], batch_tasks=2, group_size=2, max_new_tokens=4, rehearse_max_new_tokens=4, max_steps_per_turn=2,
+        min_solvable_fraction=0.0,
         num_steps=1, tensorboard=False,
     ))
     g = grpo.policy.model.state_dict()

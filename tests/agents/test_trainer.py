@@ -14,7 +14,7 @@ from agents.trainer import RoleWiseGRPOTrainer
 
 FAST = dict(
     model="tiny-random", suite="scripted-length", categories=[], batch_tasks=2, group_size=2,
-    max_new_tokens=6, rehearse_max_new_tokens=6, max_rollout_steps=3, max_steps_per_turn=2,
+    max_new_tokens=6, rehearse_max_new_tokens=6, max_steps_per_turn=2, min_solvable_fraction=0.0,
     lr=1e-3, tensorboard=False,
 )
 
@@ -27,7 +27,7 @@ def test_envace_train_cli_one_step_writes_checkpoint_and_metrics(tmp_path):
     run = tmp_path / "run"
     args = ["train", "--run-dir", str(run), "--model", "tiny-random", "--suite", "scripted-length", "--categories",
             "--num-steps", "1", "--batch-tasks", "2", "--group-size", "2", "--max-new-tokens", "6",
-            "--rehearse-max-new-tokens", "6", "--max-rollout-steps", "3", "--tensorboard", "true"]
+            "--rehearse-max-new-tokens", "6", "--max-steps-per-turn", "2", "--min-solvable-fraction", "0", "--tensorboard", "true"]
     assert main(args) == 0
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 1
@@ -118,3 +118,58 @@ def test_a_batch_without_signal_skips_the_update_and_leaves_weights_unchanged(tm
     assert m["train/skipped_update"] == 1.0 and m["rollout/reward_std"] == 0.0
     after = _params(trainer.policy.model)
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_truncation_and_budget_metrics_are_logged(tmp_path):
+    trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path), num_steps=1, **FAST))
+    (m,) = trainer.train(progress=False)
+    assert 0 <= m["rollout/truncated_fraction"] <= m["rollout/reward_capped_fraction"] <= 1
+    assert m["rollout/reward_capped_fraction"] > 0  # 6-token ACT messages: the random model is cut
+    assert 0 <= m["rollout/groups_with_reward_variance"] <= FAST["batch_tasks"]
+
+
+def test_per_role_statistics_average_only_models_with_loss_tokens(tmp_path):
+    """No tool call is made, so the REHEARSE model has no token: its empty target must not halve the ratio."""
+    trainer = RoleWiseGRPOTrainer(TrainConfig(
+        run_dir=str(tmp_path), num_steps=1, **{**FAST, "suite": "scripted", "policy": "per_role", "beta": 0.05}))
+    (m,) = trainer.train(progress=False)
+    assert m["rollout/tokens/rehearse"] == 0 and m["rollout/tokens/act"] > 0
+    assert m["train/update_targets"] == 1 and m["train/skipped_update"] == 0
+    assert m["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_prefix_kv_is_cleared_after_a_fused_adamw_step(tmp_path):
+    """Fused AdamW updates the weights without bumping ``Tensor._version``: the cached prompt KV of the old
+    weights must still not be reused, so the next rollout's logprobs equal a full recompute."""
+    from agents.logprobs import token_logprobs
+
+    trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path), num_steps=1, **{**FAST, "beta": 0.05, "lr": 5e-2}))
+    model = trainer.policy.model
+    trainer.optimizers["model"] = torch.optim.AdamW(model.parameters(), lr=5e-2, fused=True)
+    trainer.schedulers["model"] = torch.optim.lr_scheduler.LambdaLR(trainer.optimizers["model"], lambda s: 1.0)
+    versions = [p._version for p in model.parameters()]
+    before = _params(model)
+    trainer.train_step()
+    assert [p._version for p in model.parameters()] == versions  # the fingerprint alone would miss this update
+    assert any(not torch.equal(before[k], v) for k, v in _params(model).items())
+    assert len(trainer.policy.kv_cache) == 0
+    prompt = trainer.env.envs[0].trajectory.token_ids[:40]
+    (g,) = trainer.policy.generate([prompt], max_new_tokens=4, temperature=1.0, seeds=[0])
+    ids = torch.tensor([prompt + g.token_ids])
+    with torch.no_grad():
+        recomputed = token_logprobs(model.eval(), ids, torch.ones_like(ids))[0, len(prompt):]
+    assert torch.allclose(recomputed, torch.tensor(g.logprobs), atol=1e-4)
+
+
+def test_non_finite_gradients_are_skipped_then_stop_the_run(tmp_path):
+    trainer = RoleWiseGRPOTrainer(TrainConfig(
+        run_dir=str(tmp_path), num_steps=3, **{**FAST, "beta": 0.05, "max_nonfinite_steps": 2}))
+    embed = trainer.policy.model.get_input_embeddings().weight
+    embed.register_hook(lambda g: g * float("nan"))
+    before = _params(trainer.policy.model)
+    m = trainer.train_step()
+    assert m["train/skipped_nonfinite"] == 1 and m["train/update_targets"] == 0
+    after = _params(trainer.policy.model)
+    assert all(torch.equal(before[k], after[k]) for k in before)  # nothing was applied
+    with pytest.raises(FloatingPointError, match="2 optimizer steps in a row.*--max-nonfinite-steps"):
+        trainer.train_step()
