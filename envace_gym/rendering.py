@@ -35,6 +35,18 @@ Known differences between piecewise and whole rendering (each is covered by a te
 3. Templates without a tool role (SmolLM2's plain ChatML) render a tool message as
    ``<|im_start|>tool\\n...<|im_end|>\\n``; the model has not been trained on that role but the format is
    consistent between rollout and training.
+4. Templates that rewrite history (Qwen3): the whole rendering drops the ``<think>`` block of every assistant
+   message before the last user query, and gives the final assistant message an empty
+   ``<think>\\n\\n</think>\\n\\n`` when it has none. A rollout never re-renders, so its earlier turns keep the
+   think blocks the model generated and its messages open with the generation prompt
+   (``<|im_start|>assistant\\n``), after which the model writes its own think block. The pieces are measured
+   so that such rewrites do not matter (`ChatRenderer.open_ids`).
+
+Where a message ends. A generated message (ACT, or an inline REHEARSE tool response) ends on the first stop
+token of its role's close (`stop_token_ids`); whatever the close holds before that token is part of the
+message the model writes (Qwen's tool close ``\\n</tool_response><|im_end|>\\n``: the rehearser writes
+``...\\n</tool_response><|im_end|>``), and only the rest is appended as template
+(`after_generation_ids`, `generation_end_ids`). Supervised targets end the same way.
 """
 
 from __future__ import annotations
@@ -47,6 +59,10 @@ from envace_gym.types import Message, MessageRole, ToolSpec
 __all__ = ["supports_tools", "hermes_system_prompt", "ChatRenderer"]
 
 _SENTINEL = "ENVACESENTINELCONTENT"
+_PREVIOUS = "ENVACEPREVIOUSCONTENT"
+_SYS = {"role": "system", "content": "P"}
+_USER = {"role": "user", "content": "U"}
+_ASST = {"role": "assistant", "content": "A"}
 _PROBE_TOOL = ToolSpec(
     name="envace_probe_tool_zq",
     description="probe",
@@ -229,25 +245,48 @@ class ChatRenderer:
         """
         return self._encode(text)
 
-    def _probe(self, role: MessageRole) -> tuple[list[int], list[int]]:
-        if role in self._pieces:
-            return self._pieces[role]
-        sys_ = {"role": "system", "content": "P"}
-        user = {"role": "user", "content": "U"}
-        asst = {"role": "assistant", "content": "A"}
-        prefix = {"system": [], "user": [sys_, user, asst], "assistant": [sys_, user], "tool": [sys_, user, asst]}[role]
+    def _render_probe(self, role: MessageRole, messages: list[dict[str, Any]]) -> str:
         try:
-            before = _apply(self.tokenizer, prefix, None, False) if prefix else ""
-            full = _apply(self.tokenizer, [*prefix, {"role": role, "content": _SENTINEL}], None, False)
+            return _apply(self.tokenizer, messages, None, False)
         except Exception as e:  # noqa: BLE001 - re-raised with the role named
             raise ValueError(f"the chat template cannot render a {role!r} message: {e}") from e
-        if not full.startswith(before) or full.count(_SENTINEL) != 1:
-            raise ValueError(
-                f"the chat template does not render a {role!r} message as an appendable piece "
-                "(the conversation before it renders differently once it is added), so it cannot be used "
-                "token-in-token-out"
-            )
-        open_text, close_text = full[len(before) :].split(_SENTINEL)
+
+    def _close_text(self, role: MessageRole) -> str:
+        """The text a message of `role` ends with: what follows its content when it is the last message."""
+        prefix = {"system": [], "user": [_SYS], "assistant": [_SYS, _USER], "tool": [_SYS, _USER, _ASST]}[role]
+        full = self._render_probe(role, [*prefix, {"role": role, "content": _SENTINEL}])
+        if full.count(_SENTINEL) != 1:
+            raise ValueError(f"the chat template does not render a {role!r} message's content once, verbatim")
+        return full.split(_SENTINEL)[1]
+
+    def _probe(self, role: MessageRole) -> tuple[list[int], list[int]]:
+        """Measure the open and close text of `role` in the rendering of a probe conversation.
+
+        close: the text after the content of a final `role` message. open: the text between the content of
+        the message before it and its own content, less the previous message's close. Only the previous
+        message's content has to survive verbatim, so templates that rewrite other parts of earlier messages
+        (Qwen3's think blocks) can still be split; one that rewrites that content cannot.
+        """
+        if role in self._pieces:
+            return self._pieces[role]
+        close_text = self._close_text(role)
+        if role == "system":
+            full = self._render_probe(role, [{"role": "system", "content": _SENTINEL}])
+            open_text = full.split(_SENTINEL)[0]
+        else:
+            prev_role: MessageRole = "user" if role == "assistant" else "assistant"
+            prefix = [_SYS, _USER] if role != "assistant" else [_SYS]
+            prev = {"role": prev_role, "content": _PREVIOUS}
+            full = self._render_probe(role, [*prefix, prev, {"role": role, "content": _SENTINEL}])
+            between = full.split(_PREVIOUS)[-1].split(_SENTINEL)[0] if full.count(_PREVIOUS) == 1 else None
+            prev_close = self._close_text(prev_role)
+            if between is None or full.count(_SENTINEL) != 1 or not between.startswith(prev_close):
+                raise ValueError(
+                    f"the chat template does not render a {role!r} message as an appendable piece "
+                    "(the message before it renders differently once it is added), so it cannot be used "
+                    "token-in-token-out"
+                )
+            open_text = between[len(prev_close):]
         self._pieces[role] = (self._encode(open_text), self._encode(close_text))
         return self._pieces[role]
 
@@ -256,11 +295,19 @@ class ChatRenderer:
 
         For ``"system"`` this includes whatever the template writes before the first message (a BOS
         text, for instance). For ``"tool"`` with a Qwen template it is ``<|im_start|>user\\n<tool_response>\\n``.
+        For ``"assistant"`` it is the generation prompt (`generation_prompt_ids`), the opening the model is
+        conditioned on when it writes a message, whenever the template's own opening of a final assistant
+        message starts with it (Qwen3 adds an empty think block there, which the model writes itself).
 
         Raises:
             ValueError: the template cannot render that role incrementally (see the class docstring).
         """
-        return list(self._probe(role)[0])
+        opened = list(self._probe(role)[0])
+        if role == "assistant":
+            gen = self.generation_prompt_ids
+            if self.tokenizer.decode(opened).startswith(self.tokenizer.decode(gen)):
+                return gen
+        return opened
 
     def close_ids(self, role: MessageRole) -> list[int]:
         """The template ids that close a message of `role` (ChatML: ``<|im_end|>\\n``).
@@ -315,12 +362,30 @@ class ChatRenderer:
             out.append(eos)
         return list(dict.fromkeys(out))
 
+    def _stop_index(self, role: MessageRole) -> int | None:
+        """Index in ``close_ids(role)`` of its first stop token (`stop_token_ids`), or None."""
+        stops = set(self.stop_token_ids)
+        return next((i for i, t in enumerate(self.close_ids(role)) if t in stops), None)
+
+    def generation_end_ids(self, role: MessageRole = "assistant") -> list[int]:
+        """The ids a model writes to end a message of `role`: the close up to and including its stop token.
+
+        ChatML: ``<|im_end|>`` for every role; a Qwen tool message: ``\\n</tool_response><|im_end|>``. A close
+        without a stop token gives the first stop id (`stop_token_ids`). Demonstrations end their ACT and
+        REHEARSE targets with these ids, so supervised targets end exactly as generated messages do.
+        """
+        j = self._stop_index(role)
+        return self.close_ids(role)[: j + 1] if j is not None else self.stop_token_ids[:1]
+
     def after_generation_ids(self, generated_ids: list[int], role: MessageRole = "assistant") -> list[int]:
         """The template ids to append after a generated message of `role` to close it.
 
-        Generation usually stops on, and includes, the first id of ``close_ids(role)`` (``<|im_end|>``);
-        then only the rest of the close is needed (ChatML: ``\\n``). Otherwise (a length cut-off, or a stop
-        on another token such as a separate EOS) the whole ``close_ids(role)`` is appended after it.
+        A message that ended on a stop token of the close (``close_ids(role)[j]``; ChatML ``<|im_end|>``) gets
+        only what follows it, ``close_ids(role)[j + 1:]`` (ChatML ``\\n``), whatever the model wrote before
+        its stop: the close's text before the stop token (Qwen's ``\\n</tool_response>``) belongs to the
+        message the model writes, and nothing is ever inserted before a generated token. A message cut by
+        the length limit (or stopped on a token not in the close, such as a separate EOS) gets the close
+        minus the longest prefix of it that the message already ends with.
 
         Args:
             generated_ids: the ids the model produced for the message, as sampled.
@@ -330,6 +395,25 @@ class ChatRenderer:
             list[int]: the ids to append (template tokens, no loss).
         """
         close = self.close_ids(role)
-        if generated_ids and close and generated_ids[-1] == close[0]:
-            return close[1:]
+        if generated_ids and generated_ids[-1] in self.stop_token_ids and generated_ids[-1] in close:
+            return close[close.index(generated_ids[-1]) + 1 :]
+        for k in range(min(len(close), len(generated_ids)), 0, -1):
+            if list(generated_ids[-k:]) == close[:k]:
+                return close[k:]
         return close
+
+    def generated_content(self, text: str, role: MessageRole = "tool") -> str:
+        """The content of a generated message of `role` whose text (stop token dropped) is `text`.
+
+        Drops the close's text before its stop token when the message ends with it (Qwen's tool close:
+        ``"\\n</tool_response>"``, or ``"</tool_response>"`` written without the newline); otherwise `text` is
+        returned as is (ChatML closes hold nothing before ``<|im_end|>``).
+        """
+        j = self._stop_index(role)
+        if not j:
+            return text
+        marker = self.tokenizer.decode(self.close_ids(role)[:j])
+        for m in (marker, marker.lstrip()):
+            if m and text.endswith(m):
+                return text[: len(text) - len(m)]
+        return text

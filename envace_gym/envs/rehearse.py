@@ -33,8 +33,10 @@ class RehearseEnv(ToolUseEnv):
     | segment                                   | role                                                |
     |-------------------------------------------|-----------------------------------------------------|
     | system prompt, user turns                 | PROMPT                                              |
-    | message open/close pieces                 | TEMPLATE (the end-of-message token a model          |
-    |                                           | generated stays in its ACT/REHEARSE segment)        |
+    | message open/close pieces                 | TEMPLATE (the part of a close that a model          |
+    |                                           | generated, up to its stop token, stays in its       |
+    |                                           | ACT/REHEARSE segment: ChatML ``<|im_end|>``, Qwen   |
+    |                                           | tool messages ``\\n</tool_response><|im_end|>``)     |
     | ACT message                               | ACT                                                 |
     | rehearsed tool response, ``inline``       | REHEARSE                                            |
     | rehearsed tool response, ``separate``     | OBSERVATION here (no loss in the ACT row); its own  |
@@ -112,7 +114,6 @@ class RehearseEnv(ToolUseEnv):
         self.temperature = temperature
         self._initial_seed = seed
         self.real_backend_factory: Callable[[Task], ToolBackend] | None = None
-        self._stop_ids = set(self.renderer.stop_token_ids)
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -207,15 +208,19 @@ class RehearseEnv(ToolUseEnv):
                 "stopped": response.stopped,
             }
         )
+        text = response.text
         if self.prompt_mode == "inline":
-            self._append(Role.REHEARSE, response.token_ids, response.logprobs, response.text)
+            # the rehearser continued the tool message, so it may have written the close's text before the
+            # stop token too (Qwen: "\n</tool_response>"); that is template, not the tool's output
+            text = self.renderer.generated_content(response.text, "tool")
+            self._append(Role.REHEARSE, response.token_ids, response.logprobs, text)
             self._close("tool", response.token_ids)
         else:
             self.rehearsal_rows.append(self._rehearsals[-1])
             ids = self.renderer.content_ids(response.text)
             self._append_tool_message(Role.OBSERVATION, ids, None, response.text, generated=False)
         self._tool_tokens_recorded = True
-        return response.text
+        return text
 
     # ------------------------------------------------------------------ token bookkeeping
     def _record(self, message: Message, action: str | None = None) -> None:
@@ -226,10 +231,11 @@ class RehearseEnv(ToolUseEnv):
         if message.role == "assistant":
             ids = getattr(action, "token_ids", None)
             logprobs = getattr(action, "logprobs", None)
-            if ids is None:  # a plain string: tokenise it and close the message (no logprobs to train on)
+            generated = ids is not None
+            if not generated:  # a plain string: tokenise it and close the message (no logprobs to train on)
                 ids, logprobs = self.renderer.content_ids(message.content), None
             self._append(Role.ACT, ids, logprobs, message.content)
-            self._close("assistant", ids)
+            self._close("assistant", ids if generated else [])
         elif message.role == "tool":
             if getattr(self, "_tool_tokens_recorded", False):
                 self._tool_tokens_recorded = False
@@ -248,11 +254,9 @@ class RehearseEnv(ToolUseEnv):
         self._tool_tokens_recorded = True
 
     def _close(self, role: str, generated_ids: Sequence[int]) -> None:
-        """Append the closing template of a message, minus the end-of-message token the model generated."""
-        close = list(self.renderer.close_ids(role))
-        if generated_ids and generated_ids[-1] in self._stop_ids and close and close[0] == generated_ids[-1]:
-            close = close[1:]
-        self._append(Role.TEMPLATE, close)
+        """Append the part of the message's closing template that the model did not generate
+        (`envace_gym.rendering.ChatRenderer.after_generation_ids`)."""
+        self._append(Role.TEMPLATE, self.renderer.after_generation_ids(list(generated_ids), role))
 
     def _append(self, role: Role, ids: Sequence[int], logprobs: Sequence[float] | None = None, text: str = "") -> None:
         if not ids:
