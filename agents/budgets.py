@@ -8,12 +8,12 @@ below ``min_solvable_fraction`` with a message that names the option to raise (`
 
 What "can be completed" means (per task, from the suite's reference solution ``Suite.ground_truth(task)``:
 the calls of each user turn). ACT messages are counted as `envace_gym.envs.tool_use.ToolUseEnv` counts them,
-with BFCL's semantics (the limit is per user turn; the harness force-quits a turn that uses them all up):
+with BFCL's semantics (the limit is per user turn; a turn that uses them all up is force-quit, R = 0):
 
 1. A user turn with calls needs at least one calling message and one closing message without a call, so it
    takes ``m + 1`` ACT messages when its calls are written in ``m`` messages; a turn without calls takes 1.
-   The env truncates a turn whose ``max_steps_per_turn``-th message still holds a call, so ``m + 1 <=
-   max_steps_per_turn`` is required.
+   The env truncates a turn whose ``max_steps_per_turn``-th message still holds a call (or is malformed), so
+   ``m + 1 <= max_steps_per_turn`` is required.
 2. Each calling message must fit ``max_new_tokens`` (the ACT generation cap): the calls are written in the
    Hermes format the prompt teaches (`envace_gym.parsing.format_tool_calls`) and counted with the policy's
    tokenizer, without the end-of-message token (a message cut right after its last ``</tool_call>`` still
@@ -23,14 +23,18 @@ with BFCL's semantics (the limit is per user turn; the harness force-quits a tur
 3. Single-step tasks (BFCL single-turn) have one message holding every call.
 4. With ``max_episode_tokens`` set (BFCL multi-turn only), the real-execution demonstration with every
    call of a turn in one message (`agents.demonstrations.demonstration_for_task`, ``calls_per_message=
-   "all"``: the fewest template tokens) must fit it. Rehearsed tool outputs may be longer or shorter than
-   the real ones; this uses the real ones.
+   "all"``: the fewest template tokens) must fit it, final closing message included (the env does not check
+   the budget on the step that ends the episode, so this is a few tokens stricter than the env). Rehearsed
+   tool outputs may be longer or shorter than the real ones, and a policy writing one call per message
+   uses more template tokens; this uses the real outputs and the fewest messages.
 
 The report also gives the fraction under one call per ACT message (what `agents.demonstrations` teaches by
 default, so what an SFT-warm-started policy does): a turn with n calls then needs n + 1 messages.
 
-Sources: BFCL v4's multi-turn harness (bfcl-eval ``model_handler/base_handler.py``, the per-turn step limit
-``MAXIMUM_STEP_LIMIT = 20`` after which the turn is force-quit and the entry fails).
+``max_steps_per_turn`` counts every ACT message of a turn, the closing one included, as
+`envace_gym.envs.tool_use.ToolUseEnv` does. BFCL v4's multi-turn harness (bfcl-eval
+``model_handler/base_handler.py``) counts calling messages only and force-quits the turn (failing the entry)
+after ``MAXIMUM_STEP_LIMIT = 20`` of them, so BFCL's limit is ``max_steps_per_turn = 21`` here.
 """
 
 from __future__ import annotations
@@ -278,17 +282,29 @@ def budget_report(
                 blocked_ids[why].append(n.task_id)
     report = BudgetReport(budgets, len(tasks), count(budgets), count(budgets, True), blocked, no_reference,
                           blocked_ids=blocked_ids)
-    target = min_fraction * len(tasks)
-    candidates = {
-        "max_new_tokens": sorted({n.min_new_tokens for n in needs} | {n.group_tokens(t, 0, len(c)) for n in needs
-                                                                         for t, c in enumerate(n.turns) if c}),
-        "max_steps_per_turn": list(range(1, 1 + max((len(c) + 1 for n in needs for c in n.turns), default=1))),
-        "max_episode_tokens": sorted({n.demo_tokens for n in needs if n.demo_tokens is not None}),
+    def enough(b: dict[str, int | None]) -> bool:  # the same comparison as require_solvable
+        return (count(b) / len(tasks) if tasks else 1.0) >= min_fraction
+
+    # each count is monotone in each budget, so the smallest sufficient value is a binary search away
+    upper = {
+        "max_new_tokens": max((n.group_tokens(t, 0, len(c)) for n in needs for t, c in enumerate(n.turns) if c), default=1),
+        "max_steps_per_turn": max((len(c) + 1 for n in needs for c in n.turns), default=1),
+        "max_episode_tokens": max((n.demo_tokens for n in needs if n.demo_tokens is not None), default=1),
     }
     for kind in BUDGET_KINDS:
         if kind == "max_episode_tokens" and max_episode_tokens is None:
             continue
-        report.needed[kind] = next((v for v in candidates[kind] if count({**budgets, kind: v}) >= target), None)
+        lo, hi = 1, upper[kind]
+        if not enough({**budgets, kind: hi}):
+            report.needed[kind] = None
+            continue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if enough({**budgets, kind: mid}):
+                hi = mid
+            else:
+                lo = mid + 1
+        report.needed[kind] = lo
     return report
 
 

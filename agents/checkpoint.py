@@ -44,6 +44,7 @@ def save_checkpoint(
     schedulers: dict[str, Any],
     tokenizer: Any,
     config: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write a complete checkpoint for `step` atomically; returns its folder.
 
@@ -52,6 +53,7 @@ def save_checkpoint(
         optimizers, schedulers: keyed like `models`.
         tokenizer: saved beside each model so the folder loads on its own.
         config: the resolved config dict, stored in ``trainer_state.json``.
+        extra: more JSON-compatible trainer state, stored there too (`trainer_state` reads it back).
     """
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
@@ -67,7 +69,7 @@ def save_checkpoint(
         {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         tmp / "rng.pt",
     )
-    (tmp / _STATE).write_text(json.dumps({"step": step, "config": config}, indent=1))
+    (tmp / _STATE).write_text(json.dumps({"step": step, "config": config, "extra": extra or {}}, indent=1))
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -91,6 +93,11 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
     done = sorted(p for p in root.iterdir() if p.is_dir() and (p / _STATE).is_file())
     for p in done[: max(0, len(done) - keep)]:
         shutil.rmtree(p)
+
+
+def trainer_state(folder: str | Path) -> dict[str, Any]:
+    """The ``extra`` trainer state a checkpoint was saved with (``{}`` for none)."""
+    return dict(json.loads((Path(folder) / _STATE).read_text()).get("extra", {}))
 
 
 def load_checkpoint(

@@ -75,7 +75,7 @@ class TrainConfig:
     max_new_tokens: int = _f(128, "cap on tokens per ACT message (the longest BFCL multi_turn_base ground-truth call is 114 SmolLM2 tokens in Hermes format)")
     rehearse_max_new_tokens: int = _f(64, "cap on tokens per rehearsed tool response")
     temperature: float = _f(1.0, "sampling temperature of both roles (the recorded and recomputed logprobs use it)")
-    max_steps_per_turn: int = _f(5, "ACT messages per user turn; a turn whose last allowed message still calls a tool truncates the episode with R = 0 (BFCL's semantics; BFCL's own limit is 20)")
+    max_steps_per_turn: int = _f(5, "ACT messages per user turn, the closing one included; a turn whose last allowed message still calls a tool truncates the episode with R = 0, as BFCL force-quits a turn (BFCL's limit of 20 calling messages is 21 here)")
     max_episode_tokens: int | None = _f(None, "token budget per episode (None: unlimited)")
     min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the selected tasks than this can be completed within max_steps_per_turn, max_new_tokens and max_episode_tokens (computed from the ground truth before any model loads; agents.budgets)")
     invalid_action_penalty: float = _f(0.1, "subtracted from R(tau) when an ACT response is empty (DESIGN.md §1)")
@@ -99,7 +99,7 @@ class TrainConfig:
     adam_beta1: float = _f(0.9, "AdamW beta1")
     adam_beta2: float = _f(0.999, "AdamW beta2")
     max_grad_norm: float = _f(1.0, "gradient clipping norm (0: off)")
-    max_nonfinite_steps: int = _f(3, "an optimizer step whose loss or clipped gradient is not finite is skipped (train/skipped_nonfinite); this many in a row stop the run")
+    max_nonfinite_steps: int = _f(3, "an optimizer step whose loss or clipped gradient is not finite is skipped (train/skipped_nonfinite); this many in a row (per model) stop the run")
     lr_schedule: Literal["constant", "linear", "cosine"] = _f("constant", "learning-rate schedule after warmup")
     warmup_steps: int = _f(0, "linear warmup steps of the schedule")
 

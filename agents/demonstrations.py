@@ -1,4 +1,4 @@
-"""Demonstrations for supervised warm-start (issue 7 part 1): real executions of BFCL ground truth, and
+"""Demonstrations for supervised warm-start: real executions of BFCL ground truth, and
 recorded rollouts filtered by reward (rejection-sampling fine-tuning), as token-level `Trajectory` objects.
 
 Both sources give trajectories in the policy's own token format (the one `envace_gym.envs.rehearse.RehearseEnv`

@@ -79,7 +79,8 @@ class EvalConfig:
         limit: play only the first `limit` tasks of each category (None: all).
         max_new_tokens: cap per generated message (ACT and rehearsed tool responses).
         temperature: ACT sampling temperature; 0 is greedy.
-        max_steps_per_turn: ACT steps per user turn before truncation (BFCL: 20).
+        max_steps_per_turn: ACT messages per user turn, the closing one included; 21 is BFCL's harness (20
+            calling messages, then a force-quit).
         seed: episode i uses ``seed + i``.
         rehearsal_n: test-time rehearsal attempts per user turn (0: none).
         rehearsal_mode: ``"parallel"`` or ``"sequential"``.
@@ -100,7 +101,7 @@ class EvalConfig:
     limit: int | None = None
     max_new_tokens: int = 256
     temperature: float = 0.0
-    max_steps_per_turn: int = 20
+    max_steps_per_turn: int = 21
     seed: int = 0
     rehearsal_n: int = 0
     rehearsal_mode: str = "parallel"
@@ -455,7 +456,8 @@ def add_eval_parsers(sub: Any) -> None:
     ev.add_argument("--limit", type=int, default=None, help="first N tasks of each category")
     ev.add_argument("--max-new-tokens", type=int, default=256, help="cap per generated message")
     ev.add_argument("--temperature", type=float, default=0.0, help="ACT sampling temperature; 0 is greedy")
-    ev.add_argument("--max-steps-per-turn", type=int, default=20, help="ACT steps per user turn (BFCL: 20)")
+    ev.add_argument("--max-steps-per-turn", type=int, default=21,
+                    help="ACT messages per user turn, the closing one included (21: BFCL's 20 calling messages)")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--rehearsal-n", type=int, default=0, help="test-time rehearsal attempts per user turn (0: off)")
     ev.add_argument("--rehearsal-mode", default="parallel", choices=["parallel", "sequential"])

@@ -1,4 +1,4 @@
-"""Supervised warm-start of both roles (issue 7 parts 2-3): `SFTConfig`, `SFTTrainer`, ``envace sft``, and
+"""Supervised warm-start of both roles: `SFTConfig`, `SFTTrainer`, ``envace sft``, and
 the measurement helpers (`demo_logprobs`, `act_parse_rate`, `measure`).
 
 Training data are token-level `Trajectory` objects from `agents.demonstrations` (real BFCL executions, or
@@ -566,7 +566,7 @@ class SFTTrainer:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Measurement (issue 7 part 3)
+# Measurement
 # ---------------------------------------------------------------------------------------------------------
 
 

@@ -10,7 +10,14 @@ One training step, in the order of the algorithm box:
 4. ``ppo_epochs`` x ``num_minibatches`` updates: logprobs recomputed in chunks through the LM head
    (`agents.logprobs.token_logprobs`), `agents.grpo.grpo_loss` (clipped ratio against the logprobs recorded
    at generation, optional k3 KL to a frozen reference, optional entropy bonus), AdamW with grad clipping;
-5. metrics to ``metrics.jsonl`` and TensorBoard, a checkpoint every ``save_every`` steps.
+   an optimizer step whose loss or clipped gradient is not finite is dropped and counted, and
+   ``max_nonfinite_steps`` of them in a row stop the run;
+5. the prefix KV caches are cleared (the weights changed; `RoleWiseGRPOTrainer.clear_kv_caches`);
+6. metrics to ``metrics.jsonl`` and TensorBoard, a checkpoint every ``save_every`` steps.
+
+Before any model loads, the trainer checks that at least ``min_solvable_fraction`` of the selected tasks can
+be completed within ``max_steps_per_turn``, ``max_new_tokens`` and ``max_episode_tokens`` (`agents.budgets`):
+episodes end only by the env's own limits, per user turn as in BFCL, never by a cap on the whole episode.
 
 ``policy="per_role"`` (ablation) keeps two models: the ACT model generates actions and is updated on ACT
 tokens only, the REHEARSE model generates rehearsals and is updated on REHEARSE tokens only.
@@ -58,7 +65,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agents.allocator import set_malloc_mmap_threshold
-from agents.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from agents.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint, trainer_state
 from agents.config import TrainConfig, _dump_yaml
 from agents.grpo import grpo_loss
 from agents.logprobs import enable_gradient_checkpointing, token_logprobs
@@ -226,11 +233,12 @@ class RoleWiseGRPOTrainer:
             max_episode_tokens=config.max_episode_tokens,
         )
         self.step = 0
-        self.nonfinite_in_a_row = 0
+        self.nonfinite_in_a_row = {name: 0 for name in self.models}
         self._writer = None
         ckpt = latest_checkpoint(self.run_dir) if config.resume else None
         if ckpt is not None:
             self.step = load_checkpoint(ckpt, self.models, self.optimizers, self.schedulers)
+            self.nonfinite_in_a_row.update(trainer_state(ckpt).get("nonfinite_in_a_row", {}))
         _dump_yaml(config, self.run_dir / "config.yaml")
 
     # ------------------------------------------------------------------ the loop
@@ -293,7 +301,8 @@ class RoleWiseGRPOTrainer:
         )
         t1 = time.perf_counter()
         train_stats = self.update(batch)
-        self.clear_kv_caches()
+        if train_stats["update_targets"]:
+            self.clear_kv_caches()
         t2 = time.perf_counter()
         with warnings.catch_warnings():
             # per_role: a model whose role had no loss token this batch skipped its optimizer step on purpose
@@ -361,10 +370,10 @@ class RoleWiseGRPOTrainer:
                     bar.update(1)
                     if stats is None:  # no loss token for this model in this minibatch
                         continue
-                    tokens += int(mb.attention_mask.sum())
                     if stats.pop("nonfinite"):
                         nonfinite += 1
                         continue
+                    tokens += int(mb.attention_mask.sum())
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v
                     count += 1
@@ -424,17 +433,18 @@ class RoleWiseGRPOTrainer:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
             else:
                 grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-            # after clipping: a NaN/inf norm leaves NaN/inf in the clipped gradients as well
-            finite = math.isfinite(grad_norm) and all(bool(torch.isfinite(g).all()) for g in grads)
+            # the total norm is finite exactly when every gradient is (a NaN/inf entry makes it NaN/inf), and
+            # clipping scales by a finite factor, so this one number checks the gradients about to be applied
+            finite = math.isfinite(grad_norm)
         if finite:
             opt.step()
-            self.nonfinite_in_a_row = 0
+            self.nonfinite_in_a_row[name] = 0
         else:
             opt.zero_grad(set_to_none=True)
-            self.nonfinite_in_a_row += 1
-            if self.nonfinite_in_a_row >= cfg.max_nonfinite_steps:
+            self.nonfinite_in_a_row[name] += 1
+            if self.nonfinite_in_a_row[name] >= cfg.max_nonfinite_steps:
                 raise FloatingPointError(
-                    f"{self.nonfinite_in_a_row} optimizer steps in a row had a non-finite loss or gradient (last at "
+                    f"{self.nonfinite_in_a_row[name]} optimizer steps in a row had a non-finite loss or gradient (last at "
                     f"training step {self.step}, {name}); lower --lr, keep --max-grad-norm > 0, or check the model "
                     f"in {self.config.init or self.config.model}; --max-nonfinite-steps sets how many are tolerated"
                 )
@@ -446,7 +456,8 @@ class RoleWiseGRPOTrainer:
     def save(self) -> Path:
         """Write a checkpoint of the current step (see `agents.checkpoint`) and prune old ones."""
         path = save_checkpoint(
-            self.run_dir, self.step, self.models, self.optimizers, self.schedulers, self.tokenizer, self.config.to_dict()
+            self.run_dir, self.step, self.models, self.optimizers, self.schedulers, self.tokenizer, self.config.to_dict(),
+            extra={"nonfinite_in_a_row": dict(self.nonfinite_in_a_row)},
         )
         prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
         return path

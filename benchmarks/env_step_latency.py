@@ -1,4 +1,4 @@
-"""Median and p99 `env.step` latency of `EnvACE-Tool-v0` with real BFCL backends (issue 3).
+"""Median and p99 `env.step` latency of `EnvACE-Tool-v0` with real BFCL backends.
 
 Replays the ground-truth calls of BFCL multi-turn tasks through the env, one call per step (as a model
 would; a turn with more calls than the 20-step limit packs several per step), plus the closing no-call step of each turn (which runs the verifier on the last turn), and times

@@ -1,4 +1,4 @@
-"""Rehearsal throughput: the batched vector env vs N sequential single envs, same seeds, one run (issue 4).
+"""Rehearsal throughput: the batched vector env vs N sequential single envs, same seeds, one run.
 
 Both sides play the same BFCL multi_turn_base tasks with the same env seeds and the same scripted ACT
 actions (one tool call per step, drawn from each task's ground truth), so they rehearse the same calls:

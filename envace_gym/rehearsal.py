@@ -5,7 +5,7 @@
 model. Environments name a rehearser implementation by a ``"module:factory"`` string, resolved lazily
 (like a Gymnasium entry point), so importing `envace_gym` loads no model.
 
-Two prompt modes (issue 4):
+Two prompt modes:
 
 * ``inline`` (default): the request carries the trajectory's token ids, ending with the template ids that
   open a tool message; the rehearsal is the model's own continuation of that sequence up to its

@@ -385,7 +385,8 @@ class ChatRenderer:
         its stop: the close's text before the stop token (Qwen's ``\\n</tool_response>``) belongs to the
         message the model writes, and nothing is ever inserted before a generated token. A message cut by
         the length limit (or stopped on a token not in the close, such as a separate EOS) gets the close
-        minus the longest prefix of it that the message already ends with.
+        minus the longest prefix of it whose text the message already ends with (a whitespace-only prefix
+        does not count).
 
         Args:
             generated_ids: the ids the model produced for the message, as sampled.
@@ -397,8 +398,12 @@ class ChatRenderer:
         close = self.close_ids(role)
         if generated_ids and generated_ids[-1] in self.stop_token_ids and generated_ids[-1] in close:
             return close[close.index(generated_ids[-1]) + 1 :]
-        for k in range(min(len(close), len(generated_ids)), 0, -1):
-            if list(generated_ids[-k:]) == close[:k]:
+        # compared as text: the model may have split the close's text into other tokens ("}\n" + "</...");
+        # a prefix that is only whitespace is not taken as the close (content often ends with a newline)
+        text = self.tokenizer.decode(list(generated_ids)) if generated_ids else ""
+        for k in range(len(close), 0, -1):
+            piece = self.tokenizer.decode(close[:k])
+            if piece.strip() and text.endswith(piece):
                 return close[k:]
         return close
 

@@ -198,21 +198,22 @@ class RehearseEnv(ToolUseEnv):
         """Record the rehearsed response to `call` (as made by `rehearse_request`) and return its text."""
         if not response.stopped:
             self.cut_generations += 1
+        text = response.text
+        if self.prompt_mode == "inline":
+            # the rehearser continued the tool message, so it may have written the close's text before the
+            # stop token too (Qwen: "\n</tool_response>"); that is template, not the tool's output
+            text = self.renderer.generated_content(response.text, "tool")
         self._rehearsals.append(
             {
                 "call": call.to_openai(),
-                "text": response.text,
+                "text": text,
                 "token_ids": list(response.token_ids),
                 "logprobs": list(response.logprobs),
                 "prompt_ids": list(response.prompt_ids) if response.prompt_ids is not None else None,
                 "stopped": response.stopped,
             }
         )
-        text = response.text
         if self.prompt_mode == "inline":
-            # the rehearser continued the tool message, so it may have written the close's text before the
-            # stop token too (Qwen: "\n</tool_response>"); that is template, not the tool's output
-            text = self.renderer.generated_content(response.text, "tool")
             self._append(Role.REHEARSE, response.token_ids, response.logprobs, text)
             self._close("tool", response.token_ids)
         else:

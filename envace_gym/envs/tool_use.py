@@ -68,8 +68,10 @@ class ToolUseEnv(gym.Env[str, str]):
     ## Episode End
     * Termination: an action with no tool call after the last user turn (single-step tasks such as BFCL
       single-turn: after the first action).
-    * Truncation: ``max_steps_per_turn`` actions in one user turn without ending it (BFCL's limit, 20,
-      after which BFCL's harness force-quits), or the episode's message text exceeding
+    * Truncation: ``max_steps_per_turn`` actions in one user turn without ending it, the last of them
+      still calling a tool or malformed (BFCL's harness force-quits a turn after 20 calling messages, which
+      is ``max_steps_per_turn=21`` here, since this count includes the closing message), or the episode's
+      message text exceeding
       ``max_episode_tokens`` (counted with ``count_tokens``).
 
     ## Info
@@ -83,7 +85,7 @@ class ToolUseEnv(gym.Env[str, str]):
     * ``categories`` (list[str] | None): suite categories; None is the suite's default.
     * ``split`` (str): ``"train"``, ``"test"`` or ``"all"``.
     * ``tasks`` (list[Task] | None): play these tasks instead of the suite's (the suite still verifies).
-    * ``max_steps_per_turn`` (int): ACT messages allowed per user turn; default 20 (BFCL).
+    * ``max_steps_per_turn`` (int): ACT messages allowed per user turn, the closing one included; default 20.
     * ``max_episode_tokens`` (int | None): token budget over all message contents; None = unlimited.
     * ``count_tokens`` (callable | None): str -> int; default: UTF-8 bytes / 4, rounded up.
     * ``backend_factory`` (callable | None): Task -> ToolBackend; default the suite's real backend.

@@ -117,8 +117,12 @@ def no_model_loads(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a model was loaded before the budget check")
 
+    import agents.policy
+
     monkeypatch.setattr(agents.models, "load_model", boom)
     monkeypatch.setattr(agents.models, "tiny_random_model", boom)
+    monkeypatch.setattr(agents.policy, "load_policy", boom)
+    monkeypatch.setattr(agents.policy, "tiny_random_model", boom)
 
 
 def test_train_refuses_unsolvable_budgets_before_loading_a_model(tmp_path, no_model_loads, capsys):

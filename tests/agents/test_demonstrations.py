@@ -1,4 +1,4 @@
-"""Demonstrations (issue 7.1): real BFCL executions relabelled for SFT, the length cap, and the JSONL
+"""Demonstrations: real BFCL executions relabelled for SFT, the length cap, and the JSONL
 rejection-sampling path over RecordTrajectories on the scripted suite."""
 
 from __future__ import annotations

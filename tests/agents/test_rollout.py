@@ -227,6 +227,21 @@ def test_budget_hits_are_counted_per_trajectory(policy, rollouts, mode):
     assert any(stats["cut_generations"])  # NEW = 6 tokens cut most of the random model's messages
 
 
+def test_a_turn_that_uses_up_its_steps_is_truncated_with_zero_reward(policy, venvs):
+    """max_steps_per_turn=1: the scripted first action calls a tool, so its turn can never close."""
+    venv = venvs["inline"]
+    try:
+        trajs, stats = collect_rollouts(FirstStepScript(policy, FIRST), venv, TASKS, K, max_new_tokens=NEW,
+                                        temperature=1.0, seed=5, max_steps_per_turn=1)
+    finally:
+        for env in venv.unwrapped.envs:
+            env.max_steps_per_turn = 20  # the module-scoped envs' default
+    for i, first in enumerate(FIRST):
+        if first is not None:
+            assert trajs[i].truncated and not trajs[i].terminated and stats["verifier_rewards"][i] == 0.0
+            assert stats["budget_hit"][i]
+
+
 def test_argument_errors(policy, venvs, rollouts):
     with pytest.raises(ValueError, match="num_envs=4"):
         collect_rollouts(policy, venvs["inline"], ["scripted_0"], 3)

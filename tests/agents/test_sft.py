@@ -1,4 +1,4 @@
-"""`envace sft` (issue 7.2-7.3) on the tiny random model: the loss, bucketing, learning, masking,
+"""`envace sft` on the tiny random model: the loss, bucketing, learning, masking,
 checkpoints as GRPO `--init`, exact resume, LoRA, and the measurement helpers."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""RoleWiseGRPOTrainer and `envace train` on the tiny random model (issue 5.4)."""
+"""RoleWiseGRPOTrainer and `envace train` on the tiny random model."""
 
 from __future__ import annotations
 
@@ -171,5 +171,9 @@ def test_non_finite_gradients_are_skipped_then_stop_the_run(tmp_path):
     assert m["train/skipped_nonfinite"] == 1 and m["train/update_targets"] == 0
     after = _params(trainer.policy.model)
     assert all(torch.equal(before[k], after[k]) for k in before)  # nothing was applied
+    trainer.save()
+    resumed = RoleWiseGRPOTrainer(TrainConfig(
+        run_dir=str(tmp_path), num_steps=3, **{**FAST, "beta": 0.05, "max_nonfinite_steps": 2}))
+    assert resumed.step == 1 and resumed.nonfinite_in_a_row == {"model": 1}  # the count survives a resume
     with pytest.raises(FloatingPointError, match="2 optimizer steps in a row.*--max-nonfinite-steps"):
         trainer.train_step()

@@ -74,6 +74,11 @@ def test_pieces_and_ends(qwen_tok, r):
     assert r.after_generation_ids(content, "tool") == r.close_ids("tool")
     cut = content + r.generation_end_ids("tool")[:-1]
     assert dec(r.after_generation_ids(cut, "tool")) == "<|im_end|>\n"
+    # the same close text in other tokens is still recognised; a trailing newline alone is content
+    retokenised = qwen_tok.encode('{"total": 3}\n</tool_response>', add_special_tokens=False)
+    assert dec(r.after_generation_ids(retokenised, "tool")) == "<|im_end|>\n"
+    newline = qwen_tok.encode('{"total": 3}\n', add_special_tokens=False)
+    assert r.after_generation_ids(newline, "tool") == r.close_ids("tool")
     assert r.generated_content('{"total": 3}\n</tool_response>', "tool") == '{"total": 3}'
     assert r.generated_content('{"total": 3}</tool_response>', "tool") == '{"total": 3}'
     assert r.generated_content('{"total": 3}', "tool") == '{"total": 3}'

@@ -1,5 +1,5 @@
 """RehearseEnv and its vector env with the tiny random model: both prompt modes, token bookkeeping,
-seed determinism, check_env, the batched vector env, and the RealTools swap (issue 4)."""
+seed determinism, check_env, the batched vector env, and the RealTools swap."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ToolUseEnv: the env contract, check_env, and hypothesis properties on trajectory invariants (issue 3.5)."""
+"""ToolUseEnv: the env contract, check_env, and hypothesis properties on trajectory invariants."""
 
 from __future__ import annotations
 
