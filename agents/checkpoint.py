@@ -11,7 +11,10 @@ Layout of ``run_dir/checkpoints/step_000012/``:
 | ``trainer_state.json`` | ``{"step": ..., "config": {...}}`` |
 
 A checkpoint is written to a temporary folder and renamed into place, so an interrupted save never leaves
-a half checkpoint that resume would pick. `latest_checkpoint` returns the newest complete one.
+a half checkpoint that resume would pick. `latest_checkpoint` returns the newest complete one; `load_newest`
+resumes from the newest one that actually loads (a truncated or corrupt file makes it fall back to the
+previous checkpoint, and it says so). Optimizer, scheduler and RNG files are read with
+``torch.load(weights_only=True)``, so a tampered run folder cannot execute code on resume.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "checkpoint_dir", "prune_checkpoints"]
+__all__ = [
+    "save_checkpoint", "load_checkpoint", "read_checkpoint", "load_newest", "latest_checkpoint", "checkpoint_dir",
+    "prune_checkpoints", "trainer_state", "CheckpointError",
+]
 
 _STATE = "trainer_state.json"
 
@@ -65,10 +71,10 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp / name)
     torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / "optimizer.pt")
     torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "scheduler.pt")
-    torch.save(
-        {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-        tmp / "rng.pt",
-    )
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    torch.save({"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}, tmp / "rng.pt")
     (tmp / _STATE).write_text(json.dumps({"step": step, "config": config, "extra": extra or {}}, indent=1))
     if final.exists():
         shutil.rmtree(final)
@@ -100,6 +106,51 @@ def trainer_state(folder: str | Path) -> dict[str, Any]:
     return dict(json.loads((Path(folder) / _STATE).read_text()).get("extra", {}))
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint folder cannot be read (truncated or corrupt file, wrong model); the message names the file."""
+
+
+def _torch_load(path: Path) -> Any:
+    """``torch.load`` with ``weights_only=True``: a tampered file cannot run code. NumPy's array reconstruction
+    is allowed too, for RNG files written before the NumPy state was stored as a tensor."""
+    safe = [np.ndarray, np.dtype, type(np.dtype("uint32"))]
+    try:
+        from numpy.core.multiarray import _reconstruct  # noqa: PLC0415 - numpy < 2 and >= 2 both expose it
+        safe.append(_reconstruct)
+    except ImportError:  # pragma: no cover - depends on the numpy version
+        pass
+    with torch.serialization.safe_globals(safe):
+        return torch.load(path, weights_only=True)
+
+
+def read_checkpoint(folder: str | Path, model_names: Any) -> dict[str, Any]:
+    """Read every file of a checkpoint into memory without touching any model (the read half of
+    `load_checkpoint`).
+
+    Returns:
+        ``{"step", "models": {name: state_dict}, "optimizers", "schedulers", "rng", "extra"}``.
+
+    Raises:
+        CheckpointError: a file is missing, truncated or not what it should be (the message names it).
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    current = folder / _STATE
+    try:
+        state = json.loads(current.read_text())
+        out: dict[str, Any] = {"step": int(state["step"]), "extra": dict(state.get("extra", {})), "models": {}}
+        for name in model_names:
+            current = folder / name / "model.safetensors"
+            out["models"][name] = load_file(str(current))
+        for key, file in (("optimizers", "optimizer.pt"), ("schedulers", "scheduler.pt"), ("rng", "rng.pt")):
+            current = folder / file
+            out[key] = _torch_load(current)
+    except Exception as err:  # noqa: BLE001 - every reading failure is reported with the file it came from
+        raise CheckpointError(f"cannot read {current}: {type(err).__name__}: {err}") from err
+    return out
+
+
 def load_checkpoint(
     folder: str | Path,
     models: dict[str, torch.nn.Module],
@@ -108,31 +159,66 @@ def load_checkpoint(
 ) -> int:
     """Restore weights, optimizer, scheduler and RNG states in place from `folder`; returns its step.
 
+    Every file is read first (`read_checkpoint`), so a corrupt checkpoint raises before any model or
+    optimizer is changed. Optimizer, scheduler and RNG files are loaded with ``weights_only=True``.
+
     Raises:
         FileNotFoundError: `folder` is not a complete checkpoint.
+        CheckpointError: a file cannot be read, or the weights do not fit the model.
     """
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     if not (folder / _STATE).is_file():
         raise FileNotFoundError(f"{folder} is not a complete checkpoint (no {_STATE})")
+    data = read_checkpoint(folder, list(models))
     for name, model in models.items():
-        state = load_file(str(folder / name / "model.safetensors"))
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = model.load_state_dict(data["models"][name], strict=False)
         unexpected = [k for k in unexpected]
         missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embedding
         if missing or unexpected:
-            raise RuntimeError(f"checkpoint {folder / name} does not match the model: missing {missing}, unexpected {unexpected}")
+            raise CheckpointError(f"checkpoint {folder / name} does not match the model: missing {missing}, unexpected {unexpected}")
         if getattr(model.config, "tie_word_embeddings", False):
             model.tie_weights()
-    opt_states = torch.load(folder / "optimizer.pt", weights_only=False)
     for name, opt in optimizers.items():
-        opt.load_state_dict(opt_states[name])
-    sched_states = torch.load(folder / "scheduler.pt", weights_only=False)
+        opt.load_state_dict(data["optimizers"][name])
     for name, sched in schedulers.items():
-        sched.load_state_dict(sched_states[name])
-    rng = torch.load(folder / "rng.pt", weights_only=False)
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
+        sched.load_state_dict(data["schedulers"][name])
+    rng = data["rng"]
+    random.setstate(_as_python_state(rng["python"]))
+    numpy_state = rng["numpy"]
+    if isinstance(numpy_state, dict):  # the tensor form save_checkpoint writes
+        numpy_state = (numpy_state["name"], numpy_state["keys"].numpy().astype(np.uint32), int(numpy_state["pos"]),
+                       int(numpy_state["has_gauss"]), float(numpy_state["cached_gaussian"]))
+    np.random.set_state(numpy_state)
     torch.set_rng_state(rng["torch"])
-    return int(json.loads((folder / _STATE).read_text())["step"])
+    return data["step"]
+
+
+def _as_python_state(state: Any) -> tuple:
+    version, internal, gauss = state
+    return (int(version), tuple(int(x) for x in internal), gauss)
+
+
+def load_newest(
+    run_dir: str | Path,
+    models: dict[str, torch.nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
+    schedulers: dict[str, Any],
+    log: Any = print,
+) -> tuple[Path | None, int]:
+    """Resume from the newest checkpoint that loads; say which newer ones were skipped and why.
+
+    Returns:
+        ``(folder, step)``; ``(None, 0)`` when there is no loadable checkpoint.
+    """
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return None, 0
+    done = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.endswith(".tmp") and (p / _STATE).is_file()),
+                  key=lambda p: p.name, reverse=True)
+    for folder in done:
+        try:
+            return folder, load_checkpoint(folder, models, optimizers, schedulers)
+        except CheckpointError as err:
+            if log is not None:
+                log(f"[checkpoint] skipped {folder.name}: {err}")
+    return None, 0

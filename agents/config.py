@@ -56,7 +56,8 @@ class TrainConfig:
     num_steps: int = _f(4, "training steps (one rollout batch and its update each)")
     save_every: int = _f(1, "save a checkpoint every this many steps (and at the end)")
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (older ones are deleted)")
-    resume: bool = _f(True, "continue from the newest checkpoint in run_dir when there is one")
+    resume: bool = _f(True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)")
+    allow_config_change: bool = _f(False, "resume even when result-affecting fields (lr, algo, weighting, ...) differ from the checkpoint's; the new values are used")
     threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
     tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")
@@ -150,6 +151,14 @@ class TrainConfig:
         """Every field (computed ones included), JSON/YAML-compatible."""
         return dataclasses.asdict(self)
 
+    RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
+        "run_dir", "num_steps", "save_every", "keep_checkpoints", "resume", "allow_config_change", "threads",
+        "malloc_mmap_threshold_kb", "tensorboard", "min_solvable_fraction", "max_nonfinite_steps",
+        "logprob_chunk_size", "gradient_checkpointing",
+    )
+    """Fields that may change between a run and its resume (bookkeeping, memory, speed): every other one
+    changes what is trained, so a resume with another value refuses unless ``allow_config_change``."""
+
     REMOVED_FIELDS: typing.ClassVar[dict[str, str]] = {
         "max_rollout_steps": "it cut every episode after that many ACT messages in total and set R = 0, so most "
                              "multi-turn tasks could never earn reward; episodes are now limited per user turn by "
@@ -215,7 +224,9 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         hint = hints[f.name]
         origin = typing.get_origin(hint)
         args = typing.get_args(hint)
-        kw: dict[str, Any] = {"default": None, "dest": f.name, "help": f"{f.metadata['help']} (default: {_default(f)})"}
+        # argparse %-formats help strings: a literal "%" (as in "30% slower") must be doubled
+        help_text = f"{f.metadata['help']} (default: {_default(f)})".replace("%", "%%")
+        kw: dict[str, Any] = {"default": None, "dest": f.name, "help": help_text}
         if hint is bool:
             kw.update(type=_bool, metavar="BOOL")
         elif origin is list:

@@ -60,7 +60,6 @@ fine-tuning as in Yuan et al., 2023 ("Scaling relationship on learning mathemati
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Sequence
@@ -403,14 +402,12 @@ def build_bfcl_demonstrations(
 
 
 def _records(paths: Iterable[str | os.PathLike[str]]) -> Iterable[dict[str, Any]]:
+    from agents.run_folder import read_jsonl
+
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError as err:
-                        raise ValueError(f"{path}:{n}: not a JSON record ({err})") from err
+        if not os.path.isfile(path):
+            raise ValueError(f"no JSONL file at {path!r}")
+        yield from read_jsonl(path)  # a cut last line (a killed writer) is skipped with a warning
 
 
 def load_recorded_trajectories(

@@ -105,7 +105,8 @@ class SFTConfig:
     init: str | None = _f(None, "start from this folder (e.g. a checkpoint's model/) instead of --model")
     save_every: int = _f(50, "save a checkpoint every this many optimizer steps (and at the end)")
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep")
-    resume: bool = _f(True, "continue from the newest checkpoint in run_dir when there is one")
+    resume: bool = _f(True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)")
+    allow_config_change: bool = _f(False, "resume even when result-affecting fields (lr, data, roles, ...) differ from the checkpoint's; the new values are used")
     threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
 
@@ -198,6 +199,13 @@ class SFTConfig:
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-compatible."""
         return dataclasses.asdict(self)
+
+    RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
+        "run_dir", "save_every", "keep_checkpoints", "resume", "allow_config_change", "threads",
+        "malloc_mmap_threshold_kb", "min_solvable_fraction", "logprob_chunk_size", "gradient_checkpointing",
+        "max_steps", "num_epochs",
+    )
+    """Fields that may change between a run and its resume; any other difference refuses (see `TrainConfig`)."""
 
 
 _HINTS = typing.get_type_hints(SFTConfig)
@@ -425,13 +433,17 @@ class SFTTrainer:
     """
 
     def __init__(self, config: SFTConfig, demos: Sequence[Trajectory] | None = None, log=print) -> None:
-        from agents.checkpoint import latest_checkpoint, load_checkpoint
+        from agents.checkpoint import load_newest
         from agents.logprobs import enable_gradient_checkpointing
-        from agents.trainer import _load_tokenizer_of, _load_trainable, _prepare_process, make_lr_scheduler
+        from agents.run_folder import RunLock, check_resume_config, trim_jsonl
+        from agents.trainer import _load_tokenizer_of, _load_trainable, _prepare_process, apply_optimizer_settings, make_lr_scheduler
 
         self.config = config
         self.run_dir = Path(config.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = RunLock(self.run_dir).acquire()
+        if config.resume:
+            check_resume_config(self.run_dir, config.to_dict(), SFTConfig.RESUME_IGNORES, config.allow_config_change, log)
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         if config.lora:
             _require_peft()
@@ -472,16 +484,21 @@ class SFTTrainer:
         )
         self.scheduler = make_lr_scheduler(self.optimizer, config.lr_schedule, config.warmup_steps, self.total_steps)
         self.step = 0
-        ckpt = latest_checkpoint(self.run_dir) if config.resume else None
-        if ckpt is not None:
+        if config.resume:
             if config.lora:
                 from peft import set_peft_model_state_dict
                 from safetensors.torch import load_file
 
-                self.step = load_checkpoint(ckpt, {}, {"model": self.optimizer}, {"model": self.scheduler})
-                set_peft_model_state_dict(self.model, load_file(str(ckpt / "adapter" / "adapter_model.safetensors")))
+                ckpt, self.step = load_newest(self.run_dir, {}, {"model": self.optimizer}, {"model": self.scheduler}, log=log)
+                if ckpt is not None:
+                    set_peft_model_state_dict(self.model, load_file(str(ckpt / "adapter" / "adapter_model.safetensors")))
             else:
-                self.step = load_checkpoint(ckpt, {"model": self.model}, {"model": self.optimizer}, {"model": self.scheduler})
+                _, self.step = load_newest(self.run_dir, {"model": self.model}, {"model": self.optimizer},
+                                           {"model": self.scheduler}, log=log)
+        if self.step:
+            apply_optimizer_settings({"model": self.optimizer}, {"model": self.scheduler}, config.lr, config.weight_decay,
+                                     (config.adam_beta1, config.adam_beta2))
+        trim_jsonl(self.run_dir / "metrics.jsonl", self.step)
         (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
 
     def batch_for_step(self, step: int) -> list[int]:
@@ -542,8 +559,9 @@ class SFTTrainer:
             "data/rows": n, "data/seq_len": t, "data/padding_fraction": 1.0 - real / (n * t),
             "perf/tokens_per_s": real / dt if dt else 0.0, "perf/step_s": dt,
         })
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(m) + "\n")
+        from agents.run_folder import append_jsonl
+
+        append_jsonl(self.run_dir / "metrics.jsonl", [m])
         return m
 
     def plain_model(self) -> torch.nn.Module:

@@ -65,7 +65,8 @@ import torch
 from tqdm.auto import tqdm
 
 from agents.allocator import set_malloc_mmap_threshold
-from agents.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint, trainer_state
+from agents.checkpoint import load_newest, prune_checkpoints, save_checkpoint
+from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
 from agents.config import TrainConfig, _dump_yaml
 from agents.grpo import grpo_loss
 from agents.logprobs import enable_gradient_checkpointing, token_logprobs
@@ -92,6 +93,19 @@ def make_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup_st
         return 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def apply_optimizer_settings(optimizers: dict[str, torch.optim.Optimizer], schedulers: dict[str, Any], lr: float,
+                             weight_decay: float, betas: tuple[float, float]) -> None:
+    """Put the config's AdamW settings into optimizers restored from a checkpoint (which carry the old ones, and
+    ``allow_config_change`` may have changed them); the learning rate follows each schedule at its step."""
+    for name, opt in optimizers.items():
+        sched = schedulers[name]
+        sched.base_lrs = [lr for _ in opt.param_groups]
+        for group, factor in zip(opt.param_groups, sched.lr_lambdas):
+            group.update(initial_lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+            group["lr"] = lr * factor(sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in opt.param_groups]
 
 
 def _prepare_process(threads: int, malloc_mmap_threshold_kb: int, seed: int) -> None:
@@ -170,6 +184,9 @@ class RoleWiseGRPOTrainer:
         self.config = config
         self.run_dir = Path(config.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = RunLock(self.run_dir).acquire()
+        if config.resume:
+            check_resume_config(self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.allow_config_change, log)
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         source = config.init or config.model
         tokenizer = _load_tokenizer_of(source)
@@ -235,11 +252,20 @@ class RoleWiseGRPOTrainer:
         self.step = 0
         self.nonfinite_in_a_row = {name: 0 for name in self.models}
         self._writer = None
-        ckpt = latest_checkpoint(self.run_dir) if config.resume else None
-        if ckpt is not None:
-            self.step = load_checkpoint(ckpt, self.models, self.optimizers, self.schedulers)
-            self.nonfinite_in_a_row.update(trainer_state(ckpt).get("nonfinite_in_a_row", {}))
+        if config.resume:
+            ckpt, self.step = load_newest(self.run_dir, self.models, self.optimizers, self.schedulers, log=log)
+            if ckpt is not None:
+                from agents.checkpoint import trainer_state
+
+                self.nonfinite_in_a_row.update(trainer_state(ckpt).get("nonfinite_in_a_row", {}))
+                self._apply_optimizer_config()
+        # steps logged after the checkpoint (a run killed before its next save) are redone, not kept twice
+        trim_jsonl(self.run_dir / "metrics.jsonl", self.step)
         _dump_yaml(config, self.run_dir / "config.yaml")
+
+    def _apply_optimizer_config(self) -> None:
+        cfg = self.config
+        apply_optimizer_settings(self.optimizers, self.schedulers, cfg.lr, cfg.weight_decay, (cfg.adam_beta1, cfg.adam_beta2))
 
     # ------------------------------------------------------------------ the loop
     def train(self, progress: bool = True) -> list[dict[str, Any]]:
@@ -265,6 +291,13 @@ class RoleWiseGRPOTrainer:
         if self._writer is not None:
             self._writer.flush()
         return history
+
+    def close(self) -> None:
+        """Flush the TensorBoard writer and release the run folder's lock (also done when garbage-collected)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._lock.release()
 
     def sample_task_ids(self, step: int) -> list[str]:
         """B distinct task ids for `step`, drawn from a generator seeded by (seed, step)."""
@@ -508,8 +541,7 @@ class RoleWiseGRPOTrainer:
         return m
 
     def _log(self, metrics: dict[str, Any]) -> None:
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(metrics) + "\n")
+        append_jsonl(self.run_dir / "metrics.jsonl", [metrics])
         if self.config.tensorboard:
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter

@@ -10,7 +10,10 @@ one JSON object inside its own tag pair, anywhere in the assistant text::
     </tool_call>
 
 ``arguments`` must be a JSON object; a JSON *string* holding an object (``"arguments": "{\\"city\\": ...}"``,
-as some models emit) is accepted too. A missing ``arguments`` key means no arguments. Other keys are ignored.
+as some models emit) is accepted too, and so is ``"parameters"`` in its place (OpenAI's schema key, Llama 3's
+call format). A missing ``arguments`` key means no arguments. Other keys are ignored. A block may also hold a
+JSON array of such objects (several calls in one block). The block's JSON is decoded before its end is
+looked for, so a ``</tool_call>`` inside a JSON string does not end the block.
 
 **Python calls** (the format BFCL's prompting handlers ask for and its AST checker decodes): one Python
 list of keyword-only calls with literal arguments, optionally inside a Markdown code fence::
@@ -189,6 +192,30 @@ def _check_json_value(value: Any, where: str, hint: str) -> Any:
 # --------------------------------------------------------------------------------------------- hermes
 
 
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"\s*")
+
+
+def _json_block(text: str, start: int) -> tuple[Any, int] | None:
+    """A JSON value right after ``<tool_call>`` at `start`, closed by ``</tool_call>``: ``(value, end)``.
+
+    Decoding the value first finds its true end, so a ``</tool_call>`` inside a JSON string (a model writing
+    about the format, or a file's content) does not cut the block. None when the block is not bare JSON
+    followed by the closing tag (a fenced or malformed body is then split at the first ``</tool_call>``).
+    """
+    i = _SPACE.match(text, start).end()
+    if i >= len(text) or text[i] not in "{[":
+        return None
+    try:
+        value, j = _DECODER.raw_decode(text, i)
+    except (ValueError, RecursionError, MemoryError):
+        return None
+    if j - i > MAX_MARKUP_CHARS:
+        return None
+    k = _SPACE.match(text, j).end()
+    return (value, k + len(_CLOSE)) if text.startswith(_CLOSE, k) else None
+
+
 def _parse_hermes(text: str) -> list[ToolCall]:
     calls: list[ToolCall] = []
     pos = 0
@@ -199,16 +226,23 @@ def _parse_hermes(text: str) -> list[ToolCall]:
             raise ToolCallParseError(f"Found </tool_call> without a matching <tool_call>. {HERMES_FORMAT_HINT}")
         if start == -1:
             return calls
-        end = text.find(_CLOSE, start + len(_OPEN))
-        if end == -1:
-            raise ToolCallParseError(f"Unclosed <tool_call> block (no </tool_call> after it). {HERMES_FORMAT_HINT}")
         if len(calls) >= MAX_CALLS:
             raise ToolCallParseError(f"Too many tool calls in one message (more than {MAX_CALLS}).")
-        calls.append(_parse_hermes_block(text[start + len(_OPEN) : end], len(calls)))
-        pos = end + len(_CLOSE)
+        block = _json_block(text, start + len(_OPEN))
+        if block is not None:
+            value, pos = block
+            calls.extend(_calls_from_json(value, len(calls)))
+        else:
+            end = text.find(_CLOSE, start + len(_OPEN))
+            if end == -1:
+                raise ToolCallParseError(f"Unclosed <tool_call> block (no </tool_call> after it). {HERMES_FORMAT_HINT}")
+            calls.extend(_parse_hermes_block(text[start + len(_OPEN) : end], len(calls)))
+            pos = end + len(_CLOSE)
+        if len(calls) > MAX_CALLS:
+            raise ToolCallParseError(f"Too many tool calls in one message (more than {MAX_CALLS}).")
 
 
-def _parse_hermes_block(body: str, index: int) -> ToolCall:
+def _parse_hermes_block(body: str, index: int) -> list[ToolCall]:
     where = f"Tool call #{index + 1}"
     body = _unfence(body.strip())
     if len(body) > MAX_MARKUP_CHARS:
@@ -220,12 +254,31 @@ def _parse_hermes_block(body: str, index: int) -> ToolCall:
     except (ValueError, RecursionError, MemoryError) as e:  # JSONDecodeError is a ValueError
         detail = e.msg if isinstance(e, json.JSONDecodeError) else f"too deeply nested or too large: {type(e).__name__}"
         raise ToolCallParseError(f"{where} is not valid JSON ({detail}). {HERMES_FORMAT_HINT}") from None
+    return _calls_from_json(obj, index)
+
+
+def _calls_from_json(obj: Any, index: int) -> list[ToolCall]:
+    """The calls of one block's JSON: an object is one call; an array of objects is several (some models
+    put a whole parallel-call list in one block)."""
+    if isinstance(obj, list):
+        if not obj:
+            raise ToolCallParseError(f"Tool call #{index + 1} is an empty array. {HERMES_FORMAT_HINT}")
+        if len(obj) > MAX_CALLS:
+            raise ToolCallParseError(f"Too many tool calls in one message (more than {MAX_CALLS}).")
+        return [_call_from_object(item, index + i) for i, item in enumerate(obj)]
+    return [_call_from_object(obj, index)]
+
+
+def _call_from_object(obj: Any, index: int) -> ToolCall:
+    where = f"Tool call #{index + 1}"
     if not isinstance(obj, dict):
         raise ToolCallParseError(f"{where} must be a JSON object, got {_json_type(obj)}. {HERMES_FORMAT_HINT}")
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         raise ToolCallParseError(f'{where} has no "name" (a non-empty string). {HERMES_FORMAT_HINT}')
-    args = obj.get("arguments", {})
+    # "parameters" is the key of OpenAI's function schema and of Llama 3's call format; models trained on those
+    # write it in calls too, so it is read as the arguments when "arguments" is absent
+    args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}

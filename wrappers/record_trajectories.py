@@ -50,8 +50,14 @@ class RecordTrajectories(gym.Wrapper, RecordConstructorArgs):
         obs, reward, terminated, truncated, info = self.env.step(action)
         if terminated or truncated:
             record = self._record(info)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            try:
+                line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: the ASCII escapes keep it and the file valid
+                line = (json.dumps(record) + "\n").encode("ascii")
+            with open(self.path, "ab") as f:  # one write of a whole line, then to disk: a kill cuts at most it
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
             info = dict(info, trajectory_record=record)
         return obs, reward, terminated, truncated, info
 

@@ -106,7 +106,7 @@ class RehearseEnv(ToolUseEnv):
             tasks=tasks,
             max_steps_per_turn=max_steps_per_turn,
             max_episode_tokens=max_episode_tokens,
-            count_tokens=lambda text: len(self.renderer.content_ids(text)),
+            count_tokens=self._count_tokens,
             render_mode=render_mode,
         )
         self.prompt_mode: PromptMode = prompt_mode
@@ -114,6 +114,9 @@ class RehearseEnv(ToolUseEnv):
         self.temperature = temperature
         self._initial_seed = seed
         self.real_backend_factory: Callable[[Task], ToolBackend] | None = None
+
+    def _count_tokens(self, text: str) -> int:
+        return len(self.renderer.content_ids(text))
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:

@@ -8,9 +8,9 @@ from typing import Any, Callable, Generator, Sequence
 import gymnasium as gym
 
 from envace_gym.parsing import ToolCallParseError, parse_tool_calls
-from envace_gym.spaces import MAX_TEXT_LENGTH, printable_text, sanitize
+from envace_gym.spaces import MAX_TEXT_LENGTH, printable_text, replace_surrogates, sanitize
 from envace_gym.suites import Suite, ToolBackend, make_suite
-from envace_gym.types import Message, Task, ToolCall, Trajectory
+from envace_gym.types import GeneratedText, Message, Task, ToolCall, Trajectory
 
 __all__ = ["ToolUseEnv", "format_observation"]
 
@@ -29,6 +29,11 @@ def format_observation(messages: Sequence[Message]) -> str:
         else:
             parts.append(m.content)
     return "\n".join(parts)
+
+
+def utf8_quarter_tokens(text: str) -> int:
+    """The default token count of `ToolUseEnv`: UTF-8 bytes / 4, rounded up (a module function, so envs pickle)."""
+    return -(-len(text.encode("utf-8", "replace")) // 4)
 
 
 class ToolUseEnv(gym.Env[str, str]):
@@ -121,7 +126,7 @@ class ToolUseEnv(gym.Env[str, str]):
         self._task_index = {t.id: i for i, t in enumerate(self.tasks)}
         self.max_steps_per_turn = max_steps_per_turn
         self.max_episode_tokens = max_episode_tokens
-        self.count_tokens = count_tokens or (lambda s: -(-len(s.encode("utf-8")) // 4))
+        self.count_tokens = count_tokens or utf8_quarter_tokens
         self.backend_factory = backend_factory or self.suite.make_backend
         self.render_mode = render_mode
 
@@ -185,6 +190,12 @@ class ToolUseEnv(gym.Env[str, str]):
         if self._done:
             raise RuntimeError("the episode has ended; call reset()")
         action = action if isinstance(action, str) else str(action)
+        text = str(action)
+        clean = replace_surrogates(text)
+        if clean is not text:  # keep a generated action's ids and logprobs; only its text is fixed
+            ids = getattr(action, "token_ids", None)
+            action = GeneratedText(clean, ids, getattr(action, "logprobs", None), getattr(action, "stopped", True)) \
+                if ids is not None else clean
         assistant = Message(role="assistant", content=str(action))
         self._record(assistant, action)
         self._step_in_turn += 1
@@ -212,7 +223,7 @@ class ToolUseEnv(gym.Env[str, str]):
         elif calls and not single_step:
             for call in calls:
                 result = yield call
-                message = Message(role="tool", content=str(result), tool_call_id=call.id, name=call.name)
+                message = Message(role="tool", content=replace_surrogates(str(result)), tool_call_id=call.id, name=call.name)
                 self._record(message)
                 new.append(message)
         else:  # no tool call (or a single-step task): the user turn ends

@@ -143,7 +143,8 @@ def test_cli_checkpoint_is_a_grpo_init_and_resume_is_exact(tmp_path):
     assert (ckpt / "model" / "model.safetensors").is_file() and (ckpt / "optimizer.pt").is_file()
 
     # resume: 2 steps and a checkpoint, then a new trainer continues to 3 == 3 straight
-    straight = SFTTrainer(SFTConfig(run_dir=str(tmp_path / "a"), model="tiny-random", data=[str(data)], max_steps=3))
+    straight = SFTTrainer(SFTConfig(run_dir=str(tmp_path / "a"), model="tiny-random", data=[str(data)], max_steps=3,
+                                    lr=3e-3, lr_schedule="linear", warmup_steps=1))
     assert straight.step == 3
     cfg = dict(run_dir=str(tmp_path / "b"), model="tiny-random", data=[str(data)], lr=3e-3, lr_schedule="linear",
                warmup_steps=1, max_steps=3, save_every=2)

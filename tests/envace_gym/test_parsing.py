@@ -259,7 +259,8 @@ HERMES_ERRORS = {
     "stray close": ('{"name": "f"}</tool_call>', "without a matching <tool_call>"),
     "bad json": ('<tool_call>{"name": "f", "arguments": {a: 1}}</tool_call>', "not valid JSON"),
     "python inside hermes": ("<tool_call>[f(a=1)]</tool_call>", "not valid JSON"),
-    "array block": ('<tool_call>[{"name": "f"}]</tool_call>', "must be a JSON object, got an array"),
+    "array of non-objects": ('<tool_call>[{"name": "f"}, 3]</tool_call>', "must be a JSON object, got a number"),
+    "empty array": ("<tool_call>[]</tool_call>", "empty array"),
     "empty block": ("<tool_call>  </tool_call>", "is empty"),
     "missing name": ('<tool_call>{"arguments": {}}</tool_call>', 'no "name"'),
     "empty name": ('<tool_call>{"name": "", "arguments": {}}</tool_call>', 'no "name"'),
@@ -325,3 +326,24 @@ def test_parser_never_executes_code(tmp_path):
     with pytest.raises(ToolCallParseError):
         parse_tool_calls(payload)
     assert not marker.exists()
+
+
+# Model output that public bug reports show real models emit (vLLM and Ollama tool parsers, Llama 3 and Qwen
+# issue threads): a close tag inside a string argument, "parameters" for "arguments", several calls as one
+# JSON array in one block.
+def test_close_tag_inside_a_json_string_does_not_cut_the_block():
+    text = '<tool_call>{"name": "echo", "arguments": {"text": "write </tool_call> here"}}</tool_call> then <tool_call>{"name": "g"}</tool_call>'
+    calls = parse_tool_calls(text)
+    assert [(c.name, c.arguments) for c in calls] == [("echo", {"text": "write </tool_call> here"}), ("g", {})]
+
+
+def test_parameters_key_is_read_as_the_arguments():
+    (call,) = parse_tool_calls('<tool_call>{"name": "f", "parameters": {"x": 1}}</tool_call>')
+    assert call.arguments == {"x": 1}
+    (call,) = parse_tool_calls('<tool_call>{"name": "f", "arguments": {"y": 2}, "parameters": {"x": 1}}</tool_call>')
+    assert call.arguments == {"y": 2}
+
+
+def test_an_array_of_calls_in_one_block():
+    calls = parse_tool_calls('<tool_call>[{"name": "f", "arguments": {"x": 1}}, {"name": "g", "parameters": {}}]</tool_call>')
+    assert [(c.name, c.arguments) for c in calls] == [("f", {"x": 1}), ("g", {})]
