@@ -109,6 +109,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``envace`` argument parser (one sub-parser per command)."""
     parser = argparse.ArgumentParser(prog="envace", description="EnvACE: world rehearsal for agentic RL")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="smoke run: one ACT turn of the default model on a real BFCL task")
     demo.add_argument("--model", default="smollm2-135m", help="model name, local HF folder, or tiny-random")
@@ -136,11 +137,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean "this input cannot run" (a bad option, an unsolvable budget, a busy or changed run
+    folder, a missing file): reported in one line, exit code 2, like argparse's own errors."""
+    from agents.checkpoint import CheckpointError
+    from agents.run_folder import RunFolderError
+
+    return (ValueError, FileNotFoundError, NotADirectoryError, RunFolderError, CheckpointError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``envace`` console script."""
+    """Entry point of the ``envace`` console script.
+
+    Returns the exit code: 0 on success, 2 for a bad input (one line on stderr naming what to change; the
+    traceback only with ``--debug``), as argparse does for a bad option.
+    """
     _setup_env()
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except _user_errors() as err:
+        if args.debug:
+            raise
+        print(f"envace {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

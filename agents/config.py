@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,88 @@ __all__ = [
     "dataclass_from_args",
     "load_dataclass",
 ]
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def coerce_fields(obj: Any) -> None:
+    """Coerce every field of the dataclass instance `obj` to its annotated type, in place, or raise.
+
+    The one type check of every config (`TrainConfig`, `agents.sft.SFTConfig`, `agents.pipeline.PipelineConfig`),
+    run first in their ``__post_init__``, so a value from YAML (PyYAML reads ``1e-5`` as a string) or from
+    Python is handled the same way: ``int`` takes an int or an integral string (not a bool, not 2.5);
+    ``float`` takes a number or a numeric string and must be finite; ``bool`` takes a bool or one of
+    true/false, yes/no, on/off, 1/0; ``str`` must be a string; ``list[str]`` takes a list of strings (a single
+    string becomes a one-item list); ``Literal`` values must be among the choices; ``X | None`` takes None.
+
+    Raises:
+        ValueError: ``invalid <Class>: <field> must be <type>, got <value>`` naming the accepted values.
+    """
+    cls = type(obj)
+    hints = typing.get_type_hints(cls)
+
+    def fail(name: str, what: str, value: Any) -> None:
+        raise ValueError(f"invalid {cls.__name__}: {name} must be {what}, got {value!r}")
+
+    def coerce(name: str, hint: Any, value: Any) -> Any:
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if type(None) in args:  # Optional[X]
+            if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
+                return None
+            return coerce(name, next(a for a in args if a is not type(None)), value)
+        if origin is Literal:
+            if value not in args:
+                fail(name, f"one of {list(args)}", value)
+            return value
+        if origin is list:
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                fail(name, "a list of strings", value)
+            return list(value)
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+                return value.strip().lower() in _TRUE
+            if isinstance(value, int) and value in (0, 1):
+                return bool(value)
+            fail(name, "true or false", value)
+        if hint is int:
+            if isinstance(value, bool):
+                fail(name, "an integer", value)
+            if isinstance(value, int):
+                return value
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            if isinstance(value, str):
+                try:
+                    return int(value.strip())
+                except ValueError:
+                    pass
+            fail(name, "an integer", value)
+        if hint is float:
+            if isinstance(value, bool):
+                fail(name, "a number", value)
+            try:
+                number = float(value) if isinstance(value, (int, float, str)) else None
+            except ValueError:
+                number = None
+            if number is None:
+                fail(name, "a number", value)
+            if not math.isfinite(number):
+                fail(name, "a finite number", value)
+            return number
+        if hint is str:
+            if not isinstance(value, str):
+                fail(name, "a string", value)
+            return value
+        return value
+
+    for f in dataclasses.fields(cls):
+        if f.init:
+            setattr(obj, f.name, coerce(f.name, hints[f.name], getattr(obj, f.name)))
 
 
 def config_field(default: Any, help: str, **kw: Any) -> Any:
@@ -114,6 +197,21 @@ class TrainConfig:
     def __post_init__(self) -> None:
         def fail(msg: str) -> None:
             raise ValueError(f"invalid TrainConfig: {msg}")
+
+        coerce_fields(self)
+        if not self.model.strip():
+            fail("model must name a model ('smollm2-135m', a local folder or 'tiny-random'), got ''")
+        for name in ("seed", "threads", "warmup_steps"):
+            if getattr(self, name) < 0:
+                fail(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_grad_norm < 0 or self.weight_decay < 0:
+            fail(f"max_grad_norm and weight_decay must be >= 0 (max_grad_norm 0 turns clipping off), got "
+                 f"{self.max_grad_norm}, {self.weight_decay}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
+            fail(f"max_episode_tokens must be None (no budget) or >= 1, got {self.max_episode_tokens}")
 
         for name in ("num_steps", "batch_tasks", "group_size", "max_new_tokens", "rehearse_max_new_tokens",
                      "max_steps_per_turn", "ppo_epochs", "num_minibatches", "save_every",
@@ -209,9 +307,9 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig
 
 def _bool(text: str) -> bool:
     low = text.lower()
-    if low in ("1", "true", "yes", "on"):
+    if low in _TRUE:
         return True
-    if low in ("0", "false", "no", "off"):
+    if low in _FALSE:
         return False
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 

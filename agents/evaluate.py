@@ -114,6 +114,17 @@ class EvalConfig:
     min_solvable_fraction: float = 0.9
 
     def __post_init__(self) -> None:
+        import math
+
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"invalid EvalConfig: temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}")
+        for name in ("max_new_tokens", "max_steps_per_turn", "memory_tokens", "attempt_max_steps", "critique_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"invalid EvalConfig: {name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.seed < 0:
+            raise ValueError(f"invalid EvalConfig: seed must be >= 0, got {self.seed!r}")
+        if Path(self.out).exists() and not Path(self.out).is_dir():
+            raise ValueError(f"invalid EvalConfig: out {self.out!r} is a file; give a folder for the results")
         if not 0 <= self.min_solvable_fraction <= 1:
             raise ValueError(f"min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction!r}")
         if self.limit is not None and self.limit < 1:

@@ -71,6 +71,14 @@ class PipelineConfig:
     }
 
     def __post_init__(self) -> None:
+        from agents.config import coerce_fields
+
+        coerce_fields(self)
+        if self.seed < 0 or self.threads < 0:
+            raise ValueError(f"invalid PipelineConfig: seed and threads must be >= 0, got {self.seed}, {self.threads}")
+        for name in ("sft_lr", "grpo_lr"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"invalid PipelineConfig: {name} must be > 0, got {getattr(self, name)}")
         for name in ("sft_steps", "sft_max_demos", "sft_max_seq_len", "grpo_steps", "grpo_batch_tasks",
                      "max_new_tokens", "rehearse_max_new_tokens", "eval_tasks", "eval_max_steps_per_turn",
                      "grpo_max_steps_per_turn"):

@@ -68,7 +68,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 import torch
 
-from agents.config import add_dataclass_arguments, config_field, dataclass_from_args
+from agents.config import add_dataclass_arguments, coerce_fields, config_field, dataclass_from_args
 from agents.rollout import PAD_ROLE
 from envace_gym.types import Role, Task, Trajectory
 
@@ -155,6 +155,24 @@ class SFTConfig:
     def __post_init__(self) -> None:
         def fail(msg: str) -> None:
             raise ValueError(f"invalid SFTConfig: {msg}")
+
+        coerce_fields(self)
+        if not self.model.strip():
+            fail("model must name a model ('smollm2-135m', a local folder or 'tiny-random'), got ''")
+        if self.seed < 0 or self.weight_decay < 0:
+            fail(f"seed and weight_decay must be >= 0, got {self.seed}, {self.weight_decay}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        missing = [d for d in self.data if d != "bfcl" and not Path(d).is_file()]
+        if missing:
+            fail(f"data: no JSONL file at {missing} (give 'bfcl' or files written by RecordTrajectories)")
+        if "bfcl" in self.data:
+            from agents.demonstrations import MULTI_TURN_CATEGORIES
+
+            bad = [c for c in self.categories if c not in MULTI_TURN_CATEGORIES]
+            if bad:
+                fail(f"categories {bad} are not BFCL multi-turn categories; choose from {list(MULTI_TURN_CATEGORIES)}")
 
         for name in ("save_every", "keep_checkpoints", "num_epochs", "batch_tokens", "max_batch_rows",
                      "logprob_chunk_size", "max_seq_len", "lora_r"):

@@ -3,6 +3,8 @@ of `envace train`, `envace eval`, `envace sft` and `envace pipeline` before any 
 
 from __future__ import annotations
 
+import re
+
 import gymnasium as gym
 import pytest
 
@@ -109,51 +111,44 @@ def test_episode_token_budget_uses_the_real_demonstration(smol_tokenizer):
                          max_episode_tokens=need).fraction >= 0.9
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Fail the test if any model is built: the budget checks must come first."""
-    import agents.models
-
-    def boom(*a, **k):
-        raise AssertionError("a model was loaded before the budget check")
-
-    import agents.policy
-
-    monkeypatch.setattr(agents.models, "load_model", boom)
-    monkeypatch.setattr(agents.models, "tiny_random_model", boom)
-    monkeypatch.setattr(agents.policy, "load_policy", boom)
-    monkeypatch.setattr(agents.policy, "tiny_random_model", boom)
+def _refused(capsys, argv, pattern):
+    """`envace ...` exits with code 2 and one line on stderr that matches `pattern` (no traceback)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(pattern, err) and "Traceback" not in err, err
+    return err
 
 
 def test_train_refuses_unsolvable_budgets_before_loading_a_model(tmp_path, no_model_loads, capsys):
     args = ["train", "--run-dir", str(tmp_path), "--model", "tiny-random", "--suite", "scripted", "--categories",
             "--max-new-tokens", "6", "--batch-tasks", "2", "--group-size", "2"]
-    with pytest.raises(BudgetError, match=r"--max-new-tokens=6 allows \(raise --max-new-tokens to \d+"):
-        main(args)
-    assert "[budget] envace train: 0/3 (0.0%)" in capsys.readouterr().out
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert "[budget] envace train: 0/3 (0.0%)" in captured.out
+    assert re.search(r"--max-new-tokens=6 allows \(raise --max-new-tokens to \d+", captured.err)
+    with pytest.raises(BudgetError):  # --debug shows the exception itself
+        main(["--debug", *args])
 
 
-def test_eval_sft_and_pipeline_refuse_before_loading_a_model(tmp_path, no_model_loads):
-    with pytest.raises(BudgetError, match="--max-steps-per-turn"):
-        main(["eval", "--model", "tiny-random", "--categories", "multi_turn_base", "--limit", "3",
-              "--max-steps-per-turn", "1", "--out", str(tmp_path / "ev")])
-    with pytest.raises(BudgetError, match="--max-seq-len=3000"):
-        main(["sft", "--run-dir", str(tmp_path / "sft"), "--model", "tiny-random", "--max-seq-len", "3000",
-              "--max-demos", "20"])
-    with pytest.raises(BudgetError, match="--grpo-max-steps-per-turn"):
-        main(["pipeline", "--run-dir", str(tmp_path / "p"), "--model", "tiny-random", "--grpo-max-steps-per-turn", "2"])
-    with pytest.raises(BudgetError, match="--eval-max-steps-per-turn"):
-        main(["pipeline", "--run-dir", str(tmp_path / "p"), "--model", "tiny-random", "--eval-max-steps-per-turn", "1"])
+def test_eval_sft_and_pipeline_refuse_before_loading_a_model(tmp_path, no_model_loads, capsys):
+    _refused(capsys, ["eval", "--model", "tiny-random", "--categories", "multi_turn_base", "--limit", "3",
+                      "--max-steps-per-turn", "1", "--out", str(tmp_path / "ev")], "--max-steps-per-turn")
+    _refused(capsys, ["sft", "--run-dir", str(tmp_path / "sft"), "--model", "tiny-random", "--max-seq-len", "3000",
+                      "--max-demos", "20"], "--max-seq-len=3000")
+    _refused(capsys, ["pipeline", "--run-dir", str(tmp_path / "p"), "--model", "tiny-random",
+                      "--grpo-max-steps-per-turn", "2"], "--grpo-max-steps-per-turn")
+    _refused(capsys, ["pipeline", "--run-dir", str(tmp_path / "p"), "--model", "tiny-random",
+                      "--eval-max-steps-per-turn", "1"], "--eval-max-steps-per-turn")
 
 
-def test_the_removed_episode_cap_says_what_replaced_it(tmp_path):
+def test_the_removed_episode_cap_says_what_replaced_it(tmp_path, capsys):
     from agents.config import load_config
 
-    with pytest.raises(ValueError, match="max_rollout_steps.*max_steps_per_turn"):
-        main(["train", "--run-dir", str(tmp_path), "--model", "tiny-random", "--max-rollout-steps", "6"])
+    _refused(capsys, ["train", "--run-dir", str(tmp_path), "--model", "tiny-random", "--max-rollout-steps", "6"],
+             "max_rollout_steps.*max_steps_per_turn")
     path = tmp_path / "c.yaml"
     path.write_text("max_rollout_steps: 6\n")
     with pytest.raises(ValueError, match="per user turn"):
         load_config(path)
-    with pytest.raises(ValueError, match="grpo_max_steps_per_turn"):
-        main(["pipeline", "--run-dir", str(tmp_path / "p"), "--grpo-max-rollout-steps", "3"])
+    _refused(capsys, ["pipeline", "--run-dir", str(tmp_path / "p"), "--grpo-max-rollout-steps", "3"],
+             "grpo_max_steps_per_turn")

@@ -1,0 +1,91 @@
+"""Every bad command-line or YAML input fails fast: before any model loads, exit code 2, one line on stderr
+that names the field (no traceback); values YAML reads as strings are coerced by the field's type."""
+
+from __future__ import annotations
+
+import pytest
+
+import tests.testing_env  # noqa: F401  (registers the scripted suites)
+from agents.cli import main
+from agents.config import TrainConfig, load_config
+
+TRAIN = ["train", "--model", "tiny-random", "--suite", "scripted", "--categories", "--batch-tasks", "2",
+         "--group-size", "2", "--min-solvable-fraction", "0"]
+BAD_TRAIN = [
+    (["--temperature", "nan"], "temperature"),
+    (["--max-grad-norm", "-1"], "max_grad_norm"),
+    (["--warmup-steps", "-3"], "warmup_steps"),
+    (["--batch-tasks", "100000"], "batch-tasks"),
+    (["--threads", "-1"], "threads"),
+    (["--lr", "nan"], "lr"),
+    (["--weight-decay", "-1"], "weight_decay"),
+    (["--adam-beta1", "2.0"], "adam_beta1"),
+    (["--suite", "bfcl", "--categories", "foo"], "unknown BFCL category 'foo'"),
+    (["--task-ids", "bogus_1"], "task_ids"),
+    (["--suite", "nosuch"], "unknown suite 'nosuch'"),
+    (["--max-episode-tokens", "0"], "max_episode_tokens"),
+]
+BAD_YAML = [
+    ("num_steps: 2.5", "num_steps must be an integer"),
+    ("adam_beta2: -1", "adam_beta2"),
+    ("clip_eps_high: .inf", "clip_eps_high must be a finite number"),
+    ("seed: -5", "seed"),
+    ("model: ''", "model must name a model"),
+    ("group_size: four", "group_size must be an integer"),
+    ("tensorboard: maybe", "tensorboard must be true or false"),
+]
+
+
+@pytest.mark.parametrize("extra, field", BAD_TRAIN, ids=[" ".join(a) for a, _ in BAD_TRAIN])
+def test_bad_train_options_fail_fast_naming_the_field(tmp_path, no_model_loads, capsys, extra, field):
+    assert main([*TRAIN, "--run-dir", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("envace train: error: ") and field in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("line, message", BAD_YAML, ids=[y for y, _ in BAD_YAML])
+def test_bad_yaml_values_fail_fast_naming_the_field(tmp_path, no_model_loads, capsys, line, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(line + "\n")
+    assert main(["train", "--run-dir", str(tmp_path / "run"), "--config", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_yaml_strings_are_coerced_by_the_field_type(tmp_path):
+    """PyYAML reads 1e-5 as a string and quoted booleans stay strings: each field's type decides."""
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 1e-5\ngroup_size: '4'\ntensorboard: 'false'\nresume: 'no'\nmax_episode_tokens: null\n")
+    config = load_config(path)
+    assert (config.lr, config.group_size, config.tensorboard, config.resume) == (1e-5, 4, False, False)
+    assert config.max_episode_tokens is None and isinstance(TrainConfig(lr=1).lr, float)
+
+
+@pytest.mark.parametrize("extra, field", [
+    (["--temperature", "-1"], "temperature"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--max-steps-per-turn", "0"], "max_steps_per_turn"),
+    (["--categories", "foo"], "unknown BFCL category 'foo'"),
+])
+def test_bad_eval_options_fail_fast(tmp_path, no_model_loads, capsys, extra, field):
+    assert main(["eval", "--model", "tiny-random", "--limit", "1", "--out", str(tmp_path / "ev"), *extra]) == 2
+    assert field in capsys.readouterr().err
+
+
+def test_eval_out_pointing_at_a_file_fails_fast(tmp_path, no_model_loads, capsys):
+    (tmp_path / "f").write_text("x")
+    assert main(["eval", "--model", "tiny-random", "--limit", "1", "--out", str(tmp_path / "f")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_bad_sft_inputs_fail_fast(tmp_path, no_model_loads, capsys):
+    sft = ["sft", "--model", "tiny-random", "--run-dir", str(tmp_path / "s")]
+    assert main([*sft, "--data", str(tmp_path / "missing.jsonl")]) == 2
+    assert "no JSONL file" in capsys.readouterr().err
+    assert main([*sft, "--categories", "foo"]) == 2
+    assert "categories ['foo']" in capsys.readouterr().err
+    assert main([*sft, "--lr", "nan"]) == 2
+    assert "lr must be a finite number" in capsys.readouterr().err
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_text('{"task_id": "x"}\nnot json at all\n{"task_id": "y"}\n')
+    assert main([*sft, "--data", str(corrupt)]) == 2
+    assert "corrupt.jsonl:2: not a JSON record" in capsys.readouterr().err
