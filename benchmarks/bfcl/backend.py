@@ -28,10 +28,12 @@ import hashlib
 import importlib
 import inspect
 import json
+import math
 import random
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
+from envace_gym.limits import DEFAULT_LIMITS, CallLimitExceeded, CallLimits, run_limited
 from envace_gym.types import ToolCall
 
 from benchmarks.bfcl._env import bfcl_data_dir  # sets BFCL_PROJECT_ROOT first
@@ -179,6 +181,28 @@ def canonical_state(obj: Any) -> Any:
     return enc(obj)
 
 
+def _check_arguments(name: str, args: Mapping[str, Any], limits: CallLimits) -> None:
+    """Reject arguments whose cost is unbounded inside one C-level operation, which a time limit cannot stop.
+
+    BFCL's MathAPI sets ``decimal``/``mpmath`` precision from a ``precision`` argument and computes
+    ``base ** exponent`` exactly for integers; ``precision=10**8`` or ``10 ** 10**8`` would run for minutes
+    and take gigabytes.
+
+    Raises:
+        CallLimitExceeded: a ``precision`` above ``limits.max_precision``, or an integer power whose result
+            would have more than ``limits.max_result_digits`` digits.
+    """
+    precision = args.get("precision")
+    if isinstance(precision, (int, float)) and not isinstance(precision, bool) and precision > limits.max_precision:
+        raise CallLimitExceeded(f"precision={precision} is above the limit of {limits.max_precision} digits")
+    base, exponent = args.get("base"), args.get("exponent")
+    if name == "power" and all(isinstance(v, int) and not isinstance(v, bool) for v in (base, exponent)):
+        if exponent > 0 and abs(base) > 1 and exponent * math.log10(abs(base)) > limits.max_result_digits:
+            raise CallLimitExceeded(
+                f"{base} ** {exponent} would have more than {limits.max_result_digits} digits (the result limit)"
+            )
+
+
 class BFCLBackend:
     """Fresh real instances of one multi-turn task's BFCL classes (implements `envace_gym.suites.ToolBackend`).
 
@@ -186,13 +210,18 @@ class BFCLBackend:
         involved_classes: BFCL class names, e.g. ``["GorillaFileSystem", "TwitterAPI"]``.
         initial_config: ``{class name: scenario dict}`` from the task; deep-copied before loading.
         long_context: passed to ``_load_scenario`` (BFCL sets it for the ``long_context`` category).
+        limits: the per-call limits (`envace_gym.limits.CallLimits`): every call runs under its time limit
+            with the process's ``decimal``/``mpmath`` precision restored afterwards, and arguments that
+            would run unbounded inside one C-level operation are refused (`_check_arguments`).
 
     Raises:
         ValueError: an unknown class name.
     """
 
-    def __init__(self, involved_classes: Sequence[str], initial_config: Mapping[str, Any] | None = None, long_context: bool = False):
+    def __init__(self, involved_classes: Sequence[str], initial_config: Mapping[str, Any] | None = None,
+                 long_context: bool = False, limits: CallLimits = DEFAULT_LIMITS):
         _, _, stateless = _backend_config()
+        self.limits = limits
         initial_config = initial_config or {}
         self.involved_classes = list(involved_classes)
         self.long_context = bool(long_context)
@@ -250,10 +279,12 @@ class BFCLBackend:
                 )
             if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
                 return f"Error during execution: arguments of {name} must be an object of keyword arguments"
+            _check_arguments(name, args, self.limits)
             # Deep-copy the arguments: BFCL methods store argument objects in their state (post_tweet keeps
             # the `tags`/`mentions` lists and `mention` later extends them), which would otherwise alias the
             # caller's ToolCall and corrupt a later replay of the same calls (e.g. by the verifier).
-            return bfcl_result_to_str(self._methods[name][1](**copy.deepcopy(args)))
+            method, kwargs = self._methods[name][1], copy.deepcopy(args)
+            return bfcl_result_to_str(run_limited(lambda: method(**kwargs), self.limits))
         except Exception as e:  # any failure is an observation, never a crash (DESIGN.md §3)
             return f"Error during execution: {e}"
 

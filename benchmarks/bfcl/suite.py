@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from envace_gym.limits import DEFAULT_LIMITS, CallLimits
 from envace_gym.suites import ToolBackend, VerifierResult
 from envace_gym.types import Task, ToolCall
 
@@ -34,6 +35,10 @@ class BFCLSuite:
 
     Args:
         default_categories: the categories `tasks` uses when given None (default ``["multi_turn_base"]``).
+        call_limits: per-call limits of every backend, the env's and the verifier's replay alike
+            (`envace_gym.limits.CallLimits`; default 5 s, precision up to 10,000 digits, integer powers up to
+            100,000 digits). Register a suite with other limits as
+            ``register_suite("bfcl-strict", lambda: BFCLSuite(call_limits=CallLimits(seconds=1)))``.
 
     Raises:
         ValueError: an unknown category in `default_categories`.
@@ -42,7 +47,8 @@ class BFCLSuite:
     name = "bfcl"
     categories = data.ALL_CATEGORIES
 
-    def __init__(self, default_categories: Sequence[str] | None = None):
+    def __init__(self, default_categories: Sequence[str] | None = None, call_limits: CallLimits = DEFAULT_LIMITS):
+        self.call_limits = call_limits
         self.default_categories = tuple(default_categories or ("multi_turn_base",))
         for c in self.default_categories:
             self._check_category(c)
@@ -96,7 +102,7 @@ class BFCLSuite:
             ValueError: the task is not a BFCL task, or names an unknown BFCL class.
         """
         if task.verifier == "bfcl.multi_turn":
-            return make_multi_turn_backend(task)
+            return make_multi_turn_backend(task, self.call_limits)
         if task.verifier == "bfcl.ast":
             return SingleTurnBackend(task.id)
         raise ValueError(f"task {task.id!r} has verifier {task.verifier!r}; BFCLSuite handles bfcl.multi_turn and bfcl.ast")
@@ -135,7 +141,7 @@ class BFCLSuite:
             ValueError: the task is not a BFCL task.
         """
         if task.verifier == "bfcl.multi_turn":
-            return verify_multi_turn(task, calls_per_turn)
+            return verify_multi_turn(task, calls_per_turn, self.call_limits)
         if task.verifier == "bfcl.ast":
             return verify_single_turn(task, calls_per_turn)
         raise ValueError(f"task {task.id!r} has verifier {task.verifier!r}; BFCLSuite handles bfcl.multi_turn and bfcl.ast")

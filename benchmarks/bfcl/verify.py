@@ -38,6 +38,7 @@ import types
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
+from envace_gym.limits import DEFAULT_LIMITS, CallLimits
 from envace_gym.suites import VerifierResult
 from envace_gym.types import Task, ToolCall
 
@@ -100,10 +101,11 @@ def _multi_turn_checkers() -> tuple[Callable[..., dict], Callable[..., dict]]:
     return state_checker, response_checker
 
 
-def make_multi_turn_backend(task: Task) -> BFCLBackend:
-    """A fresh `BFCLBackend` in `task`'s initial state (``long_context`` honoured)."""
+def make_multi_turn_backend(task: Task, limits: CallLimits = DEFAULT_LIMITS) -> BFCLBackend:
+    """A fresh `BFCLBackend` in `task`'s initial state (``long_context`` honoured), its calls under `limits`."""
     md = task.metadata
-    return BFCLBackend(md["involved_classes"], md.get("initial_config") or {}, long_context=bool(md.get("long_context")))
+    return BFCLBackend(md["involved_classes"], md.get("initial_config") or {}, long_context=bool(md.get("long_context")),
+                       limits=limits)
 
 
 def ground_truth_tool_calls(task: Task, backend: BFCLBackend | None = None) -> list[list[ToolCall]]:
@@ -174,12 +176,14 @@ def _nonempty_steps(turn: Sequence[Sequence[ToolCall]]) -> list[list[ToolCall]]:
     return [list(step) for step in turn if step]
 
 
-def verify_multi_turn(task: Task, calls_per_turn: Sequence[Sequence[Sequence[ToolCall]]]) -> VerifierResult:
+def verify_multi_turn(task: Task, calls_per_turn: Sequence[Sequence[Sequence[ToolCall]]],
+                      limits: CallLimits = DEFAULT_LIMITS) -> VerifierResult:
     """Score a multi-turn trajectory by replay (module docstring, steps 1-4).
 
     Args:
         task: a ``"bfcl.multi_turn"`` task.
         calls_per_turn: turns × steps × calls, as the env recorded them.
+        limits: per-call limits of the replay backends (the env's, so a call refused there is refused here).
 
     Returns:
         `VerifierResult`; ``details["turns"]`` holds one dict per replayed turn (``valid``, ``checked``,
@@ -191,8 +195,8 @@ def verify_multi_turn(task: Task, calls_per_turn: Sequence[Sequence[Sequence[Too
     """
     state_checker, response_checker = _multi_turn_checkers()
     gt_turns = task.metadata["ground_truth"]
-    model_backend = make_multi_turn_backend(task)
-    gt_backend = make_multi_turn_backend(task)
+    model_backend = make_multi_turn_backend(task, limits)
+    gt_backend = make_multi_turn_backend(task, limits)
     gt_calls = ground_truth_tool_calls(task, gt_backend)
     name_map = task.metadata.get("tool_name_map") or {}
 
