@@ -17,11 +17,17 @@ Output folder (``out``):
 
 | file | content |
 |---|---|
-| ``episodes.jsonl`` | one line per task: `EPISODE_FIELDS` |
+| ``eval_config.json`` | the settings that decide the results (a re-run with the same ones resumes) |
+| ``episodes.jsonl`` | one line per task: `EPISODE_FIELDS`, appended as each task finishes, rewritten in task order at the end |
 | ``summary.csv`` | one row per category plus ``overall``: `SUMMARY_FIELDS` |
 | ``summary.json`` | ``{"config": {...}, "overall_accuracy": float, "categories": {name: row}}`` |
 | ``fidelity_calls.jsonl`` | ``--fidelity``: one line per rehearsed call (`wrappers.RehearsalFidelity` records) |
 | ``fidelity_per_tool.csv``, ``fidelity_per_category.csv`` | ``--fidelity``: `FIDELITY_FIELDS` per group |
+
+An interrupted evaluation keeps every finished task; running it again with the same settings plays only the
+others (a cut last line is dropped). Results of an evaluation with other settings in the same folder make
+it refuse (``--overwrite`` replaces them), so no summary sits beside another run's files. A progress bar
+over the tasks shows the ETA.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+from agents.run_folder import append_jsonl, read_jsonl
 
 __all__ = [
     "EvalConfig",
@@ -92,6 +100,8 @@ class EvalConfig:
         out: output folder.
         min_solvable_fraction: refuse to start when fewer of the selected tasks than this can be completed
             within ``max_steps_per_turn`` and ``max_new_tokens`` (`agents.budgets`, before any model loads).
+        overwrite: remove the results of an earlier evaluation in ``out`` first (otherwise an evaluation
+            with the same settings resumes after its last finished task, and one with other settings refuses).
     """
 
     model: str = "smollm2-135m"
@@ -112,6 +122,7 @@ class EvalConfig:
     fidelity: bool = False
     out: str = "eval_out"
     min_solvable_fraction: float = 0.9
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         import math
@@ -196,7 +207,8 @@ def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any)
     return env
 
 
-def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = None, log: Any = print) -> EvalResult:
+def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = None, log: Any = print,
+             progress: bool = True) -> EvalResult:
     """Play every selected task once and write the output folder (module docstring).
 
     Args:
@@ -205,6 +217,7 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
         rehearser_policy: the REHEARSE model for test-time rehearsal and ``--fidelity``; None loads
             ``config.rehearser_model`` when set, else uses `policy`.
         log: a print-like callable for progress lines (None: silent).
+        progress: show a progress bar over the tasks (with ETA).
 
     Returns:
         `EvalResult` (also written to ``config.out``).
@@ -230,7 +243,14 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
     if rehearser_policy is None and config.rehearser_model:
         rehearser_policy = load_policy(config.rehearser_model)
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    finished, finished_fidelity = _prepare_out(out, config)
+    done_ids = {e["task_id"] for e in finished}
+    all_tasks, tasks = tasks, [t for t in tasks if t.id not in done_ids]
+    if done_ids:
+        log(f"[eval] resuming in {out}: {len(done_ids)} of {len(all_tasks)} tasks already done")
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(all_tasks), initial=len(all_tasks) - len(tasks), desc="eval", unit="task", disable=not progress)
 
     envs = [_make_env(t, config, policy, rehearser_policy) for t in tasks]
     state = [_new_state(t) for t in tasks]
@@ -261,17 +281,81 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
             if terminated or truncated:
                 s.update(reward=float(reward), terminated=bool(terminated), truncated=bool(truncated),
                          valid=bool(info.get("verifier", {}).get("valid", False)))
+                # one whole line per finished task, on disk at once: an interrupted eval keeps it and resumes
+                append_jsonl(out / "episodes.jsonl", [_episode_record(tasks[i], s)])
+                if s["fidelity"]:
+                    append_jsonl(out / "fidelity_calls.jsonl", s["fidelity"])
+                bar.update(1)
+                bar.set_postfix(reward=f"{reward:.2f}")
                 log(f"[eval] {tasks[i].id}: reward {reward:.2f} after {s['steps']} steps "
                     f"({'terminated' if terminated else 'truncated'}), {time.perf_counter() - t_start:.0f} s")
             else:
                 still.append(i)
         active = still
+    bar.close()
 
-    episodes = [_episode_record(t, s) for t, s in zip(tasks, state)]
-    fidelity_calls = [c for s in state for c in s["fidelity"]]
+    by_id = {e["task_id"]: e for e in finished}
+    by_id.update({t.id: _episode_record(t, s) for t, s in zip(tasks, state)})
+    episodes = [by_id[t.id] for t in all_tasks]
+    fidelity_calls = list(finished_fidelity) + [c for s in state for c in s["fidelity"]]
     summary = summarize(episodes)
     _write(out, config, episodes, summary, fidelity_calls)
     return EvalResult(episodes, summary, fidelity_calls)
+
+
+OUTPUT_FILES = ("eval_config.json", "episodes.jsonl", "summary.csv", "summary.json", "fidelity_calls.jsonl",
+                "fidelity_per_tool.csv", "fidelity_per_category.csv")
+"""The files `evaluate` writes (and the only ones it removes from an output folder)."""
+
+_RESUME_IGNORES = ("out", "min_solvable_fraction", "overwrite")
+
+
+def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Make the output folder ready: resume the same evaluation, or start clean; returns what is finished.
+
+    Same config (all fields but ``out``, ``min_solvable_fraction``, ``overwrite``): the finished episodes and
+    fidelity records are read back (a cut last line is skipped) and their tasks are not played again.
+    ``overwrite``: every `OUTPUT_FILES` entry is removed first. Otherwise, earlier results in the folder
+    refuse the run, so a new summary never sits beside another run's files.
+
+    Raises:
+        ValueError: the folder holds results of another evaluation (the message lists the differing fields).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    current = {k: v for k, v in asdict(config).items() if k not in _RESUME_IGNORES}
+    present = [f for f in OUTPUT_FILES if (out / f).exists()]
+    if config.overwrite:
+        for f in present:
+            (out / f).unlink()
+        present = []
+    saved_path = out / "eval_config.json"
+    if present:
+        saved = json.loads(saved_path.read_text()) if saved_path.is_file() else None
+        if saved != current:
+            diff = sorted(k for k in current if saved is None or saved.get(k) != current[k])
+            raise ValueError(
+                f"{out} holds results of another evaluation ({', '.join(present)}"
+                + (f"; differing fields: {', '.join(diff)}" if saved is not None else "") +
+                "); use another --out, or --overwrite to replace them"
+            )
+    saved_path.write_text(json.dumps(current, indent=1))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a cut last line is expected after an interruption
+        finished = list(read_jsonl(out / "episodes.jsonl")) if (out / "episodes.jsonl").is_file() else []
+        fidelity = list(read_jsonl(out / "fidelity_calls.jsonl")) if (out / "fidelity_calls.jsonl").is_file() else []
+    _trim_cut_line(out / "episodes.jsonl")
+    _trim_cut_line(out / "fidelity_calls.jsonl")
+    return finished, fidelity
+
+
+def _trim_cut_line(path: Path) -> None:
+    """Drop a cut last line so that appended lines start on a line of their own."""
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+        if text and not text.endswith("\n"):
+            path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
 
 
 def _new_state(task: Any) -> dict[str, Any]:
@@ -380,17 +464,17 @@ def _write_csv(path: Path, fields: list[str], rows: Sequence[dict[str, Any]]) ->
 
 
 def _write(out: Path, config: EvalConfig, episodes, summary, fidelity_calls) -> None:
-    with open(out / "episodes.jsonl", "w", encoding="utf-8") as f:
-        for e in episodes:
-            f.write(json.dumps(e, ensure_ascii=False) + "\n")
+    tmp = out / "episodes.jsonl.tmp"  # the whole set in task order, replacing the per-task lines atomically
+    tmp.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in episodes), encoding="utf-8")
+    os.replace(tmp, out / "episodes.jsonl")
     _write_csv(out / "summary.csv", SUMMARY_FIELDS, summary)
     doc = {"config": asdict(config), "overall_accuracy": summary[-1]["accuracy"],
            "categories": {r["category"]: r for r in summary[:-1]}}
     if config.fidelity:
         tables = fidelity_tables(fidelity_calls)
-        with open(out / "fidelity_calls.jsonl", "w", encoding="utf-8") as f:
-            for c in fidelity_calls:
-                f.write(json.dumps(c, ensure_ascii=False) + "\n")
+        tmp = out / "fidelity_calls.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in fidelity_calls), encoding="utf-8")
+        os.replace(tmp, out / "fidelity_calls.jsonl")
         _write_csv(out / "fidelity_per_tool.csv", FIDELITY_FIELDS, tables["tool"])
         _write_csv(out / "fidelity_per_category.csv", FIDELITY_FIELDS, tables["category"])
         doc["fidelity"] = tables
@@ -427,7 +511,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         seed=args.seed, rehearsal_n=args.rehearsal_n, rehearsal_mode=args.rehearsal_mode,
         rehearser_model=args.rehearser_model, memory_tokens=args.memory_tokens,
         attempt_max_steps=args.attempt_max_steps, critique_tokens=args.critique_tokens, fidelity=args.fidelity, out=out,
-        min_solvable_fraction=args.min_solvable_fraction,
+        min_solvable_fraction=args.min_solvable_fraction, overwrite=args.overwrite,
     )
     t0 = time.perf_counter()
     result = evaluate(config)
@@ -478,6 +562,8 @@ def add_eval_parsers(sub: Any) -> None:
     ev.add_argument("--critique-tokens", type=int, default=64, help="cap per rehearsal critique, tokens")
     ev.add_argument("--fidelity", action="store_true", help="play rehearsed episodes; score each rehearsed call against a real backend")
     ev.add_argument("--out", default=None, help="output folder (default eval_out/<model>-<suite>-<split>-<mode>)")
+    ev.add_argument("--overwrite", action="store_true",
+                    help="replace earlier results in --out (otherwise the same evaluation resumes; another refuses)")
     ev.add_argument("--min-solvable-fraction", type=float, default=0.9,
                     help="refuse to start when fewer of the selected tasks than this can be completed within "
                          "--max-steps-per-turn and --max-new-tokens (computed from the ground truth; agents.budgets)")

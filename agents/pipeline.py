@@ -172,7 +172,7 @@ def check_budgets(config: PipelineConfig, log=print) -> dict[str, Any]:
 def _evaluate(config: PipelineConfig, model: str, out: Path, log) -> dict[str, Any]:
     from agents.evaluate import evaluate
 
-    result = evaluate(_eval_config(config, model, out), log=None)
+    result = evaluate(_eval_config(config, model, out), log=None, progress=True)
     overall = result.summary[-1]
     row = {"accuracy": float(overall["accuracy"]), "tool_call_fraction": float(overall["tool_call_fraction"]),
            "parse_errors_per_task": float(overall["parse_errors_per_task"]), "n_tasks": len(result.episodes)}

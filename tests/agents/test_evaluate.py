@@ -7,6 +7,8 @@ import csv
 import json
 import re
 
+import pytest
+
 import tests.testing_env  # noqa: F401
 from agents.cli import main
 from agents.evaluate import EPISODE_FIELDS, FIDELITY_FIELDS, SUMMARY_FIELDS, EvalConfig, evaluate, summarize
@@ -99,3 +101,51 @@ def test_fidelity_eval_and_report_write_tables_and_pngs(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["report", str(empty)]) == 1
+
+
+class InterruptAfter(ScriptedPolicy):
+    """`_rule`'s policy that raises KeyboardInterrupt (a Ctrl-C) on its `n`-th ACT call, and counts contexts."""
+
+    def __init__(self, n=None):
+        super().__init__(_rule)
+        self.n, self.contexts = n, 0
+
+    def act(self, contexts, **kw):
+        if self.n is not None and self.act_calls + 1 >= self.n:
+            raise KeyboardInterrupt
+        self.contexts += len(contexts)
+        return super().act(contexts, **kw)
+
+
+def _cfg(out, **kw):
+    return EvalConfig(model="tiny-random", suite="scripted", split="all", limit=2, max_new_tokens=6,
+                      max_steps_per_turn=3, min_solvable_fraction=0.0, out=str(out), **kw)
+
+
+def test_an_interrupted_eval_keeps_finished_tasks_and_resumes(tmp_path):
+    out = tmp_path / "ev"
+    # scripted_0 finishes after 2 ACT rounds; the interrupt comes on round 3, with scripted_1 unfinished
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(_cfg(out), policy=InterruptAfter(3), log=None, progress=False)
+    kept = [json.loads(line)["task_id"] for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert kept == ["scripted_0"]
+    with open(out / "episodes.jsonl", "a") as f:  # and a line cut by the interruption
+        f.write('{"task_id": "scripted_1", "rew')
+    lines = []
+    policy = InterruptAfter()
+    result = evaluate(_cfg(out), policy=policy, log=lines.append, progress=False)
+    assert any("1 of 2 tasks already done" in line for line in lines)
+    assert [e["task_id"] for e in result.episodes] == ["scripted_0", "scripted_1"]
+    straight = evaluate(_cfg(tmp_path / "straight"), policy=InterruptAfter(), log=None, progress=False)
+    assert result.episodes[0] == straight.episodes[0] and result.summary[-1]["accuracy"] == straight.summary[-1]["accuracy"]
+    assert policy.contexts == straight.episodes[1]["steps"]  # only scripted_1 was played again
+
+
+def test_an_eval_with_other_settings_refuses_the_folder_unless_overwrite(tmp_path, capsys):
+    out = tmp_path / "ev"
+    evaluate(_cfg(out, fidelity=True), policy=InterruptAfter(), log=None, progress=False)
+    assert (out / "fidelity_per_tool.csv").is_file()
+    with pytest.raises(ValueError, match="another evaluation.*fidelity.*--overwrite"):
+        evaluate(_cfg(out), policy=InterruptAfter(), log=None, progress=False)
+    evaluate(_cfg(out, overwrite=True), policy=InterruptAfter(), log=None, progress=False)
+    assert not (out / "fidelity_per_tool.csv").exists() and (out / "summary.csv").is_file()
