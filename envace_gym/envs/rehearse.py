@@ -44,7 +44,8 @@ class RehearseEnv(ToolUseEnv):
     | parse-error message, real tool output     | OBSERVATION                                         |
 
     ## Action Space, Observation Space, Rewards, Starting State, Episode End
-    As `ToolUseEnv`. The token budget ``max_episode_tokens`` counts the real token sequence.
+    As `ToolUseEnv`. The token budget ``max_episode_tokens`` counts the real token sequence. Also truncation:
+    the sequence passing ``max_context_tokens`` (below).
 
     ## Info
     Everything `ToolUseEnv` gives, plus ``rehearsals``: one dict per rehearsed call of this step with
@@ -64,6 +65,10 @@ class RehearseEnv(ToolUseEnv):
     * ``max_new_tokens`` (int): cap per rehearsed response; default 256.
     * ``temperature`` (float): sampling temperature of rehearsals; 0 is greedy; default 1.0.
     * ``seed`` (int | None): seeds the env's ``np_random`` on the first reset when none is given there.
+    * ``max_context_tokens`` (int | None): the longest token sequence any model is asked to continue
+      (default 16,384): a tool call whose rehearsal could pass it is answered with an error observation and
+      no model call, and a step that leaves the sequence longer than it truncates the episode (R = 0).
+      Without it a single 1 MB action would make the next model call attend over ~10^5 tokens at once.
 
     ## Version History
     * v0: initial version.
@@ -83,8 +88,12 @@ class RehearseEnv(ToolUseEnv):
         seed: int | None = None,
         max_steps_per_turn: int = 20,
         max_episode_tokens: int | None = None,
+        max_context_tokens: int | None = 16_384,
         render_mode: str | None = None,
     ) -> None:
+        if max_context_tokens is not None and max_context_tokens < 1:
+            raise ValueError(f"max_context_tokens must be None or >= 1, got {max_context_tokens!r}")
+        self.max_context_tokens = max_context_tokens
         if prompt_mode not in ("inline", "separate"):
             raise ValueError(f"prompt_mode must be 'inline' or 'separate', got {prompt_mode!r}")
         if max_new_tokens < 1:
@@ -154,9 +163,15 @@ class RehearseEnv(ToolUseEnv):
         `rehearse_request` / `accept_rehearsal` so one batched model call serves all envs.
         """
         self._rehearsals = []
+        self._context_exceeded = False
         if not getattr(action, "stopped", True):
             self.cut_generations += 1
         obs, reward, terminated, truncated, info = yield from super().step_coroutine(action)
+        limit = self.max_context_tokens
+        if not (terminated or truncated) and (self._context_exceeded or (limit is not None and self._episode_tokens > limit)):
+            truncated, reward = True, 0.0  # no model may be asked to continue a sequence this long
+            self._done = True
+            self.trajectory.reward, self.trajectory.terminated, self.trajectory.truncated = 0.0, False, True
         if not (terminated or truncated):
             self._append(Role.TEMPLATE, self.renderer.open_ids("assistant"))
         info.update(self._token_info())
@@ -167,6 +182,8 @@ class RehearseEnv(ToolUseEnv):
     def _respond(self, call: ToolCall) -> str:
         if self.real_backend_factory is not None:
             return self._respond_real(call)
+        if self._context_full():
+            return self._respond_context_full()
         request = self.rehearse_request(call)
         (response,) = self.rehearser.rehearse([request])
         return self.accept_rehearsal(call, response)
@@ -177,8 +194,22 @@ class RehearseEnv(ToolUseEnv):
         return text
 
     def needs_rehearsal(self) -> bool:
-        """True when tool calls are answered by the rehearser (False once `RealTools` swapped a backend in)."""
-        return self.real_backend_factory is None
+        """True when the next tool call is answered by the rehearser: no real backend was swapped in
+        (`RealTools`) and the sequence leaves room for a rehearsal within ``max_context_tokens``."""
+        return self.real_backend_factory is None and not self._context_full()
+
+    def _context_full(self) -> bool:
+        limit = self.max_context_tokens
+        return limit is not None and self._episode_tokens + self.max_new_tokens + 16 > limit
+
+    def _respond_context_full(self) -> str:
+        """Answer without a model call when a rehearsal would pass ``max_context_tokens`` (the step then
+        truncates the episode): an error observation, so the token sequence stays well formed."""
+        text = (f"Error: the episode's {self._episode_tokens} tokens leave no room for a rehearsal within "
+                f"max_context_tokens={self.max_context_tokens}; the episode is truncated")
+        self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(text), None, text, generated=False)
+        self._context_exceeded = True
+        return text
 
     def rehearse_request(self, call: ToolCall) -> RehearseRequest:
         """The request for `call` at the current point of the episode (appends the tool-message opener)."""
