@@ -44,8 +44,7 @@ class RehearseEnv(ToolUseEnv):
     | parse-error message, real tool output     | OBSERVATION                                         |
 
     ## Action Space, Observation Space, Rewards, Starting State, Episode End
-    As `ToolUseEnv`. The token budget ``max_episode_tokens`` counts the real token sequence. Also truncation:
-    the sequence passing ``max_context_tokens`` (below).
+    As `ToolUseEnv`. The token budget ``max_episode_tokens`` counts the real token sequence.
 
     ## Info
     Everything `ToolUseEnv` gives, plus ``rehearsals``: one dict per rehearsed call of this step with
@@ -65,10 +64,11 @@ class RehearseEnv(ToolUseEnv):
     * ``max_new_tokens`` (int): cap per rehearsed response; default 256.
     * ``temperature`` (float): sampling temperature of rehearsals; 0 is greedy; default 1.0.
     * ``seed`` (int | None): seeds the env's ``np_random`` on the first reset when none is given there.
-    * ``max_context_tokens`` (int | None): the longest token sequence any model is asked to continue
+    * ``max_context_tokens`` (int | None): the longest token sequence the rehearser is asked to continue
       (default 16,384): a tool call whose rehearsal could pass it is answered with an error observation and
-      no model call, and a step that leaves the sequence longer than it truncates the episode (R = 0).
-      Without it a single 1 MB action would make the next model call attend over ~10^5 tokens at once.
+      no model call. Without it one 1 MB text action would make the next rehearsal attend over ~10^5 new
+      tokens at once (tens of GB). Generated actions are bounded by their ``max_new_tokens``; an agent that
+      acts on such a sequence itself should bound it too (``info["num_tokens"]``).
 
     ## Version History
     * v0: initial version.
@@ -163,15 +163,9 @@ class RehearseEnv(ToolUseEnv):
         `rehearse_request` / `accept_rehearsal` so one batched model call serves all envs.
         """
         self._rehearsals = []
-        self._context_exceeded = False
         if not getattr(action, "stopped", True):
             self.cut_generations += 1
         obs, reward, terminated, truncated, info = yield from super().step_coroutine(action)
-        limit = self.max_context_tokens
-        if not (terminated or truncated) and (self._context_exceeded or (limit is not None and self._episode_tokens > limit)):
-            truncated, reward = True, 0.0  # no model may be asked to continue a sequence this long
-            self._done = True
-            self.trajectory.reward, self.trajectory.terminated, self.trajectory.truncated = 0.0, False, True
         if not (terminated or truncated):
             self._append(Role.TEMPLATE, self.renderer.open_ids("assistant"))
         info.update(self._token_info())
@@ -200,15 +194,14 @@ class RehearseEnv(ToolUseEnv):
 
     def _context_full(self) -> bool:
         limit = self.max_context_tokens
-        return limit is not None and self._episode_tokens + self.max_new_tokens + 16 > limit
+        return limit is not None and getattr(self, "_episode_tokens", 0) + self.max_new_tokens + 16 > limit
 
     def _respond_context_full(self) -> str:
-        """Answer without a model call when a rehearsal would pass ``max_context_tokens`` (the step then
-        truncates the episode): an error observation, so the token sequence stays well formed."""
+        """Answer without a model call when a rehearsal would pass ``max_context_tokens``: an error
+        observation (no loss), like any tool failure, so the token sequence stays well formed."""
         text = (f"Error: the episode's {self._episode_tokens} tokens leave no room for a rehearsal within "
-                f"max_context_tokens={self.max_context_tokens}; the episode is truncated")
+                f"max_context_tokens={self.max_context_tokens}")
         self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(text), None, text, generated=False)
-        self._context_exceeded = True
         return text
 
     def rehearse_request(self, call: ToolCall) -> RehearseRequest:
