@@ -95,7 +95,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)  # fails fast, before any model loads
     trainer = RoleWiseGRPOTrainer(config)
-    if trainer.step:
+    if trainer.step >= config.num_steps:
+        print(f"[train] {config.run_dir} already holds {trainer.step} of num_steps={config.num_steps} steps; nothing to do "
+              "(raise --num-steps to continue)")
+    elif trainer.step:
         print(f"[train] resumed from step {trainer.step} in {config.run_dir}")
     print("[train] " + " ".join(f"{k}={v}" for k, v in config.to_dict().items()))
     history = trainer.train()
@@ -159,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _user_errors() as err:
         if args.debug:
             raise
-        print(f"envace {args.command}: error: {err}", file=sys.stderr)
+        message = str(err)
+        prefix = f"envace {args.command}"
+        print(message if message.startswith(prefix) else f"{prefix}: error: {message}", file=sys.stderr)
         return 2
 
 

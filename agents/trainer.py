@@ -183,11 +183,6 @@ class RoleWiseGRPOTrainer:
 
         self.config = config
         self.run_dir = Path(config.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = RunLock(self.run_dir).acquire()
-        if config.resume:
-            check_resume_config(self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.allow_config_change, log)
-        _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         source = config.init or config.model
         tokenizer = _load_tokenizer_of(source)
         tasks = make_suite(config.suite).tasks(config.categories, config.split)
@@ -207,6 +202,11 @@ class RoleWiseGRPOTrainer:
             min_fraction=config.min_solvable_fraction, command="envace train", log=log,
         )
         self.task_pool = all_ids
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
+        self._lock = RunLock(self.run_dir).acquire()
+        if config.resume:
+            check_resume_config(self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.allow_config_change, log)
+        _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         model, tokenizer = _load_trainable(source)
         self.tokenizer = tokenizer
         self.policy = Policy(model, tokenizer)

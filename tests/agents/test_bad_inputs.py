@@ -89,3 +89,10 @@ def test_bad_sft_inputs_fail_fast(tmp_path, no_model_loads, capsys):
     corrupt.write_text('{"task_id": "x"}\nnot json at all\n{"task_id": "y"}\n')
     assert main([*sft, "--data", str(corrupt)]) == 2
     assert "corrupt.jsonl:2: not a JSON record" in capsys.readouterr().err
+
+
+def test_a_refused_train_leaves_no_run_folder(tmp_path, no_model_loads, capsys):
+    run = tmp_path / "never"
+    assert main([*TRAIN, "--run-dir", str(run), "--max-new-tokens", "4", "--min-solvable-fraction", "0.9"]) == 2
+    err = capsys.readouterr().err
+    assert not run.exists() and err.count("envace train") == 1, err
