@@ -189,12 +189,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 executed[0] += 1
 
     sys.addaudithook(audit)
-    rows = [fuzz(e, c, args.steps, args.seed, args.step_seconds, executed) for e in args.envs for c in args.categories]
     header = f"{'env':<20} {'category':<26} {'steps':>7} {'episodes':>8} {'exceptions':>10} {'timeouts':>8} {'executed':>8} {'median ms':>9} {'max ms':>8}"
-    print(header)
-    for r in rows:
-        print(f"{r['env']:<20} {r['category']:<26} {r['steps']:>7} {r['episodes']:>8} {r['exceptions']:>10} "
-              f"{r['timeouts']:>8} {r['executed_model_text']:>8} {r['median_ms']:>9.2f} {r['max_ms']:>8.0f}")
+    print(header, flush=True)
+    rows = []
+    for e in args.envs:
+        for c in args.categories:  # each row as soon as it is done: a long run shows its progress
+            r = fuzz(e, c, args.steps, args.seed, args.step_seconds, executed)
+            rows.append(r)
+            print(f"{r['env']:<20} {r['category']:<26} {r['steps']:>7} {r['episodes']:>8} {r['exceptions']:>10} "
+                  f"{r['timeouts']:>8} {r['executed_model_text']:>8} {r['median_ms']:>9.2f} {r['max_ms']:>8.0f}", flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak:.0f} MB (seed {args.seed}, step limit {args.step_seconds:g} s)")
     for r in rows:
