@@ -13,9 +13,10 @@ SFT and GRPO trainers resume from their newest checkpoints):
 6. ``plots/stages.png`` (accuracy and the fraction of ACT steps that parse as tool calls, per stage) and
    ``grpo/plots/`` (training curves, `agents.plots.report`); ``summary.json`` and a printed table.
 
-The defaults take about 12 minutes on 2 CPU cores with SmolLM2-135M-Instruct (11.5 measured): few SFT
-steps on the shortest demonstrations (prompts alone are 3k-6.5k tokens, the length cap keeps whole demos), B=1 x K=2
-GRPO with short generations, 4 evaluation tasks. A GPU-scale run would instead use all four multi-turn
+The defaults take about 20 minutes on 2 CPU cores with SmolLM2-135M-Instruct (21.4 measured with a niced
+benchmark on one core): few SFT steps on the shortest demonstrations (prompts alone are 3k-6.5k tokens, the
+length cap keeps whole demos), B=1 x K=2 GRPO, 4 evaluation tasks, and ACT budgets (128 tokens, 5 messages per
+user turn) that leave every selected task completable (`agents.budgets`, checked before any model loads). A GPU-scale run would instead use all four multi-turn
 categories for SFT with no length cap, hundreds of GRPO steps at 16 instructions x K=4 with 20 steps per
 turn and 256+ new tokens (the paper: Qwen3-8B, ~470 steps, lr 1e-6), and the whole test split for eval.
 """
