@@ -46,7 +46,7 @@ def _actions(env: RehearseEnv, task_ids: list[str], steps: int) -> list[list[str
     """Per env, `steps` single-call actions from the task's ground truth (cycled)."""
     out = []
     for tid in task_ids:
-        task = env.tasks[env._task_index[tid]]
+        task = env.task_by_id(tid)
         calls = [c for turn in ground_truth_tool_calls(task) for c in turn]
         out.append([format_tool_calls([calls[i % len(calls)]], "hermes") for i in range(steps)])
     return out

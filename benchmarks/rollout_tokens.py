@@ -85,11 +85,11 @@ class ScriptedFirstCall:
         out = self.policy.act(contexts, max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds)
         for j, ctx in enumerate(contexts):
             env = next(e for e in self.envs if e.trajectory is not None and e.trajectory.token_ids == list(ctx))
-            key = (id(env.trajectory), env._turn)
+            key = (id(env.trajectory), env.turn)
             script = self.scripts.get(env.task.id, [])
-            if key not in self._scripted and env._turn < len(script):
+            if key not in self._scripted and env.turn < len(script):
                 self._scripted.add(key)
-                out[j] = script[env._turn]
+                out[j] = script[env.turn]
         return out
 
 

@@ -309,7 +309,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         content_ids = header_ids + summary_ids
         insert_user_message(base, header + summary, content_ids)
         record = {
-            "turn": base._turn,
+            "turn": base.turn,
             "mode": self.mode,
             "n": self.n,
             "attempts": attempts,
@@ -347,7 +347,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
 
     def _run_attempts(self, forks: list[Any]) -> list[dict[str, Any]]:
         """Play every fork until its turn ends, its episode ends or `attempt_max_steps`; ACT is batched."""
-        starts = [(len(f.trajectory.messages), f._turn) for f in forks]
+        starts = [(len(f.trajectory.messages), f.turn) for f in forks]
         start_tokens = [len(f.trajectory.token_ids) for f in forks]
         stats = [{"steps": 0, "tool_calls": 0, "ended": "steps", "act_tokens": 0} for _ in forks]
         active = list(range(len(forks)))
@@ -366,7 +366,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
                 s["act_tokens"] += len(action.token_ids)
                 if terminated or truncated:
                     s["ended"] = "episode"
-                elif forks[i]._turn != starts[i][1]:
+                elif forks[i].turn != starts[i][1]:
                     s["ended"] = "turn"
                 else:
                     still.append(i)
@@ -400,7 +400,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
     @staticmethod
     def _current_request(base: Any) -> str:
         """The text of the user turn being played (the last user messages of the committed history)."""
-        turn = base.task.turns[base._turn] if base._turn < base.task.num_turns else []
+        turn = base.task.turns[base.turn] if base.turn < base.task.num_turns else []
         return "\n".join(m.content for m in turn)[-2000:]
 
     @staticmethod

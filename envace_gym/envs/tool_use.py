@@ -311,6 +311,21 @@ class ToolUseEnv(gym.Env[str, str]):
             "episode_tokens": self._episode_tokens,
         }
 
+    @property
+    def turn(self) -> int:
+        """The current user turn, 0-based (``info["turn"]`` of the last step)."""
+        return self._turn
+
+    def task_by_id(self, task_id: str) -> Task:
+        """The task of this env with id `task_id`.
+
+        Raises:
+            KeyError: no task of this env has that id.
+        """
+        if task_id not in self._task_index:
+            raise KeyError(f"task_id {task_id!r} is not among this env's {len(self.tasks)} tasks")
+        return self.tasks[self._task_index[task_id]]
+
     def calls_per_turn(self) -> list[list[list[ToolCall]]]:
         """The parsed ACT calls so far: turns × steps × calls (what the verifier replays)."""
         return [[list(step) for step in turn] for turn in self._calls_per_turn]

@@ -168,7 +168,7 @@ def bfcl_env():
 def test_bfcl_arbitrary_actions_keep_invariants_and_replay(bfcl_env, data):
     """Same properties on real BFCL backends, with calls drawn over each task's own tool names."""
     task_id = data.draw(st.sampled_from(BFCL_TASKS))
-    names = [t.name for t in bfcl_env.tasks[bfcl_env._task_index[task_id]].tools] + ["not_a_tool", "_load_scenario"]
+    names = [t.name for t in bfcl_env.task_by_id(task_id).tools] + ["not_a_tool", "_load_scenario"]
     actions = data.draw(st.lists(action_strategy(names), min_size=1, max_size=8))
     steps = _run_episode(bfcl_env, task_id, actions)
     _check_invariants(bfcl_env, steps)
@@ -180,7 +180,7 @@ def test_bfcl_ground_truth_through_the_env_scores_one_and_a_dropped_call_zero(st
     from benchmarks.bfcl.verify import ground_truth_tool_calls
 
     env = ToolUseEnv(suite="bfcl", categories=["multi_turn_base"], split="all")
-    task = env.tasks[env._task_index["multi_turn_base_0"]]
+    task = env.task_by_id("multi_turn_base_0")
     turns = ground_truth_tool_calls(task)
     for drop in (False, True):
         env.reset(options={"task_id": task.id})
