@@ -45,7 +45,8 @@ from typing import Any, Callable, Sequence
 from envace_gym.parsing import format_tool_calls
 from envace_gym.types import Task, ToolCall
 
-__all__ = ["TaskNeeds", "BudgetReport", "BudgetError", "task_needs", "budget_report", "require_solvable"]
+__all__ = ["TaskNeeds", "BudgetReport", "BudgetError", "task_needs", "budget_report", "require_solvable",
+           "check_task_budgets"]
 
 BUDGET_KINDS = ("max_steps_per_turn", "max_new_tokens", "max_episode_tokens")
 
@@ -264,7 +265,7 @@ def budget_report(
             continue
         needs.append(task_needs(t, ref, tokenizer))
     if max_episode_tokens is not None and needs:
-        lengths = _demo_tokens([t for t in tasks if reference is not None], tokenizer, getattr(suite, "name", ""))
+        lengths = _demo_tokens(tasks, tokenizer, getattr(suite, "name", ""))
         for n in needs:
             n.demo_tokens = lengths.get(n.task_id)
 
@@ -332,7 +333,6 @@ def require_solvable(
         log(f"[budget] {command}: {report.summary(names)}")
     if report.fraction >= min_fraction:
         return
-    threshold = threshold_name
     parts = []
     for kind, n in sorted(report.blocked_by.items(), key=lambda kv: -kv[1]):
         current = report.budgets[kind]
@@ -342,6 +342,25 @@ def require_solvable(
                      f"{', '.join(report.blocked_ids.get(kind, []))})")
     raise BudgetError(
         f"{command}: only {100 * report.fraction:.1f}% of the {report.num_tasks} selected tasks can be completed within "
-        f"the budgets, below {threshold}={min_fraction}; their trajectories could only ever earn R = 0. "
-        + "; ".join(parts) + f". Or lower {threshold} to start anyway."
+        f"the budgets, below {threshold_name}={min_fraction}; their trajectories could only ever earn R = 0. "
+        + "; ".join(parts) + f". Or lower {threshold_name} to start anyway."
     )
+
+
+def check_task_budgets(tasks, suite_name: str, tokenizer, *, max_steps_per_turn: int, max_new_tokens: int,
+                       max_episode_tokens: int | None, min_fraction: float, command: str,
+                       names: dict[str, str] | None = None, threshold_name: str = "--min-solvable-fraction",
+                       log=print):
+    """`agents.budgets.budget_report` of `tasks` then `agents.budgets.require_solvable`; returns the report.
+
+    Raises:
+        agents.budgets.BudgetError: fewer than `min_fraction` of the tasks can be completed (the message names
+            the option to raise).
+    """
+    from envace_gym.suites import make_suite
+
+    report = budget_report(tasks, make_suite(suite_name), tokenizer, max_steps_per_turn=max_steps_per_turn,
+                           max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens,
+                           min_fraction=min_fraction)
+    require_solvable(report, min_fraction, command=command, names=names, threshold_name=threshold_name, log=log)
+    return report

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from agents.run_folder import append_jsonl, read_jsonl
+from agents.run_folder import append_jsonl, drop_cut_last_line, read_jsonl
 
 __all__ = [
     "EvalConfig",
@@ -228,7 +228,8 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
             ``max_steps_per_turn`` and ``max_new_tokens`` (checked before the model loads).
     """
     from agents.policy import load_policy
-    from agents.trainer import _load_tokenizer_of, check_task_budgets
+    from agents.budgets import check_task_budgets
+    from agents.trainer import _load_tokenizer_of
 
     log = log or (lambda *a, **k: None)
     tasks = _select_tasks(config)
@@ -345,17 +346,9 @@ def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], l
         warnings.simplefilter("ignore")  # a cut last line is expected after an interruption
         finished = list(read_jsonl(out / "episodes.jsonl")) if (out / "episodes.jsonl").is_file() else []
         fidelity = list(read_jsonl(out / "fidelity_calls.jsonl")) if (out / "fidelity_calls.jsonl").is_file() else []
-    _trim_cut_line(out / "episodes.jsonl")
-    _trim_cut_line(out / "fidelity_calls.jsonl")
+    drop_cut_last_line(out / "episodes.jsonl")
+    drop_cut_last_line(out / "fidelity_calls.jsonl")
     return finished, fidelity
-
-
-def _trim_cut_line(path: Path) -> None:
-    """Drop a cut last line so that appended lines start on a line of their own."""
-    if path.is_file():
-        text = path.read_text(encoding="utf-8")
-        if text and not text.endswith("\n"):
-            path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
 
 
 def _new_state(task: Any) -> dict[str, Any]:

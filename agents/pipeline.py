@@ -151,7 +151,8 @@ def check_budgets(config: PipelineConfig, log=print) -> dict[str, Any]:
             pipeline option to raise).
     """
     from agents.evaluate import _select_tasks
-    from agents.trainer import _load_tokenizer_of, check_task_budgets
+    from agents.budgets import check_task_budgets
+    from agents.trainer import _load_tokenizer_of
     from envace_gym.suites import make_suite
 
     tokenizer = _load_tokenizer_of(config.model)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 __all__ = [
-    "RunLock", "RunFolderError", "trim_jsonl", "changed_fields", "read_jsonl", "append_jsonl", "check_resume_config",
+    "RunLock", "RunFolderError", "trim_jsonl", "drop_cut_last_line", "changed_fields", "read_jsonl", "append_jsonl", "check_resume_config",
 ]
 
 
@@ -135,6 +135,15 @@ def append_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
             f.write(json.dumps(r) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def drop_cut_last_line(path: str | Path) -> None:
+    """Remove a cut last line (no final newline) from a JSON Lines file, so that appended lines start clean."""
+    path = Path(path)
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+        if text and not text.endswith("\n"):
+            path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
 
 
 def trim_jsonl(path: str | Path, max_step: int, key: str = "step") -> int:

@@ -65,6 +65,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agents.allocator import set_malloc_mmap_threshold
+from agents.budgets import check_task_budgets
 from agents.checkpoint import load_newest, prune_checkpoints, save_checkpoint
 from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
 from agents.config import TrainConfig, _dump_yaml
@@ -136,26 +137,6 @@ def _load_trainable(name: str, tokenizer_source: str | None = None):
     if name == TINY_MODEL:
         return tiny_random_model(seed=0), tokenizer
     return load_model(name, shared=False), tokenizer
-
-
-def check_task_budgets(tasks, suite_name: str, tokenizer, *, max_steps_per_turn: int, max_new_tokens: int,
-                       max_episode_tokens: int | None, min_fraction: float, command: str,
-                       names: dict[str, str] | None = None, threshold_name: str = "--min-solvable-fraction",
-                       log=print):
-    """`agents.budgets.budget_report` of `tasks` then `agents.budgets.require_solvable`; returns the report.
-
-    Raises:
-        agents.budgets.BudgetError: fewer than `min_fraction` of the tasks can be completed (the message names
-            the option to raise).
-    """
-    from agents.budgets import budget_report, require_solvable
-    from envace_gym.suites import make_suite
-
-    report = budget_report(tasks, make_suite(suite_name), tokenizer, max_steps_per_turn=max_steps_per_turn,
-                           max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens,
-                           min_fraction=min_fraction)
-    require_solvable(report, min_fraction, command=command, names=names, threshold_name=threshold_name, log=log)
-    return report
 
 
 class RoleWiseGRPOTrainer:

@@ -40,18 +40,26 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def calls_per_turn(trajectory: Any) -> list[list[list[Any]]]:
-    """turns × steps × calls of a trajectory, rebuilt from its messages (a user message after an ACT message
-    opens the next turn), as the env handed them to the verifier."""
-    turns: list[list[list[Any]]] = [[]]
-    seen_assistant = False
-    for m in trajectory.messages:
+def act_messages(trajectory: Any) -> list[tuple[int, int, Any]]:
+    """``(turn, index, message)`` of each ACT message of a trajectory; a user message after an ACT message
+    opens the next turn, as in the env."""
+    out, turn, seen_assistant = [], 0, False
+    for i, m in enumerate(trajectory.messages):
         if m.role == "user" and seen_assistant:
-            turns.append([])
-            seen_assistant = False
+            turn, seen_assistant = turn + 1, False
         elif m.role == "assistant":
             seen_assistant = True
-            turns[-1].append(list(m.tool_calls or []))
+            out.append((turn, i, m))
+    return out
+
+
+def calls_per_turn(trajectory: Any) -> list[list[list[Any]]]:
+    """turns × steps × calls of a trajectory, rebuilt from its messages, as the env handed them to the verifier."""
+    turns: list[list[list[Any]]] = [[]]
+    for turn, _, m in act_messages(trajectory):
+        while len(turns) <= turn:
+            turns.append([])
+        turns[turn].append(list(m.tool_calls or []))
     return turns
 
 
@@ -113,14 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if info["turn"] == 0:
                     first_checked += 1
                     first_valid += bool(info["valid"])
-        turn = 0
-        seen_assistant = False
-        for i, m in enumerate(traj.messages):
-            if m.role == "user" and seen_assistant:
-                turn, seen_assistant = turn + 1, False
-            if m.role != "assistant":
-                continue
-            seen_assistant = True
+        for turn, i, m in act_messages(traj):
             acts += 1
             names = {t.name for t in traj.task.tools_at_turn(turn)}
             for c in m.tool_calls or []:

@@ -10,6 +10,7 @@ every observation the environments emit is inside their observation space.
 from __future__ import annotations
 
 import functools
+import re
 
 from gymnasium import spaces
 
@@ -34,17 +35,12 @@ def printable_text(min_length: int = 0, max_length: int = MAX_TEXT_LENGTH) -> sp
     return spaces.Text(max_length=max_length, min_length=min_length, charset=PRINTABLE_CHARSET)
 
 
-_SURROGATES = None
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def replace_surrogates(text: str) -> str:
     """`text` with every lone surrogate code point (U+D800-U+DFFF, not encodable as UTF-8; what a byte-level
     decode can produce) replaced by U+FFFD; other text unchanged (the same object when there is none)."""
-    global _SURROGATES
-    if _SURROGATES is None:
-        import re
-
-        _SURROGATES = re.compile("[\ud800-\udfff]")
     return _SURROGATES.sub("\ufffd", text) if _SURROGATES.search(text) else text
 
 
