@@ -15,6 +15,10 @@ Every step runs under a wall-clock limit (``--step-seconds``, via ``SIGALRM``); 
 timeout and its env is reset. An audit hook (``sys.addaudithook``) counts ``exec``/``compile`` events whose
 source holds the marker string every action carries: any model text executed would show up there.
 
+``--isolation`` picks where backend calls run (`envace_gym.limits.CallLimits`): ``process`` (the Linux default,
+each call in a child of the call server) or ``none`` (in this process). The audit hook sees only this
+process, so ``process`` audits the env, parser and verifier code, and ``none`` audits the backends as well.
+
 Usage::
 
     .venv/bin/python benchmarks/fuzz_envs.py                      # 10,000 actions per category and env
@@ -121,11 +125,12 @@ def _alarm(signum: int, frame: Any) -> None:
     raise StepTimeout
 
 
-def fuzz(env_id: str, category: str, steps: int, seed: int, step_seconds: float, executed: list[int]) -> dict[str, Any]:
-    """Play `steps` fuzzed actions in one env; returns the row's counts."""
+def fuzz(env_id: str, category: str, steps: int, seed: int, step_seconds: float, executed: list[int],
+         suite: str = "bfcl") -> dict[str, Any]:
+    """Play `steps` fuzzed actions in one env of the registered `suite`; returns the row's counts."""
     import gymnasium as gym
 
-    kwargs: dict[str, Any] = {"categories": [category], "split": "all"}
+    kwargs: dict[str, Any] = {"suite": suite, "categories": [category], "split": "all"}
     if env_id == "EnvACE-Rehearse-v0":
         kwargs.update(model="tiny-random", max_new_tokens=8)
     env = gym.make(env_id, disable_env_checker=True, **kwargs)
@@ -174,11 +179,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                                  "multi_turn_long_context", "simple_python"])
     parser.add_argument("--envs", nargs="+", default=["EnvACE-Tool-v0", "EnvACE-Rehearse-v0"])
     parser.add_argument("--step-seconds", type=float, default=10.0, help="wall-clock limit per step")
+    parser.add_argument("--isolation", choices=["process", "none"], default="process",
+                        help="where backend calls run (module docstring)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
 
     import envace_gym  # noqa: F401  (registers the env ids)
+    from benchmarks.bfcl import BFCLSuite
+    from envace_gym.limits import CallLimits
+    from envace_gym.suites import register_suite
+
+    suite = f"bfcl-isolation-{args.isolation}"
+    register_suite(suite, lambda: BFCLSuite(call_limits=CallLimits(isolation=args.isolation)))
+    print(f"backend calls: isolation={args.isolation}", flush=True)
 
     executed = [0]
 
@@ -194,7 +208,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     rows = []
     for e in args.envs:
         for c in args.categories:  # each row as soon as it is done: a long run shows its progress
-            r = fuzz(e, c, args.steps, args.seed, args.step_seconds, executed)
+            r = fuzz(e, c, args.steps, args.seed, args.step_seconds, executed, suite)
             rows.append(r)
             print(f"{r['env']:<20} {r['category']:<26} {r['steps']:>7} {r['episodes']:>8} {r['exceptions']:>10} "
                   f"{r['timeouts']:>8} {r['executed_model_text']:>8} {r['median_ms']:>9.2f} {r['max_ms']:>8.0f}", flush=True)

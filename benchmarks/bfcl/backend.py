@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import copy
 import datetime
+import functools
 import hashlib
 import importlib
 import inspect
@@ -203,6 +204,11 @@ def _check_arguments(name: str, args: Mapping[str, Any], limits: CallLimits) -> 
             )
 
 
+def _call_to_str(method: Callable[..., Any], kwargs: dict[str, Any]) -> str:
+    """``method(**kwargs)`` as BFCL records its result (module-level, so a call pickles to its process)."""
+    return bfcl_result_to_str(method(**kwargs))
+
+
 class BFCLBackend:
     """Fresh real instances of one multi-turn task's BFCL classes (implements `envace_gym.suites.ToolBackend`).
 
@@ -210,9 +216,10 @@ class BFCLBackend:
         involved_classes: BFCL class names, e.g. ``["GorillaFileSystem", "TwitterAPI"]``.
         initial_config: ``{class name: scenario dict}`` from the task; deep-copied before loading.
         long_context: passed to ``_load_scenario`` (BFCL sets it for the ``long_context`` category).
-        limits: the per-call limits (`envace_gym.limits.CallLimits`): every call runs under its time limit
-            with the process's ``decimal``/``mpmath`` precision restored afterwards, and arguments that
-            would run unbounded inside one C-level operation are refused (`_check_arguments`).
+        limits: the per-call limits (`envace_gym.limits.CallLimits`): every call runs under its time and
+            memory limits (by default in a forked child whose changes to the instances are copied back) with
+            the process's ``decimal``/``mpmath`` precision restored afterwards, and arguments that would run
+            unbounded inside one C-level operation are refused first (`_check_arguments`).
 
     Raises:
         ValueError: an unknown class name.
@@ -284,7 +291,8 @@ class BFCLBackend:
             # the `tags`/`mentions` lists and `mention` later extends them), which would otherwise alias the
             # caller's ToolCall and corrupt a later replay of the same calls (e.g. by the verifier).
             method, kwargs = self._methods[name][1], copy.deepcopy(args)
-            return bfcl_result_to_str(run_limited(lambda: method(**kwargs), self.limits))
+            return run_limited(functools.partial(_call_to_str, method, kwargs), self.limits,
+                               state=list(self.instances.values()))
         except Exception as e:  # any failure is an observation, never a crash (DESIGN.md §3)
             return f"Error during execution: {e}"
 

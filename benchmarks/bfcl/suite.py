@@ -36,8 +36,9 @@ class BFCLSuite:
     Args:
         default_categories: the categories `tasks` uses when given None (default ``["multi_turn_base"]``).
         call_limits: per-call limits of every backend, the env's and the verifier's replay alike
-            (`envace_gym.limits.CallLimits`; default 5 s, precision up to 10,000 digits, integer powers up to
-            100,000 digits). Register a suite with other limits as
+            (`envace_gym.limits.CallLimits`; default 5 s and 1024 MiB per call in a forked process on Linux,
+            precision up to 10,000 digits, integer powers up to 100,000 digits). Register a suite with other
+            limits as
             ``register_suite("bfcl-strict", lambda: BFCLSuite(call_limits=CallLimits(seconds=1)))``.
 
     Raises:

@@ -33,6 +33,7 @@ names back to dotted form ourselves.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from functools import lru_cache
@@ -183,7 +184,8 @@ def verify_multi_turn(task: Task, calls_per_turn: Sequence[Sequence[Sequence[Too
     Args:
         task: a ``"bfcl.multi_turn"`` task.
         calls_per_turn: turns × steps × calls, as the env recorded them.
-        limits: per-call limits of the replay backends (the env's, so a call refused there is refused here).
+        limits: per-call limits of the model calls' replay (the env's, so a call refused there is refused
+            here); the ground truth's replay runs in this process (``isolation="none"``), its other limits kept.
 
     Returns:
         `VerifierResult`; ``details["turns"]`` holds one dict per replayed turn (``valid``, ``checked``,
@@ -196,7 +198,9 @@ def verify_multi_turn(task: Task, calls_per_turn: Sequence[Sequence[Sequence[Too
     state_checker, response_checker = _multi_turn_checkers()
     gt_turns = task.metadata["ground_truth"]
     model_backend = make_multi_turn_backend(task, limits)
-    gt_backend = make_multi_turn_backend(task, limits)
+    # The ground truth is the benchmark's own data, not model output: it runs in this process (microseconds
+    # a call instead of a fork), under the same time limit and argument bounds.
+    gt_backend = make_multi_turn_backend(task, dataclasses.replace(limits, isolation="none"))
     gt_calls = ground_truth_tool_calls(task, gt_backend)
     name_map = task.metadata.get("tool_name_map") or {}
 
