@@ -203,19 +203,19 @@ def task_needs(task: Task, reference: list[list[ToolCall]], tokenizer: Any) -> T
 
 
 def _demo_tokens(tasks: Sequence[Task], tokenizer: Any, suite: str) -> dict[str, int]:
-    """Token length of each task's real-execution demonstration (all of a turn's calls in one message)."""
-    if suite != "bfcl":
-        return {}
+    """Token length of each multi-step task's real-execution demonstration (all of a turn's calls in one
+    message); empty for a suite without reference solutions."""
     import gymnasium as gym
 
     import envace_gym  # noqa: F401  (registers the env ids)
-    from agents.demonstrations import _TokenizerOnlyRehearser, demonstration_for_task
+    from agents.demonstrations import TokenizerOnlyRehearser, demonstration_for_task
+    from envace_gym.suites import make_suite
     from wrappers import RealTools
 
-    multi = [t for t in tasks if t.verifier == "bfcl.multi_turn"]
-    if not multi:
+    multi = [t for t in tasks if not t.metadata.get("single_step")]
+    if not multi or not callable(getattr(make_suite(suite), "ground_truth", None)):
         return {}
-    env = RealTools(gym.make("EnvACE-Rehearse-v0", suite="bfcl", tasks=multi, rehearser=_TokenizerOnlyRehearser(tokenizer),
+    env = RealTools(gym.make("EnvACE-Rehearse-v0", suite=suite, tasks=multi, rehearser=TokenizerOnlyRehearser(tokenizer),
                              max_steps_per_turn=10_000, disable_env_checker=True))
     out = {}
     for t in multi:

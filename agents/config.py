@@ -144,6 +144,7 @@ class TrainConfig:
     threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
     tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")
+    engine: str = _f("hf", "generation engine registered in agents.engines: 'hf' (Transformers with the prefix KV cache) or 'hf-nocache'")
 
     # --- Parameters that control the tasks ------------------------------------------------------------
     suite: str = _f("bfcl", "task suite registered in envace_gym.suites")
@@ -212,6 +213,10 @@ class TrainConfig:
                 fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
             fail(f"max_episode_tokens must be None (no budget) or >= 1, got {self.max_episode_tokens}")
+        from agents.engines import registered_engines
+
+        if self.engine not in registered_engines():
+            fail(f"engine must be one of {registered_engines()} (agents.engines.register_engine adds one), got {self.engine!r}")
 
         for name in ("num_steps", "batch_tasks", "group_size", "max_new_tokens", "rehearse_max_new_tokens",
                      "max_steps_per_turn", "ppo_epochs", "num_minibatches", "save_every",
@@ -252,7 +257,7 @@ class TrainConfig:
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
         "run_dir", "num_steps", "save_every", "keep_checkpoints", "resume", "allow_config_change", "threads",
         "malloc_mmap_threshold_kb", "tensorboard", "min_solvable_fraction", "max_nonfinite_steps",
-        "logprob_chunk_size", "gradient_checkpointing",
+        "logprob_chunk_size", "gradient_checkpointing", "engine",
     )
     """Fields that may change between a run and its resume (bookkeeping, memory, speed): every other one
     changes what is trained, so a resume with another value refuses unless ``allow_config_change``."""

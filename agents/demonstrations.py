@@ -1,4 +1,4 @@
-"""Demonstrations for supervised warm-start: real executions of BFCL ground truth, and
+"""Demonstrations for supervised warm-start: real executions of a suite's reference solutions, and
 recorded rollouts filtered by reward (rejection-sampling fine-tuning), as token-level `Trajectory` objects.
 
 Both sources give trajectories in the policy's own token format (the one `envace_gym.envs.rehearse.RehearseEnv`
@@ -9,13 +9,13 @@ builds and `agents.rollout.build_batch` trains on), relabelled so that `agents.s
   learns the real dynamics. Parse-error observations (a tool message without a call id) and prompt,
   template and user-turn tokens stay untrained.
 
-## Demonstrations from real executions (`build_bfcl_demonstrations`)
+## Demonstrations from real executions (`build_demonstrations`)
 
-For each BFCL multi-turn task a `RehearseEnv` wrapped in `wrappers.RealTools` (so every tool call goes to
-a fresh, isolated real BFCL backend of the suite: ``long_context`` backends included) is driven with text
-actions, turn by turn:
+For each task of a suite that gives a reference solution (``Suite.ground_truth``; BFCL: every task) a
+`RehearseEnv` wrapped in `wrappers.RealTools` (so every tool call goes to a fresh, isolated real backend of
+the suite: BFCL ``long_context`` backends included) is driven with text actions, turn by turn:
 
-1. Each ground-truth call of the turn (`benchmarks.bfcl.verify.ground_truth_tool_calls`, positional
+1. Each reference call of the turn (BFCL: `benchmarks.bfcl.verify.ground_truth_tool_calls`, positional
    arguments bound) is one ACT message in Hermes format, ``format_tool_calls([call], "hermes")``
    (``calls_per_message="one"``, the default: every later call is conditioned on the real result of the
    previous one, as a model acting step by step would be). ``calls_per_message="all"`` puts all the turn's
@@ -75,8 +75,9 @@ __all__ = [
     "closing_message",
     "relabel_for_sft",
     "cap_length",
-    "build_bfcl_demonstrations",
+    "build_demonstrations",
     "demonstration_for_task",
+    "TokenizerOnlyRehearser",
     "load_recorded_trajectories",
     "MULTI_TURN_CATEGORIES",
 ]
@@ -150,7 +151,7 @@ def closing_message(calls: Sequence[ToolCall]) -> str:
     return DONE_MESSAGE if calls else NO_CALL_MESSAGE
 
 
-class _TokenizerOnlyRehearser:
+class TokenizerOnlyRehearser:
     """A `Rehearser` that only carries a tokenizer: the demo env answers every call with a real backend."""
 
     prompt_mode = "inline"
@@ -268,7 +269,7 @@ def cap_length(traj: Trajectory, max_tokens: int | None, overflow: Overflow = "t
 
 
 # ---------------------------------------------------------------------------------------------------------
-# BFCL demonstrations
+# Demonstrations from reference solutions
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -279,23 +280,31 @@ def _action(renderer: ChatRenderer, text: str) -> GeneratedText:
 
 
 def demonstration_for_task(env: Any, task: Task, calls_per_message: CallsPerMessage = "one") -> tuple[Trajectory, float]:
-    """Play `task`'s ground truth in `env` (a `RealTools`-wrapped `RehearseEnv`) and return ``(trajectory, reward)``.
+    """Play `task`'s reference solution in `env` (a `RealTools`-wrapped `RehearseEnv`) and return ``(trajectory, reward)``.
 
-    The trajectory is the env's own (not yet relabelled); see the module docstring for the message layout.
+    The reference is the suite's ``ground_truth(task)`` (turns × calls; BFCL: its ``possible_answer`` calls,
+    positional arguments bound). The trajectory is the env's own (not yet relabelled); see the module
+    docstring for the message layout. A single-step task (``task.metadata["single_step"]``, BFCL single-turn)
+    is one ACT message holding all of its calls.
 
     Raises:
-        ValueError: `calls_per_message` is unknown, or the ground truth cannot be parsed
-            (`benchmarks.bfcl.verify.ground_truth_tool_calls`).
+        ValueError: `calls_per_message` is unknown, or the env's suite gives no reference solution for `task`.
         RuntimeError: the episode ended before the last user turn was answered (e.g. the step limit).
     """
-    from benchmarks.bfcl.verify import ground_truth_tool_calls
-
     if calls_per_message not in ("one", "all"):
         raise ValueError(f"calls_per_message must be 'one' or 'all', got {calls_per_message!r}")
     base = env.unwrapped
     renderer = base.renderer
+    reference = getattr(base.suite, "ground_truth", None)
+    gt = reference(task) if callable(reference) else None
+    if gt is None:
+        raise ValueError(f"{task.id}: suite {base.suite.name!r} gives no reference solution (Suite.ground_truth)")
     env.reset(options={"task_id": task.id})
-    gt = ground_truth_tool_calls(task)
+    if task.metadata.get("single_step"):
+        calls = [c for turn in gt for c in turn]
+        _, reward, terminated, truncated, _ = env.step(_action(renderer, format_tool_calls(calls, "hermes")
+                                                               if calls else closing_message(calls)))
+        return base.trajectory, float(reward)
     reward, done = 0.0, False
     for t, calls in enumerate(gt):
         messages = [[c] for c in calls] if calls_per_message == "one" else ([list(calls)] if calls else [])
@@ -312,9 +321,10 @@ def demonstration_for_task(env: Any, task: Task, calls_per_message: CallsPerMess
     return base.trajectory, float(reward)
 
 
-def build_bfcl_demonstrations(
+def build_demonstrations(
     tokenizer: Any,
-    categories: Sequence[str] = ("multi_turn_base",),
+    suite: str = "bfcl",
+    categories: Sequence[str] | None = ("multi_turn_base",),
     split: str = "train",
     *,
     task_ids: Sequence[str] | None = None,
@@ -324,12 +334,16 @@ def build_bfcl_demonstrations(
     calls_per_message: CallsPerMessage = "one",
     progress: bool = False,
 ) -> tuple[list[Trajectory], DemoStats]:
-    """Demonstrations from real executions of BFCL multi-turn ground truth (module docstring).
+    """Demonstrations from real executions of a suite's reference solutions (module docstring).
+
+    Any registered suite with ``ground_truth(task)`` yields demonstrations; a task without one is skipped
+    and counted in ``stats.skipped_error``.
 
     Args:
         tokenizer: the policy's tokenizer (its chat template renders the prompt and the message pieces).
-        categories: BFCL multi-turn categories (`MULTI_TURN_CATEGORIES`).
-        split: ``"train"`` (default), ``"test"`` or ``"all"`` (`benchmarks.bfcl.data.split_of`).
+        suite: a registered suite name (`envace_gym.suites.registered_suites`); default BFCL.
+        categories: the suite's categories (None: its default); BFCL: e.g. `MULTI_TURN_CATEGORIES`.
+        split: ``"train"`` (default), ``"test"`` or ``"all"``.
         task_ids: only these tasks (in this order); None: every task of the categories and split.
         limit: stop after this many kept demonstrations (None: all).
         max_tokens: the length cap in tokens (None: no cap); see `cap_length`.
@@ -341,7 +355,7 @@ def build_bfcl_demonstrations(
         ``(demos, stats)``: relabelled trajectories (reward 1.0 each) and the counts of `DemoStats`.
 
     Raises:
-        ValueError: a category that is not multi-turn, a task id not in the categories and split, or an
+        ValueError: an unknown suite or category, a task id not in the categories and split, or an
             invalid `overflow` / `calls_per_message`.
     """
     import gymnasium as gym
@@ -350,9 +364,6 @@ def build_bfcl_demonstrations(
     import envace_gym  # noqa: F401  (registers the env ids)
     from wrappers import RealTools
 
-    bad = [c for c in categories if c not in MULTI_TURN_CATEGORIES]
-    if bad:
-        raise ValueError(f"demonstrations need BFCL multi-turn categories {MULTI_TURN_CATEGORIES}, got {bad}")
     if overflow not in ("truncate", "drop"):
         raise ValueError(f"overflow must be 'truncate' or 'drop', got {overflow!r}")
     if calls_per_message not in ("one", "all"):
@@ -360,8 +371,9 @@ def build_bfcl_demonstrations(
     # BFCL's 20-step limit counts ACT messages; with one call per message a long ground-truth turn needs more.
     env = RealTools(
         gym.make(
-            "EnvACE-Rehearse-v0", suite="bfcl", categories=list(categories), split=split,
-            rehearser=_TokenizerOnlyRehearser(tokenizer), max_steps_per_turn=10_000, disable_env_checker=True,
+            "EnvACE-Rehearse-v0", suite=suite, categories=None if categories is None else list(categories),
+            split=split, rehearser=TokenizerOnlyRehearser(tokenizer), max_steps_per_turn=10_000,
+            disable_env_checker=True,
         )
     )
     base = env.unwrapped
@@ -369,7 +381,7 @@ def build_bfcl_demonstrations(
     if task_ids is not None:
         missing = [i for i in task_ids if i not in pool]
         if missing:
-            raise ValueError(f"task ids not in {list(categories)}/{split}: {missing[:5]}")
+            raise ValueError(f"task ids not in {suite} {categories}/{split}: {missing[:5]}")
         tasks = [pool[i] for i in task_ids]
     else:
         tasks = list(base.tasks)

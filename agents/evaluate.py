@@ -102,6 +102,7 @@ class EvalConfig:
             within ``max_steps_per_turn`` and ``max_new_tokens`` (`agents.budgets`, before any model loads).
         overwrite: remove the results of an earlier evaluation in ``out`` first (otherwise an evaluation
             with the same settings resumes after its last finished task, and one with other settings refuses).
+        engine: the generation engine of the policy (`agents.engines`; default ``"hf"``).
     """
 
     model: str = "smollm2-135m"
@@ -123,6 +124,7 @@ class EvalConfig:
     out: str = "eval_out"
     min_solvable_fraction: float = 0.9
     overwrite: bool = False
+    engine: str = "hf"
 
     def __post_init__(self) -> None:
         import math
@@ -240,9 +242,9 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
         max_steps_per_turn=config.max_steps_per_turn, max_new_tokens=config.max_new_tokens, max_episode_tokens=None,
         min_fraction=config.min_solvable_fraction, command="envace eval", log=log,
     )
-    policy = policy if policy is not None else load_policy(config.model)
+    policy = policy if policy is not None else load_policy(config.model, engine=config.engine)
     if rehearser_policy is None and config.rehearser_model:
-        rehearser_policy = load_policy(config.rehearser_model)
+        rehearser_policy = load_policy(config.rehearser_model, engine=config.engine)
     out = Path(config.out)
     finished, finished_fidelity = _prepare_out(out, config)
     done_ids = {e["task_id"] for e in finished}
@@ -308,13 +310,13 @@ OUTPUT_FILES = ("eval_config.json", "episodes.jsonl", "summary.csv", "summary.js
                 "fidelity_per_tool.csv", "fidelity_per_category.csv")
 """The files `evaluate` writes (and the only ones it removes from an output folder)."""
 
-_RESUME_IGNORES = ("out", "min_solvable_fraction", "overwrite")
+_RESUME_IGNORES = ("out", "min_solvable_fraction", "overwrite", "engine")  # the engine changes speed, not results
 
 
 def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Make the output folder ready: resume the same evaluation, or start clean; returns what is finished.
 
-    Same config (all fields but ``out``, ``min_solvable_fraction``, ``overwrite``): the finished episodes and
+    Same config (all fields but ``out``, ``min_solvable_fraction``, ``overwrite``, ``engine``): the finished episodes and
     fidelity records are read back (a cut last line is skipped) and their tasks are not played again.
     ``overwrite``: every `OUTPUT_FILES` entry is removed first. Otherwise, earlier results in the folder
     refuse the run, so a new summary never sits beside another run's files.
@@ -504,7 +506,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         seed=args.seed, rehearsal_n=args.rehearsal_n, rehearsal_mode=args.rehearsal_mode,
         rehearser_model=args.rehearser_model, memory_tokens=args.memory_tokens,
         attempt_max_steps=args.attempt_max_steps, critique_tokens=args.critique_tokens, fidelity=args.fidelity, out=out,
-        min_solvable_fraction=args.min_solvable_fraction, overwrite=args.overwrite,
+        min_solvable_fraction=args.min_solvable_fraction, overwrite=args.overwrite, engine=args.engine,
     )
     t0 = time.perf_counter()
     result = evaluate(config)
@@ -560,6 +562,7 @@ def add_eval_parsers(sub: Any) -> None:
     ev.add_argument("--min-solvable-fraction", type=float, default=0.9,
                     help="refuse to start when fewer of the selected tasks than this can be completed within "
                          "--max-steps-per-turn and --max-new-tokens (computed from the ground truth; agents.budgets)")
+    ev.add_argument("--engine", default="hf", help="generation engine registered in agents.engines ('hf', 'hf-nocache')")
     ev.set_defaults(func=cmd_eval)
     rep = sub.add_parser("report", help="write plots (training curves, accuracy vs rehearsal N, fidelity) to RUN_DIR/plots/")
     rep.add_argument("run_dir", help="a training run folder or a folder of eval outputs")

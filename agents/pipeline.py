@@ -110,10 +110,10 @@ def _latest_model(run_dir: Path) -> str:
 
 def _shortest_demo_ids(config: PipelineConfig, tokenizer: Any) -> list[str]:
     """Train-split task ids whose whole demonstration fits the SFT length cap, shortest first."""
-    from agents.demonstrations import build_bfcl_demonstrations
+    from agents.demonstrations import build_demonstrations
 
-    demos, _ = build_bfcl_demonstrations(
-        tokenizer, config.categories, "train", max_tokens=config.sft_max_seq_len, overflow="drop", progress=False
+    demos, _ = build_demonstrations(
+        tokenizer, "bfcl", config.categories, "train", max_tokens=config.sft_max_seq_len, overflow="drop", progress=False
     )
     demos.sort(key=lambda d: len(d.token_ids))
     return [d.task.id for d in demos[: config.sft_max_demos]]

@@ -15,13 +15,13 @@ random model of `agents.models.tiny_random_model`, for tests and quick checks).
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Sequence
 
 import torch
 
-from agents.generation import Generation, generate
-from agents.kv_cache import PrefixKVCache, shared_prefix_cache
+from agents.engines import GenerationEngine, HFEngine
+from agents.generation import Generation
+from agents.kv_cache import PrefixKVCache
 from agents.models import load_tokenizer, tiny_random_model
 from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse
 from envace_gym.rendering import ChatRenderer
@@ -41,33 +41,38 @@ SIMULATOR_INSTRUCTION = (
 
 
 class Policy:
-    """A causal LM with its tokenizer and chat renderer.
+    """A causal LM with its tokenizer, chat renderer and generation engine.
 
     Args:
-        model: a Transformers causal LM.
+        model: a Transformers causal LM (the object the trainer updates).
         tokenizer: its tokenizer (must have a chat template).
-        kv_cache: the per-trajectory prefix KV cache (`agents.kv_cache.PrefixKVCache`) used by `act` and by
-            inline rehearsal. True (default): the model's shared cache (`shared_prefix_cache(model)`), so
-            every `Policy` over the same model object (the rollout's ACT policy and the env's rehearser)
-            continues the same entries; False or None: no caching, every context is re-encoded in full
-            (the fallback, and the benchmarks' baseline); or a cache object to use. The environment
-            variable ``ENVACE_KV_CACHE=0`` turns the default (True) off process-wide.
+        kv_cache: for the default engine (`agents.engines.HFEngine`): the per-trajectory prefix KV cache
+            used by `act` and by inline rehearsal. True (default): the model's shared cache
+            (`shared_prefix_cache(model)`), so every `Policy` over the same model object (the rollout's ACT
+            policy and the env's rehearser) continues the same entries; False or None: no caching, every
+            context is re-encoded in full (the fallback, and the benchmarks' baseline); or a cache object.
+            Ignored when `engine` is given.
+        engine: the `agents.engines.GenerationEngine` that samples (None: ``HFEngine(model, pad_id, kv_cache)``).
 
     Attributes:
         renderer: `envace_gym.rendering.ChatRenderer` of the tokenizer; its end-of-message ids stop generation.
-        kv_cache: the `PrefixKVCache` in use, or None when caching is off (assignable).
+        engine: the engine in use.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, kv_cache: PrefixKVCache | bool | None = True) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, kv_cache: PrefixKVCache | bool | None = True,
+                 engine: GenerationEngine | None = None) -> None:
         self.model = model
-        if kv_cache is True and os.environ.get("ENVACE_KV_CACHE", "1") != "0":
-            kv_cache = shared_prefix_cache(model)
-        self.kv_cache: PrefixKVCache | None = kv_cache if isinstance(kv_cache, PrefixKVCache) else None
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
         self.stop_ids = list(self.renderer.stop_token_ids)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.stop_ids[0])
+        self.engine: GenerationEngine = engine if engine is not None else HFEngine(model, self.pad_id, kv_cache)
+
+    @property
+    def kv_cache(self) -> PrefixKVCache | None:
+        """The engine's prefix KV cache, or None (caching off, or an engine without one)."""
+        return getattr(self.engine, "kv_cache", None)
 
     def generate(
         self,
@@ -78,21 +83,14 @@ class Policy:
         seeds: Sequence[int | None] | None = None,
         use_cache: bool = True,
     ) -> list[Generation]:
-        """Batched sampling from token contexts; see `agents.generation.generate`.
+        """Batched sampling from token contexts with the engine (`GenerationEngine.generate`), stopping at
+        the renderer's end-of-message ids.
 
-        ``use_cache=False`` bypasses `kv_cache` for this call (one-off prompts such as the ``separate``
-        mode's simulator prompts, which no later call extends).
+        ``use_cache=False`` bypasses the engine's cache for this call (one-off prompts such as the
+        ``separate`` mode's simulator prompts, which no later call extends).
         """
-        return generate(
-            self.model,
-            contexts,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            stop_ids=self.stop_ids,
-            pad_id=self.pad_id,
-            seeds=seeds,
-            kv_cache=self.kv_cache if use_cache else None,
-        )
+        return self.engine.generate(contexts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                    stop_ids=self.stop_ids, seeds=seeds, use_cache=use_cache)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text of generated ids, without a trailing end-of-message id."""
@@ -188,21 +186,33 @@ class PolicyRehearser:
         return [o for o in out if o is not None]
 
 
-def load_policy(model: str = "smollm2-135m", kv_cache: bool = True) -> Policy:
+def load_policy(model: str = "smollm2-135m", kv_cache: bool = True, engine: str = "hf") -> Policy:
     """A `Policy` over a shared (per-process) model: ``"smollm2-135m"``, a local folder or ``"tiny-random"``.
 
-    ``kv_cache`` as in `Policy` (True: the model's shared prefix cache; False: none).
+    Args:
+        model: the model name or folder.
+        kv_cache: for the ``"hf"`` engine, as in `Policy` (True: the model's shared prefix cache; False: none).
+        engine: a generation engine registered in `agents.engines` (default ``"hf"``).
 
     Raises:
-        The errors of `agents.models.load_model` for an unknown name or a missing folder.
+        ValueError: an unknown engine; and the errors of `agents.models.load_model` for an unknown name or
+            a missing folder.
     """
+    from agents.engines import make_engine
+
     if model == TINY_MODEL:
         if 0 not in _TINY:
             _TINY[0] = tiny_random_model(seed=0)
-        return Policy(_TINY[0], load_tokenizer(), kv_cache=kv_cache)
-    from agents.models import load_model
+        lm, tokenizer = _TINY[0], load_tokenizer()
+    else:
+        from agents.models import load_model
 
-    return Policy(load_model(model), load_tokenizer(model), kv_cache=kv_cache)
+        lm, tokenizer = load_model(model), load_tokenizer(model)
+    if engine == "hf":
+        return Policy(lm, tokenizer, kv_cache=kv_cache)
+    policy = Policy(lm, tokenizer, kv_cache=False)
+    policy.engine = make_engine(engine, lm, policy.pad_id)
+    return policy
 
 
 def make_policy_rehearser(model: str = "smollm2-135m", prompt_mode: PromptMode = "inline", policy: Policy | None = None) -> PolicyRehearser:

@@ -111,10 +111,10 @@ class SFTConfig:
     malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
 
     # --- Parameters that control the data -------------------------------------------------------------
-    data: list[str] = _f(["bfcl"], "sources: 'bfcl' (real executions of BFCL multi-turn ground truth) and/or JSONL files from RecordTrajectories(include_tokens=True)")
-    categories: list[str] = _f(["multi_turn_base"], "BFCL multi-turn categories of the 'bfcl' source")
-    split: str = _f("train", "BFCL split of the 'bfcl' source: train, test or all")
-    task_ids: list[str] = _f([], "only these BFCL task ids (empty: every task of the categories and split)")
+    data: list[str] = _f(["bfcl"], "sources: a registered suite name such as 'bfcl' (real executions of its reference solutions) and/or JSONL files from RecordTrajectories(include_tokens=True)")
+    categories: list[str] = _f(["multi_turn_base"], "categories of the suite sources")
+    split: str = _f("train", "split of the suite sources: train, test or all")
+    task_ids: list[str] = _f([], "only these task ids of the suite sources (empty: every task of the categories and split)")
     max_demos: int = _f(0, "cap on the number of training sequences (0: no cap)")
     min_reward: float = _f(1.0, "JSONL sources: keep records with reward >= this (rejection sampling)")
     calls_per_message: Literal["one", "all"] = _f("one", "BFCL demos: one ground-truth call per ACT message, or all of a turn's calls in one")
@@ -164,15 +164,17 @@ class SFTConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        missing = [d for d in self.data if d != "bfcl" and not Path(d).is_file()]
-        if missing:
-            fail(f"data: no JSONL file at {missing} (give 'bfcl' or files written by RecordTrajectories)")
-        if "bfcl" in self.data:
-            from agents.demonstrations import MULTI_TURN_CATEGORIES
+        from envace_gym.suites import make_suite, registered_suites
 
-            bad = [c for c in self.categories if c not in MULTI_TURN_CATEGORIES]
-            if bad:
-                fail(f"categories {bad} are not BFCL multi-turn categories; choose from {list(MULTI_TURN_CATEGORIES)}")
+        suites = registered_suites()
+        missing = [d for d in self.data if d not in suites and not Path(d).is_file()]
+        if missing:
+            fail(f"data: no JSONL file at {missing} (give a suite name, one of {suites}, or files written by RecordTrajectories)")
+        for source in self.data_suites():
+            try:
+                make_suite(source).tasks(self.categories, self.split)
+            except ValueError as err:
+                fail(f"categories of data source {source!r}: {err}")
 
         for name in ("save_every", "keep_checkpoints", "num_epochs", "batch_tokens", "max_batch_rows",
                      "logprob_chunk_size", "max_seq_len", "lora_r"):
@@ -198,9 +200,16 @@ class SFTConfig:
         if self.split not in ("train", "test", "all"):
             fail(f"split must be train, test or all, got {self.split!r}")
         if not self.data:
-            fail("--data is empty; give 'bfcl' and/or JSONL files")
+            fail("--data is empty; give a suite name such as 'bfcl' and/or JSONL files")
         if not 0 <= self.min_solvable_fraction <= 1:
             fail(f"min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
+
+    def data_suites(self) -> list[str]:
+        """The ``data`` sources that name a registered suite (the others are JSONL files)."""
+        from envace_gym.suites import registered_suites
+
+        suites = registered_suites()
+        return [d for d in self.data if d in suites and not Path(d).is_file()]
 
     def role_list(self) -> list[str]:
         """The loss roles as lower-case names.
@@ -360,16 +369,17 @@ def load_sft_data(config: SFTConfig, tokenizer: Any, progress: bool = False) -> 
     Raises:
         ValueError: no sequence at all, or the errors of `agents.demonstrations`.
     """
-    from agents.demonstrations import build_bfcl_demonstrations, load_recorded_trajectories
+    from agents.demonstrations import build_demonstrations, load_recorded_trajectories
     from envace_gym.rendering import ChatRenderer
 
     stops = ChatRenderer(tokenizer).stop_token_ids
     demos: list[Trajectory] = []
     stats: dict[str, Any] = {}
+    suites = config.data_suites()
     for source in config.data:
-        if source == "bfcl":
-            got, st = build_bfcl_demonstrations(
-                tokenizer, config.categories, config.split, task_ids=config.task_ids or None,
+        if source in suites:
+            got, st = build_demonstrations(
+                tokenizer, source, config.categories, config.split, task_ids=config.task_ids or None,
                 limit=config.max_demos or None, max_tokens=config.max_seq_len, overflow=config.overflow,
                 calls_per_message=config.calls_per_message, progress=progress,
             )

@@ -69,11 +69,13 @@ from agents.budgets import check_task_budgets
 from agents.checkpoint import load_newest, prune_checkpoints, save_checkpoint
 from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
 from agents.config import TrainConfig, _dump_yaml
+from agents.engines import GenerationEngine, make_engine
 from agents.grpo import grpo_loss
 from agents.logprobs import enable_gradient_checkpointing, token_logprobs
 from agents.policy import TINY_MODEL, Policy, PolicyRehearser
 from agents.rollout import RolloutBatch, build_batch, collect_rollouts
 from envace_gym.envs.rehearse_vector import RehearseVectorEnv
+from envace_gym.rendering import ChatRenderer
 from envace_gym.types import Role, Trajectory
 
 __all__ = ["RoleWiseGRPOTrainer", "make_lr_scheduler"]
@@ -144,6 +146,9 @@ class RoleWiseGRPOTrainer:
 
     Args:
         config: a validated `TrainConfig` (its checks run before any model loads).
+        log: where progress lines go (``print`` by default; None: nowhere).
+        engine: the `agents.engines.GenerationEngine` of the ACT policy (and of REHEARSE when the roles share
+            the model); None builds ``config.engine`` (default ``"hf"``) over the loaded model.
 
     Attributes:
         policy: the ACT policy (for ``policy="shared"`` also the rehearser's policy).
@@ -159,7 +164,7 @@ class RoleWiseGRPOTrainer:
             model loads).
     """
 
-    def __init__(self, config: TrainConfig, log=print) -> None:
+    def __init__(self, config: TrainConfig, log=print, engine: GenerationEngine | None = None) -> None:
         from envace_gym.suites import make_suite
 
         self.config = config
@@ -190,10 +195,10 @@ class RoleWiseGRPOTrainer:
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         model, tokenizer = _load_trainable(source)
         self.tokenizer = tokenizer
-        self.policy = Policy(model, tokenizer)
+        self.policy = self._policy(model, tokenizer, engine)
         self.rehearse_policy = self.policy
         if config.policy == "per_role":
-            self.rehearse_policy = Policy(copy.deepcopy(model), tokenizer)
+            self.rehearse_policy = self._policy(copy.deepcopy(model), tokenizer, None)
         self.models: dict[str, torch.nn.Module] = {"model": self.policy.model}
         if self.rehearse_policy is not self.policy:
             self.models["rehearse_model"] = self.rehearse_policy.model
@@ -328,17 +333,19 @@ class RoleWiseGRPOTrainer:
         self._log(metrics)
         return metrics
 
-    def clear_kv_caches(self) -> None:
-        """Drop every prefix-KV entry of the trained models, explicitly, after their weights changed.
+    def _policy(self, model: torch.nn.Module, tokenizer: Any, engine: GenerationEngine | None) -> Policy:
+        """A `Policy` over `model` sampling with `engine`, or with ``config.engine`` built over `model`."""
+        if engine is None:
+            pad = tokenizer.pad_token_id
+            pad_id = pad if pad is not None else ChatRenderer(tokenizer).stop_token_ids[0]
+            engine = make_engine(self.config.engine, model, pad_id)
+        return Policy(model, tokenizer, engine=engine)
 
-        `agents.kv_cache.PrefixKVCache.sync` also notices most weight changes through ``Tensor._version``,
-        but an update that does not bump it (a fused AdamW kernel, ``p.data = ...``) would leave keys and
-        values of the old weights in place: the next rollout's prompts would reuse them and record logprobs
-        of a policy that no longer exists.
-        """
-        for policy in (self.policy, self.rehearse_policy):
-            if policy.kv_cache is not None:
-                policy.kv_cache.clear()
+    def clear_kv_caches(self) -> None:
+        """Tell every engine that its model's weights changed (`GenerationEngine.weights_updated`; the HF
+        engine drops its prefix-KV entries, which would otherwise record logprobs of old weights)."""
+        for policy in dict.fromkeys((self.policy, self.rehearse_policy)):
+            policy.engine.weights_updated()
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """``ppo_epochs`` x ``num_minibatches`` optimizer steps on `batch`; returns mean loss statistics.

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
                 calls = [[turn] if turn else [] for turn in ground_truth_tool_calls(task)]
             else:
                 calls = [[single_turn_ground_truth_calls(task)]]
-            result = suite.verify(task, calls)
+            result = suite.verify_calls(task, calls)
             if not result.valid:
                 failed.append((task.id, result.details.get("error_type")))
         passed = len(tasks) - len(failed)

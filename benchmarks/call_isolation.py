@@ -86,7 +86,7 @@ def time_verify(isolation: str, tasks: int) -> float:
     t0 = time.perf_counter()
     for task in chosen:
         turns = ground_truth_tool_calls(task)
-        result = suite.verify(task, [[list(turn)] if turn else [] for turn in turns])
+        result = suite.verify_calls(task, [[list(turn)] if turn else [] for turn in turns])
         assert result.reward == 1.0, task.id
     return 1000 * (time.perf_counter() - t0) / len(chosen)
 

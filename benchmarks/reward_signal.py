@@ -53,16 +53,6 @@ def act_messages(trajectory: Any) -> list[tuple[int, int, Any]]:
     return out
 
 
-def calls_per_turn(trajectory: Any) -> list[list[list[Any]]]:
-    """turns × steps × calls of a trajectory, rebuilt from its messages, as the env handed them to the verifier."""
-    turns: list[list[list[Any]]] = [[]]
-    for turn, _, m in act_messages(trajectory):
-        while len(turns) <= turn:
-            turns.append([])
-        turns[turn].append(list(m.tool_calls or []))
-    return turns
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="model name, local HF folder, or tiny-random")
@@ -113,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     turns_checked = turns_valid = first_checked = first_valid = 0
     calls = known = acts = parse_errors = 0
     for traj in trajectories:
-        result = suite.verify(traj.task, calls_per_turn(traj))
+        result = suite.verify(traj)
         for info in result.details.get("turns", []):
             if info.get("checked"):
                 turns_checked += 1

@@ -7,7 +7,7 @@ backend differs:
 
 * ``ours``: `agents.policy.Policy` with its `PrefixKVCache` (each call prefills only new tokens; the K
   identical prompts of a group are prefilled once; last-position logits only).
-* ``hf``: `HFGeneratePolicy`, a `Policy` whose ``generate`` left-pads the full contexts and calls
+* ``hf``: a `Policy` with the `agents.engines.HFGenerateEngine`, which left-pads the full contexts and calls
   ``model.generate(do_sample=True, ...)`` (HF's own KV cache inside a call, the whole context re-encoded at
   every call), logprobs from ``output_logits``.
 
@@ -29,48 +29,16 @@ import os
 import statistics
 import sys
 import time
-from typing import Sequence
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from agents.generation import Generation  # noqa: E402
+from agents.engines import HFGenerateEngine  # noqa: E402
 from agents.policy import Policy, load_policy  # noqa: E402
 from agents.rollout import collect_rollouts  # noqa: E402
 from benchmarks.rollout_tokens import ScriptedFirstCall, make_venv, pick_tasks, scripts_for  # noqa: E402
-
-
-class HFGeneratePolicy(Policy):
-    """A `Policy` whose generation is plain ``model.generate`` on the full left-padded contexts (no reuse)."""
-
-    @torch.no_grad()
-    def generate(self, contexts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
-                 seeds=None, use_cache: bool = True) -> list[Generation]:
-        width = max(len(c) for c in contexts)
-        ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)  # (B, L)
-        mask = torch.zeros((len(contexts), width), dtype=torch.long)  # (B, L)
-        for i, c in enumerate(contexts):
-            ids[i, width - len(c):] = torch.tensor(list(c))
-            mask[i, width - len(c):] = 1
-        if seeds and seeds[0] is not None:
-            torch.manual_seed(int(seeds[0]))
-        out = self.model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-            temperature=temperature if temperature > 0 else None, top_k=0, top_p=1.0,
-            eos_token_id=self.stop_ids, pad_token_id=self.pad_id, return_dict_in_generate=True,
-            output_logits=True,
-        )
-        new = out.sequences[:, width:]  # (B, C)
-        logits = torch.stack(out.logits, dim=1).float()  # (B, C, V)
-        lps = torch.log_softmax(logits / (temperature or 1.0), dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (B, C)
-        gens = []
-        for i in range(len(contexts)):
-            row, lp = new[i].tolist(), lps[i].tolist()
-            n = next((j + 1 for j, t in enumerate(row) if t in self.stop_ids), len(row))
-            gens.append(Generation(row[:n], lp[:n], n < len(row) or (bool(row) and row[n - 1] in self.stop_ids)))
-        return gens
 
 
 def run(kind: str, model_name: str, tasks, k: int, turns: int, new: int, seed: int) -> dict:
@@ -79,7 +47,7 @@ def run(kind: str, model_name: str, tasks, k: int, turns: int, new: int, seed: i
         policy = Policy(base.model, base.tokenizer, kv_cache=True)
         policy.kv_cache.clear()
     else:
-        policy = HFGeneratePolicy(base.model, base.tokenizer, kv_cache=False)
+        policy = Policy(base.model, base.tokenizer, engine=HFGenerateEngine(base.model, base.pad_id))
     venv = make_venv(policy, "inline", len(tasks) * k, new, tasks)
     actor = ScriptedFirstCall(policy, venv, scripts_for(tasks))
     t0 = time.perf_counter()

@@ -1,37 +1,54 @@
-"""The interface between the environments and a benchmark suite: tasks, tool backends, verifiers.
+"""The interface between the environments and a benchmark suite: tasks, users, tool backends, verifiers.
 
-`envace_gym` imports no benchmark (DESIGN.md §2: imports flow one way). A suite is registered here by a
-``"module:factory"`` string, exactly like a Gymnasium entry point, and resolved lazily the first time an
-environment asks for it; ``"bfcl"`` is registered by default and lives in `benchmarks.bfcl`.
+`envace_gym` imports no benchmark (DESIGN.md §2: imports flow one way). Suites are discovered through the
+entry-point group ``envace_gym.suites`` (a package declares ``[project.entry-points."envace_gym.suites"]``
+``name = "module:factory"`` in its ``pyproject.toml``; envace-gym itself declares ``bfcl``), resolved lazily
+the first time an environment asks for one, like a Gymnasium entry point; `register_suite` adds one at run
+time (a test, a notebook).
 
-A suite provides three things:
+A suite provides:
 
 * `Suite.tasks(categories, split)`: the tasks, in a fixed order.
 * `Suite.make_backend(task)`: a fresh, isolated `ToolBackend` for one rollout (never shared).
-* `Suite.verify(task, calls_per_turn, responses_per_turn)`: the outcome reward and per-turn details,
-  computed by replaying the ACT calls on fresh real backends (DESIGN.md §3, "Rewards come from the task").
+* `Suite.verify(trajectory, backend)`: the outcome reward and details, from the whole trajectory (its
+  messages, with the parsed calls on the assistant messages) and the episode's real backend in its final
+  state (None when the episode's tools were rehearsed). BFCL replays the ACT calls on fresh real backends
+  (DESIGN.md §3, "Rewards come from the task") and ignores the final state; a suite whose reward is the
+  final state of a real world can read it instead.
 
-Optionally, ``Suite.ground_truth(task) -> list[list[ToolCall]] | None``: a reference solution, the calls of
-each user turn (turns × calls), or None when the task has none. `agents.budgets` reads it to tell whether the
-configured step and token budgets leave a task completable; a suite without it is not checked.
+Optionally:
+
+* ``Suite.user(task) -> UserTurns``: the user side of an episode. Without it the user says the task's fixed
+  turns in order (`FixedUserTurns`, BFCL's semantics); a simulated user (τ²-bench) answers the history.
+* ``Suite.ground_truth(task) -> list[list[ToolCall]] | None``: a reference solution, the calls of each user
+  turn (turns × calls), or None when the task has none. `agents.budgets` reads it to tell whether the step
+  and token budgets leave a task completable, and `agents.demonstrations` replays it on the real backend to
+  build SFT demonstrations; a suite without it is neither checked nor demonstrated.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
-from envace_gym.types import Task, ToolCall
+from envace_gym.types import Message, Task, ToolCall, Trajectory
 
 __all__ = [
     "ToolBackend",
     "Suite",
+    "UserTurns",
+    "FixedUserTurns",
     "VerifierResult",
+    "ENTRY_POINT_GROUP",
     "register_suite",
     "make_suite",
     "registered_suites",
+    "user_turns",
 ]
+
+ENTRY_POINT_GROUP = "envace_gym.suites"
 
 
 @runtime_checkable
@@ -67,6 +84,37 @@ class VerifierResult:
 
 
 @runtime_checkable
+class UserTurns(Protocol):
+    """The user side of one episode (made fresh per episode by ``Suite.user(task)``)."""
+
+    def opening(self) -> list[Message]:
+        """The messages of the first user turn."""
+        ...
+
+    def reply(self, trajectory: Trajectory) -> list[Message] | None:
+        """After the agent closed a user turn (an ACT message without a tool call): the next turn's
+        messages, or None when the user ends the conversation (the episode terminates)."""
+        ...
+
+
+class FixedUserTurns:
+    """The task's fixed user turns in order (``task.turns``), then None: the default `UserTurns`."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.next_turn = 1
+
+    def opening(self) -> list[Message]:
+        return [Message(role=m.role, content=m.content) for m in self.task.turns[0]]
+
+    def reply(self, trajectory: Trajectory) -> list[Message] | None:
+        if self.next_turn >= self.task.num_turns:
+            return None
+        self.next_turn += 1
+        return [Message(role=m.role, content=m.content) for m in self.task.turns[self.next_turn - 1]]
+
+
+@runtime_checkable
 class Suite(Protocol):
     """A benchmark suite; see the module docstring."""
 
@@ -80,50 +128,58 @@ class Suite(Protocol):
         """A fresh real backend in the task's initial state."""
         ...
 
-    def verify(
-        self,
-        task: Task,
-        calls_per_turn: Sequence[Sequence[Sequence[ToolCall]]],
-        final_responses: Sequence[str] | None = None,
-    ) -> VerifierResult:
-        """Score a trajectory from its ACT calls.
+    def verify(self, trajectory: Trajectory, backend: ToolBackend | None = None) -> VerifierResult:
+        """Score a finished episode.
 
         Args:
-            task: the task that was played.
-            calls_per_turn: for each user turn, for each ACT step of that turn, the parsed calls (possibly
-                empty). Shape: turns × steps × calls.
-            final_responses: the text of the last ACT message of each turn, for verifiers that read it.
+            trajectory: the episode: ``trajectory.task``, its messages (assistant messages carry their
+                parsed calls; `Trajectory.calls_per_turn` and `Trajectory.final_responses` regroup them).
+            backend: the episode's real backend in its final state, or None when the tools were rehearsed.
         """
         ...
 
 
-_SUITES: dict[str, str | Callable[..., Suite]] = {"bfcl": "benchmarks.bfcl:BFCLSuite"}
+def user_turns(suite: Suite, task: Task) -> UserTurns:
+    """The suite's user for `task` (``suite.user(task)``), or the task's fixed turns (`FixedUserTurns`)."""
+    make = getattr(suite, "user", None)
+    return make(task) if callable(make) else FixedUserTurns(task)
+
+
+_SUITES: dict[str, str | Callable[..., Suite]] = {}
 _CACHE: dict[tuple[str, tuple[tuple[str, Any], ...]], Suite] = {}
 
 
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
 def register_suite(name: str, entry_point: str | Callable[..., Suite]) -> None:
-    """Register a suite factory under `name` (a ``"module:attr"`` string is imported on first use)."""
+    """Register a suite factory under `name` at run time (a ``"module:attr"`` string is imported on first
+    use); it takes precedence over an installed entry point of the same name."""
     _SUITES[name] = entry_point
     for key in [k for k in _CACHE if k[0] == name]:
         del _CACHE[key]
 
 
 def registered_suites() -> list[str]:
-    """Names of every registered suite."""
-    return sorted(_SUITES)
+    """Names of every suite: installed entry points of ``envace_gym.suites`` and `register_suite` calls."""
+    return sorted(set(_entry_points()) | set(_SUITES))
 
 
 def make_suite(name: str, **kwargs: Any) -> Suite:
     """Instantiate (once per process and kwargs) the suite registered as `name`.
 
     Raises:
-        ValueError: no suite has that name.
+        ValueError: no suite has that name (the message lists the known ones).
     """
-    if name not in _SUITES:
-        raise ValueError(f"unknown suite {name!r}; registered suites: {registered_suites()}")
+    entry = _SUITES.get(name) or _entry_points().get(name)
+    if entry is None:
+        raise ValueError(
+            f"unknown suite {name!r}; registered suites: {registered_suites()} (installed packages declare "
+            f"suites in the entry-point group {ENTRY_POINT_GROUP!r}; is envace-gym installed, `pip install -e .`?)"
+        )
     key = (name, tuple(sorted(kwargs.items())))
     if key not in _CACHE:
-        entry = _SUITES[name]
         if isinstance(entry, str):
             module, _, attr = entry.partition(":")
             entry = getattr(importlib.import_module(module), attr)

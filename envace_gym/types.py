@@ -312,6 +312,31 @@ class Trajectory:
         """One `Role` value per token, `(T,)`; partitions the sequence by construction."""
         return [int(s.role) for s in self.segments for _ in s.token_ids]
 
+    def _turns(self) -> list[list[Message]]:
+        """The assistant messages of each user turn: a turn starts with the first message and with every
+        user or system message that follows an assistant message."""
+        turns: list[list[Message]] = [[]]
+        after_assistant = False
+        for m in self.messages:
+            if m.role == "assistant":
+                turns[-1].append(m)
+                after_assistant = True
+            elif m.role in ("user", "system") and after_assistant:
+                turns.append([])
+                after_assistant = False
+        return turns
+
+    def calls_per_turn(self) -> list[list[list[ToolCall]]]:
+        """The parsed ACT calls, turns × steps × calls, read from the assistant messages' ``tool_calls`` (a
+        message whose calls did not parse counts as a step without calls); what a call-replay verifier
+        replays."""
+        return [[list(m.tool_calls or []) for m in turn] for turn in self._turns()]
+
+    def final_responses(self) -> list[str]:
+        """The text of the last ACT message of each user turn that has one (the closing message of a closed
+        turn), in turn order."""
+        return [turn[-1].content for turn in self._turns() if turn]
+
     def tokens_per_role(self) -> dict[str, int]:
         """Token counts keyed by role name (every role listed, zeros included)."""
         counts = {r.name: 0 for r in Role}

@@ -89,7 +89,8 @@ class ScriptedSuite:
     def ground_truth(self, task: Task) -> list[list[ToolCall]] | None:
         return REFERENCE.get(task.id)
 
-    def verify(self, task, calls_per_turn, final_responses=None) -> VerifierResult:
+    def verify(self, trajectory, backend=None) -> VerifierResult:
+        task, calls_per_turn = trajectory.task, trajectory.calls_per_turn()
         backend = self.make_backend(task)
         for turn in calls_per_turn:
             for step in turn:
@@ -109,10 +110,55 @@ class LengthRewardSuite(ScriptedSuite):
 
     name = "scripted-length"
 
-    def verify(self, task, calls_per_turn, final_responses=None) -> VerifierResult:
-        chars = sum(len(r) for r in (final_responses or []))
+    def verify(self, trajectory, backend=None) -> VerifierResult:
+        chars = sum(len(r) for r in trajectory.final_responses())
         reward = (chars % 11) / 10
         return VerifierResult(reward=reward, valid=True, details={"chars": chars})
 
 
 register_suite("scripted-length", LengthRewardSuite)
+
+
+class AddUntilUser:
+    """A simulated user (`envace_gym.suites.UserTurns`): asks to add 1 until the agent has closed
+    ``rounds`` turns, then ends the conversation; its replies depend on the history, not on fixed turns."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+
+    def opening(self) -> list[Message]:
+        return [Message("user", "Add 1 to the total.")]
+
+    def reply(self, trajectory) -> list[Message] | None:
+        closed = len(trajectory.final_responses())
+        return [Message("user", f"Add 1 again ({closed} done).")] if closed < self.rounds else None
+
+
+class SimulatedUserSuite(ScriptedSuite):
+    """One task played with `AddUntilUser` (3 rounds). The verifier reads the episode's real backend in its
+    final state when there is one (total must be 3) and replays the calls otherwise (a rehearsed episode).
+    Registered as suite ``"scripted-user"``."""
+
+    name = "scripted-user"
+    TASK = Task(id="user_0", suite="scripted-user", turns=[[Message("user", "Add 1 to the total.")]],
+                tools=[ADD, ECHO], verifier="scripted.user", metadata={"start": 0, "rounds": 3})
+
+    def tasks(self, categories=None, split="train"):
+        return [self.TASK]
+
+    def user(self, task: Task) -> AddUntilUser:
+        return AddUntilUser(task.metadata["rounds"])
+
+    def ground_truth(self, task: Task) -> list[list[ToolCall]] | None:
+        return [[_add(1)] for _ in range(task.metadata["rounds"])]
+
+    def verify(self, trajectory, backend=None) -> VerifierResult:
+        if backend is None:
+            backend = self.make_backend(trajectory.task)
+            for call in (c for turn in trajectory.calls_per_turn() for step in turn for c in step):
+                backend.execute(call)
+        ok = backend.total == trajectory.task.metadata["rounds"]
+        return VerifierResult(reward=1.0 if ok else 0.0, valid=ok, details={"total": backend.total})
+
+
+register_suite("scripted-user", SimulatedUserSuite)

@@ -332,7 +332,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
     def _fork(self, base: Any) -> Any:
         """A private rehearse copy of `base` at its current point (class docstring, "Rehearse copies")."""
         fork = copy.copy(base)
-        for name in ("trajectory", "_calls_per_turn", "_final_responses"):
+        for name in ("trajectory", "user"):
             setattr(fork, name, copy.deepcopy(getattr(base, name)))
         fork._rehearsals, fork.rehearsal_rows = [], []
         fork.backend = None
@@ -400,8 +400,13 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
     @staticmethod
     def _current_request(base: Any) -> str:
         """The text of the user turn being played (the last user messages of the committed history)."""
-        turn = base.task.turns[base.turn] if base.turn < base.task.num_turns else []
-        return "\n".join(m.content for m in turn)[-2000:]
+        opening: list[str] = []
+        for m in reversed(base.trajectory.messages):
+            if m.role == "user":
+                opening.append(m.content)
+            elif opening:
+                break
+        return "\n".join(reversed(opening))[-2000:]
 
     @staticmethod
     def _transcript(attempt: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from envace_gym.limits import DEFAULT_LIMITS, CallLimits
 from envace_gym.suites import ToolBackend, VerifierResult
-from envace_gym.types import Task, ToolCall
+from envace_gym.types import Task, ToolCall, Trajectory
 
 from benchmarks.bfcl import data
 from benchmarks.bfcl.backend import SingleTurnBackend
@@ -122,18 +122,23 @@ class BFCLSuite:
             return [single_turn_ground_truth_calls(task)]
         return None
 
-    def verify(
-        self,
-        task: Task,
-        calls_per_turn: Sequence[Sequence[Sequence[ToolCall]]],
-        final_responses: Sequence[str] | None = None,
-    ) -> VerifierResult:
-        """Score a trajectory from its ACT calls (BFCL's checkers; `benchmarks.bfcl.verify`).
+    def verify(self, trajectory: Trajectory, backend: ToolBackend | None = None) -> VerifierResult:
+        """Score a finished episode (the `envace_gym.suites.Suite` protocol): its ACT calls
+        (`Trajectory.calls_per_turn`) replayed by `verify_calls`. BFCL checks the replayed state against
+        the ground truth's replay, so the episode's own final `backend` is not read (it is None for a
+        rehearsed episode anyway).
+
+        Raises:
+            ValueError: the trajectory's task is not a BFCL task.
+        """
+        return self.verify_calls(trajectory.task, trajectory.calls_per_turn())
+
+    def verify_calls(self, task: Task, calls_per_turn: Sequence[Sequence[Sequence[ToolCall]]]) -> VerifierResult:
+        """Score ACT calls with BFCL's checkers (`benchmarks.bfcl.verify`).
 
         Args:
             task: a task of this suite.
             calls_per_turn: turns × steps × calls.
-            final_responses: unused (BFCL scores calls and state only); accepted for the `Suite` protocol.
 
         Returns:
             reward 1.0 if valid else 0.0; per-turn results in ``details["turns"]``.

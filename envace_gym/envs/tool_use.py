@@ -9,7 +9,7 @@ import gymnasium as gym
 
 from envace_gym.parsing import ToolCallParseError, parse_tool_calls
 from envace_gym.spaces import MAX_TEXT_LENGTH, printable_text, replace_surrogates, sanitize
-from envace_gym.suites import Suite, ToolBackend, make_suite
+from envace_gym.suites import Suite, ToolBackend, UserTurns, make_suite, user_turns
 from envace_gym.types import GeneratedText, Message, Task, ToolCall, Trajectory
 
 __all__ = ["ToolUseEnv", "format_observation"]
@@ -59,11 +59,13 @@ class ToolUseEnv(gym.Env[str, str]):
     | `reset`         | the first user turn                                                          |
     | tool calls      | each result as ``<tool_response>\\n...\\n</tool_response>``, newline-joined   |
     | a parse error   | the error message inside ``<tool_response>`` (fit to show the model)         |
-    | no tool call    | the next user turn, or ``""`` when the episode terminates                    |
+    | no tool call    | the next user turn (the suite's `UserTurns`: BFCL's fixed turns in order),   |
+    |                 | or ``""`` when the user ends the conversation and the episode terminates     |
 
     ## Rewards
-    0.0 on every non-final step. On termination, the task verifier's reward in [0, 1]: the ACT calls are
-    replayed on fresh real backends (BFCL multi-turn: state and response checks per turn; single-turn:
+    0.0 on every non-final step. On termination, the suite's ``verify(trajectory, backend)`` in [0, 1]
+    (the whole trajectory and this episode's real backend in its final state). BFCL replays the ACT calls
+    on fresh real backends (BFCL multi-turn: state and response checks per turn; single-turn:
     the AST checker). A truncated episode gets 0.0, as BFCL fails a forced quit.
 
     ## Starting State
@@ -71,8 +73,9 @@ class ToolUseEnv(gym.Env[str, str]):
     uniformly with ``self.np_random``. The backend is built fresh from the task's initial configuration.
 
     ## Episode End
-    * Termination: an action with no tool call after the last user turn (single-step tasks such as BFCL
-      single-turn: after the first action).
+    * Termination: an action with no tool call when the user has nothing more to say (``user.reply``
+      returns None; BFCL: after the last user turn), or, in single-step tasks such as BFCL single-turn,
+      after the first action.
     * Truncation: ``max_steps_per_turn`` actions in one user turn without ending it, the last of them
       still calling a tool or malformed (BFCL's harness force-quits a turn after 20 calling messages, which
       is ``max_steps_per_turn=21`` here, since this count includes the closing message), or the episode's
@@ -158,10 +161,9 @@ class ToolUseEnv(gym.Env[str, str]):
         self._step_in_turn = 0
         self._num_parse_errors = 0
         self._episode_tokens = 0
-        self._calls_per_turn: list[list[list[ToolCall]]] = [[]]
-        self._final_responses: list[str] = []
+        self.user: UserTurns = user_turns(self.suite, self.task)
         self._done = False
-        new = self._open_turn(0)
+        new = self._open_turn(0, self.user.opening())
         info = self._info(new, calls=[], parse_error=None)
         return self._observe(new), info
 
@@ -211,7 +213,6 @@ class ToolUseEnv(gym.Env[str, str]):
         for i, call in enumerate(calls):  # ids unique within the episode
             call.id = f"call_{self._turn}_{self._step_in_turn}_{i}"
         assistant.tool_calls = calls or None
-        self._calls_per_turn[self._turn].append(calls)
 
         new: list[Message] = []
         terminated = truncated = False
@@ -227,12 +228,11 @@ class ToolUseEnv(gym.Env[str, str]):
                 self._record(message)
                 new.append(message)
         else:  # no tool call (or a single-step task): the user turn ends
-            self._final_responses.append(str(action))
-            if self._turn + 1 < self.task.num_turns:
+            reply = None if single_step else self.user.reply(self.trajectory)
+            if reply:
                 self._turn += 1
                 self._step_in_turn = 0
-                self._calls_per_turn.append([])
-                new = self._open_turn(self._turn)
+                new = self._open_turn(self._turn, reply)
             else:
                 terminated = True
 
@@ -244,7 +244,7 @@ class ToolUseEnv(gym.Env[str, str]):
 
         info = self._info(new, calls=calls, parse_error=parse_error)
         if terminated:
-            result = self.suite.verify(self.task, self._calls_per_turn, self._final_responses)
+            result = self.suite.verify(self.trajectory, self.backend)
             reward = float(result.reward)
             info["verifier"] = {"reward": reward, "valid": result.valid, "details": result.details}
         if terminated or truncated:
@@ -270,15 +270,15 @@ class ToolUseEnv(gym.Env[str, str]):
             return f"Error during execution: {type(err).__name__}: {err}"
 
     # ------------------------------------------------------------------ helpers
-    def _open_turn(self, turn: int) -> list[Message]:
-        """Record and return the messages that open user turn `turn`.
+    def _open_turn(self, turn: int, messages: Sequence[Message]) -> list[Message]:
+        """Record and return the `messages` (from `user`) that open user turn `turn`.
 
         At a turn where the task reveals held-out tools (BFCL miss_func), their schemas are prepended to the
         first user message as a JSON list followed by a newline, as BFCL's prompting harness does
         (``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING``); ``info["tools"]`` lists them from then on.
         """
         assert self.task is not None
-        new = [Message(role=m.role, content=m.content) for m in self.task.turns[turn]]
+        new = [Message(role=m.role, content=replace_surrogates(str(m.content))) for m in messages]
         revealed = self.task.held_out_tools.get(turn) if turn > 0 else None
         if revealed and new:
             schemas = json.dumps([t.to_openai()["function"] for t in revealed], ensure_ascii=False)
@@ -327,6 +327,7 @@ class ToolUseEnv(gym.Env[str, str]):
         return self.tasks[self._task_index[task_id]]
 
     def calls_per_turn(self) -> list[list[list[ToolCall]]]:
-        """The parsed ACT calls so far: turns × steps × calls (what the verifier replays)."""
-        return [[list(step) for step in turn] for turn in self._calls_per_turn]
+        """The parsed ACT calls so far: turns × steps × calls (`Trajectory.calls_per_turn`)."""
+        assert self.trajectory is not None
+        return self.trajectory.calls_per_turn()
 

@@ -82,7 +82,7 @@ def test_bad_sft_inputs_fail_fast(tmp_path, no_model_loads, capsys):
     assert main([*sft, "--data", str(tmp_path / "missing.jsonl")]) == 2
     assert "no JSONL file" in capsys.readouterr().err
     assert main([*sft, "--categories", "foo"]) == 2
-    assert "categories ['foo']" in capsys.readouterr().err
+    assert "unknown BFCL category 'foo'" in capsys.readouterr().err
     assert main([*sft, "--lr", "nan"]) == 2
     assert "lr must be a finite number" in capsys.readouterr().err
     corrupt = tmp_path / "corrupt.jsonl"

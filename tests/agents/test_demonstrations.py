@@ -13,7 +13,7 @@ import tests.testing_env  # noqa: F401  (registers the scripted suite)
 from agents.demonstrations import (
     DONE_MESSAGE,
     NO_CALL_MESSAGE,
-    build_bfcl_demonstrations,
+    build_demonstrations,
     cap_length,
     load_recorded_trajectories,
     relabel_for_sft,
@@ -33,7 +33,7 @@ def bfcl_demos(smol_tokenizer):
 
     suite = BFCLSuite()
     ids = [t.id for c in CATEGORIES for t in suite.tasks([c], "train")[:2]]
-    demos, stats = build_bfcl_demonstrations(smol_tokenizer, CATEGORIES, "train", task_ids=ids, max_tokens=None)
+    demos, stats = build_demonstrations(smol_tokenizer, "bfcl", CATEGORIES, "train", task_ids=ids, max_tokens=None)
     return demos, stats, ids
 
 
@@ -93,9 +93,24 @@ def test_cap_length_truncates_to_a_prefix_or_drops(bfcl_demos):
         cap_length(demo, 10, "wrap")
 
 
-def test_build_rejects_single_turn_categories(smol_tokenizer):
-    with pytest.raises(ValueError, match="multi-turn"):
-        build_bfcl_demonstrations(smol_tokenizer, ["simple_python"])
+def test_single_turn_tasks_give_one_message_demonstrations_that_score_one(smol_tokenizer):
+    demos, stats = build_demonstrations(smol_tokenizer, "bfcl", ["simple_python", "irrelevance"], "train", limit=4)
+    assert stats.kept == len(demos) == 4 and stats.skipped_reward == 0
+    for demo in demos:
+        acts = [m for m in demo.messages if m.role == "assistant"]
+        assert demo.reward == 1.0 and len(acts) == 1
+        assert (acts[0].tool_calls is None) == (demo.task.metadata["category"] == "irrelevance")
+
+
+def test_any_suite_with_a_reference_solution_gives_demonstrations(smol_tokenizer):
+    from tests.testing_env import TASKS
+
+    demos, stats = build_demonstrations(smol_tokenizer, "scripted", None, "train", max_tokens=None)
+    assert stats.kept == len(demos) == len(TASKS)
+    for demo in demos:
+        assert demo.reward == 1.0 and Role.REHEARSE in {s.role for s in demo.segments}
+    with pytest.raises(ValueError, match="unknown suite"):
+        build_demonstrations(smol_tokenizer, "no-such-suite")
 
 
 ADD = '<tool_call>{{"name": "add", "arguments": {{"value": {v}}}}}</tool_call>'

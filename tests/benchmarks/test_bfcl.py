@@ -227,11 +227,11 @@ def test_dotted_name_emitted_either_way_verifies(suite):
     task = next(t for t in suite.tasks(["simple_python"], split="all") if "." in t.metadata["functions"][0]["name"])
     (call,) = single_turn_ground_truth_calls(task)
     assert "." not in call.name
-    assert suite.verify(task, [[[call]]]).valid
+    assert suite.verify_calls(task, [[[call]]]).valid
     dotted = ToolCall(name=task.metadata["functions"][0]["name"], arguments=call.arguments)
-    assert suite.verify(task, [[[dotted]]]).valid
+    assert suite.verify_calls(task, [[[dotted]]]).valid
     wrong = ToolCall(name=call.name + "x", arguments=call.arguments)
-    assert not suite.verify(task, [[[wrong]]]).valid
+    assert not suite.verify_calls(task, [[[wrong]]]).valid
 
 
 # ---------------------------------------------------------------- backends
@@ -322,7 +322,7 @@ def test_single_turn_backend_answers_with_an_error(suite):
 def _check_all_ground_truths(suite, tasks):
     failures = []
     for i, task in enumerate(tasks):
-        result = suite.verify(task, _as_steps(ground_truth_tool_calls(task), one_call_per_step=bool(i % 2)))
+        result = suite.verify_calls(task, _as_steps(ground_truth_tool_calls(task), one_call_per_step=bool(i % 2)))
         if result.reward != 1.0 or not result.valid:
             failures.append((task.id, result.details.get("error_type")))
         assert len(result.details["turns"]) == task.num_turns
@@ -345,7 +345,7 @@ def test_no_eval_or_exec_in_verification(suite, monkeypatch):
     assert _check_all_ground_truths(suite, tasks) == []
     for c in SINGLE_TURN_CATEGORIES:
         task = suite.tasks([c], split="all")[5]
-        assert suite.verify(task, [[single_turn_ground_truth_calls(task)]]).valid
+        assert suite.verify_calls(task, [[single_turn_ground_truth_calls(task)]]).valid
 
 
 def _repeated_earlier(gt: list[list[ToolCall]], turn: int, idx: int) -> bool:
@@ -367,7 +367,7 @@ def test_ground_truth_with_one_call_removed_scores_zero(suite):
                         continue
                     cut = [list(t) for t in gt]
                     del cut[ti][ci]
-                    result = suite.verify(task, _as_steps(cut, one_call_per_step=False))
+                    result = suite.verify_calls(task, _as_steps(cut, one_call_per_step=False))
                     assert result.reward == 0.0 and not result.valid, (task.id, ti, ci)
                     bad = [t for t in result.details["turns"] if not t["valid"]]
                     assert bad and bad[0]["turn"] == ti
@@ -378,12 +378,12 @@ def test_ground_truth_with_one_call_removed_scores_zero(suite):
 def test_fewer_or_empty_turns_are_invalid(suite):
     task = suite.task("multi_turn_base_0")
     gt = ground_truth_tool_calls(task)
-    short = suite.verify(task, _as_steps(gt[:-1], one_call_per_step=False))
+    short = suite.verify_calls(task, _as_steps(gt[:-1], one_call_per_step=False))
     assert short.reward == 0.0 and short.details["error_type"] == "multi_turn:force_terminated"
     assert all(t["valid"] for t in short.details["turns"]) and len(short.details["turns"]) == len(gt) - 1
-    empty = suite.verify(task, [[] for _ in gt])
+    empty = suite.verify_calls(task, [[] for _ in gt])
     assert empty.details["error_type"] == "multi_turn:empty_turn_model_response"
-    assert suite.verify(task, []).reward == 0.0
+    assert suite.verify_calls(task, []).reward == 0.0
 
 
 def test_extra_calls_that_keep_state_and_results_still_pass(suite):
@@ -393,7 +393,7 @@ def test_extra_calls_that_keep_state_and_results_still_pass(suite):
     steps = _as_steps(gt, one_call_per_step=True)
     steps[0].insert(0, [ToolCall(name="pwd", arguments={})])
     steps[1].append([ToolCall(name="no_such_tool", arguments={})])
-    assert suite.verify(task, steps).valid
+    assert suite.verify_calls(task, steps).valid
 
 
 # ---------------------------------------------------------------- single-turn verifier
@@ -404,7 +404,7 @@ def test_single_turn_ground_truths_score_one(suite):
     for c in SINGLE_TURN_CATEGORIES:
         for task in suite.tasks([c], split="all"):
             total += 1
-            result = suite.verify(task, [[single_turn_ground_truth_calls(task)]])
+            result = suite.verify_calls(task, [[single_turn_ground_truth_calls(task)]])
             if not result.valid:
                 failures.append(task.id)
     assert set(failures) <= KNOWN_SINGLE_TURN_EXCEPTIONS, sorted(set(failures) - KNOWN_SINGLE_TURN_EXCEPTIONS)
@@ -415,22 +415,22 @@ def test_single_turn_wrong_answers_fail(suite):
     for c in ("simple_python", "multiple", "parallel", "live_parallel_multiple"):
         task = suite.tasks([c], split="all")[1]
         calls = single_turn_ground_truth_calls(task)
-        assert not suite.verify(task, [[[]]]).valid
-        assert not suite.verify(task, [[calls + [calls[0]]]]).valid
+        assert not suite.verify_calls(task, [[[]]]).valid
+        assert not suite.verify_calls(task, [[calls + [calls[0]]]]).valid
         first = calls[0]
         broken = ToolCall(name=first.name, arguments={**first.arguments, "zz_unexpected": 1})
-        assert not suite.verify(task, [[[broken] + calls[1:]]]).valid
+        assert not suite.verify_calls(task, [[[broken] + calls[1:]]]).valid
         # only the first ACT message counts
-        assert not suite.verify(task, [[[], calls]]).valid
+        assert not suite.verify_calls(task, [[[], calls]]).valid
 
 
 def test_irrelevance_is_valid_only_without_calls(suite):
     for c in IRRELEVANCE_CATEGORIES:
         task = suite.tasks([c], split="all")[0]
-        assert suite.verify(task, [[[]]]).valid
-        assert suite.verify(task, [[]]).valid
+        assert suite.verify_calls(task, [[[]]]).valid
+        assert suite.verify_calls(task, [[]]).valid
         call = ToolCall(name=task.tools[0].name, arguments={})
-        assert not suite.verify(task, [[[call]]]).valid
+        assert not suite.verify_calls(task, [[[call]]]).valid
 
 
 def test_ast_checker_loads_without_vendor_sdks():
@@ -439,7 +439,7 @@ def test_ast_checker_loads_without_vendor_sdks():
         "from benchmarks.bfcl import BFCLSuite\n"
         "from benchmarks.bfcl.verify import single_turn_ground_truth_calls\n"
         "s = BFCLSuite(); t = s.tasks(['simple_python'], split='all')[0]\n"
-        "assert s.verify(t, [[single_turn_ground_truth_calls(t)]]).valid\n"
+        "assert s.verify_calls(t, [[single_turn_ground_truth_calls(t)]]).valid\n"
         "assert 'bfcl_eval.eval_checker.ast_eval.ast_checker' in sys.modules\n"
         "assert 'bfcl_eval.constants.model_config' not in sys.modules\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('openai', 'anthropic', 'google', 'mistralai', 'cohere', 'boto3', 'vllm')]\n"
@@ -460,4 +460,4 @@ def test_executing_calls_does_not_alias_their_arguments_into_backend_state():
     for calls in turns:
         for call in calls:
             backend.execute(call)
-    assert suite.verify(task, [[[c] for c in calls] for calls in turns]).reward == 1.0
+    assert suite.verify_calls(task, [[[c] for c in calls] for calls in turns]).reward == 1.0

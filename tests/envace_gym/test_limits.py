@@ -165,7 +165,7 @@ def test_the_verifier_replays_under_the_same_limits():
     suite, task = BFCLSuite(), _math_task()
     calls = [[[ToolCall("square_root", {"number": 2, "precision": 100000000})]]] + [[[]] for _ in range(task.num_turns - 1)]
     t0 = time.perf_counter()
-    result = suite.verify(task, calls)
+    result = suite.verify_calls(task, calls)
     assert result.reward == 0.0 and time.perf_counter() - t0 < 5.0
     strict = BFCLSuite(call_limits=CallLimits(max_precision=10))
     backend = strict.make_backend(task)

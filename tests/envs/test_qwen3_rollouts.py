@@ -153,9 +153,9 @@ def test_recorded_logprobs_match_a_recompute(qwen_tok, r, mode):
 def test_sft_targets_end_as_rollouts_do(qwen_tok, r):
     """A BFCL demonstration (real executions, relabelled) is token for token the inline rollout that writes the
     same ACT messages and rehearses the same tool outputs, and it renders like the whole conversation."""
-    from agents.demonstrations import build_bfcl_demonstrations
+    from agents.demonstrations import build_demonstrations
 
-    (demo,), stats = build_bfcl_demonstrations(qwen_tok, ["multi_turn_base"], "train", limit=1, max_tokens=None)
+    (demo,), stats = build_demonstrations(qwen_tok, "bfcl", ["multi_turn_base"], "train", limit=1, max_tokens=None)
     assert stats.kept == 1
     act = [s for s in demo.segments if s.role == Role.ACT]
     rehearse = [s for s in demo.segments if s.role == Role.REHEARSE]

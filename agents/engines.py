@@ -1,0 +1,202 @@
+"""Generation engines: what samples tokens for `agents.policy.Policy` (both roles, ACT and REHEARSE).
+
+An engine takes token ids in and gives sampled ids, their logprobs under the sampling distribution and a
+stop reason out (`agents.generation.Generation`); the trainer tells it when the weights changed. Nothing
+else in the agents knows how sampling is done, so a faster engine (vLLM, SGLang on a GPU node) is one new
+class and one `register_engine` line; the trainer, the rollout and evaluation pick it by name
+(``TrainConfig.engine``, ``EvalConfig.engine``) or take a built one (``RoleWiseGRPOTrainer(engine=...)``).
+
+Registered here:
+
+* ``"hf"`` (`HFEngine`, the default): Transformers forward passes in this process (`agents.generation`),
+  with the per-trajectory prefix KV cache (`agents.kv_cache.PrefixKVCache`) that lets multi-turn
+  rollouts feed each token once.
+* ``"hf-nocache"``: the same without the cache (every context re-encoded in full).
+* ``"hf-generate"`` (`HFGenerateEngine`): Transformers' own ``model.generate`` on left-padded full contexts
+  (its KV cache lives inside one call, so every call re-encodes the whole context); the rollout benchmarks'
+  baseline, and the shape of an engine written against another library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from agents.generation import Generation, generate
+from agents.kv_cache import PrefixKVCache, shared_prefix_cache
+
+__all__ = ["GenerationEngine", "HFEngine", "HFGenerateEngine", "register_engine", "make_engine", "registered_engines"]
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """Batched sampling from token contexts (see the module docstring).
+
+    Attributes:
+        weight_version: how many times `weights_updated` was called (0 for fresh weights); a remote engine
+            compares it with the trainer's to know when to reload.
+    """
+
+    weight_version: int
+
+    def generate(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        stop_ids: Sequence[int],
+        seeds: Sequence[int | None] | None = None,
+        use_cache: bool = True,
+    ) -> list[Generation]:
+        """One `Generation` per context, in order.
+
+        Args:
+            contexts: B token-id sequences, `(B, T_b)` ragged, int.
+            max_new_tokens: cap on generated ids per row.
+            temperature: sampling temperature; 0 is greedy.
+            stop_ids: a row ends after generating any of these (the id is included in its output).
+            seeds: per-row sampling seeds (None: unseeded), so a row's sample does not depend on its batch.
+            use_cache: False for one-off prompts that no later call extends (a cache would only fill up).
+        """
+        ...
+
+    def weights_updated(self) -> None:
+        """The trained model's weights changed: drop anything computed with the old ones, bump the version."""
+        ...
+
+
+class HFEngine:
+    """Transformers sampling in this process (`agents.generation.generate`), with a prefix KV cache.
+
+    Args:
+        model: a Transformers causal LM (the trained model itself: weights are shared, not copied).
+        pad_id: the id that pads ragged batches.
+        kv_cache: True (default): the model's shared `PrefixKVCache` (`shared_prefix_cache(model)`: every
+            engine over the same model object continues the same entries); False or None: no cache; or a
+            `PrefixKVCache` to use.
+    """
+
+    def __init__(self, model: torch.nn.Module, pad_id: int, kv_cache: PrefixKVCache | bool | None = True) -> None:
+        self.model = model
+        self.pad_id = int(pad_id)
+        if kv_cache is True:
+            kv_cache = shared_prefix_cache(model)
+        self.kv_cache: PrefixKVCache | None = kv_cache if isinstance(kv_cache, PrefixKVCache) else None
+        self.weight_version = 0
+
+    def generate(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        stop_ids: Sequence[int],
+        seeds: Sequence[int | None] | None = None,
+        use_cache: bool = True,
+    ) -> list[Generation]:
+        """See `GenerationEngine.generate`; ``use_cache=False`` bypasses the prefix cache for this call."""
+        return generate(self.model, contexts, max_new_tokens=max_new_tokens, temperature=temperature,
+                        stop_ids=list(stop_ids), pad_id=self.pad_id, seeds=seeds,
+                        kv_cache=self.kv_cache if use_cache else None)
+
+    def weights_updated(self) -> None:
+        """Clear the prefix cache explicitly: `PrefixKVCache.sync` notices most weight changes through
+        ``Tensor._version``, but an update that does not bump it (a fused AdamW kernel, ``p.data = ...``)
+        would leave keys and values of the old weights, and the next rollout would record logprobs of a
+        policy that no longer exists."""
+        if self.kv_cache is not None:
+            self.kv_cache.clear()
+        self.weight_version += 1
+
+
+class HFGenerateEngine:
+    """``model.generate(do_sample=...)`` on the full left-padded contexts; logprobs from ``output_logits``.
+
+    One seed per call (the first row's), so a row's sample depends on its batch, unlike `HFEngine`.
+
+    Args:
+        model: a Transformers causal LM.
+        pad_id: the id that pads ragged batches.
+    """
+
+    def __init__(self, model: torch.nn.Module, pad_id: int) -> None:
+        self.model = model
+        self.pad_id = int(pad_id)
+        self.weight_version = 0
+
+    @torch.no_grad()
+    def generate(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        stop_ids: Sequence[int],
+        seeds: Sequence[int | None] | None = None,
+        use_cache: bool = True,
+    ) -> list[Generation]:
+        """See `GenerationEngine.generate` (``use_cache`` has nothing to bypass here)."""
+        stops = list(stop_ids)
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)  # (B, L)
+        mask = torch.zeros((len(contexts), width), dtype=torch.long)  # (B, L)
+        for i, c in enumerate(contexts):
+            ids[i, width - len(c):] = torch.tensor(list(c))
+            mask[i, width - len(c):] = 1
+        if seeds and seeds[0] is not None:
+            torch.manual_seed(int(seeds[0]))
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None, top_k=0, top_p=1.0,
+            eos_token_id=stops, pad_token_id=self.pad_id, return_dict_in_generate=True, output_logits=True,
+        )
+        new = out.sequences[:, width:]  # (B, C)
+        logits = torch.stack(out.logits, dim=1).float()  # (B, C, V)
+        lps = torch.log_softmax(logits / (temperature or 1.0), dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (B, C)
+        gens = []
+        for i in range(len(contexts)):
+            row, lp = new[i].tolist(), lps[i].tolist()
+            n = next((j + 1 for j, t in enumerate(row) if t in stops), len(row))
+            gens.append(Generation(row[:n], lp[:n], bool(row) and row[n - 1] in stops))
+        return gens
+
+    def weights_updated(self) -> None:
+        """Nothing is cached across calls; only the version moves."""
+        self.weight_version += 1
+
+
+EngineFactory = Callable[..., GenerationEngine]
+_ENGINES: dict[str, str | EngineFactory] = {
+    "hf": HFEngine,
+    "hf-nocache": lambda model, pad_id: HFEngine(model, pad_id, kv_cache=False),
+    "hf-generate": HFGenerateEngine,
+}
+
+
+def register_engine(name: str, factory: str | EngineFactory) -> None:
+    """Register ``factory(model, pad_id) -> GenerationEngine`` under `name` (a ``"module:attr"`` string is
+    imported on first use)."""
+    _ENGINES[name] = factory
+
+
+def registered_engines() -> list[str]:
+    """Names of every registered engine."""
+    return sorted(_ENGINES)
+
+
+def make_engine(name: str, model: torch.nn.Module, pad_id: int, **kwargs: Any) -> GenerationEngine:
+    """Build the engine registered as `name` over `model`.
+
+    Raises:
+        ValueError: no engine has that name (the message lists them).
+    """
+    if name not in _ENGINES:
+        raise ValueError(f"unknown generation engine {name!r}; registered: {registered_engines()}")
+    factory = _ENGINES[name]
+    if isinstance(factory, str):
+        module, _, attr = factory.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+    return factory(model, pad_id, **kwargs)
