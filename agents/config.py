@@ -166,7 +166,7 @@ class TrainConfig:
     invalid_action_penalty: float = _f(0.1, "subtracted from R(tau) when an ACT response is empty (DESIGN.md §1)")
 
     # --- Parameters that control the algorithm --------------------------------------------------------
-    algo: Literal["role_grpo", "grpo"] = _f("role_grpo", "'role_grpo': one baseline per (group, role); 'grpo': one per group (ablation)")
+    algo: str = _f("role_grpo", "advantage estimator registered in agents.grpo.ADVANTAGE_ESTIMATORS: 'role_grpo' (one baseline per (group, role)) or 'grpo' (one per group; the ablation)")
     policy: Literal["shared", "per_role"] = _f("shared", "'shared': one model plays both roles; 'per_role': two models, each trained on its role (ablation)")
     weighting: Literal["turn", "token", "trajectory"] = _f("turn", "baseline weights within (group, role): per segment, per token, or per trajectory")
     scale_by_std: bool = _f(False, "divide advantages by the per-(group, role) std (off, as in the reference runs)")
@@ -233,7 +233,11 @@ class TrainConfig:
                 f"B*K = {self.batch_tasks}*{self.group_size} = {self.trajectories_per_step} rows do not split into "
                 f"{self.num_minibatches} whole minibatches; choose --num-minibatches dividing {self.trajectories_per_step}"
             )
-        for name in ("rollout", "prompt_mode", "algo", "policy", "weighting", "aggregation", "lr_schedule"):
+        from agents.grpo import ADVANTAGE_ESTIMATORS
+
+        if self.algo not in ADVANTAGE_ESTIMATORS:
+            fail(f"algo must be one of {list(ADVANTAGE_ESTIMATORS)} (agents.grpo.ADVANTAGE_ESTIMATORS), got {self.algo!r}")
+        for name in ("rollout", "prompt_mode", "policy", "weighting", "aggregation", "lr_schedule"):
             allowed = typing.get_args(_HINTS[name])
             if getattr(self, name) not in allowed:
                 fail(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")

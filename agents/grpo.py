@@ -85,6 +85,9 @@ __all__ = [
     "AGGREGATIONS",
     "role_wise_advantages",
     "grpo_advantages",
+    "AdvantageEstimator",
+    "ADVANTAGE_ESTIMATORS",
+    "advantage_estimator",
     "segment_advantages_to_tokens",
     "kl_k3",
     "entropy_from_logits",
@@ -303,6 +306,33 @@ def grpo_advantages(
     return role_wise_advantages(
         rewards, group_ids, roles, traj_ids, torch.ones_like(group_ids), "trajectory", scale_by_std, eps
     )  # (S,)
+
+
+def _grpo_estimator(rewards: Tensor, group_ids: Tensor, roles: Tensor, traj_ids: Tensor, num_tokens: Tensor,
+                    weighting: Weighting = "turn", scale_by_std: bool = False) -> Tensor:
+    """`grpo_advantages` with the estimator signature (``roles``, ``num_tokens`` and ``weighting`` unused)."""
+    return grpo_advantages(rewards, group_ids, traj_ids, scale_by_std=scale_by_std)  # (S,)
+
+
+AdvantageEstimator = Callable[..., Tensor]
+"""``fn(rewards, group_ids, roles, traj_ids, num_tokens, *, weighting, scale_by_std) -> (S,) float32``: the
+advantage of every ACT/REHEARSE segment, inputs as in `role_wise_advantages`."""
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "role_grpo": role_wise_advantages,  # one baseline per (group, role): EnvACE
+    "grpo": _grpo_estimator,  # one baseline per group: the plain-GRPO ablation
+}
+"""Estimator name (``TrainConfig.algo``) -> `AdvantageEstimator`. A new estimator is one function here and
+one entry in this dict; the config check, `agents.rollout.build_batch` and the trainer look names up here."""
+
+
+def advantage_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered as `name`.
+
+    Raises:
+        ValueError: an unknown name (the message lists the registered ones).
+    """
+    return _resolve(ADVANTAGE_ESTIMATORS, name, "advantage estimator (algo)")
 
 
 def segment_advantages_to_tokens(segment_advantages: Tensor, token_segment_ids: Tensor) -> Tensor:

@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol, Sequence
 import numpy as np
 import torch
 
-from agents.grpo import Weighting, grpo_advantages, role_wise_advantages, segment_advantages_to_tokens
+from agents.grpo import AdvantageEstimator, Weighting, advantage_estimator, segment_advantages_to_tokens
 from envace_gym.types import Role, Trajectory
 
 __all__ = [
@@ -41,7 +41,6 @@ PAD_ROLE = -1
 """``role_mask`` value of right-padding positions (every real token holds a `Role` value, 0-4)."""
 
 RowKind = Literal["trajectory", "rehearsal"]
-Algo = Literal["role_grpo", "grpo"]
 PromptMode = Literal["inline", "separate"]
 RolloutMode = Literal["rehearse", "real"]
 
@@ -435,7 +434,7 @@ def build_batch(
     group_ids: Sequence[int],
     *,
     weighting: Weighting = "turn",
-    algo: Algo = "role_grpo",
+    algo: str | AdvantageEstimator = "role_grpo",
     scale_by_std: bool = False,
     prompt_mode: PromptMode = "inline",
     pad_id: int,
@@ -450,9 +449,10 @@ def build_batch(
 
     Advantages: every ACT/REHEARSE segment with logprobs is one advantage segment (reward R(τ) of its
     trajectory, its group, its role, its length); segments without logprobs (plain-text actions) are left
-    out of the baselines and of the loss. ``algo="role_grpo"``: `agents.grpo.role_wise_advantages` (one
-    baseline per (group, role), ``weighting``/``scale_by_std`` as there); ``algo="grpo"``:
-    `agents.grpo.grpo_advantages` (one baseline per group over trajectories; ``weighting`` is ignored).
+    out of the baselines and of the loss. ``algo`` names an estimator of `agents.grpo.ADVANTAGE_ESTIMATORS`
+    (or is one): ``"role_grpo"``, `agents.grpo.role_wise_advantages` (one baseline per (group, role),
+    ``weighting``/``scale_by_std`` as there); ``"grpo"``, `agents.grpo.grpo_advantages` (one baseline per
+    group over trajectories; ``weighting`` is ignored).
     Each segment's advantage is broadcast to its tokens with `agents.grpo.segment_advantages_to_tokens`.
 
     Args:
@@ -460,7 +460,7 @@ def build_batch(
         group_ids: one group id per trajectory, ``(len(trajectories),)``; `group_ids_for` gives
             `collect_rollouts`' layout.
         weighting: ``"turn"``, ``"token"`` or ``"trajectory"`` (see `agents.grpo`).
-        algo: ``"role_grpo"`` or ``"grpo"``.
+        algo: an estimator name (`agents.grpo.ADVANTAGE_ESTIMATORS`) or an `agents.grpo.AdvantageEstimator`.
         scale_by_std: divide advantages by the per-key std (off by default).
         prompt_mode: ``"inline"`` or ``"separate"``: the env's prompt mode at collection.
         pad_id: the id written in padding positions (masked out by ``attention_mask``).
@@ -477,8 +477,7 @@ def build_batch(
         raise ValueError("build_batch needs at least one trajectory")
     if len(group_ids) != len(trajectories):
         raise ValueError(f"{len(group_ids)} group ids for {len(trajectories)} trajectories; they must match")
-    if algo not in ("role_grpo", "grpo"):
-        raise ValueError(f"algo must be 'role_grpo' or 'grpo', got {algo!r}")
+    estimator = advantage_estimator(algo) if isinstance(algo, str) else algo
     if prompt_mode not in ("inline", "separate"):
         raise ValueError(f"prompt_mode must be 'inline' or 'separate', got {prompt_mode!r}")
     rows = _rows(trajectories, prompt_mode)
@@ -513,12 +512,9 @@ def build_batch(
     seg_roles = torch.tensor(seg_role, dtype=torch.long)  # (S,)
     seg_traj_ids = torch.tensor(seg_traj, dtype=torch.long)  # (S,)
     seg_num_tokens = torch.tensor(seg_len, dtype=torch.long)  # (S,)
-    if algo == "role_grpo":
-        seg_advantages = role_wise_advantages(
-            seg_rewards, seg_group_ids, seg_roles, seg_traj_ids, seg_num_tokens, weighting=weighting, scale_by_std=scale_by_std
-        )  # (S,)
-    else:
-        seg_advantages = grpo_advantages(seg_rewards, seg_group_ids, seg_traj_ids, scale_by_std=scale_by_std)  # (S,)
+    seg_advantages = estimator(
+        seg_rewards, seg_group_ids, seg_roles, seg_traj_ids, seg_num_tokens, weighting=weighting, scale_by_std=scale_by_std
+    )  # (S,)
     advantages = segment_advantages_to_tokens(seg_advantages, segment_ids)  # (N, T)
     return RolloutBatch(
         input_ids=input_ids,

@@ -340,3 +340,25 @@ def test_build_batch_invariants(data, algo, weighting):
         sub = batch.select([batch.num_rows - 1, 0])
         assert sub.num_rows == 2 and sub.row_kinds == [batch.row_kinds[-1], batch.row_kinds[0]]
         _check_advantage_layout(sub)
+
+
+def test_a_registered_advantage_estimator_is_used_by_name_and_by_object(policy, rollouts, monkeypatch):
+    from agents.grpo import ADVANTAGE_ESTIMATORS, role_wise_advantages
+
+    def doubled(*args, **kwargs):
+        return 2 * role_wise_advantages(*args, **kwargs)
+
+    import dataclasses
+
+    trajs, _ = rollouts["inline"]  # copies with rewards that differ within each group (the fixture is shared)
+    trajs = [dataclasses.replace(t, reward=r) for t, r in zip(trajs, [0.0, 1.0, 0.5, 0.25])]
+    reference = _batch(trajs, policy, "inline")
+    assert reference.seg_advantages.abs().sum() > 0
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "doubled", doubled)
+    for algo in ("doubled", doubled):
+        batch = _batch(trajs, policy, "inline", algo=algo)
+        assert torch.equal(batch.seg_advantages, 2 * reference.seg_advantages)
+        assert torch.equal(batch.advantages, 2 * reference.advantages)
+    from agents.config import TrainConfig
+
+    assert TrainConfig(model="tiny-random", suite="scripted", algo="doubled").algo == "doubled"
