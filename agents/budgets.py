@@ -205,18 +205,13 @@ def task_needs(task: Task, reference: list[list[ToolCall]], tokenizer: Any) -> T
 def _demo_tokens(tasks: Sequence[Task], tokenizer: Any, suite: str) -> dict[str, int]:
     """Token length of each multi-step task's real-execution demonstration (all of a turn's calls in one
     message); empty for a suite without reference solutions."""
-    import gymnasium as gym
-
-    import envace_gym  # noqa: F401  (registers the env ids)
-    from agents.demonstrations import TokenizerOnlyRehearser, demonstration_for_task
+    from agents.demonstrations import demonstration_env, demonstration_for_task
     from envace_gym.suites import make_suite
-    from wrappers import RealTools
 
     multi = [t for t in tasks if not t.metadata.get("single_step")]
     if not multi or not callable(getattr(make_suite(suite), "ground_truth", None)):
         return {}
-    env = RealTools(gym.make("EnvACE-Rehearse-v0", suite=suite, tasks=multi, rehearser=TokenizerOnlyRehearser(tokenizer),
-                             max_steps_per_turn=10_000, disable_env_checker=True))
+    env = demonstration_env(tokenizer, suite, tasks=multi)
     out = {}
     for t in multi:
         try:

@@ -12,8 +12,9 @@ builds and `agents.rollout.build_batch` trains on), relabelled so that `agents.s
 ## Demonstrations from real executions (`build_demonstrations`)
 
 For each task of a suite that gives a reference solution (``Suite.ground_truth``; BFCL: every task) a
-`RehearseEnv` wrapped in `wrappers.RealTools` (so every tool call goes to a fresh, isolated real backend of
-the suite: BFCL ``long_context`` backends included) is driven with text actions, turn by turn:
+`RehearseEnv` answered by `envace_gym.responders.RealBackend` (`demonstration_env`: every tool call goes to
+a fresh, isolated real backend of the suite, BFCL ``long_context`` backends included) is driven with text
+actions, turn by turn:
 
 1. Each reference call of the turn (BFCL: `benchmarks.bfcl.verify.ground_truth_tool_calls`, positional
    arguments bound) is one ACT message in Hermes format, ``format_tool_calls([call], "hermes")``
@@ -77,7 +78,7 @@ __all__ = [
     "cap_length",
     "build_demonstrations",
     "demonstration_for_task",
-    "TokenizerOnlyRehearser",
+    "demonstration_env",
     "load_recorded_trajectories",
     "MULTI_TURN_CATEGORIES",
 ]
@@ -149,18 +150,6 @@ class DemoStats:
 def closing_message(calls: Sequence[ToolCall]) -> str:
     """The templated closing ACT message of a user turn: `DONE_MESSAGE` if the turn made calls, else `NO_CALL_MESSAGE`."""
     return DONE_MESSAGE if calls else NO_CALL_MESSAGE
-
-
-class TokenizerOnlyRehearser:
-    """A `Rehearser` that only carries a tokenizer: the demo env answers every call with a real backend."""
-
-    prompt_mode = "inline"
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def rehearse(self, requests):  # pragma: no cover - RealTools is always set
-        raise RuntimeError("demonstrations use real backends; nothing should be rehearsed")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -280,7 +269,7 @@ def _action(renderer: ChatRenderer, text: str) -> GeneratedText:
 
 
 def demonstration_for_task(env: Any, task: Task, calls_per_message: CallsPerMessage = "one") -> tuple[Trajectory, float]:
-    """Play `task`'s reference solution in `env` (a `RealTools`-wrapped `RehearseEnv`) and return ``(trajectory, reward)``.
+    """Play `task`'s reference solution in `env` (`demonstration_env`) and return ``(trajectory, reward)``.
 
     The reference is the suite's ``ground_truth(task)`` (turns × calls; BFCL: its ``possible_answer`` calls,
     positional arguments bound). The trajectory is the env's own (not yet relabelled); see the module
@@ -321,6 +310,17 @@ def demonstration_for_task(env: Any, task: Task, calls_per_message: CallsPerMess
     return base.trajectory, float(reward)
 
 
+def demonstration_env(tokenizer: Any, suite: str, **kwargs: Any) -> Any:
+    """The env that plays reference solutions: a `RehearseEnv` of `suite` answered by its real backend
+    (`envace_gym.responders.RealBackend`), tokens in `tokenizer`'s format, no rehearser (no model is loaded),
+    and no step limit (BFCL's 20-step limit counts ACT messages; with one call per message a long reference
+    turn needs more). `kwargs` go to the env (``categories``, ``split`` or ``tasks``)."""
+    from envace_gym.envs.rehearse import RehearseEnv
+    from envace_gym.responders import RealBackend
+
+    return RehearseEnv(suite=suite, tokenizer=tokenizer, responder=RealBackend(), max_steps_per_turn=10_000, **kwargs)
+
+
 def build_demonstrations(
     tokenizer: Any,
     suite: str = "bfcl",
@@ -358,24 +358,13 @@ def build_demonstrations(
         ValueError: an unknown suite or category, a task id not in the categories and split, or an
             invalid `overflow` / `calls_per_message`.
     """
-    import gymnasium as gym
     from tqdm.auto import tqdm
-
-    import envace_gym  # noqa: F401  (registers the env ids)
-    from wrappers import RealTools
 
     if overflow not in ("truncate", "drop"):
         raise ValueError(f"overflow must be 'truncate' or 'drop', got {overflow!r}")
     if calls_per_message not in ("one", "all"):
         raise ValueError(f"calls_per_message must be 'one' or 'all', got {calls_per_message!r}")
-    # BFCL's 20-step limit counts ACT messages; with one call per message a long ground-truth turn needs more.
-    env = RealTools(
-        gym.make(
-            "EnvACE-Rehearse-v0", suite=suite, categories=None if categories is None else list(categories),
-            split=split, rehearser=TokenizerOnlyRehearser(tokenizer), max_steps_per_turn=10_000,
-            disable_env_checker=True,
-        )
-    )
+    env = demonstration_env(tokenizer, suite, categories=None if categories is None else list(categories), split=split)
     base = env.unwrapped
     pool = {t.id: t for t in base.tasks}
     if task_ids is not None:

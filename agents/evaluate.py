@@ -187,16 +187,17 @@ def _category(task: Any) -> str:
 def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any) -> Any:
     from agents.policy import PolicyRehearser
     from envace_gym.envs.rehearse import RehearseEnv
-    from wrappers import RealTools, RehearsalFidelity, TestTimeRehearsal
+    from envace_gym.responders import RealBackend
+    from wrappers import RehearsalFidelity, TestTimeRehearsal
 
-    env = RehearseEnv(
-        suite=config.suite, tasks=[task], rehearser=PolicyRehearser(rehearser_policy if rehearser_policy is not None else policy),
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-        max_steps_per_turn=config.max_steps_per_turn,
-    )
-    if config.fidelity:
-        return RehearsalFidelity(env)
-    env = RealTools(env)
+    common = dict(suite=config.suite, tasks=[task], max_new_tokens=config.max_new_tokens,
+                  temperature=config.temperature, max_steps_per_turn=config.max_steps_per_turn)
+    if config.fidelity:  # the rehearser answers; each rehearsed call is scored against a shadow real backend
+        rehearser = PolicyRehearser(rehearser_policy if rehearser_policy is not None else policy)
+        return RehearsalFidelity(RehearseEnv(rehearser=rehearser, **common))
+    # Real tools answer the committed calls, in the policy's token format (test-time rehearsal brings its own
+    # rehearser).
+    env = RehearseEnv(tokenizer=policy.tokenizer, responder=RealBackend(), **common)
     if config.rehearsal_n:
         rehearser = None
         if rehearser_policy is not None:  # another model plays REHEARSE; separate prompts if its vocabulary differs

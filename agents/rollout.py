@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from agents.grpo import AdvantageEstimator, Weighting, advantage_estimator, segment_advantages_to_tokens
+from envace_gym.responders import RealBackend, Rehearsal
 from envace_gym.types import Role, Trajectory
 
 __all__ = [
@@ -144,9 +145,9 @@ def collect_rollouts(
         seed: reset seed (env i gets ``seed + i``, which also seeds its rehearsals) and the seed of the ACT
             sampling seeds (one stream per env, independent of which other envs are still active).
         rollout: ``"rehearse"`` (EnvACE: tool calls answered by the policy's REHEARSE role) or ``"real"``
-            (the real-environment ablation: each env gets ``real_backend_factory = env.suite.make_backend``
+            (the real-environment ablation: each env gets the responder ``RealBackend()``, its suite's backend
             before the reset, as `wrappers.RealTools` does; tool outputs are OBSERVATION segments, no loss).
-            ``"rehearse"`` sets ``real_backend_factory = None`` (both override what was set before).
+            ``"rehearse"`` sets ``Rehearsal(env.rehearser)`` (both override what was set before).
         max_steps_per_turn: when given, sets each env's ``max_steps_per_turn`` (ACT messages per user turn
             before truncation); None keeps the env's.
         max_steps: cap on vector steps (a safety net, off by default); envs still running then are marked
@@ -197,7 +198,7 @@ def collect_rollouts(
             stacklevel=2,
         )
     for env in envs:
-        env.real_backend_factory = env.suite.make_backend if rollout == "real" else None
+        env.set_responder(RealBackend() if rollout == "real" else Rehearsal(env.rehearser))
         if max_steps_per_turn is not None:
             env.max_steps_per_turn = max_steps_per_turn
 

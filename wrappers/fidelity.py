@@ -26,6 +26,7 @@ from typing import Any, Callable
 import gymnasium as gym
 from gymnasium.utils import RecordConstructorArgs
 
+from envace_gym.responders import Rehearsal
 from envace_gym.suites import ToolBackend
 from envace_gym.types import Task, ToolCall
 
@@ -146,9 +147,9 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
         RecordConstructorArgs.__init__(self, backend_factory=backend_factory)
         gym.Wrapper.__init__(self, env)
         base = env.unwrapped
-        if not hasattr(base, "needs_rehearsal") or not hasattr(base, "suite"):
+        if not getattr(base, "keeps_tokens", False):
             raise TypeError(f"RehearsalFidelity wraps a RehearseEnv, got {type(base).__name__}")
-        if not base.needs_rehearsal():
+        if not isinstance(base.upcoming_responder, Rehearsal):
             raise TypeError("RehearsalFidelity needs a rehearsing env; this RehearseEnv has a real backend (RealTools)")
         if backend_factory is not None and not callable(backend_factory):
             raise TypeError(f"backend_factory must be callable (Task -> ToolBackend), got {backend_factory!r}")

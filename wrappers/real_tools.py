@@ -7,6 +7,7 @@ from typing import Any, Callable
 import gymnasium as gym
 from gymnasium.utils import RecordConstructorArgs
 
+from envace_gym.responders import RealBackend
 from envace_gym.suites import ToolBackend
 from envace_gym.types import Task
 
@@ -21,7 +22,8 @@ class RealTools(gym.Wrapper, RecordConstructorArgs):
     the observation tokens are then OBSERVATION segments (no loss). Parsing, turns, termination, reward
     and the token bookkeeping stay those of the wrapped env, so the same action sequence yields the
     rehearsed observation without the wrapper and the real one with it. Wrapping a `ToolUseEnv` replaces
-    its backend factory. The swap takes effect at the next `reset`.
+    its backend factory. The swap (``env.unwrapped.set_responder(RealBackend(backend_factory))``,
+    `envace_gym.responders`) takes effect at the next `reset`.
 
     Example:
         >>> import gymnasium as gym, envace_gym  # doctest: +SKIP
@@ -42,15 +44,11 @@ class RealTools(gym.Wrapper, RecordConstructorArgs):
         RecordConstructorArgs.__init__(self, backend_factory=backend_factory)
         gym.Wrapper.__init__(self, env)
         base = env.unwrapped
-        if not hasattr(base, "suite") or not hasattr(base, "backend_factory"):
+        if not callable(getattr(base, "set_responder", None)):
             raise TypeError(f"RealTools wraps a ToolUseEnv or RehearseEnv, got {type(base).__name__}")
         if backend_factory is not None and not callable(backend_factory):
             raise TypeError(f"backend_factory must be callable (Task -> ToolBackend), got {backend_factory!r}")
-        factory = backend_factory or base.suite.make_backend
-        if hasattr(base, "real_backend_factory"):
-            base.real_backend_factory = factory
-        else:
-            base.backend_factory = factory
+        base.set_responder(RealBackend(backend_factory))
 
     def reset(self, **kwargs: Any):
         """Reset the wrapped env (its next episode uses the real backend)."""

@@ -23,7 +23,6 @@ TEMPLATE (no loss: it is context, not an action). The message is also appended t
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Literal, Sequence
 
 import gymnasium as gym
@@ -31,7 +30,8 @@ import numpy as np
 from gymnasium.utils import RecordConstructorArgs
 
 from envace_gym.rehearsal import RehearseRequest, RehearseResponse
-from envace_gym.types import Message, Role, Segment
+from envace_gym.responders import Rehearsal
+from envace_gym.types import Message, Role
 
 __all__ = ["TestTimeRehearsal", "MEMORY_HEADER", "insert_user_message"]
 
@@ -62,33 +62,15 @@ _TRANSCRIPT_CHARS = 400  # per message, in transcripts shown to the critic and s
 
 
 def insert_user_message(base: Any, text: str, content_ids: Sequence[int]) -> None:
-    """Append a user message before the pending ACT step of a token-level env, without re-rendering.
-
-    The env's token sequence must end with the assistant opener (it does after `reset` and after every
-    non-final step of a `RehearseEnv`); that opener is taken off, ``open_ids("user") + content_ids +
-    close_ids("user")`` are appended (TEMPLATE, PROMPT, TEMPLATE) and the opener is appended again. The
-    message is appended to ``trajectory.messages`` and the env's token count is updated.
-
-    Args:
-        base: a `RehearseEnv` (the ``unwrapped`` env).
-        text: the message content (for ``messages`` and humans).
-        content_ids: the content's token ids `(M,)`, appended as they are.
+    """Append a user message before the pending ACT step of a token-level env (`RehearseEnv.insert_message`).
 
     Raises:
         RuntimeError: the sequence does not end with the assistant opener (an episode that has ended, or
             an env that keeps no tokens).
     """
-    segments: list[Segment] = base.trajectory.segments
-    opener = list(base.renderer.open_ids("assistant"))
-    if not segments or segments[-1].role != Role.TEMPLATE or segments[-1].token_ids != opener:
-        raise RuntimeError("the token sequence does not end with the assistant opener; nothing to insert before")
-    segments.pop()
-    base._episode_tokens -= len(opener)
-    base.trajectory.messages.append(Message(role="user", content=text))
-    base._append(Role.TEMPLATE, base.renderer.open_ids("user"))
-    base._append(Role.PROMPT, list(content_ids), None, text)
-    base._append(Role.TEMPLATE, base.renderer.close_ids("user"))
-    base._append(Role.TEMPLATE, opener)
+    if not callable(getattr(base, "insert_message", None)):
+        raise RuntimeError(f"{type(base).__name__} keeps no token sequence; nothing to insert into")
+    base.insert_message("user", text, content_ids)
 
 
 class _InlineRehearser:
@@ -127,10 +109,9 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
     ``env.unwrapped.trajectory.token_ids`` and calls `step`; the committed step runs against the wrapped
     env's real backend. With ``n=0`` the wrapper does nothing. `rehearse` can also be called by hand.
 
-    Rehearse copies: a shallow copy of the wrapped `RehearseEnv` with deep copies of its episode state
-    (trajectory, calls, counters), its own ``np_random``, ``backend=None`` and ``real_backend_factory=None``,
-    so every tool call in an attempt is answered by the REHEARSE role of ``rehearser_policy`` (or of
-    ``policy``) and the real backend is never reached. An attempt ACTs (``policy``, ``attempt_temperature``)
+    Rehearse copies: ``env.unwrapped.fork(responder=Rehearsal(...), seed=...)`` (`RehearseEnv.fork`: its own
+    episode state and random generator), so every tool call in an attempt is answered by the REHEARSE role
+    of ``rehearser_policy`` (or of ``policy``) and the real backend is never reached. An attempt ACTs (``policy``, ``attempt_temperature``)
     until its turn ends, its episode ends or ``attempt_max_steps`` ACT steps. ``parallel``: the n attempts
     start from the same committed context, and their ACT steps are batched in one generate call.
     ``sequential``: attempt k starts from the committed context plus a user message listing attempts
@@ -210,7 +191,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         )
         gym.Wrapper.__init__(self, env)
         base = env.unwrapped
-        if not hasattr(base, "renderer") or not hasattr(base, "rehearse_request"):
+        if not getattr(base, "keeps_tokens", False):
             raise TypeError(f"TestTimeRehearsal wraps a RehearseEnv (token-level), got {type(base).__name__}")
         if not hasattr(policy, "act"):
             raise TypeError(f"policy must be an agents.policy.Policy, got {type(policy).__name__}")
@@ -280,7 +261,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             RuntimeError: the episode has ended or has not started.
         """
         base = self.env.unwrapped
-        if base.trajectory is None or getattr(base, "_done", True):
+        if base.episode_over:
             raise RuntimeError("rehearse() needs a running episode (call reset())")
         request = self._current_request(base)
         before = len(base.trajectory.token_ids)
@@ -331,18 +312,10 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
 
     def _fork(self, base: Any) -> Any:
         """A private rehearse copy of `base` at its current point (class docstring, "Rehearse copies")."""
-        fork = copy.copy(base)
-        for name in ("trajectory", "user"):
-            setattr(fork, name, copy.deepcopy(getattr(base, name)))
-        fork._rehearsals, fork.rehearsal_rows = [], []
-        fork.backend = None
-        fork.real_backend_factory = None
-        fork.rehearser = self.rehearser
-        fork.prompt_mode = self.rehearser.prompt_mode
+        fork = base.fork(responder=Rehearsal(self.rehearser), seed=self._seed())
         fork.temperature = self.attempt_temperature
         if self.max_new_tokens is not None:
             fork.max_new_tokens = self.max_new_tokens
-        fork._np_random = np.random.Generator(np.random.PCG64(self._seed()))
         return fork
 
     def _run_attempts(self, forks: list[Any]) -> list[dict[str, Any]]:
@@ -372,14 +345,15 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
                     still.append(i)
             active = still
         out = []
+        base = self.env.unwrapped
         for fork, (m0, _), s, t0 in zip(forks, starts, stats, start_tokens):
             rehearsed = sum(len(seg.token_ids) for seg in fork.trajectory.segments if seg.role == Role.REHEARSE)
-            rehearsed += sum(len(r["token_ids"]) for r in fork.rehearsal_rows)
+            rehearsed += sum(len(r["token_ids"]) for r in fork.rehearsal_rows[len(base.rehearsal_rows):])
             msgs = fork.trajectory.messages[m0:]
             if s["ended"] == "turn":  # drop the next turn's opening user message(s): not part of the attempt
                 last_assistant = max(i for i, m in enumerate(msgs) if m.role == "assistant")
                 msgs = msgs[: last_assistant + 1]
-            base_rehearsed = sum(len(seg.token_ids) for seg in self.env.unwrapped.trajectory.segments if seg.role == Role.REHEARSE)
+            base_rehearsed = sum(len(seg.token_ids) for seg in base.trajectory.segments if seg.role == Role.REHEARSE)
             out.append({"messages": [m.to_dict() for m in msgs], **s, "rehearse_tokens": rehearsed - base_rehearsed,
                         "start_tokens": t0})
         return out

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generator, Sequence
+from typing import Any, Generator, Sequence
 
 from envace_gym.envs.tool_use import ToolUseEnv
 from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse, Rehearser, make_rehearser
 from envace_gym.rendering import ChatRenderer
-from envace_gym.suites import ToolBackend
+from envace_gym.responders import Rehearsal, Responder
 from envace_gym.types import Message, Role, Segment, Task, ToolCall
 
 __all__ = ["RehearseEnv"]
@@ -57,6 +57,13 @@ class RehearseEnv(ToolUseEnv):
     ## Arguments
     All of `ToolUseEnv`'s except ``backend_factory``, and:
 
+    * ``responder`` (`envace_gym.responders.Responder` | None): who answers the tool calls; default
+      ``Rehearsal(rehearser)``. A text responder (``RealBackend()``: the suite's real backend, as
+      `wrappers.RealTools` sets; ``RecordedResponses(...)``) is recorded as OBSERVATION tokens.
+    * ``tokenizer``: the tokenizer of the token sequence (default: the rehearser's). With a text
+      ``responder`` and a ``tokenizer`` no rehearser is built and ``rehearser`` stays None (real-execution
+      demonstrations, replays); a `Rehearsal` can then not be set.
+
     * ``rehearser`` (Rehearser | None): a ready rehearser; None builds ``make_rehearser("policy", ...)`` from
       the arguments below (the model is loaded once per process and shared by every env).
     * ``model`` (str): model name or folder for the default rehearser; ``"smollm2-135m"`` by default.
@@ -74,6 +81,8 @@ class RehearseEnv(ToolUseEnv):
     * v0: initial version.
     """
 
+    keeps_tokens = True
+
     def __init__(
         self,
         suite: str = "bfcl",
@@ -90,6 +99,8 @@ class RehearseEnv(ToolUseEnv):
         max_episode_tokens: int | None = None,
         max_context_tokens: int | None = 16_384,
         render_mode: str | None = None,
+        responder: Responder | None = None,
+        tokenizer: Any = None,
     ) -> None:
         if max_context_tokens is not None and max_context_tokens < 1:
             raise ValueError(f"max_context_tokens must be None or >= 1, got {max_context_tokens!r}")
@@ -100,14 +111,15 @@ class RehearseEnv(ToolUseEnv):
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-        if rehearser is None:
+        text_only = responder is not None and not isinstance(responder, Rehearsal) and tokenizer is not None
+        if rehearser is None and not text_only:
             rehearser = make_rehearser("policy", model=model, prompt_mode=prompt_mode)
-        if rehearser.prompt_mode != prompt_mode:
+        if rehearser is not None and rehearser.prompt_mode != prompt_mode:
             raise ValueError(
                 f"the rehearser's prompt_mode is {rehearser.prompt_mode!r} but the env asks for {prompt_mode!r}"
             )
-        self.rehearser = rehearser
-        self.renderer = ChatRenderer(rehearser.tokenizer)
+        self.rehearser: Rehearser | None = rehearser
+        self.renderer = ChatRenderer(tokenizer if tokenizer is not None else rehearser.tokenizer)
         super().__init__(
             suite=suite,
             categories=categories,
@@ -117,12 +129,12 @@ class RehearseEnv(ToolUseEnv):
             max_episode_tokens=max_episode_tokens,
             count_tokens=self._count_tokens,
             render_mode=render_mode,
+            responder=responder if responder is not None else Rehearsal(rehearser),
         )
         self.prompt_mode: PromptMode = prompt_mode
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self._initial_seed = seed
-        self.real_backend_factory: Callable[[Task], ToolBackend] | None = None
 
     def _count_tokens(self, text: str) -> int:
         return len(self.renderer.content_ids(text))
@@ -134,10 +146,6 @@ class RehearseEnv(ToolUseEnv):
             seed, self._initial_seed = self._initial_seed, None
         self._tokens_ready = False
         obs, info = super().reset(seed=seed, options=options)
-        if self.real_backend_factory is None:
-            self.backend = None  # rehearsal: no real tool is touched during the episode
-        else:
-            self.backend = self.real_backend_factory(self.task)
         assert self.task is not None and self.trajectory is not None
         first_turn = [Message(role=m.role, content=m.content) for m in self.task.turns[0]]
         prompt = self.renderer.prompt_ids(first_turn, self.task.tools_at_turn(0))
@@ -173,24 +181,68 @@ class RehearseEnv(ToolUseEnv):
         return obs, reward, terminated, truncated, info
 
     # ------------------------------------------------------------------ dynamics
-    def _respond(self, call: ToolCall) -> str:
-        if self.real_backend_factory is not None:
-            return self._respond_real(call)
+    def respond(self, call: ToolCall) -> str:
+        """Answer one call of the running step and record its tokens: a rehearsal (one model call; a vector
+        env batches them with `rehearse_request` / `accept_rehearsal` instead) or the text responder's answer
+        as OBSERVATION tokens."""
+        if not isinstance(self.responder, Rehearsal):
+            text = self.responder.respond(call)
+            self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(text), None, text, generated=False)
+            return text
         if self._context_full():
             return self._respond_context_full()
         request = self.rehearse_request(call)
-        (response,) = self.rehearser.rehearse([request])
+        (response,) = self.responder.rehearser.rehearse([request])
         return self.accept_rehearsal(call, response)
 
-    def _respond_real(self, call: ToolCall) -> str:
-        text = super()._respond(call)
-        self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(text), None, text, generated=False)
-        return text
-
     def needs_rehearsal(self) -> bool:
-        """True when the next tool call is answered by the rehearser: no real backend was swapped in
-        (`RealTools`) and the sequence leaves room for a rehearsal within ``max_context_tokens``."""
-        return self.real_backend_factory is None and not self._context_full()
+        """True when the next tool call is answered by the rehearser: the responder is a `Rehearsal` and the
+        sequence leaves room for a rehearsal within ``max_context_tokens``."""
+        return isinstance(self.responder, Rehearsal) and not self._context_full()
+
+    def fork(self, responder: Responder | None = None, seed: int | None = None) -> RehearseEnv:
+        """`ToolUseEnv.fork`, plus the token state: the copy's token sequence, rehearsal rows and counters
+        are its own. With a `Rehearsal` responder the copy's prompt mode becomes its rehearser's."""
+        twin = super().fork(responder, seed)
+        twin._rehearsals = list(self._rehearsals)
+        twin.rehearsal_rows = list(self.rehearsal_rows)
+        if isinstance(twin.responder, Rehearsal):
+            twin.prompt_mode = twin.responder.rehearser.prompt_mode
+        return twin
+
+    def insert_message(self, role: str, text: str, content_ids: Sequence[int] | None = None) -> None:
+        """Append a message before the pending ACT step, without re-rendering the sequence.
+
+        The sequence must end with the assistant opener (it does after `reset` and after every non-final
+        step); that opener is taken off, ``open_ids(role) + content_ids + close_ids(role)`` are appended
+        (TEMPLATE, PROMPT, TEMPLATE) and the opener is appended again. The message joins
+        ``trajectory.messages``; the token count is updated.
+
+        Args:
+            role: ``"user"`` or ``"system"``.
+            text: the message content.
+            content_ids: its token ids `(M,)`, appended as they are (None: tokenised here).
+
+        Raises:
+            ValueError: another role.
+            RuntimeError: no episode is running, or the sequence does not end with the assistant opener.
+        """
+        if role not in ("user", "system"):
+            raise ValueError(f"insert_message inserts user or system messages, got role {role!r}")
+        if self.trajectory is None or self._done:
+            raise RuntimeError("insert_message() needs a running episode (call reset())")
+        segments = self.trajectory.segments
+        opener = list(self.renderer.open_ids("assistant"))
+        if not segments or segments[-1].role != Role.TEMPLATE or segments[-1].token_ids != opener:
+            raise RuntimeError("the token sequence does not end with the assistant opener; nothing to insert before")
+        segments.pop()
+        self._episode_tokens -= len(opener)
+        ids = list(content_ids) if content_ids is not None else self.renderer.content_ids(text)
+        self.trajectory.messages.append(Message(role=role, content=text))
+        self._append(Role.TEMPLATE, self.renderer.open_ids(role))
+        self._append(Role.PROMPT, ids, None, text)
+        self._append(Role.TEMPLATE, self.renderer.close_ids(role))
+        self._append(Role.TEMPLATE, opener)
 
     def _context_full(self) -> bool:
         limit = self.max_context_tokens

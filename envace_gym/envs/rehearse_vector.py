@@ -118,7 +118,7 @@ class RehearseVectorEnv(VectorEnv):
                     answers[i] = self.envs[i].accept_rehearsal(pending[i], response)
             for i in pending:
                 if i not in answers:  # a real backend (RealTools) answers directly
-                    answers[i] = self.envs[i]._respond(pending[i])
+                    answers[i] = self.envs[i].respond(pending[i])
             next_pending: dict[int, Any] = {}
             for i, answer in answers.items():
                 try:

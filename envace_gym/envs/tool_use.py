@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any, Callable, Generator, Sequence
 
 import gymnasium as gym
+import numpy as np
 
 from envace_gym.parsing import ToolCallParseError, parse_tool_calls
+from envace_gym.responders import RealBackend, Rehearsal, Responder
 from envace_gym.spaces import MAX_TEXT_LENGTH, printable_text, replace_surrogates, sanitize
 from envace_gym.suites import Suite, ToolBackend, UserTurns, make_suite, user_turns
 from envace_gym.types import GeneratedText, Message, Task, ToolCall, Trajectory
@@ -97,6 +100,12 @@ class ToolUseEnv(gym.Env[str, str]):
     * ``max_episode_tokens`` (int | None): token budget over all message contents; None = unlimited.
     * ``count_tokens`` (callable | None): str -> int; default: UTF-8 bytes / 4, rounded up.
     * ``backend_factory`` (callable | None): Task -> ToolBackend; default the suite's real backend.
+    * ``responder`` (`envace_gym.responders.ToolResponder` | None): who answers the tool calls; default
+      ``RealBackend(backend_factory)``, a fresh real backend per episode. `set_responder` swaps it.
+
+    ## Methods beyond Gymnasium's
+    `set_responder` (takes effect at the next `reset`), `fork` (an independent copy at the current point),
+    `respond` (answer one call with the responder, as `step` does), `calls_per_turn`, `task_by_id`, `turn`.
 
     ## Version History
     * v0: initial version.
@@ -115,6 +124,7 @@ class ToolUseEnv(gym.Env[str, str]):
         count_tokens: Callable[[str], int] | None = None,
         backend_factory: Callable[[Task], ToolBackend] | None = None,
         render_mode: str | None = None,
+        responder: Responder | None = None,
     ) -> None:
         if not isinstance(max_steps_per_turn, int) or max_steps_per_turn < 1:
             raise ValueError(f"max_steps_per_turn must be a positive int, got {max_steps_per_turn!r}")
@@ -132,13 +142,18 @@ class ToolUseEnv(gym.Env[str, str]):
         self.count_tokens = count_tokens or utf8_quarter_tokens
         self.backend_factory = backend_factory or self.suite.make_backend
         self.render_mode = render_mode
+        self.responder: Responder = RealBackend(self.backend_factory)
+        self._next_responder: Responder | None = None
+        if responder is not None:
+            self.set_responder(responder)
+            self.responder, self._next_responder = self._next_responder, None
 
         self.action_space = printable_text(min_length=0)
         self.observation_space = printable_text(min_length=0)
 
         self.task: Task | None = None
-        self.backend: ToolBackend | None = None
         self.trajectory: Trajectory | None = None
+        self._done = True
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -155,7 +170,9 @@ class ToolUseEnv(gym.Env[str, str]):
             self.task = self.tasks[self._task_index[options["task_id"]]]
         else:
             self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        self.backend = self.backend_factory(self.task)
+        if self._next_responder is not None:
+            self.responder, self._next_responder = self._next_responder, None
+        self.responder.start(self.task)
         self.trajectory = Trajectory(task=self.task)
         self._turn = 0
         self._step_in_turn = 0
@@ -260,14 +277,72 @@ class ToolUseEnv(gym.Env[str, str]):
             return None
         return "\n".join(f"[{m.role}] {m.content}" for m in self.trajectory.messages)
 
+    # ------------------------------------------------------------------ responders and copies
+    @property
+    def backend(self) -> ToolBackend | None:
+        """The responder's real backend in its current state (None for a rehearsal or a recording)."""
+        return self.responder.backend
+
+    def set_responder(self, responder: Responder) -> None:
+        """Answer the tool calls of the following episodes with `responder` (from the next `reset` on).
+
+        A `RealBackend` without a factory gets this env's ``backend_factory`` (the suite's by default).
+
+        Raises:
+            TypeError: `responder` is not a responder, or is a `Rehearsal` and this env keeps no tokens.
+        """
+        if isinstance(responder, Rehearsal):
+            if not self.keeps_tokens:
+                raise TypeError(f"{type(self).__name__} keeps no token sequence; Rehearsal needs EnvACE-Rehearse-v0")
+        elif not all(callable(getattr(responder, m, None)) for m in ("start", "respond", "fork")):
+            raise TypeError(f"a responder needs start, respond and fork (envace_gym.responders), got {responder!r}")
+        if isinstance(responder, RealBackend) and responder.factory is None:
+            responder.factory = self.backend_factory
+        self._next_responder = responder
+
+    @property
+    def upcoming_responder(self) -> Responder:
+        """The responder of the next episode (the one `set_responder` gave, else the current one)."""
+        return self._next_responder if self._next_responder is not None else self.responder
+
+    keeps_tokens = False
+    """Whether the env records the token sequence (`RehearseEnv`: True)."""
+
+    @property
+    def episode_over(self) -> bool:
+        """Whether the episode has ended, or none has started (`step` then raises)."""
+        return self.trajectory is None or self._done
+
+    def respond(self, call: ToolCall) -> str:
+        """Answer one call of the running step with the responder and return the tool message content."""
+        return self.responder.respond(call)
+
+    def fork(self, responder: Responder | None = None, seed: int | None = None) -> ToolUseEnv:
+        """An independent copy at the current point of the episode that continues identically.
+
+        The copy has its own trajectory, user, counters and random generator (a copy of this env's, or one
+        seeded with `seed`); its responder is `responder` or ``self.responder.fork()`` (a real backend's
+        state copied, a rehearser shared). Steps on the copy never touch this env or its backend.
+
+        Raises:
+            RuntimeError: no episode is running.
+        """
+        if self.task is None or self.trajectory is None:
+            raise RuntimeError("fork() needs a running episode (call reset())")
+        twin = copy.copy(self)
+        keep = {id(self.task): self.task}  # the task is shared, read-only data
+        twin.trajectory = copy.deepcopy(self.trajectory, keep)
+        twin.user = copy.deepcopy(self.user, dict(keep))
+        twin.responder = responder if responder is not None else self.responder.fork()
+        twin._next_responder = None
+        twin.np_random = (copy.deepcopy(self.np_random) if seed is None
+                          else np.random.Generator(np.random.PCG64(seed)))
+        return twin
+
     # ------------------------------------------------------------------ overridable dynamics
     def _respond(self, call: ToolCall) -> str:
-        """The environment's response to one call: the real backend's result. `RehearseEnv` overrides this."""
-        assert self.backend is not None
-        try:
-            return str(self.backend.execute(call))
-        except Exception as err:  # a backend must not crash the env (DESIGN.md §3)
-            return f"Error during execution: {type(err).__name__}: {err}"
+        """The environment's response to one call during `step` (`RehearseEnv` also records its tokens)."""
+        return self.respond(call)
 
     # ------------------------------------------------------------------ helpers
     def _open_turn(self, turn: int, messages: Sequence[Message]) -> list[Message]:

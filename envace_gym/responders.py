@@ -1,0 +1,157 @@
+"""Responders: who answers an env's tool calls (a real backend, the policy's rehearsal, a recording).
+
+The tool-use envs parse each ACT message into tool calls; a *responder* produces the tool message for each
+call. Parsing, user turns, termination, truncation, the reward and (in `envace_gym.envs.rehearse.RehearseEnv`)
+the token sequence are the env's and do not depend on the responder, so the same actions give a rehearsed
+episode with `Rehearsal`, a real one with `RealBackend` and a replayed one with `RecordedResponses`.
+
+The responder is a constructor argument of the envs (``responder=...``) and can be swapped with
+``env.set_responder(...)``, which takes effect at the next ``reset`` (`wrappers.RealTools` does exactly
+that). `ToolResponder` is the protocol of the text responders; `Rehearsal` marks the policy's REHEARSE role,
+which only a token-level env can use (its answers are generated tokens that the env records as REHEARSE
+segments, in one batched model call per vector-env round).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+from envace_gym.rehearsal import Rehearser
+from envace_gym.suites import ToolBackend
+from envace_gym.types import Task, ToolCall, Trajectory
+
+__all__ = ["ToolResponder", "RealBackend", "RecordedResponses", "Rehearsal", "Responder"]
+
+
+@runtime_checkable
+class ToolResponder(Protocol):
+    """Answers tool calls with text, never raising (an error is an error string the model sees)."""
+
+    def start(self, task: Task) -> None:
+        """Get ready for a new episode of `task` (e.g. build a fresh backend in its initial state)."""
+        ...
+
+    def respond(self, call: ToolCall) -> str:
+        """The tool message content for `call`."""
+        ...
+
+    @property
+    def backend(self) -> ToolBackend | None:
+        """The real backend in its current state (what the verifier may read at the end), or None."""
+        ...
+
+    def fork(self) -> ToolResponder:
+        """An independent copy that continues identically (real state copied, not shared)."""
+        ...
+
+
+class RealBackend:
+    """A fresh real backend per episode, built by `factory` (by default the env's suite's ``make_backend``).
+
+    Args:
+        factory: Task -> `envace_gym.suites.ToolBackend`; None: the env fills in its suite's ``make_backend``.
+
+    Raises:
+        TypeError: `factory` is given and not callable.
+    """
+
+    def __init__(self, factory: Callable[[Task], ToolBackend] | None = None) -> None:
+        if factory is not None and not callable(factory):
+            raise TypeError(f"factory must be callable (Task -> ToolBackend), got {factory!r}")
+        self.factory = factory
+        self._backend: ToolBackend | None = None
+
+    def start(self, task: Task) -> None:
+        """Build the episode's backend.
+
+        Raises:
+            RuntimeError: no factory was given and no env filled one in.
+        """
+        if self.factory is None:
+            raise RuntimeError("RealBackend has no factory; pass one or give it to an env (which uses its suite's)")
+        self._backend = self.factory(task)
+
+    def respond(self, call: ToolCall) -> str:
+        """The backend's result; a backend that raises gives ``"Error during execution: ..."`` (DESIGN.md §3)."""
+        if self._backend is None:
+            return "Error during execution: no backend (the episode has not started)"
+        try:
+            return str(self._backend.execute(call))
+        except Exception as err:  # a backend must not crash the env
+            return f"Error during execution: {type(err).__name__}: {err}"
+
+    @property
+    def backend(self) -> ToolBackend | None:
+        """The episode's backend (None before `start`)."""
+        return self._backend
+
+    def fork(self) -> RealBackend:
+        """A copy with a deep copy of the backend's state (same factory)."""
+        twin = RealBackend(self.factory)
+        twin._backend = copy.deepcopy(self._backend)
+        return twin
+
+
+class RecordedResponses:
+    """Answers calls, in order, with the tool messages of a recording (replay without any backend).
+
+    Args:
+        responses: the tool message contents in call order, or a `Trajectory` whose ``tool`` messages
+            that answer a call (they carry a ``tool_call_id``) are used.
+
+    Calls past the end of the recording get ``"Error: no recorded response for call N (...)"``.
+    """
+
+    def __init__(self, responses: Sequence[str] | Trajectory) -> None:
+        if isinstance(responses, Trajectory):
+            responses = [m.content for m in responses.messages if m.role == "tool" and m.tool_call_id]
+        self.responses = [str(r) for r in responses]
+        self.position = 0
+
+    def start(self, task: Task) -> None:
+        """Rewind to the first recorded response."""
+        self.position = 0
+
+    def respond(self, call: ToolCall) -> str:
+        if self.position >= len(self.responses):
+            self.position += 1
+            return f"Error: no recorded response for call {self.position} ({len(self.responses)} recorded)"
+        self.position += 1
+        return self.responses[self.position - 1]
+
+    @property
+    def backend(self) -> ToolBackend | None:
+        """None: a recording has no tool state."""
+        return None
+
+    def fork(self) -> RecordedResponses:
+        twin = RecordedResponses(self.responses)
+        twin.position = self.position
+        return twin
+
+
+class Rehearsal:
+    """The policy's REHEARSE role answers (token-level envs only: `envace_gym.envs.rehearse.RehearseEnv`).
+
+    Args:
+        rehearser: the `envace_gym.rehearsal.Rehearser`, shared (not copied) by forks.
+    """
+
+    def __init__(self, rehearser: Rehearser) -> None:
+        self.rehearser = rehearser
+
+    def start(self, task: Task) -> None:
+        """Nothing to prepare: no real tool is touched during a rehearsed episode."""
+
+    @property
+    def backend(self) -> ToolBackend | None:
+        """None: a rehearsed episode has no real tool state (the verifier replays the calls)."""
+        return None
+
+    def fork(self) -> Rehearsal:
+        """The same rehearser (one model serves every copy)."""
+        return Rehearsal(self.rehearser)
+
+
+Responder = ToolResponder | Rehearsal

@@ -1,0 +1,99 @@
+"""Responders (`envace_gym.responders`) and the envs' public copy API: the same actions give the same
+episode whoever answers (a real backend, a recording), `fork` continues identically without touching the
+original, `set_responder` applies from the next reset, and `insert_message` extends the token sequence."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+import envace_gym  # noqa: F401
+import tests.testing_env  # noqa: F401  (registers the scripted suites)
+from envace_gym.responders import RealBackend, RecordedResponses, Rehearsal
+from envace_gym.types import Role
+from wrappers import RealTools
+
+ADD = '<tool_call>{{"name": "add", "arguments": {{"value": {v}}}}}</tool_call>'
+ACTIONS = [ADD.format(v=3), "done", ADD.format(v=4), "<tool_call>{oops</tool_call>", "done"]
+
+
+def _play(env, actions, task_id="scripted_1"):
+    out = [env.reset(options={"task_id": task_id})[0]]
+    for a in actions:
+        obs, reward, terminated, truncated, _ = env.step(a)
+        out.append((obs, reward, terminated, truncated))
+    return out
+
+
+def _rehearse_env(**kw):
+    return gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random", **kw).unwrapped
+
+
+@pytest.mark.parametrize("token_level", [False, True], ids=["tool", "rehearse"])
+def test_a_recording_replays_a_real_episode_exactly(token_level):
+    real = RealTools(_rehearse_env()).unwrapped if token_level else gym.make(
+        "EnvACE-Tool-v0", suite="scripted", categories=None).unwrapped
+    played = _play(real, ACTIONS)
+    assert played[-1][1:] == (1.0, True, False)
+    replay = _rehearse_env(responder=RecordedResponses(real.trajectory)) if token_level else gym.make(
+        "EnvACE-Tool-v0", suite="scripted", categories=None, responder=RecordedResponses(real.trajectory)).unwrapped
+    assert _play(replay, ACTIONS) == played
+    assert [m.to_dict() for m in replay.trajectory.messages] == [m.to_dict() for m in real.trajectory.messages]
+    if token_level:
+        assert replay.trajectory.token_ids == real.trajectory.token_ids
+    extra = replay.respond(ADD.format(v=1))  # past the end of the recording: an error text, not an exception
+    assert extra.startswith("Error: no recorded response for call 3")
+
+
+def test_fork_continues_identically_and_never_touches_the_original():
+    env = RealTools(_rehearse_env()).unwrapped
+    _play(env, ACTIONS[:2])
+    before = env.backend.snapshot()
+    twin = env.fork()
+    assert twin.backend is not env.backend and twin.backend.snapshot() == before
+    rest = ACTIONS[2:]
+    twin_steps = [twin.step(a)[:4] for a in rest]
+    assert env.backend.snapshot() == before and len(env.trajectory.messages) < len(twin.trajectory.messages)
+    assert [env.step(a)[:4] for a in rest] == twin_steps
+    assert env.trajectory.token_ids == twin.trajectory.token_ids
+    assert env.backend.snapshot() == twin.backend.snapshot()
+
+
+def test_a_rehearsing_fork_with_the_same_seed_rehearses_the_same_tokens():
+    env = _rehearse_env(temperature=1.0)
+    env.reset(seed=5, options={"task_id": "scripted_0"})
+    a, b = env.fork(seed=11), env.fork(seed=11)
+    a.step(ADD.format(v=2))
+    b.step(ADD.format(v=2))
+    rehearsed = [[s.token_ids for s in f.trajectory.segments if s.role == Role.REHEARSE] for f in (a, b)]
+    assert rehearsed[0] == rehearsed[1] and rehearsed[0]
+    assert not [s for s in env.trajectory.segments if s.role == Role.REHEARSE]  # the original is untouched
+
+
+def test_set_responder_applies_from_the_next_reset_and_checks_what_it_gets():
+    env = _rehearse_env()
+    env.reset(options={"task_id": "scripted_0"})
+    env.set_responder(RealBackend())
+    assert isinstance(env.responder, Rehearsal) and isinstance(env.upcoming_responder, RealBackend)
+    env.reset(options={"task_id": "scripted_0"})
+    assert isinstance(env.responder, RealBackend) and env.backend is not None
+    env.step(ADD.format(v=2))
+    assert env.backend.total == 2
+    tool = gym.make("EnvACE-Tool-v0", suite="scripted", categories=None).unwrapped
+    with pytest.raises(TypeError, match="keeps no token sequence"):
+        tool.set_responder(Rehearsal(env.rehearser))
+    with pytest.raises(TypeError, match="start, respond and fork"):
+        tool.set_responder(object())
+
+
+def test_insert_message_extends_the_sequence_before_the_pending_act_step():
+    env = _rehearse_env()
+    env.reset(options={"task_id": "scripted_0"})
+    ids_before, opener = env.trajectory.token_ids, env.renderer.open_ids("assistant")
+    env.insert_message("user", "Remember: add exactly 2.")
+    ids = env.trajectory.token_ids
+    assert ids[: len(ids_before) - len(opener)] == ids_before[: len(ids_before) - len(opener)]
+    assert ids[-len(opener):] == opener and env.trajectory.messages[-1].content == "Remember: add exactly 2."
+    assert env.step(ADD.format(v=2))[4]["num_tokens"] > len(ids)
+    with pytest.raises(ValueError, match="user or system"):
+        env.insert_message("assistant", "no")
