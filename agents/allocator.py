@@ -9,7 +9,7 @@ threshold sits at 32 MiB and every later activation up to that size lands in a h
 fragment: freed blocks between live ones cannot be returned, and the process's resident memory (what
 the OS sees, what kills a job) stays far above what tensors actually hold.
 
-Measured with ``benchmarks/logprob_memory.py`` (SmolLM2-135M, 8 rows × 512 tokens, chunked logprobs +
+Measured with ``benchmarks/perf/logprob_memory.py`` (SmolLM2-135M, 8 rows × 512 tokens, chunked logprobs +
 gradient checkpointing, one forward and backward, 2 threads): peak RSS 4.17 GB with glibc's dynamic
 threshold, 1.94 GB with a fixed 128 KiB threshold (full logits: 10.02 and 8.86 GB). The price is time:
 the step took 35-41 s instead of 30 s (every large block is a fresh mapping whose pages fault in;

@@ -28,7 +28,7 @@ Implementation details:
 5. The decoder's own activations are not chunked: for long batches they dominate once the logits are
    gone; `enable_gradient_checkpointing` trades them for recomputation.
 
-`naive_token_logprobs` is the full-logits reference, kept for tests and ``benchmarks/logprob_memory.py``.
+`naive_token_logprobs` is the full-logits reference, kept for tests and ``benchmarks/perf/logprob_memory.py``.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def naive_token_logprobs(
     """Reference for `token_logprobs`: full ``(N, T, V)`` logits and a full-vocabulary log-softmax.
 
     Same contract, positions and padding rule as `token_logprobs` (with the same position ids), but peak
-    memory grows with ``N × T × V``. For tests and ``benchmarks/logprob_memory.py`` only.
+    memory grows with ``N × T × V``. For tests and ``benchmarks/perf/logprob_memory.py`` only.
 
     Args:
         model, input_ids, attention_mask, temperature, return_entropy: as in `token_logprobs`.

@@ -13,7 +13,7 @@ computation in the process inherits. `run_limited` runs one call under a `CallLi
     ``seconds`` and then kills the child (``SIGKILL``), which stops even a single long C-level operation, from
     whichever thread the call came. The child sends back the result and the new state (``__dict__``) of the
     objects in `run_limited`'s ``state``; a call that goes over a limit changes no state. About 3 ms a call,
-    independent of the caller's memory (``benchmarks/call_isolation.py`` measures it); forking the caller
+    independent of the caller's memory (``benchmarks/perf/call_isolation.py`` measures it); forking the caller
     itself would cost about 90 ms at 2 GB resident.
 ``isolation="none"``
     The call runs in this process. The time limit is enforced with ``SIGALRM`` only when the call runs on

@@ -18,8 +18,8 @@ Usage::
 
     python3 -m venv /tmp/trlvenv && /tmp/trlvenv/bin/pip install torch==2.13.0 trl==1.16.0 transformers==5.24.0
     SMOL=$(.venv/bin/python -c "import agents.models as m; print(m.ensure_smollm2_converted())")
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_step_vs_trl.py --model tiny --smol-path $SMOL --rounds 2
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_step_vs_trl.py --model smol --smol-path $SMOL --rounds 1
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/grpo_step_vs_trl.py --model tiny --smol-path $SMOL --rounds 2
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/grpo_step_vs_trl.py --model smol --smol-path $SMOL --rounds 1
     # one side only (what the orchestrator runs): --impl ours  |  --impl trl --trl-python /tmp/trlvenv/bin/python
 """
 
@@ -34,7 +34,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 if __package__ in (None, ""):
     sys.path.insert(0, REPO)
 BENCH_DIRS = ("/work/shared/bench", os.path.join(REPO, "..", "shared", "bench"))

@@ -25,7 +25,7 @@ the RSS. A variant name with the suffix ``/glibc`` (e.g. ``chunked-gc/glibc``) k
 threshold instead, to show what the allocator setting alone is worth.
 
 Example:
-    .venv/bin/python -m benchmarks.logprob_memory --model smollm2-135m --rows 8 --tokens 512 --chunk-size 512
+    .venv/bin/python -m benchmarks.perf.logprob_memory --model smollm2-135m --rows 8 --tokens 512 --chunk-size 512
 """
 
 from __future__ import annotations
@@ -108,12 +108,12 @@ def _child(args: argparse.Namespace) -> dict:
 
 def _run_variant(args: argparse.Namespace, variant: str) -> dict:
     cmd = [
-        sys.executable, "-m", "benchmarks.logprob_memory", "--child", "--variant", variant,
+        sys.executable, "-m", "benchmarks.perf.logprob_memory", "--child", "--variant", variant,
         "--model", args.model, "--rows", str(args.rows), "--tokens", str(args.tokens),
         "--chunk-size", str(args.chunk_size), "--threads", str(args.threads), "--seed", str(args.seed),
         "--malloc-mmap-threshold-kb", str(args.malloc_mmap_threshold_kb),
     ]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1")
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     if proc.returncode != 0:

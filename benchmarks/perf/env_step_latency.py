@@ -4,7 +4,7 @@ Replays the ground-truth calls of BFCL multi-turn tasks through the env, one cal
 would; a turn with more calls than the 20-step limit packs several per step), plus the closing no-call step of each turn (which runs the verifier on the last turn), and times
 every `env.step`. Prints median, p90, p99 and max, separately for tool-call steps and turn-ending steps.
 
-    .venv/bin/python benchmarks/env_step_latency.py [--categories multi_turn_base multi_turn_long_context] [--tasks 50]
+    .venv/bin/python benchmarks/perf/env_step_latency.py [--categories multi_turn_base multi_turn_long_context] [--tasks 50]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Rollout wall time on BFCL multi-turn: our cached inline rollout vs HF ``model.generate`` re-encoding per call.
 
 Both sides run the same `agents.rollout.collect_rollouts` loop on the same tasks with the same scripted
-first call per user turn (`benchmarks.rollout_tokens.ScriptedFirstCall`), inline prompt mode, ``--new`` new
+first call per user turn (`benchmarks.perf.rollout_tokens.ScriptedFirstCall`), inline prompt mode, ``--new`` new
 tokens per segment, ``--turns`` user turns per trajectory, B=``--tasks`` x K=``--k``; only the generation
 backend differs:
 
@@ -16,9 +16,9 @@ to the totals. Runs alternate ``--rounds`` times in this one process; the ratio 
 
 Usage::
 
-    BFCL_PROJECT_ROOT=/tmp/envace_bfcl_root HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/rollout_speed.py \
+    BFCL_PROJECT_ROOT=/tmp/envace_bfcl_root HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/rollout_speed.py \
         --model smollm2-135m --tasks 2 --k 4 --turns 3 --new 64
-    ... benchmarks/rollout_speed.py --model tiny-random          # quick check
+    ... benchmarks/perf/rollout_speed.py --model tiny-random          # quick check
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ import sys
 import time
 
 if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 
 from agents.engines import HFGenerateEngine  # noqa: E402
 from agents.policy import Policy, load_policy  # noqa: E402
 from agents.rollout import collect_rollouts  # noqa: E402
-from benchmarks.rollout_tokens import ScriptedFirstCall, make_venv, pick_tasks, scripts_for  # noqa: E402
+from benchmarks.perf.rollout_tokens import ScriptedFirstCall, make_venv, pick_tasks, scripts_for  # noqa: E402
 
 
 def run(kind: str, model_name: str, tasks, k: int, turns: int, new: int, seed: int) -> dict:

@@ -20,8 +20,8 @@ is the model's own answer (a random model writes no tool call, which ends the tu
 
 Usage (tiny random model, about a minute on 2 cores)::
 
-    BFCL_PROJECT_ROOT=/tmp/envace_bfcl_root HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/rollout_tokens.py
-    ... benchmarks/rollout_tokens.py --tasks 2 --k 4 --new 64 --model tiny-random
+    BFCL_PROJECT_ROOT=/tmp/envace_bfcl_root HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/rollout_tokens.py
+    ... benchmarks/perf/rollout_tokens.py --tasks 2 --k 4 --new 64 --model tiny-random
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402

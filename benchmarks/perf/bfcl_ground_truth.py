@@ -8,7 +8,7 @@ Single-turn: the first alternative of every argument in BFCL's possible answer b
 (names shown dotted->underscored, as to a model), checked by BFCL's ast_checker. Irrelevance categories are
 answered with no call. A few BFCL data quirks fail (see tests/benchmarks/test_bfcl.py).
 
-Usage: ``python benchmarks/bfcl_ground_truth.py [--failures]``
+Usage: ``python benchmarks/perf/bfcl_ground_truth.py [--failures]``
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import time
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from benchmarks.bfcl import MULTI_TURN_CATEGORIES, SINGLE_TURN_CATEGORIES, BFCLSuite  # noqa: E402
 from benchmarks.bfcl.verify import ground_truth_tool_calls, single_turn_ground_truth_calls  # noqa: E402

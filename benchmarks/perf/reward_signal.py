@@ -12,7 +12,7 @@ where the reward is lost:
 
 Usage (after ``make demo``, on its SFT checkpoint)::
 
-    .venv/bin/python benchmarks/reward_signal.py --model runs/demo/sft/checkpoints/step_000008/model \\
+    .venv/bin/python benchmarks/perf/reward_signal.py --model runs/demo/sft/checkpoints/step_000008/model \\
         --tasks 4 --group-size 4 --seed 0
 
 Prints one table; ``--out FILE.json`` also writes the numbers.
