@@ -323,27 +323,37 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
+def _optional(kind: type) -> Any:
+    """An argparse type for an optional number: the word ``none`` gives None."""
+
+    def parse(text: str) -> Any:
+        return None if text.strip().lower() in ("none", "null") else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add ``--config FILE`` and one ``--field-name`` option per settable field of `cls` (help from the field)."""
     hints = typing.get_type_hints(cls)
     parser.add_argument("--config", default=None, help=f"YAML file of {cls.__name__} fields (command-line options override it)")
     for f in _settable_fields(cls):
         hint = hints[f.name]
+        if type(None) in typing.get_args(hint):  # Optional[X]: the option takes X ("none" gives None via coercion)
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
         origin = typing.get_origin(hint)
         args = typing.get_args(hint)
         # argparse %-formats help strings: a literal "%" (as in "30% slower") must be doubled
         help_text = f"{f.metadata['help']} (default: {_default(f)})".replace("%", "%%")
         kw: dict[str, Any] = {"default": None, "dest": f.name, "help": help_text}
-        if hint is bool:
-            kw.update(type=_bool, metavar="BOOL")
+        if hint is bool:  # ``--flag`` alone is true; ``--flag false`` also works
+            kw.update(type=_bool, metavar="BOOL", nargs="?", const=True)
         elif origin is list:
             kw["nargs"] = "*"
         elif origin is Literal:
             kw["choices"] = list(args)
         elif hint in (int, float, str):
-            kw["type"] = hint
-        elif type(None) in args:  # Optional[X]
-            kw["type"] = [a for a in args if a is not type(None)][0]
+            kw["type"] = hint if f.default is not None or hint is str else _optional(hint)
         parser.add_argument("--" + f.name.replace("_", "-"), **kw)
     for name in getattr(cls, "REMOVED_FIELDS", {}):  # accepted only to fail with the message that says what replaced it
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=argparse.SUPPRESS)

@@ -40,9 +40,12 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
+from agents.config import add_dataclass_arguments, config_field, dataclass_from_args
 from agents.run_folder import append_jsonl, drop_cut_last_line, read_jsonl
+
+_f = config_field
 
 __all__ = [
     "EvalConfig",
@@ -77,58 +80,38 @@ FIDELITY_FIELDS = ["group", "n_calls", "exact_match", "json_structure_match", "t
 
 @dataclass
 class EvalConfig:
-    """Settings of one evaluation run (the ``envace eval`` options).
+    """Settings of one evaluation run; see each field's help (``envace eval --help``)."""
 
-    Attributes:
-        model: model name (``"smollm2-135m"``, ``"tiny-random"``) or a local Hugging Face folder.
-        suite: registered suite name.
-        categories: suite categories; None is the suite's default.
-        split: ``"train"``, ``"test"`` or ``"all"``.
-        limit: play only the first `limit` tasks of each category (None: all).
-        max_new_tokens: cap per generated message (ACT and rehearsed tool responses).
-        temperature: ACT sampling temperature; 0 is greedy.
-        max_steps_per_turn: ACT messages per user turn, the closing one included; 21 is BFCL's harness (20
-            calling messages, then a force-quit).
-        seed: episode i uses ``seed + i``.
-        rehearsal_n: test-time rehearsal attempts per user turn (0: none).
-        rehearsal_mode: ``"parallel"`` or ``"sequential"``.
-        rehearser_model: model that plays REHEARSE during test-time rehearsal (None: the policy itself).
-        memory_tokens: bound on the rehearsal memory, tokens.
-        attempt_max_steps: ACT steps per rehearsal attempt.
-        critique_tokens: cap per rehearsal critique, tokens.
-        fidelity: play rehearsed episodes and shadow each rehearsed call on a real backend.
-        out: output folder.
-        min_solvable_fraction: refuse to start when fewer of the selected tasks than this can be completed
-            within ``max_steps_per_turn`` and ``max_new_tokens`` (`agents.budgets`, before any model loads).
-        overwrite: remove the results of an earlier evaluation in ``out`` first (otherwise an evaluation
-            with the same settings resumes after its last finished task, and one with other settings refuses).
-        engine: the generation engine of the policy (`agents.engines`; default ``"hf"``).
-    """
-
-    model: str = "smollm2-135m"
-    suite: str = "bfcl"
-    categories: list[str] | None = None
-    split: str = "test"
-    limit: int | None = None
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    max_steps_per_turn: int = 21
-    seed: int = 0
-    rehearsal_n: int = 0
-    rehearsal_mode: str = "parallel"
-    rehearser_model: str | None = None
-    memory_tokens: int = 256
-    attempt_max_steps: int = 3
-    critique_tokens: int = 64
-    fidelity: bool = False
-    out: str = "eval_out"
-    min_solvable_fraction: float = 0.9
-    overwrite: bool = False
-    engine: str = "hf"
+    model: str = _f("smollm2-135m", "model to evaluate: 'smollm2-135m', 'tiny-random' or a local Hugging Face folder")
+    suite: str = _f("bfcl", "registered suite name (envace_gym.suites)")
+    categories: list[str] | None = _f(None, "suite categories (none given: the suite's default)")
+    split: Literal["train", "test", "all"] = _f("test", "task split")
+    limit: int | None = _f(None, "play only the first N tasks of each category (none: all)")
+    max_new_tokens: int = _f(256, "cap per generated message (ACT and rehearsed tool responses)")
+    temperature: float = _f(0.0, "ACT sampling temperature; 0 is greedy")
+    max_steps_per_turn: int = _f(21, "ACT messages per user turn, the closing one included (21: BFCL's harness, 20 calling messages then a force-quit)")
+    seed: int = _f(0, "episode i uses seed + i")
+    rehearsal_n: int = _f(0, "test-time rehearsal attempts per user turn (0: off)")
+    rehearsal_mode: Literal["parallel", "sequential"] = _f("parallel", "test-time rehearsal: attempts from the same context in one batch, or each seeing the earlier ones")
+    rehearser_model: str | None = _f(None, "another model plays REHEARSE in test-time rehearsal and --fidelity (none: the policy itself)")
+    memory_tokens: int = _f(256, "bound on the rehearsal memory, tokens")
+    attempt_max_steps: int = _f(3, "ACT steps per rehearsal attempt")
+    critique_tokens: int = _f(64, "cap per rehearsal critique, tokens")
+    fidelity: bool = _f(False, "play rehearsed episodes; score each rehearsed call against a shadow real backend")
+    out: str | None = _f(None, "output folder (none: eval_out/<model>-<suite>-<split>-<mode>)")
+    min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the selected tasks than this can be completed within max_steps_per_turn and max_new_tokens (computed from the ground truth before any model loads; agents.budgets)")
+    overwrite: bool = _f(False, "replace earlier results in out (otherwise the same evaluation resumes after its last finished task, and another refuses)")
+    engine: str = _f("hf", "generation engine registered in agents.engines ('hf', 'hf-nocache', 'hf-generate')")
 
     def __post_init__(self) -> None:
         import math
 
+        from agents.config import coerce_fields
+
+        coerce_fields(self)
+        if self.out is None:
+            mode = "fidelity" if self.fidelity else f"n{self.rehearsal_n}-{self.rehearsal_mode}"
+            self.out = os.path.join("eval_out", f"{Path(self.model).name}-{self.suite}-{self.split}-{mode}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"invalid EvalConfig: temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}")
         for name in ("max_new_tokens", "max_steps_per_turn", "memory_tokens", "attempt_max_steps", "critique_tokens"):
@@ -144,8 +127,6 @@ class EvalConfig:
             raise ValueError(f"limit must be None or >= 1, got {self.limit!r}")
         if self.rehearsal_n < 0:
             raise ValueError(f"rehearsal_n must be >= 0, got {self.rehearsal_n!r}")
-        if self.rehearsal_mode not in ("parallel", "sequential"):
-            raise ValueError(f"rehearsal_mode must be 'parallel' or 'sequential', got {self.rehearsal_mode!r}")
         if self.fidelity and self.rehearsal_n:
             raise ValueError("--fidelity plays rehearsed episodes; it cannot be combined with --rehearsal-n > 0")
 
@@ -498,20 +479,14 @@ def _model_from_args(args: argparse.Namespace) -> str:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """``envace eval``: run `evaluate` and print the summary (and fidelity) tables."""
-    model = _model_from_args(args)
-    mode = "fidelity" if args.fidelity else f"n{args.rehearsal_n}-{args.rehearsal_mode}"
-    out = args.out or os.path.join("eval_out", f"{Path(model).name}-{args.suite}-{args.split}-{mode}")
-    config = EvalConfig(
-        model=model, suite=args.suite, categories=args.categories, split=args.split, limit=args.limit,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, max_steps_per_turn=args.max_steps_per_turn,
-        seed=args.seed, rehearsal_n=args.rehearsal_n, rehearsal_mode=args.rehearsal_mode,
-        rehearser_model=args.rehearser_model, memory_tokens=args.memory_tokens,
-        attempt_max_steps=args.attempt_max_steps, critique_tokens=args.critique_tokens, fidelity=args.fidelity, out=out,
-        min_solvable_fraction=args.min_solvable_fraction, overwrite=args.overwrite, engine=args.engine,
-    )
+    if args.checkpoint and args.model:
+        raise SystemExit("give --model or --checkpoint, not both")
+    if args.checkpoint:
+        args.model = _model_from_args(args)
+    config = dataclass_from_args(EvalConfig, args)
     t0 = time.perf_counter()
     result = evaluate(config)
-    print(f"[eval] {len(result.episodes)} tasks in {time.perf_counter() - t0:.0f} s; results in {out}")
+    print(f"[eval] {len(result.episodes)} tasks in {time.perf_counter() - t0:.0f} s; results in {config.out}")
     print(format_table(result.summary, SUMMARY_FIELDS))
     if config.fidelity:
         tables = fidelity_tables(result.fidelity_calls)
@@ -538,32 +513,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def add_eval_parsers(sub: Any) -> None:
     """Add the ``eval`` and ``report`` sub-commands to an argparse sub-parser collection."""
     ev = sub.add_parser("eval", help="evaluate a policy on real backends (BFCL accuracy), optionally with test-time rehearsal")
-    src = ev.add_mutually_exclusive_group()
-    src.add_argument("--model", default="smollm2-135m", help="model name, local HF folder, or tiny-random")
-    src.add_argument("--checkpoint", default=None, help="RUN_DIR/checkpoints/step_N: evaluate its model/ folder")
-    ev.add_argument("--suite", default="bfcl", help="registered suite name")
-    ev.add_argument("--categories", nargs="+", default=None, help="suite categories (default: the suite's)")
-    ev.add_argument("--split", default="test", choices=["train", "test", "all"])
-    ev.add_argument("--limit", type=int, default=None, help="first N tasks of each category")
-    ev.add_argument("--max-new-tokens", type=int, default=256, help="cap per generated message")
-    ev.add_argument("--temperature", type=float, default=0.0, help="ACT sampling temperature; 0 is greedy")
-    ev.add_argument("--max-steps-per-turn", type=int, default=21,
-                    help="ACT messages per user turn, the closing one included (21: BFCL's 20 calling messages)")
-    ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--rehearsal-n", type=int, default=0, help="test-time rehearsal attempts per user turn (0: off)")
-    ev.add_argument("--rehearsal-mode", default="parallel", choices=["parallel", "sequential"])
-    ev.add_argument("--rehearser-model", default=None, help="another model plays REHEARSE in test-time rehearsal / --fidelity")
-    ev.add_argument("--memory-tokens", type=int, default=256, help="bound on the rehearsal memory, tokens")
-    ev.add_argument("--attempt-max-steps", type=int, default=3, help="ACT steps per rehearsal attempt")
-    ev.add_argument("--critique-tokens", type=int, default=64, help="cap per rehearsal critique, tokens")
-    ev.add_argument("--fidelity", action="store_true", help="play rehearsed episodes; score each rehearsed call against a real backend")
-    ev.add_argument("--out", default=None, help="output folder (default eval_out/<model>-<suite>-<split>-<mode>)")
-    ev.add_argument("--overwrite", action="store_true",
-                    help="replace earlier results in --out (otherwise the same evaluation resumes; another refuses)")
-    ev.add_argument("--min-solvable-fraction", type=float, default=0.9,
-                    help="refuse to start when fewer of the selected tasks than this can be completed within "
-                         "--max-steps-per-turn and --max-new-tokens (computed from the ground truth; agents.budgets)")
-    ev.add_argument("--engine", default="hf", help="generation engine registered in agents.engines ('hf', 'hf-nocache')")
+    add_dataclass_arguments(ev, EvalConfig)
+    ev.add_argument("--checkpoint", default=None, help="RUN_DIR/checkpoints/step_N: evaluate its model/ folder (instead of --model)")
     ev.set_defaults(func=cmd_eval)
     rep = sub.add_parser("report", help="write plots (training curves, accuracy vs rehearsal N, fidelity) to RUN_DIR/plots/")
     rep.add_argument("run_dir", help="a training run folder or a folder of eval outputs")

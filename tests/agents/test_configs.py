@@ -1,0 +1,66 @@
+"""One way to build configs and CLIs: every command's options come from its config's fields (help text
+included), YAML files round-trip, and a bad value names its field."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from contextlib import redirect_stdout
+
+import pytest
+import yaml
+
+from agents.cli import main
+from agents.config import TrainConfig, load_dataclass
+from agents.evaluate import EvalConfig
+from agents.pipeline import PipelineConfig
+from agents.sft import SFTConfig
+
+COMMANDS = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig, "pipeline": PipelineConfig}
+
+
+def _help(command: str) -> str:
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit):
+        main([command, "--help"])
+    return " ".join(out.getvalue().split())
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_field_is_an_option_with_its_help(command):
+    text = _help(command)
+    for f in (f for f in dataclasses.fields(COMMANDS[command]) if f.init):
+        assert f"--{f.name.replace('_', '-')}" in text, f.name
+        assert " ".join(f.metadata["help"].split())[:40] in text, f.name
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_yaml_round_trips(command, tmp_path):
+    cls = COMMANDS[command]
+    extra = {"model": "tiny-random"}
+    if cls is TrainConfig:
+        extra["suite"] = "scripted"
+    config = cls(**extra)
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(cls) if f.init}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    assert load_dataclass(cls, path) == config
+
+
+def test_an_eval_yaml_and_options_combine_and_bools_take_a_bare_flag(tmp_path):
+    import tests.testing_env  # noqa: F401  (registers the scripted suites)
+
+    path = tmp_path / "eval.yaml"
+    path.write_text("model: tiny-random\nsuite: scripted\nsplit: all\nlimit: 1\nmax_new_tokens: 4\n")
+    out = tmp_path / "ev"
+    assert main(["eval", "--config", str(path), "--max-steps-per-turn", "1", "--min-solvable-fraction", "0",
+                 "--out", str(out), "--overwrite"]) == 0
+    saved = yaml.safe_load((out / "eval_config.json").read_text())
+    assert (saved["model"], saved["suite"], saved["limit"], saved["max_steps_per_turn"]) == ("tiny-random", "scripted", 1, 1)
+
+
+def test_bad_values_name_their_field():
+    with pytest.raises(ValueError, match="invalid EvalConfig: limit must be an integer"):
+        EvalConfig(limit="many")
+    with pytest.raises(ValueError, match="rehearsal_mode must be one of"):
+        EvalConfig(rehearsal_mode="both")
