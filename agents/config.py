@@ -261,7 +261,7 @@ class TrainConfig:
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
         "run_dir", "num_steps", "save_every", "keep_checkpoints", "resume", "allow_config_change", "threads",
         "malloc_mmap_threshold_kb", "tensorboard", "min_solvable_fraction", "max_nonfinite_steps",
-        "logprob_chunk_size", "gradient_checkpointing", "engine",
+        "logprob_chunk_size", "gradient_checkpointing",
     )
     """Fields that may change between a run and its resume (bookkeeping, memory, speed): every other one
     changes what is trained, so a resume with another value refuses unless ``allow_config_change``."""

@@ -19,13 +19,13 @@ Registered here:
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from agents.generation import Generation, generate
 from agents.kv_cache import PrefixKVCache, shared_prefix_cache
+from envace_gym.registry import resolve_entry_point
 
 __all__ = ["GenerationEngine", "HFEngine", "HFGenerateEngine", "register_engine", "make_engine", "registered_engines"]
 
@@ -195,8 +195,4 @@ def make_engine(name: str, model: torch.nn.Module, pad_id: int, **kwargs: Any) -
     """
     if name not in _ENGINES:
         raise ValueError(f"unknown generation engine {name!r}; registered: {registered_engines()}")
-    factory = _ENGINES[name]
-    if isinstance(factory, str):
-        module, _, attr = factory.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
-    return factory(model, pad_id, **kwargs)
+    return resolve_entry_point(_ENGINES[name])(model, pad_id, **kwargs)

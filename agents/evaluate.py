@@ -127,6 +127,10 @@ class EvalConfig:
             raise ValueError(f"limit must be None or >= 1, got {self.limit!r}")
         if self.rehearsal_n < 0:
             raise ValueError(f"rehearsal_n must be >= 0, got {self.rehearsal_n!r}")
+        from agents.engines import registered_engines
+
+        if self.engine not in registered_engines():
+            raise ValueError(f"invalid EvalConfig: engine must be one of {registered_engines()}, got {self.engine!r}")
         if self.fidelity and self.rehearsal_n:
             raise ValueError("--fidelity plays rehearsed episodes; it cannot be combined with --rehearsal-n > 0")
 
@@ -292,13 +296,13 @@ OUTPUT_FILES = ("eval_config.json", "episodes.jsonl", "summary.csv", "summary.js
                 "fidelity_per_tool.csv", "fidelity_per_category.csv")
 """The files `evaluate` writes (and the only ones it removes from an output folder)."""
 
-_RESUME_IGNORES = ("out", "min_solvable_fraction", "overwrite", "engine")  # the engine changes speed, not results
+_RESUME_IGNORES = ("out", "min_solvable_fraction", "overwrite")
 
 
 def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Make the output folder ready: resume the same evaluation, or start clean; returns what is finished.
 
-    Same config (all fields but ``out``, ``min_solvable_fraction``, ``overwrite``, ``engine``): the finished episodes and
+    Same config (all fields but ``out``, ``min_solvable_fraction``, ``overwrite``): the finished episodes and
     fidelity records are read back (a cut last line is skipped) and their tasks are not played again.
     ``overwrite``: every `OUTPUT_FILES` entry is removed first. Otherwise, earlier results in the folder
     refuse the run, so a new summary never sits beside another run's files.

@@ -30,6 +30,7 @@ from envace_gym.types import Role, Trajectory
 
 __all__ = [
     "RolloutBatch",
+    "RolloutStats",
     "ActPolicy",
     "collect_rollouts",
     "build_batch",
@@ -84,6 +85,46 @@ def is_empty_action(action: str) -> bool:
 # ---------------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class RolloutStats:
+    """What `collect_rollouts` reports beside the trajectories (lists are per trajectory, in its B·K order).
+
+    Attributes:
+        group_ids: the group (task index) of each trajectory.
+        task_ids: the task id of each trajectory.
+        verifier_rewards: R_verifier of each trajectory, before the invalid-action penalty.
+        rewards: R of each trajectory, penalised (what the advantages use; equal to ``Trajectory.reward``).
+        empty_actions: empty ACT responses per trajectory.
+        num_steps: vector-env steps taken.
+        num_act_calls: batched ACT generate calls.
+        num_capped: trajectories cut by ``max_steps`` (truncated, R_verifier 0).
+        truncated: trajectories that ended truncated.
+        cut_generations: generated messages per trajectory that reached their ``max_new_tokens``.
+        budget_hit: per trajectory, whether it was truncated or had a cut generation.
+        mean_tokens: mean token-sequence length.
+        rollout: ``"rehearse"`` or ``"real"``.
+    """
+
+    group_ids: list[int]
+    task_ids: list[str]
+    verifier_rewards: list[float]
+    rewards: list[float]
+    empty_actions: list[int]
+    num_steps: int
+    num_act_calls: int
+    num_capped: int
+    truncated: int
+    cut_generations: list[int]
+    budget_hit: list[bool]
+    mean_tokens: float
+    rollout: str
+
+    @property
+    def reward_mean(self) -> float:
+        """The mean penalised reward."""
+        return float(np.mean(self.rewards))
+
+
 def collect_rollouts(
     policy: ActPolicy,
     vector_env: Any,
@@ -97,7 +138,7 @@ def collect_rollouts(
     max_steps_per_turn: int | None = None,
     max_steps: int | None = None,
     invalid_action_penalty: float = 0.1,
-) -> tuple[list[Trajectory], dict[str, Any]]:
+) -> tuple[list[Trajectory], RolloutStats]:
     """Play K episodes of each of B tasks through a `RehearseVectorEnv` with ``num_envs == B·K``.
 
     Env ``i = b * K + k`` plays ``task_ids[b]`` (the vector env is reset with
@@ -117,7 +158,7 @@ def collect_rollouts(
     (`is_empty_action`: only the stop token, or whitespace) makes the trajectory's reward
     ``R = R_verifier - invalid_action_penalty``, once per trajectory however many empty responses it has
     (so R stays in [-penalty, 1]). ``Trajectory.reward`` holds the penalised R (what the advantages use);
-    ``stats["verifier_rewards"]`` the unpenalised ones. A truncated episode has ``R_verifier = 0``.
+    ``stats.verifier_rewards`` the unpenalised ones. A truncated episode has ``R_verifier = 0``.
 
     Rehearsal rows (``separate`` prompt mode). The env keeps each rehearsal's simulator prompt and
     completion in ``env.rehearsal_rows`` (the ACT row holds the rehearsed text as OBSERVATION tokens only).
@@ -151,18 +192,14 @@ def collect_rollouts(
         max_steps_per_turn: when given, sets each env's ``max_steps_per_turn`` (ACT messages per user turn
             before truncation); None keeps the env's.
         max_steps: cap on vector steps (a safety net, off by default); envs still running then are marked
-            truncated with verifier reward 0 (``stats["num_capped"]``). None: no cap: the env's per-turn step
+            truncated with verifier reward 0 (``stats.num_capped``). None: no cap: the env's per-turn step
             limit ends every episode, as BFCL's harness does, and is the budget to set.
         invalid_action_penalty: >= 0, subtracted once from R of a trajectory with an empty ACT response.
 
     Returns:
-        ``(trajectories, stats)``: the B·K trajectories (group-major, `group_ids_for`), and a dict with
-        ``group_ids`` (list[int], (B·K,)), ``task_ids`` (list[str], (B·K,)), ``verifier_rewards`` and
-        ``rewards`` (list[float], (B·K,)), ``empty_actions`` (list[int], (B·K,)), ``num_steps`` (vector
-        steps), ``num_act_calls`` (batched ``act`` calls), ``num_capped``, ``reward_mean``, ``truncated``
-        (count), ``cut_generations`` (list[int], (B·K,): ACT messages and rehearsals of each episode that hit
-        their ``max_new_tokens``, the env's ``cut_generations``), ``budget_hit`` (list[bool], (B·K,): truncated
-        or any cut generation), ``mean_tokens`` (per trajectory), ``rollout``.
+        ``(trajectories, stats)``: the B·K trajectories (group-major, `group_ids_for`) and their
+        `RolloutStats` (per-trajectory lists of shape (B·K,), counts, ``cut_generations``: ACT messages and
+        rehearsals of each episode that hit their ``max_new_tokens``, the env's ``cut_generations``).
 
     Raises:
         ValueError: empty ``task_ids``, ``group_size < 1``, ``num_envs != B·K``, negative penalty, an unknown
@@ -266,22 +303,21 @@ def collect_rollouts(
         traj.turn_info = turn_info[i]
         trajectories.append(traj)
     rewards = [t.reward for t in trajectories]
-    stats = {
-        "group_ids": group_ids_for(len(task_ids), group_size),
-        "task_ids": env_task_ids,
-        "verifier_rewards": verifier_rewards,
-        "rewards": rewards,
-        "empty_actions": empty,
-        "num_steps": num_steps,
-        "num_act_calls": num_act_calls,
-        "num_capped": num_capped,
-        "reward_mean": float(np.mean(rewards)),
-        "truncated": sum(t.truncated for t in trajectories),
-        "cut_generations": cut,
-        "budget_hit": [bool(t.truncated or c) for t, c in zip(trajectories, cut)],
-        "mean_tokens": float(np.mean([len(t.token_ids) for t in trajectories])),
-        "rollout": rollout,
-    }
+    stats = RolloutStats(
+        group_ids=group_ids_for(len(task_ids), group_size),
+        task_ids=env_task_ids,
+        verifier_rewards=verifier_rewards,
+        rewards=rewards,
+        empty_actions=empty,
+        num_steps=num_steps,
+        num_act_calls=num_act_calls,
+        num_capped=num_capped,
+        truncated=sum(t.truncated for t in trajectories),
+        cut_generations=cut,
+        budget_hit=[bool(t.truncated or c) for t, c in zip(trajectories, cut)],
+        mean_tokens=float(np.mean([len(t.token_ids) for t in trajectories])),
+        rollout=rollout,
+    )
     return trajectories, stats
 
 

@@ -73,7 +73,7 @@ from agents.engines import GenerationEngine, make_engine
 from agents.grpo import grpo_loss
 from agents.logprobs import enable_gradient_checkpointing, token_logprobs
 from agents.policy import TINY_MODEL, Policy, PolicyRehearser
-from agents.rollout import RolloutBatch, build_batch, collect_rollouts
+from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_rollouts
 from envace_gym.envs.rehearse_vector import RehearseVectorEnv
 from envace_gym.rendering import ChatRenderer
 from envace_gym.types import Role, Trajectory
@@ -311,7 +311,7 @@ class RoleWiseGRPOTrainer:
         )
         batch = build_batch(
             trajectories,
-            rstats["group_ids"],
+            rstats.group_ids,
             weighting=cfg.weighting,
             algo=cfg.algo,
             scale_by_std=cfg.scale_by_std,
@@ -483,19 +483,19 @@ class RoleWiseGRPOTrainer:
         prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
         return path
 
-    def _metrics(self, trajectories: list[Trajectory], rstats: dict[str, Any], batch: RolloutBatch,
+    def _metrics(self, trajectories: list[Trajectory], rstats: RolloutStats, batch: RolloutBatch,
                  train_stats: dict[str, float], rollout_s: float, update_s: float) -> dict[str, Any]:
-        rewards = np.asarray(rstats["rewards"], dtype=np.float64)
+        rewards = np.asarray(rstats.rewards, dtype=np.float64)
         m: dict[str, Any] = {
             "step": self.step,
             "rollout/reward_mean": float(rewards.mean()),
             "rollout/reward_std": float(rewards.std()),
-            "rollout/verifier_reward_mean": float(np.mean(rstats["verifier_rewards"])),
-            "rollout/empty_action_rate": float(np.mean([e > 0 for e in rstats["empty_actions"]])),
+            "rollout/verifier_reward_mean": float(np.mean(rstats.verifier_rewards)),
+            "rollout/empty_action_rate": float(np.mean([e > 0 for e in rstats.empty_actions])),
             "rollout/truncated_fraction": float(np.mean([t.truncated for t in trajectories])),
-            "rollout/reward_capped_fraction": float(np.mean(rstats["budget_hit"])),
+            "rollout/reward_capped_fraction": float(np.mean(rstats.budget_hit)),
             "rollout/parse_error_rate": _parse_error_rate(trajectories),
-            "rollout/groups_with_reward_variance": _groups_with_variance(rewards, rstats["group_ids"]),
+            "rollout/groups_with_reward_variance": _groups_with_variance(rewards, rstats.group_ids),
         }
         generated = 0
         for role in (Role.ACT, Role.REHEARSE):

@@ -12,7 +12,8 @@ computation in the process inherits. `run_limited` runs one call under a `CallLi
     (``resource.RLIMIT_AS``, set to its size at the fork plus the limit); the server waits at most
     ``seconds`` and then kills the child (``SIGKILL``), which stops even a single long C-level operation, from
     whichever thread the call came. The child sends back the result and the new state (``__dict__``) of the
-    objects in `run_limited`'s ``state``; a call that goes over a limit changes no state. About 3 ms a call,
+    objects in `run_limited`'s ``state``; a call that goes over a limit changes no state. Calls from several
+    threads take turns on the one server (a call that runs to its limit delays the others). About 3 ms a call,
     independent of the caller's memory (``benchmarks/perf/call_isolation.py`` measures it); forking the caller
     itself would cost about 90 ms at 2 GB resident.
 ``isolation="none"``
@@ -51,7 +52,7 @@ try:
 except ImportError:  # not on Windows
     resource = None  # type: ignore[assignment]
 
-__all__ = ["CallLimits", "CallLimitExceeded", "run_limited", "DEFAULT_LIMITS", "ISOLATION_MODES"]
+__all__ = ["CallLimits", "CallLimitExceeded", "CallIsolationError", "run_limited", "DEFAULT_LIMITS", "ISOLATION_MODES"]
 
 T = TypeVar("T")
 
@@ -111,6 +112,12 @@ class CallLimitExceeded(RuntimeError):
     """A backend call went over one of its `CallLimits` (the message says which, fit to show the model)."""
 
 
+class CallIsolationError(RuntimeError):
+    """Process isolation itself failed (the call server cannot start, or the call cannot be sent to it):
+    a setup problem, not the model's doing, so backends let it propagate instead of showing it to the model.
+    ``CallLimits(isolation="none")`` runs calls in-process instead."""
+
+
 def run_limited(fn: Callable[[], T], limits: CallLimits = DEFAULT_LIMITS, state: Sequence[Any] = ()) -> T:
     """``fn()`` under `limits`, with ``decimal``/``mpmath`` precision restored afterwards.
 
@@ -126,6 +133,7 @@ def run_limited(fn: Callable[[], T], limits: CallLimits = DEFAULT_LIMITS, state:
     Raises:
         CallLimitExceeded: the call ran longer than ``limits.seconds``, or (process isolation) needed more
             than ``limits.memory_mb`` or its process died; `state` is then unchanged.
+        CallIsolationError: process isolation itself failed (module docstring); not the call's fault.
         Exception: whatever `fn` raised.
     """
     context = decimal.getcontext().copy()
@@ -165,10 +173,26 @@ def _address_space_bytes() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
+_SERVER_FD: int | None = None  # the call server's own socket: closed in every call process
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent (the call server) dies (Linux prctl)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass  # without it, RLIMIT_CPU still ends a runaway call
+
+
 def _child(fn: Callable[[], Any], seconds: float, memory_mb: int, state: Sequence[Any], write_fd: int) -> None:
     """Body of the forked call process: runs `fn` under the memory limit, writes the pickled outcome, exits."""
     code = 0
     try:
+        _die_with_parent()
+        if _SERVER_FD is not None:
+            os.close(_SERVER_FD)  # so a dead server's client sees EOF at once, whatever this call is doing
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         soft = _address_space_bytes() + memory_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
@@ -246,7 +270,9 @@ def _serve(fd: int) -> None:
     each request itself, so the modules a call needs are imported once, here, and every child inherits them.
     It exits when the client's end of the socket closes.
     """
+    global _SERVER_FD
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; it kills this server if it must
+    _SERVER_FD = fd
     conn = Connection(fd)
     while True:
         try:
@@ -256,7 +282,8 @@ def _serve(fd: int) -> None:
         try:
             fn, state = pickle.loads(body)
         except Exception as e:  # noqa: BLE001 - a class this interpreter cannot import
-            reply: tuple = ("over", f"the call could not be sent to its process ({type(e).__name__}: {e})")
+            reply: tuple = ("broken", f"the call server cannot load the call ({type(e).__name__}: {e}); a backend "
+                                      "class defined in __main__ or a notebook is not importable there")
         else:
             reply = _fork_call(fn, seconds, memory_mb, state)
         del body
@@ -268,6 +295,11 @@ class _CallServer:
     """The client's handle on its call server: started on first use, restarted after it dies or is killed."""
 
     def __init__(self) -> None:
+        self._after_fork()
+        if hasattr(os, "register_at_fork"):  # a forked client starts its own server, with a fresh lock
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
         self._lock = threading.Lock()
         self._pid = -1
         self._proc: subprocess.Popen | None = None
@@ -278,11 +310,17 @@ class _CallServer:
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join([root, *sys.path])
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "envace_gym.limits", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
-        theirs.close()
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")  # keep the server single-threaded, so forking it is safe
+        env.setdefault("OMP_NUM_THREADS", "1")
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "envace_gym.limits", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            )
+        except OSError as e:
+            raise CallIsolationError(f"cannot start the call server ({e}); use CallLimits(isolation='none')") from e
+        finally:
+            theirs.close()
         self._conn = Connection(ours.detach())
         self._pid = os.getpid()
         return self._conn
@@ -290,13 +328,21 @@ class _CallServer:
     def _stop(self) -> None:
         if self._conn is not None:
             self._conn.close()
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
+        if self._proc is not None and self._pid == os.getpid():
+            try:  # the server leads its own process group, with any call process it forked
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
             self._proc.wait()
         self._proc = self._conn = None
 
     def call(self, fn: Callable[[], Any], limits: CallLimits, state: Sequence[Any]) -> tuple:
-        body = pickle.dumps((fn, list(state)), protocol=pickle.HIGHEST_PROTOCOL)
+        """One call through the server (calls from several threads take turns: one server, one lock)."""
+        try:
+            body = pickle.dumps((fn, list(state)), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - a lambda or a local function cannot cross processes
+            raise CallIsolationError(f"the call does not pickle ({type(e).__name__}: {e}); give a module-level "
+                                     "function, or use CallLimits(isolation='none')") from e
         request = pickle.dumps((limits.seconds, limits.memory_mb, body), protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked copy of this process: its own server
@@ -324,8 +370,13 @@ def _run_in_child(fn: Callable[[], T], limits: CallLimits, state: Sequence[Any])
     kind, value = _SERVER.call(fn, limits, state)
     if kind == "over":
         raise CallLimitExceeded(value)
+    if kind == "broken":
+        raise CallIsolationError(value)
     # The bytes come from our own call process running the backend's code, never from the model's text.
-    (result_kind, result), new_state = pickle.loads(value)
+    try:
+        (result_kind, result), new_state = pickle.loads(value)
+    except Exception as e:  # noqa: BLE001 - e.g. an exception class whose constructor cannot be replayed
+        raise CallIsolationError(f"the call's outcome cannot be read back ({type(e).__name__}: {e})") from e
     for obj, attrs in zip(state, new_state):
         obj.__dict__.clear()
         obj.__dict__.update(attrs)

@@ -17,10 +17,10 @@ Two prompt modes:
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 
+from envace_gym.registry import resolve_entry_point
 from envace_gym.types import Message, ToolCall, ToolSpec
 
 __all__ = [
@@ -108,8 +108,4 @@ def make_rehearser(name: str = "policy", **kwargs: Any) -> Rehearser:
     """
     if name not in _REHEARSERS:
         raise ValueError(f"unknown rehearser {name!r}; registered: {sorted(_REHEARSERS)}")
-    entry = _REHEARSERS[name]
-    if isinstance(entry, str):
-        module, _, attr = entry.partition(":")
-        entry = getattr(importlib.import_module(module), attr)
-    return entry(**kwargs)
+    return resolve_entry_point(_REHEARSERS[name])(**kwargs)

@@ -139,6 +139,8 @@ class Rehearsal:
     """
 
     def __init__(self, rehearser: Rehearser) -> None:
+        if not callable(getattr(rehearser, "rehearse", None)):
+            raise TypeError(f"Rehearsal needs a Rehearser (with rehearse and tokenizer), got {rehearser!r}")
         self.rehearser = rehearser
 
     def start(self, task: Task) -> None:

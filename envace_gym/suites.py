@@ -28,11 +28,11 @@ Optionally:
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+from envace_gym.registry import resolve_entry_point
 from envace_gym.types import Message, Task, ToolCall, Trajectory
 
 __all__ = [
@@ -93,7 +93,7 @@ class UserTurns(Protocol):
 
     def reply(self, trajectory: Trajectory) -> list[Message] | None:
         """After the agent closed a user turn (an ACT message without a tool call): the next turn's
-        messages, or None when the user ends the conversation (the episode terminates)."""
+        messages, or None (or an empty list) when the user ends the conversation (the episode terminates)."""
         ...
 
 
@@ -180,8 +180,5 @@ def make_suite(name: str, **kwargs: Any) -> Suite:
         )
     key = (name, tuple(sorted(kwargs.items())))
     if key not in _CACHE:
-        if isinstance(entry, str):
-            module, _, attr = entry.partition(":")
-            entry = getattr(importlib.import_module(module), attr)
-        _CACHE[key] = entry(**kwargs)
+        _CACHE[key] = resolve_entry_point(entry)(**kwargs)
     return _CACHE[key]

@@ -313,17 +313,19 @@ class Trajectory:
         return [int(s.role) for s in self.segments for _ in s.token_ids]
 
     def _turns(self) -> list[list[Message]]:
-        """The assistant messages of each user turn: a turn starts with the first message and with every
-        user or system message that follows an assistant message."""
+        """The assistant messages of each user turn. A turn starts with the first message and with every
+        user or system message right after a closing assistant message (one without tool calls: the envs
+        open the next turn only then; a message inserted before a pending ACT step follows a user or tool
+        message instead, so it stays in its turn)."""
         turns: list[list[Message]] = [[]]
-        after_assistant = False
+        previous: Message | None = None
         for m in self.messages:
             if m.role == "assistant":
                 turns[-1].append(m)
-                after_assistant = True
-            elif m.role in ("user", "system") and after_assistant:
+            elif (m.role in ("user", "system") and previous is not None and previous.role == "assistant"
+                  and not previous.tool_calls):
                 turns.append([])
-                after_assistant = False
+            previous = m
         return turns
 
     def calls_per_turn(self) -> list[list[list[ToolCall]]]:
@@ -333,8 +335,8 @@ class Trajectory:
         return [[list(m.tool_calls or []) for m in turn] for turn in self._turns()]
 
     def final_responses(self) -> list[str]:
-        """The text of the last ACT message of each user turn that has one (the closing message of a closed
-        turn), in turn order."""
+        """The text of the last ACT message of each user turn that has one, in turn order (for a closed
+        turn, its closing message; for an unfinished last turn, its latest ACT message)."""
         return [turn[-1].content for turn in self._turns() if turn]
 
     def tokens_per_role(self) -> dict[str, int]:

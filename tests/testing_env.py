@@ -126,8 +126,8 @@ class AddUntilUser:
     def __init__(self, rounds: int) -> None:
         self.rounds = rounds
 
-    def opening(self) -> list[Message]:
-        return [Message("user", "Add 1 to the total.")]
+    def opening(self) -> list[Message]:  # not the task's fixed first turn: the env must record this one
+        return [Message("user", "Please add 1 to the total.")]
 
     def reply(self, trajectory) -> list[Message] | None:
         closed = len(trajectory.final_responses())

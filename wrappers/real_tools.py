@@ -21,8 +21,8 @@ class RealTools(gym.Wrapper, RecordConstructorArgs):
     built by `backend_factory` (by default the suite's, e.g. an isolated BFCL instance set per episode);
     the observation tokens are then OBSERVATION segments (no loss). Parsing, turns, termination, reward
     and the token bookkeeping stay those of the wrapped env, so the same action sequence yields the
-    rehearsed observation without the wrapper and the real one with it. Wrapping a `ToolUseEnv` replaces
-    its backend factory. The swap (``env.unwrapped.set_responder(RealBackend(backend_factory))``,
+    rehearsed observation without the wrapper and the real one with it. Wrapping a `ToolUseEnv` gives it a
+    fresh `RealBackend` of `backend_factory`. The swap (``env.unwrapped.set_responder(RealBackend(backend_factory))``,
     `envace_gym.responders`) takes effect at the next `reset`.
 
     Example:

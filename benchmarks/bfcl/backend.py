@@ -34,7 +34,7 @@ import random
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
-from envace_gym.limits import DEFAULT_LIMITS, CallLimitExceeded, CallLimits, run_limited
+from envace_gym.limits import DEFAULT_LIMITS, CallIsolationError, CallLimitExceeded, CallLimits, run_limited
 from envace_gym.types import ToolCall
 
 from benchmarks.bfcl._env import bfcl_data_dir  # sets BFCL_PROJECT_ROOT first
@@ -269,12 +269,15 @@ class BFCLBackend:
         return dict(bound.arguments)
 
     def execute(self, call: ToolCall) -> str:
-        """Run one call; never raises.
+        """Run one call; never raises for any call.
 
         Returns:
             The result as BFCL records it (`bfcl_result_to_str`), or an error string starting with
             ``"Error during execution: "`` (BFCL's prefix) for an unknown or private name, non-dict
-            arguments, a bad argument or any exception inside the method.
+            arguments, a bad argument, any exception inside the method, or a call over its limits.
+
+        Raises:
+            envace_gym.limits.CallIsolationError: process isolation itself failed (a setup problem).
         """
         try:
             name = call.name
@@ -293,7 +296,9 @@ class BFCLBackend:
             method, kwargs = self._methods[name][1], copy.deepcopy(args)
             return run_limited(functools.partial(_call_to_str, method, kwargs), self.limits,
                                state=list(self.instances.values()))
-        except Exception as e:  # any failure is an observation, never a crash (DESIGN.md §3)
+        except CallIsolationError:  # the isolation machinery failed, not the call: a setup error to fix
+            raise
+        except Exception as e:  # any failure of the call is an observation, never a crash (DESIGN.md §3)
             return f"Error during execution: {e}"
 
     def snapshot(self) -> bytes:

@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     seconds = time.perf_counter() - t0
 
-    solved = [float(r) == 1.0 for r in stats["verifier_rewards"]]
-    groups = np.asarray(stats["group_ids"])
-    rewards = np.asarray(stats["verifier_rewards"])
+    solved = [float(r) == 1.0 for r in stats.verifier_rewards]
+    groups = np.asarray(stats.group_ids)
+    rewards = np.asarray(stats.verifier_rewards)
     with_variance = int(sum(float(np.ptp(rewards[groups == g])) > 0 for g in np.unique(groups)))
     turns_checked = turns_valid = first_checked = first_valid = 0
     calls = known = acts = parse_errors = 0
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "turns_valid_ci95": list(wilson(turns_valid, turns_checked)),
         "first_turns_checked": first_checked, "first_turns_valid": first_valid,
         "act_messages": acts, "tool_calls": calls, "calls_to_offered_tools": known, "parse_errors": parse_errors,
-        "truncated": int(stats["truncated"]), "seconds": seconds,
+        "truncated": int(stats.truncated), "seconds": seconds,
     }
     print(f"[reward_signal] {args.model} ({args.rollout} rollouts, seed {args.seed}): {n} trajectories = "
           f"{len(chosen)} tasks x K={args.group_size} in {seconds:.0f} s")

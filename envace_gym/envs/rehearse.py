@@ -62,7 +62,7 @@ class RehearseEnv(ToolUseEnv):
       `wrappers.RealTools` sets; ``RecordedResponses(...)``) is recorded as OBSERVATION tokens.
     * ``tokenizer``: the tokenizer of the token sequence (default: the rehearser's). With a text
       ``responder`` and a ``tokenizer`` no rehearser is built and ``rehearser`` stays None (real-execution
-      demonstrations, replays); a `Rehearsal` can then not be set.
+      demonstrations, replays); a `Rehearsal` set later brings its own rehearser (same vocabulary).
 
     * ``rehearser`` (Rehearser | None): a ready rehearser; None builds ``make_rehearser("policy", ...)`` from
       the arguments below (the model is loaded once per process and shared by every env).
@@ -120,6 +120,7 @@ class RehearseEnv(ToolUseEnv):
             )
         self.rehearser: Rehearser | None = rehearser
         self.renderer = ChatRenderer(tokenizer if tokenizer is not None else rehearser.tokenizer)
+        self.prompt_mode: PromptMode = prompt_mode  # before the base class checks the responder against it
         super().__init__(
             suite=suite,
             categories=categories,
@@ -131,7 +132,6 @@ class RehearseEnv(ToolUseEnv):
             render_mode=render_mode,
             responder=responder if responder is not None else Rehearsal(rehearser),
         )
-        self.prompt_mode: PromptMode = prompt_mode
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self._initial_seed = seed
@@ -147,7 +147,7 @@ class RehearseEnv(ToolUseEnv):
         self._tokens_ready = False
         obs, info = super().reset(seed=seed, options=options)
         assert self.task is not None and self.trajectory is not None
-        first_turn = [Message(role=m.role, content=m.content) for m in self.task.turns[0]]
+        first_turn = [Message(role=m.role, content=m.content) for m in self.trajectory.messages]  # the user's opening
         prompt = self.renderer.prompt_ids(first_turn, self.task.tools_at_turn(0))
         opener = self.renderer.open_ids("assistant")
         if prompt[len(prompt) - len(opener):] != opener:
@@ -184,7 +184,13 @@ class RehearseEnv(ToolUseEnv):
     def respond(self, call: ToolCall) -> str:
         """Answer one call of the running step and record its tokens: a rehearsal (one model call; a vector
         env batches them with `rehearse_request` / `accept_rehearsal` instead) or the text responder's answer
-        as OBSERVATION tokens."""
+        as OBSERVATION tokens.
+
+        Raises:
+            RuntimeError: no episode is running.
+        """
+        if self.episode_over:
+            raise RuntimeError("respond() needs a running episode (call reset())")
         if not isinstance(self.responder, Rehearsal):
             text = self.responder.respond(call)
             self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(text), None, text, generated=False)

@@ -52,7 +52,10 @@ class RehearseVectorEnv(VectorEnv):
                 "policy", model=kwargs.pop("model", "smollm2-135m"), prompt_mode=kwargs.get("prompt_mode", "inline")
             )
         self.rehearser = kwargs["rehearser"]
-        self.envs: list[RehearseEnv] = [RehearseEnv(**kwargs) for _ in range(num_envs)]
+        responder = kwargs.pop("responder", None)  # each env gets its own copy: state is never shared
+        self.envs: list[RehearseEnv] = [
+            RehearseEnv(**kwargs, responder=None if responder is None else responder.fork()) for _ in range(num_envs)
+        ]
         self.num_envs = num_envs
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
@@ -110,11 +113,14 @@ class RehearseVectorEnv(VectorEnv):
         while pending:
             rehearse_ids = [i for i in pending if self.envs[i].needs_rehearsal()]
             answers: dict[int, str] = {}
-            if rehearse_ids:
-                requests = [self.envs[i].rehearse_request(pending[i]) for i in rehearse_ids]
-                responses = self.rehearser.rehearse(requests)
+            by_rehearser: dict[int, list[int]] = {}  # one batched call per rehearser (normally just one)
+            for i in rehearse_ids:
+                by_rehearser.setdefault(id(self.envs[i].responder.rehearser), []).append(i)
+            for ids in by_rehearser.values():
+                requests = [self.envs[i].rehearse_request(pending[i]) for i in ids]
+                responses = self.envs[ids[0]].responder.rehearser.rehearse(requests)
                 self.num_rehearsal_calls += 1
-                for i, response in zip(rehearse_ids, responses):
+                for i, response in zip(ids, responses):
                     answers[i] = self.envs[i].accept_rehearsal(pending[i], response)
             for i in pending:
                 if i not in answers:  # a real backend (RealTools) answers directly

@@ -246,7 +246,7 @@ class ToolUseEnv(gym.Env[str, str]):
                 new.append(message)
         else:  # no tool call (or a single-step task): the user turn ends
             reply = None if single_step else self.user.reply(self.trajectory)
-            if reply:
+            if reply:  # None (or no message) ends the conversation
                 self._turn += 1
                 self._step_in_turn = 0
                 new = self._open_turn(self._turn, reply)
@@ -290,15 +290,24 @@ class ToolUseEnv(gym.Env[str, str]):
 
         Raises:
             TypeError: `responder` is not a responder, or is a `Rehearsal` and this env keeps no tokens.
+            ValueError: a `Rehearsal` whose rehearser has another prompt mode than this env.
         """
+        self._next_responder = self._checked(responder)
+
+    def _checked(self, responder: Responder) -> Responder:
+        """`responder`, checked for this env (a `RealBackend` without a factory gets ``backend_factory``)."""
         if isinstance(responder, Rehearsal):
             if not self.keeps_tokens:
                 raise TypeError(f"{type(self).__name__} keeps no token sequence; Rehearsal needs EnvACE-Rehearse-v0")
+            mode = getattr(self, "prompt_mode", responder.rehearser.prompt_mode)
+            if responder.rehearser.prompt_mode != mode:
+                raise ValueError(f"the rehearser's prompt_mode is {responder.rehearser.prompt_mode!r} but the env's "
+                                 f"is {mode!r}")
         elif not all(callable(getattr(responder, m, None)) for m in ("start", "respond", "fork")):
             raise TypeError(f"a responder needs start, respond and fork (envace_gym.responders), got {responder!r}")
         if isinstance(responder, RealBackend) and responder.factory is None:
             responder.factory = self.backend_factory
-        self._next_responder = responder
+        return responder
 
     @property
     def upcoming_responder(self) -> Responder:
@@ -314,21 +323,33 @@ class ToolUseEnv(gym.Env[str, str]):
         return self.trajectory is None or self._done
 
     def respond(self, call: ToolCall) -> str:
-        """Answer one call of the running step with the responder and return the tool message content."""
+        """Answer one call of the running step with the responder and return the tool message content.
+
+        Raises:
+            RuntimeError: no episode is running.
+        """
+        if self.episode_over:
+            raise RuntimeError("respond() needs a running episode (call reset())")
         return self.responder.respond(call)
 
     def fork(self, responder: Responder | None = None, seed: int | None = None) -> ToolUseEnv:
         """An independent copy at the current point of the episode that continues identically.
 
         The copy has its own trajectory, user, counters and random generator (a copy of this env's, or one
-        seeded with `seed`); its responder is `responder` or ``self.responder.fork()`` (a real backend's
-        state copied, a rehearser shared). Steps on the copy never touch this env or its backend.
+        seeded with `seed`); its responder is ``self.responder.fork()`` (a real backend's state copied, a
+        rehearser shared), or `responder` (checked as by `set_responder`; a `RealBackend` that has no backend
+        yet starts one in the task's initial state). Steps on the copy never touch this env or its backend.
 
         Raises:
             RuntimeError: no episode is running.
+            TypeError, ValueError: as `set_responder`, for a given `responder`.
         """
         if self.task is None or self.trajectory is None:
             raise RuntimeError("fork() needs a running episode (call reset())")
+        if responder is not None:
+            responder = self._checked(responder)
+            if isinstance(responder, RealBackend) and responder.backend is None:
+                responder.start(self.task)
         twin = copy.copy(self)
         keep = {id(self.task): self.task}  # the task is shared, read-only data
         twin.trajectory = copy.deepcopy(self.trajectory, keep)

@@ -133,7 +133,7 @@ def test_rows_masks_and_advantages(policy, rollouts, mode):
         assert batch.row_kinds[B * K:] == ["rehearsal"] * n_reh
         assert not any(s.role == Role.REHEARSE for t in trajs for s in t.segments)
     # group ids: group-major layout, rehearsal rows inherit their trajectory's group
-    assert stats["group_ids"] == [0, 0, 1, 1] and stats["task_ids"] == ["scripted_0"] * 2 + ["scripted_1"] * 2
+    assert stats.group_ids == [0, 0, 1, 1] and stats.task_ids == ["scripted_0"] * 2 + ["scripted_1"] * 2
     assert batch.group_ids.tolist() == [i // K for i in batch.traj_ids.tolist()]
     assert batch.task_ids == [trajs[i].task.id for i in batch.traj_ids.tolist()]
     # token in, token out: the rows are the recorded ids
@@ -172,7 +172,7 @@ def test_real_rollout_then_rehearsal_again_reproduces_the_seeded_rollout(policy,
     # One vector step is enough: the forced first actions are tool calls (capped envs end truncated).
     first_step = dict(max_new_tokens=NEW, temperature=1.0, seed=3, max_steps=1)
     trajs, stats = collect_rollouts(FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, rollout="real", **first_step)
-    assert stats["rollout"] == "real"
+    assert stats.rollout == "real"
     for t in trajs:
         assert Role.REHEARSE not in {s.role for s in t.segments}
         assert all(not e["rehearsals"] for e in t.turn_info)
@@ -187,10 +187,10 @@ def test_real_rollout_then_rehearsal_again_reproduces_the_seeded_rollout(policy,
     for now, full in zip(trajs, before):
         assert now.token_ids == full.token_ids[: len(now.token_ids)]
     assert sum(s.role == Role.REHEARSE for s in trajs[1].segments) == 2
-    assert stats["num_act_calls"] == stats["num_steps"] == 1
+    assert stats.num_act_calls == stats.num_steps == 1
     # every trajectory ended and kept its task (a NEXT_STEP autoreset of a finished env did not touch it)
     assert all(t.terminated or t.truncated for t in before)
-    assert [t.task.id for t in before] == stats["task_ids"]
+    assert [t.task.id for t in before] == stats.task_ids
 
 
 def test_empty_action_penalty_and_step_cap(policy, venvs):
@@ -199,17 +199,17 @@ def test_empty_action_penalty_and_step_cap(policy, venvs):
         invalid_action_penalty=0.1, max_steps=1,
     )
     # env 0 (single-turn scripted_0) ends on its empty answer: verifier 0, penalised to -0.1
-    assert stats["empty_actions"][0] == 1 and trajs[0].terminated
-    assert stats["verifier_rewards"][0] == 0.0 and trajs[0].reward == pytest.approx(-0.1)
-    assert stats["rewards"][0] == trajs[0].reward
+    assert stats.empty_actions[0] == 1 and trajs[0].terminated
+    assert stats.verifier_rewards[0] == 0.0 and trajs[0].reward == pytest.approx(-0.1)
+    assert stats.rewards[0] == trajs[0].reward
     for i in range(1, B * K):
-        if stats["empty_actions"][i] == 0:
-            assert trajs[i].reward == stats["verifier_rewards"][i]
+        if stats.empty_actions[i] == 0:
+            assert trajs[i].reward == stats.verifier_rewards[i]
     act = [s for s in trajs[0].segments if s.role == Role.ACT]
     assert act[0].token_ids == [policy.stop_ids[0]] and act[0].logprobs == [-0.5]
     # the cap: one vector step, envs still running are truncated with reward 0
-    assert stats["num_steps"] == 1 and all(t.terminated or t.truncated for t in trajs)
-    assert stats["num_capped"] == sum(not t.terminated for t in trajs)
+    assert stats.num_steps == 1 and all(t.terminated or t.truncated for t in trajs)
+    assert stats.num_capped == sum(not t.terminated for t in trajs)
 
 
 @pytest.mark.parametrize("mode", ["inline", "separate"])
@@ -218,13 +218,13 @@ def test_budget_hits_are_counted_per_trajectory(policy, rollouts, mode):
     (recomputed here from the recorded segments and rehearsal rows)."""
     trajs, stats = rollouts[mode]
     stops = set(policy.stop_ids)
-    for t, cut, hit in zip(trajs, stats["cut_generations"], stats["budget_hit"]):
+    for t, cut, hit in zip(trajs, stats.cut_generations, stats.budget_hit):
         generated = [s.token_ids for s in t.segments if s.role in (Role.ACT, Role.REHEARSE) and s.logprobs is not None]
         generated += [r["token_ids"] for e in t.turn_info for r in e["rehearsals"]]
         expected_cut = sum(ids[-1] not in stops for ids in generated)
         assert cut == expected_cut
         assert hit == (t.truncated or expected_cut > 0)
-    assert any(stats["cut_generations"])  # NEW = 6 tokens cut most of the random model's messages
+    assert any(stats.cut_generations)  # NEW = 6 tokens cut most of the random model's messages
 
 
 def test_a_turn_that_uses_up_its_steps_is_truncated_with_zero_reward(policy, venvs):
@@ -238,8 +238,8 @@ def test_a_turn_that_uses_up_its_steps_is_truncated_with_zero_reward(policy, ven
             env.max_steps_per_turn = 20  # the module-scoped envs' default
     for i, first in enumerate(FIRST):
         if first is not None:
-            assert trajs[i].truncated and not trajs[i].terminated and stats["verifier_rewards"][i] == 0.0
-            assert stats["budget_hit"][i]
+            assert trajs[i].truncated and not trajs[i].terminated and stats.verifier_rewards[i] == 0.0
+            assert stats.budget_hit[i]
 
 
 def test_argument_errors(policy, venvs, rollouts):

@@ -10,7 +10,7 @@ import pytest
 import envace_gym  # noqa: F401
 import tests.testing_env  # noqa: F401  (registers the scripted suites)
 from envace_gym.responders import RealBackend, RecordedResponses, Rehearsal
-from envace_gym.types import Role
+from envace_gym.types import Role, ToolCall
 from wrappers import RealTools
 
 ADD = '<tool_call>{{"name": "add", "arguments": {{"value": {v}}}}}</tool_call>'
@@ -41,8 +41,12 @@ def test_a_recording_replays_a_real_episode_exactly(token_level):
     assert [m.to_dict() for m in replay.trajectory.messages] == [m.to_dict() for m in real.trajectory.messages]
     if token_level:
         assert replay.trajectory.token_ids == real.trajectory.token_ids
-    extra = replay.respond(ADD.format(v=1))  # past the end of the recording: an error text, not an exception
-    assert extra.startswith("Error: no recorded response for call 3")
+    with pytest.raises(RuntimeError, match="running episode"):  # the episode is over
+        replay.respond(ToolCall("add", {"value": 1}))
+    recording = RecordedResponses(real.trajectory)
+    recording.start(real.task)
+    answers = [recording.respond(ToolCall("add", {"value": 1})) for _ in range(3)]
+    assert answers[2] == "Error: no recorded response for call 3 (2 recorded)"  # past the end: text, not an exception
 
 
 def test_fork_continues_identically_and_never_touches_the_original():
@@ -97,3 +101,25 @@ def test_insert_message_extends_the_sequence_before_the_pending_act_step():
     assert env.step(ADD.format(v=2))[4]["num_tokens"] > len(ids)
     with pytest.raises(ValueError, match="user or system"):
         env.insert_message("assistant", "no")
+
+
+def test_a_message_inserted_mid_turn_stays_in_its_turn():
+    env = RealTools(_rehearse_env()).unwrapped
+    env.reset(options={"task_id": "scripted_1"})
+    env.step(ADD.format(v=3))
+    env.insert_message("user", "A note before the next ACT step.")
+    env.step("done")
+    assert [len(turn) for turn in env.calls_per_turn()] == [2, 0]  # still turn 0, then turn 1 opened
+    env.step(ADD.format(v=4))
+    _, reward, terminated, _, _ = env.step("done")
+    assert terminated and reward == 1.0
+
+
+def test_a_vector_env_gives_each_env_its_own_responder():
+    venv = gym.make_vec("EnvACE-Rehearse-v0", num_envs=3, vectorization_mode="vector_entry_point", suite="scripted",
+                        categories=None, model="tiny-random", responder=RealBackend())
+    envs = venv.unwrapped.envs
+    venv.reset(seed=0, options={"task_ids": ["scripted_0"] * 3})
+    assert len({id(e.responder) for e in envs}) == 3 and len({id(e.backend) for e in envs}) == 3
+    venv.step([ADD.format(v=2), ADD.format(v=5), "done"])
+    assert [e.backend.total for e in envs] == [2, 5, 0]

@@ -54,6 +54,10 @@ def test_a_simulated_user_sets_the_turns_and_the_final_backend_state_is_verified
     add = [("add", {"value": 1})]
     assert shape == [[add, []], [add, [], []], [add, []]]
     assert base.trajectory.final_responses() == ["done", "done", "done"]
+    assert base.trajectory.messages[0].content == "Please add 1 to the total."  # the user's opening, not task.turns
+    if base.keeps_tokens:
+        prompt = base.trajectory.segments[0]
+        assert "Please add 1 to the total." in base.renderer.tokenizer.decode(prompt.token_ids)
 
 
 def test_a_user_who_ends_early_terminates_with_the_state_reached():
