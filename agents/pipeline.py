@@ -4,7 +4,8 @@ Stages, each in its own folder under ``run_dir`` (a re-run resumes: finished sta
 SFT and GRPO trainers resume from their newest checkpoints):
 
 1. ``eval_base/``: the untrained policy against real BFCL backends on ``eval_tasks`` test-split tasks;
-2. ``sft/``: warm start on demonstrations built from real executions of BFCL ground truth, both roles (ACT:
+2. ``sft/``: warm start on demonstrations built from real executions of the suite's reference solutions
+   (BFCL: its ground truth), both roles (ACT:
    the calls; REHEARSE: the real tool results), `agents.sft.SFTTrainer`;
 3. ``eval_sft/``: the warm-started policy, same tasks;
 4. ``grpo/``: role-wise GRPO over ``EnvACE-Rehearse-v0`` from the SFT checkpoint (the policy both acts and
@@ -13,8 +14,7 @@ SFT and GRPO trainers resume from their newest checkpoints):
 6. ``plots/stages.png`` (accuracy and the fraction of ACT steps that parse as tool calls, per stage) and
    ``grpo/plots/`` (training curves, `agents.plots.report`); ``summary.json`` and a printed table.
 
-The defaults take about 20 minutes on 2 CPU cores with SmolLM2-135M-Instruct (21.4 measured with a niced
-benchmark on one core): few SFT steps on the shortest demonstrations (prompts alone are 3k-6.5k tokens, the
+The defaults take about 20 minutes on 2 CPU cores with SmolLM2-135M-Instruct (18.3 measured on idle cores): few SFT steps on the shortest demonstrations (prompts alone are 3k-6.5k tokens, the
 length cap keeps whole demos), B=1 x K=2 GRPO, 4 evaluation tasks, and ACT budgets (128 tokens, 5 messages per
 user turn) that leave every selected task completable (`agents.budgets`, checked before any model loads). A GPU-scale run would instead use all four multi-turn
 categories for SFT with no length cap, hundreds of GRPO steps at 16 instructions x K=4 with 20 steps per
@@ -47,7 +47,8 @@ class PipelineConfig:
     model: str = _f("smollm2-135m", "the policy to start from: 'smollm2-135m', a local HF folder, or 'tiny-random'")
     seed: int = _f(0, "seed of every stage")
     threads: int = _f(2, "torch CPU threads (0: torch's default)")
-    categories: list[str] = _f(["multi_turn_base"], "BFCL multi-turn categories for SFT, GRPO and eval")
+    suite: str = _f("bfcl", "registered suite (envace_gym.suites) of every stage: demonstrations from its reference solutions, GRPO on its tasks, evaluation on its real backends")
+    categories: list[str] = _f(["multi_turn_base"], "suite categories for SFT, GRPO and eval (BFCL: multi-turn categories)")
     # SFT
     sft_steps: int = _f(8, "SFT optimizer steps")
     sft_max_demos: int = _f(16, "SFT demonstrations (the shortest ones that fit sft_max_seq_len)")
@@ -89,6 +90,10 @@ class PipelineConfig:
             raise ValueError("invalid PipelineConfig: grpo_group_size K must be >= 2 (K = 1 makes every advantage 0)")
         if not 0 <= self.min_solvable_fraction <= 1:
             raise ValueError(f"invalid PipelineConfig: min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
+        from envace_gym.suites import registered_suites
+
+        if self.suite not in registered_suites():
+            raise ValueError(f"invalid PipelineConfig: suite must be one of {registered_suites()}, got {self.suite!r}")
 
 
 def _stage_done(folder: Path) -> bool:
@@ -113,7 +118,7 @@ def _shortest_demo_ids(config: PipelineConfig, tokenizer: Any) -> list[str]:
     from agents.demonstrations import build_demonstrations
 
     demos, _ = build_demonstrations(
-        tokenizer, "bfcl", config.categories, "train", max_tokens=config.sft_max_seq_len, overflow="drop", progress=False
+        tokenizer, config.suite, config.categories, "train", max_tokens=config.sft_max_seq_len, overflow="drop", progress=False
     )
     demos.sort(key=lambda d: len(d.token_ids))
     return [d.task.id for d in demos[: config.sft_max_demos]]
@@ -123,7 +128,7 @@ def _eval_config(config: PipelineConfig, model: str, out: Path | str) -> Any:
     from agents.evaluate import EvalConfig
 
     return EvalConfig(
-        model=model, categories=list(config.categories), split="test", limit=config.eval_tasks,
+        model=model, suite=config.suite, categories=list(config.categories), split="test", limit=config.eval_tasks,
         max_new_tokens=config.max_new_tokens, temperature=0.0, max_steps_per_turn=config.eval_max_steps_per_turn,
         seed=config.seed, out=str(out), min_solvable_fraction=config.min_solvable_fraction,
     )
@@ -133,7 +138,7 @@ def _grpo_config(config: PipelineConfig, init: str, out: Path | str) -> Any:
     from agents.config import TrainConfig
 
     return TrainConfig(
-        run_dir=str(out), seed=config.seed, init=init, categories=list(config.categories), split="train",
+        run_dir=str(out), seed=config.seed, init=init, suite=config.suite, categories=list(config.categories), split="train",
         num_steps=config.grpo_steps, batch_tasks=config.grpo_batch_tasks, group_size=config.grpo_group_size,
         max_new_tokens=config.max_new_tokens, rehearse_max_new_tokens=config.rehearse_max_new_tokens,
         max_steps_per_turn=config.grpo_max_steps_per_turn, lr=config.grpo_lr, save_every=config.grpo_steps,
@@ -157,13 +162,13 @@ def check_budgets(config: PipelineConfig, log=print) -> dict[str, Any]:
 
     tokenizer = _load_tokenizer_of(config.model)
     grpo = check_task_budgets(
-        make_suite("bfcl").tasks(config.categories, "train"), "bfcl", tokenizer,
+        make_suite(config.suite).tasks(config.categories, "train"), config.suite, tokenizer,
         max_steps_per_turn=config.grpo_max_steps_per_turn, max_new_tokens=config.max_new_tokens, max_episode_tokens=None,
         min_fraction=config.min_solvable_fraction, command="envace pipeline (grpo stage, train split)",
         names={"max_steps_per_turn": "--grpo-max-steps-per-turn"}, log=log,
     )
     ev = check_task_budgets(
-        _select_tasks(_eval_config(config, config.model, "unused")), "bfcl", tokenizer,
+        _select_tasks(_eval_config(config, config.model, "unused")), config.suite, tokenizer,
         max_steps_per_turn=config.eval_max_steps_per_turn, max_new_tokens=config.max_new_tokens, max_episode_tokens=None,
         min_fraction=config.min_solvable_fraction, command="envace pipeline (eval stages, test split)",
         names={"max_steps_per_turn": "--eval-max-steps-per-turn"}, log=log,
@@ -201,7 +206,7 @@ def plot_stages(rows: dict[str, dict[str, Any]], path: str | Path) -> Path:
         ax.bar_label(bars, fmt="%.2f", fontsize=8)
     ax.set_xticks(list(xs), stages)
     ax.set_ylim(0, 1)
-    ax.set_title("BFCL test tasks per stage")
+    ax.set_title("test tasks per stage")
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
@@ -254,7 +259,7 @@ def run_pipeline(config: PipelineConfig, log=print) -> dict[str, Any]:
                                  else load_tokenizer(config.model))
         log(f"[pipeline] sft on {len(ids)} demonstrations of real executions")
         trainer = SFTTrainer(SFTConfig(
-            run_dir=str(out), model=config.model, seed=config.seed, categories=list(config.categories),
+            run_dir=str(out), model=config.model, seed=config.seed, data=[config.suite], categories=list(config.categories),
             split="train", task_ids=ids, max_seq_len=config.sft_max_seq_len, overflow="drop",
             max_steps=config.sft_steps, batch_tokens=config.sft_max_seq_len, max_batch_rows=1,
             lr=config.sft_lr, lr_schedule="constant", save_every=config.sft_steps,

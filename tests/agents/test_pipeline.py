@@ -34,3 +34,17 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path, c
 def test_bad_pipeline_config_fails_fast():
     with pytest.raises(ValueError, match="grpo_group_size"):
         PipelineConfig(grpo_group_size=1)
+
+
+def test_the_pipeline_runs_on_a_suite_defined_in_tests(tmp_path):
+    import tests.testing_env  # noqa: F401  (registers the scripted suites)
+
+    run = tmp_path / "run"
+    assert main(["pipeline", "--run-dir", str(run), "--suite", "scripted-user", "--categories", *ARGS[:-2],
+                 "--min-solvable-fraction", "0", "--max-new-tokens", "24"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["config"]["suite"] == "scripted-user"
+    sft = json.loads((run / "sft" / "stage_done.json").read_text())
+    assert sft["task_ids"] == ["user_0"]  # the demonstration came from the test suite's reference solution
+    episodes = [json.loads(line) for line in open(run / "eval_grpo" / "episodes.jsonl", encoding="utf-8")]
+    assert [e["task_id"] for e in episodes] == ["user_0"]
