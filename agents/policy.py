@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from agents.engines import GenerationEngine, HFEngine
+from agents.engines import GenerationEngine, HFEngine, make_engine
 from agents.generation import Generation
 from agents.kv_cache import PrefixKVCache
 from agents.models import load_tokenizer, tiny_random_model
@@ -51,8 +51,9 @@ class Policy:
             (`shared_prefix_cache(model)`), so every `Policy` over the same model object (the rollout's ACT
             policy and the env's rehearser) continues the same entries; False or None: no caching, every
             context is re-encoded in full (the fallback, and the benchmarks' baseline); or a cache object.
-            Ignored when `engine` is given.
-        engine: the `agents.engines.GenerationEngine` that samples (None: ``HFEngine(model, pad_id, kv_cache)``).
+            Used by the ``"hf"`` engine only.
+        engine: the `agents.engines.GenerationEngine` that samples, or the name of a registered one built over
+            `model` (None or ``"hf"``: ``HFEngine(model, pad_id, kv_cache)``).
 
     Attributes:
         renderer: `envace_gym.rendering.ChatRenderer` of the tokenizer; its end-of-message ids stop generation.
@@ -60,14 +61,18 @@ class Policy:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, kv_cache: PrefixKVCache | bool | None = True,
-                 engine: GenerationEngine | None = None) -> None:
+                 engine: GenerationEngine | str | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
         self.stop_ids = list(self.renderer.stop_token_ids)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.stop_ids[0])
-        self.engine: GenerationEngine = engine if engine is not None else HFEngine(model, self.pad_id, kv_cache)
+        if engine is None or engine == "hf":
+            engine = HFEngine(model, self.pad_id, kv_cache)
+        elif isinstance(engine, str):
+            engine = make_engine(engine, model, self.pad_id)
+        self.engine: GenerationEngine = engine
 
     @property
     def kv_cache(self) -> PrefixKVCache | None:
@@ -198,8 +203,6 @@ def load_policy(model: str = "smollm2-135m", kv_cache: bool = True, engine: str 
         ValueError: an unknown engine; and the errors of `agents.models.load_model` for an unknown name or
             a missing folder.
     """
-    from agents.engines import make_engine
-
     if model == TINY_MODEL:
         if 0 not in _TINY:
             _TINY[0] = tiny_random_model(seed=0)
@@ -208,11 +211,7 @@ def load_policy(model: str = "smollm2-135m", kv_cache: bool = True, engine: str 
         from agents.models import load_model
 
         lm, tokenizer = load_model(model), load_tokenizer(model)
-    if engine == "hf":
-        return Policy(lm, tokenizer, kv_cache=kv_cache)
-    policy = Policy(lm, tokenizer, kv_cache=False)
-    policy.engine = make_engine(engine, lm, policy.pad_id)
-    return policy
+    return Policy(lm, tokenizer, kv_cache=kv_cache, engine=engine)
 
 
 def make_policy_rehearser(model: str = "smollm2-135m", prompt_mode: PromptMode = "inline", policy: Policy | None = None) -> PolicyRehearser:

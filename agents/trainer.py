@@ -69,13 +69,12 @@ from agents.budgets import check_task_budgets
 from agents.checkpoint import load_newest, prune_checkpoints, save_checkpoint
 from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
 from agents.config import TrainConfig, _dump_yaml
-from agents.engines import GenerationEngine, make_engine
+from agents.engines import GenerationEngine
 from agents.grpo import grpo_loss
 from agents.logprobs import enable_gradient_checkpointing, token_logprobs
 from agents.policy import TINY_MODEL, Policy, PolicyRehearser
 from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_rollouts
 from envace_gym.envs.rehearse_vector import RehearseVectorEnv
-from envace_gym.rendering import ChatRenderer
 from envace_gym.types import Role, Trajectory
 
 __all__ = ["RoleWiseGRPOTrainer", "make_lr_scheduler"]
@@ -335,11 +334,7 @@ class RoleWiseGRPOTrainer:
 
     def _policy(self, model: torch.nn.Module, tokenizer: Any, engine: GenerationEngine | None) -> Policy:
         """A `Policy` over `model` sampling with `engine`, or with ``config.engine`` built over `model`."""
-        if engine is None:
-            pad = tokenizer.pad_token_id
-            pad_id = pad if pad is not None else ChatRenderer(tokenizer).stop_token_ids[0]
-            engine = make_engine(self.config.engine, model, pad_id)
-        return Policy(model, tokenizer, engine=engine)
+        return Policy(model, tokenizer, engine=engine if engine is not None else self.config.engine)
 
     def clear_kv_caches(self) -> None:
         """Tell every engine that its model's weights changed (`GenerationEngine.weights_updated`; the HF

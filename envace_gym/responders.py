@@ -114,10 +114,9 @@ class RecordedResponses:
         self.position = 0
 
     def respond(self, call: ToolCall) -> str:
-        if self.position >= len(self.responses):
-            self.position += 1
-            return f"Error: no recorded response for call {self.position} ({len(self.responses)} recorded)"
         self.position += 1
+        if self.position > len(self.responses):
+            return f"Error: no recorded response for call {self.position} ({len(self.responses)} recorded)"
         return self.responses[self.position - 1]
 
     @property

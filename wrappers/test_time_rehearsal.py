@@ -33,7 +33,7 @@ from envace_gym.rehearsal import RehearseRequest, RehearseResponse
 from envace_gym.responders import Rehearsal
 from envace_gym.types import Message, Role
 
-__all__ = ["TestTimeRehearsal", "MEMORY_HEADER", "insert_user_message"]
+__all__ = ["TestTimeRehearsal", "MEMORY_HEADER"]
 
 Mode = Literal["parallel", "sequential"]
 
@@ -59,18 +59,6 @@ SUMMARY_USER = (
 EARLIER_ATTEMPTS = "Earlier private rehearsal attempts of this request and their critiques:\n{attempts}"
 
 _TRANSCRIPT_CHARS = 400  # per message, in transcripts shown to the critic and summariser
-
-
-def insert_user_message(base: Any, text: str, content_ids: Sequence[int]) -> None:
-    """Append a user message before the pending ACT step of a token-level env (`RehearseEnv.insert_message`).
-
-    Raises:
-        RuntimeError: the sequence does not end with the assistant opener (an episode that has ended, or
-            an env that keeps no tokens).
-    """
-    if not callable(getattr(base, "insert_message", None)):
-        raise RuntimeError(f"{type(base).__name__} keeps no token sequence; nothing to insert into")
-    base.insert_message("user", text, content_ids)
 
 
 class _InlineRehearser:
@@ -275,7 +263,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
                 fork = self._fork(base)
                 if attempts:
                     notes = EARLIER_ATTEMPTS.format(attempts=self._digest(attempts, [c for c, _ in critiques]))
-                    insert_user_message(fork, notes, fork.renderer.content_ids(notes))
+                    fork.insert_message("user", notes)
                 (attempt,) = self._run_attempts([fork])
                 attempts.append(attempt)
                 critiques.extend(self._critique(request, [attempt]))
@@ -288,7 +276,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         summary_ids = [t for t in gen.token_ids if t not in self.policy.stop_ids]
         summary = self.policy.decode(summary_ids)
         content_ids = header_ids + summary_ids
-        insert_user_message(base, header + summary, content_ids)
+        base.insert_message("user", header + summary, content_ids)
         record = {
             "turn": base.turn,
             "mode": self.mode,

@@ -142,11 +142,8 @@ class ToolUseEnv(gym.Env[str, str]):
         self.count_tokens = count_tokens or utf8_quarter_tokens
         self.backend_factory = backend_factory or self.suite.make_backend
         self.render_mode = render_mode
-        self.responder: Responder = RealBackend(self.backend_factory)
+        self.responder: Responder = self._checked(responder) if responder is not None else RealBackend(self.backend_factory)
         self._next_responder: Responder | None = None
-        if responder is not None:
-            self.set_responder(responder)
-            self.responder, self._next_responder = self._next_responder, None
 
         self.action_space = printable_text(min_length=0)
         self.observation_space = printable_text(min_length=0)
