@@ -26,8 +26,21 @@ __all__ = ["main", "build_parser"]
 
 
 def _setup_env() -> None:
+    """The command line's reading of the process environment (the library reads none of it).
+
+    ``$ENVACE_CACHE`` (a folder) moves the cache: the default `agents.models.ModelStore` converts and loads
+    models under it, and bfcl-eval writes under ``$ENVACE_CACHE/bfcl`` (bfcl-eval itself reads
+    ``BFCL_PROJECT_ROOT`` when it is imported, so that one variable is how it is told).
+    """
+    from agents.models import ModelStore, default_store, set_default_store
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    root = os.environ.get("ENVACE_CACHE")
+    if root:
+        os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(root, "bfcl"))
+        if default_store().cache_root != ModelStore(root).cache_root:
+            set_default_store(ModelStore(root))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

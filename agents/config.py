@@ -32,6 +32,7 @@ __all__ = [
     "add_dataclass_arguments",
     "dataclass_from_args",
     "load_dataclass",
+    "nested_config_field",
 ]
 
 
@@ -113,8 +114,17 @@ def coerce_fields(obj: Any) -> None:
         return value
 
     for f in dataclasses.fields(cls):
-        if f.init:
-            setattr(obj, f.name, coerce(f.name, hints[f.name], getattr(obj, f.name)))
+        if not f.init:
+            continue
+        value, hint = getattr(obj, f.name), hints[f.name]
+        if dataclasses.is_dataclass(hint):  # a stage config inside another: a mapping (YAML) over its defaults
+            if isinstance(value, dict):
+                value = load_dataclass(hint, None, **{**f.metadata.get("defaults", {}), **value})
+            elif not isinstance(value, hint):
+                fail(f.name, f"a {hint.__name__} or a mapping of its fields", value)
+            setattr(obj, f.name, value)
+        else:
+            setattr(obj, f.name, coerce(f.name, hint, value))
 
 
 def config_field(default: Any, help: str, **kw: Any) -> Any:
@@ -122,6 +132,14 @@ def config_field(default: Any, help: str, **kw: Any) -> Any:
     if isinstance(default, list):
         return field(default_factory=lambda d=default: list(d), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
+
+
+def nested_config_field(cls: type, help: str, **defaults: Any) -> Any:
+    """A field holding a whole config of another command (``cls``, built with ``defaults`` over its own).
+
+    On the command line its fields are ``--<name>.<field>`` options; in YAML a mapping under ``<name>``.
+    """
+    return field(default_factory=lambda: cls(**defaults), metadata={"help": help, "defaults": dict(defaults)})
 
 
 _f = config_field
@@ -297,7 +315,11 @@ def load_dataclass(cls: type, path: str | Path | None = None, **overrides: Any) 
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: expected a mapping of {cls.__name__} fields, got {type(loaded).__name__}")
         values.update(loaded)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    for k, v in overrides.items():
+        if isinstance(v, dict) and isinstance(values.get(k), dict):  # a nested config: options over the file's mapping
+            values[k] = {**values[k], **v}
+        elif v is not None and v != {}:
+            values[k] = v
     computed = {f.name for f in dataclasses.fields(cls) if not f.init}
     known = {f.name for f in _settable_fields(cls)}
     removed = {k: v for k, v in getattr(cls, "REMOVED_FIELDS", {}).items() if k in values}
@@ -333,19 +355,29 @@ def _optional(kind: type) -> Any:
     return parse
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add ``--config FILE`` and one ``--field-name`` option per settable field of `cls` (help from the field)."""
+def add_dataclass_arguments(parser: Any, cls: type, prefix: str = "", defaults: dict[str, Any] | None = None) -> None:
+    """Add ``--config FILE`` and one ``--field-name`` option per settable field of `cls` (help from the field).
+
+    A field that holds another config (`nested_config_field`) becomes a group of ``--<field>.<name>`` options
+    (`prefix` and `defaults` are how that recursion passes the group's name and its default values).
+    """
     hints = typing.get_type_hints(cls)
-    parser.add_argument("--config", default=None, help=f"YAML file of {cls.__name__} fields (command-line options override it)")
+    if not prefix:
+        parser.add_argument("--config", default=None, help=f"YAML file of {cls.__name__} fields (command-line options override it)")
     for f in _settable_fields(cls):
         hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            group = parser.add_argument_group(f"{prefix}{f.name}", f.metadata["help"].replace("%", "%%"))
+            add_dataclass_arguments(group, hint, f"{prefix}{f.name}.", f.metadata.get("defaults", {}))
+            continue
         if type(None) in typing.get_args(hint):  # Optional[X]: the option takes X ("none" gives None via coercion)
             hint = next(a for a in typing.get_args(hint) if a is not type(None))
         origin = typing.get_origin(hint)
         args = typing.get_args(hint)
+        default = (defaults or {}).get(f.name, _default(f))
         # argparse %-formats help strings: a literal "%" (as in "30% slower") must be doubled
-        help_text = f"{f.metadata['help']} (default: {_default(f)})".replace("%", "%%")
-        kw: dict[str, Any] = {"default": None, "dest": f.name, "help": help_text}
+        help_text = f"{f.metadata['help']} (default: {default})".replace("%", "%%")
+        kw: dict[str, Any] = {"default": None, "dest": prefix + f.name, "help": help_text}
         if hint is bool:  # ``--flag`` alone is true; ``--flag false`` also works
             kw.update(type=_bool, metavar="BOOL", nargs="?", const=True)
         elif origin is list:
@@ -354,16 +386,29 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             kw["choices"] = list(args)
         elif hint in (int, float, str):
             kw["type"] = hint if f.default is not None or hint is str else _optional(hint)
-        parser.add_argument("--" + f.name.replace("_", "-"), **kw)
+        parser.add_argument("--" + prefix + f.name.replace("_", "-"), **kw)
     for name in getattr(cls, "REMOVED_FIELDS", {}):  # accepted only to fail with the message that says what replaced it
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=argparse.SUPPRESS)
+        parser.add_argument("--" + prefix + name.replace("_", "-"), dest=prefix + name, default=None, help=argparse.SUPPRESS)
+
+
+def _option_values(cls: type, args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
+    """The parsed options of `cls`'s fields (nested configs as dicts of theirs), None where not given."""
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in _settable_fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            nested = {k: v for k, v in _option_values(hints[f.name], args, f"{prefix}{f.name}.").items() if v is not None}
+            values[f.name] = nested or None
+        else:
+            values[f.name] = getattr(args, prefix + f.name, None)
+    for name in getattr(cls, "REMOVED_FIELDS", {}):
+        values[name] = getattr(args, prefix + name, None)
+    return values
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace) -> Any:
     """The `cls` instance of parsed arguments (``--config`` YAML, then explicit options)."""
-    names = [f.name for f in _settable_fields(cls)] + list(getattr(cls, "REMOVED_FIELDS", {}))
-    overrides = {n: getattr(args, n, None) for n in names}
-    return load_dataclass(cls, getattr(args, "config", None), **overrides)
+    return load_dataclass(cls, getattr(args, "config", None), **_option_values(cls, args))
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

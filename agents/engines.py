@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 import torch
 
 from agents.generation import Generation, generate
-from agents.kv_cache import PrefixKVCache, shared_prefix_cache
+from agents.kv_cache import PrefixKVCache
 from envace_gym.registry import resolve_entry_point
 
 __all__ = ["GenerationEngine", "HFEngine", "HFGenerateEngine", "register_engine", "make_engine", "registered_engines"]
@@ -74,16 +74,15 @@ class HFEngine:
     Args:
         model: a Transformers causal LM (the trained model itself: weights are shared, not copied).
         pad_id: the id that pads ragged batches.
-        kv_cache: True (default): the model's shared `PrefixKVCache` (`shared_prefix_cache(model)`: every
-            engine over the same model object continues the same entries); False or None: no cache; or a
-            `PrefixKVCache` to use.
+        kv_cache: True (default): a new `PrefixKVCache` of this engine; False or None: no cache; or a
+            `PrefixKVCache` to use (two engines given one cache continue the same entries).
     """
 
     def __init__(self, model: torch.nn.Module, pad_id: int, kv_cache: PrefixKVCache | bool | None = True) -> None:
         self.model = model
         self.pad_id = int(pad_id)
         if kv_cache is True:
-            kv_cache = shared_prefix_cache(model)
+            kv_cache = PrefixKVCache()
         self.kv_cache: PrefixKVCache | None = kv_cache if isinstance(kv_cache, PrefixKVCache) else None
         self.weight_version = 0
 

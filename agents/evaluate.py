@@ -149,7 +149,8 @@ class EvalResult:
         return float(self.summary[-1]["accuracy"])
 
 
-def _select_tasks(config: EvalConfig) -> list[Any]:
+def select_tasks(config: EvalConfig) -> list[Any]:
+    """The tasks `evaluate` plays: the suite's categories and split, the first ``limit`` of each category."""
     from envace_gym.suites import make_suite
 
     tasks = make_suite(config.suite).tasks(config.categories, config.split)
@@ -196,7 +197,7 @@ def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any)
 
 
 def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = None, log: Any = print,
-             progress: bool = True) -> EvalResult:
+             progress: bool = True, models: Any = None) -> EvalResult:
     """Play every selected task once and write the output folder (module docstring).
 
     Args:
@@ -206,6 +207,7 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
             ``config.rehearser_model`` when set, else uses `policy`.
         log: a print-like callable for progress lines (None: silent).
         progress: show a progress bar over the tasks (with ETA).
+        models: the `agents.models.ModelStore` that loads ``config.model`` (None: the default store).
 
     Returns:
         `EvalResult` (also written to ``config.out``).
@@ -215,22 +217,23 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
         agents.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the tasks can be completed within
             ``max_steps_per_turn`` and ``max_new_tokens`` (checked before the model loads).
     """
-    from agents.policy import load_policy
     from agents.budgets import check_task_budgets
-    from agents.trainer import _load_tokenizer_of
+    from agents.models import default_store
+    from agents.policy import load_policy
 
+    models = models or default_store()
     log = log or (lambda *a, **k: None)
-    tasks = _select_tasks(config)
+    tasks = select_tasks(config)
     if not tasks:
         raise ValueError(f"no tasks for suite={config.suite!r} categories={config.categories!r} split={config.split!r}")
     check_task_budgets(
-        tasks, config.suite, policy.tokenizer if policy is not None else _load_tokenizer_of(config.model),
+        tasks, config.suite, policy.tokenizer if policy is not None else models.tokenizer(config.model),
         max_steps_per_turn=config.max_steps_per_turn, max_new_tokens=config.max_new_tokens, max_episode_tokens=None,
         min_fraction=config.min_solvable_fraction, command="envace eval", log=log,
     )
-    policy = policy if policy is not None else load_policy(config.model, engine=config.engine)
+    policy = policy if policy is not None else load_policy(config.model, engine=config.engine, models=models)
     if rehearser_policy is None and config.rehearser_model:
-        rehearser_policy = load_policy(config.rehearser_model, engine=config.engine)
+        rehearser_policy = load_policy(config.rehearser_model, engine=config.engine, models=models)
     out = Path(config.out)
     finished, finished_fidelity = _prepare_out(out, config)
     done_ids = {e["task_id"] for e in finished}

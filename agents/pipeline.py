@@ -3,7 +3,7 @@
 Stages, each in its own folder under ``run_dir`` (a re-run resumes: finished stages are skipped, and the
 SFT and GRPO trainers resume from their newest checkpoints):
 
-1. ``eval_base/``: the untrained policy against real BFCL backends on ``eval_tasks`` test-split tasks;
+1. ``eval_base/``: the untrained policy against the suite's real backends on ``eval.limit`` test-split tasks per category;
 2. ``sft/``: warm start on demonstrations built from real executions of the suite's reference solutions
    (BFCL: its ground truth), both roles (ACT:
    the calls; REHEARSE: the real tool results), `agents.sft.SFTTrainer`;
@@ -24,6 +24,7 @@ turn and 256+ new tokens (the paper: Qwen3-8B, ~470 steps, lr 1e-6), and the who
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 import typing
@@ -31,17 +32,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.config import add_dataclass_arguments, config_field, dataclass_from_args
+from agents.config import TrainConfig, add_dataclass_arguments, config_field, dataclass_from_args, nested_config_field
+from agents.evaluate import EvalConfig
+from agents.models import ModelStore, default_store
+from agents.sft import SFTConfig
 
 __all__ = ["PipelineConfig", "run_pipeline", "register_pipeline_parser", "STAGES"]
 
 _f = config_field
 STAGES = ("eval_base", "sft", "eval_sft", "grpo", "eval_grpo")
 
+_OWNED = {
+    "sft": ("run_dir", "model", "init", "seed", "data", "categories", "split", "task_ids", "threads", "min_solvable_fraction"),
+    "grpo": ("run_dir", "model", "init", "seed", "suite", "categories", "split", "threads", "min_solvable_fraction"),
+    "eval": ("model", "suite", "categories", "split", "seed", "min_solvable_fraction"),
+}
+"""Fields of each stage config that the pipeline sets itself (from its own fields, or per stage), so they
+must stay at their defaults in ``sft``, ``grpo`` and ``eval``; so does ``eval.out`` (one folder per stage)."""
+
 
 @dataclass
 class PipelineConfig:
-    """Settings of ``envace pipeline``; see each field's help (``envace pipeline --help``)."""
+    """Settings of ``envace pipeline``: what every stage shares, and one config per stage.
+
+    ``sft`` (an `agents.sft.SFTConfig`), ``grpo`` (an `agents.config.TrainConfig`) and ``eval`` (an
+    `agents.evaluate.EvalConfig`, used by the three evaluations) are the stage commands' own configs, with
+    this job's defaults; on the command line their fields are ``--sft.<field>``, ``--grpo.<field>`` and
+    ``--eval.<field>``, in YAML mappings under ``sft:``, ``grpo:`` and ``eval:``. The pipeline sets the
+    fields listed in `_OWNED` itself: the run folders, the model each stage starts from, the seed, the
+    suite, its categories and splits (train for SFT and GRPO, test for evaluation), the SFT task ids (the
+    ``sft.max_demos`` shortest train demonstrations that fit ``sft.max_seq_len`` whole) and the budget check.
+
+    Raises:
+        ValueError: a bad value (naming its field), or a stage field the pipeline sets (naming the one to use).
+    """
 
     run_dir: str = _f("runs/demo", "folder of the whole run (one sub-folder per stage)")
     model: str = _f("smollm2-135m", "the policy to start from: 'smollm2-135m', a local HF folder, or 'tiny-random'")
@@ -49,27 +73,33 @@ class PipelineConfig:
     threads: int = _f(2, "torch CPU threads (0: torch's default)")
     suite: str = _f("bfcl", "registered suite (envace_gym.suites) of every stage: demonstrations from its reference solutions, GRPO on its tasks, evaluation on its real backends")
     categories: list[str] = _f(["multi_turn_base"], "suite categories for SFT, GRPO and eval (BFCL: multi-turn categories)")
-    # SFT
-    sft_steps: int = _f(8, "SFT optimizer steps")
-    sft_max_demos: int = _f(16, "SFT demonstrations (the shortest ones that fit sft_max_seq_len)")
-    sft_max_seq_len: int = _f(3584, "SFT length cap in tokens; longer demonstrations are dropped, not cut")
-    sft_lr: float = _f(1e-4, "SFT learning rate")
-    # GRPO
-    grpo_steps: int = _f(3, "role-wise GRPO steps")
-    grpo_batch_tasks: int = _f(1, "GRPO instructions per step (B)")
-    grpo_group_size: int = _f(2, "GRPO group size (K)")
-    grpo_lr: float = _f(1e-5, "GRPO learning rate")
-    grpo_max_steps_per_turn: int = _f(5, "ACT messages per user turn in GRPO rollouts (BFCL's semantics: a turn that uses them all up truncates the episode with R = 0)")
-    max_new_tokens: int = _f(128, "cap on generated tokens per ACT message, in GRPO and evaluation (the longest multi_turn_base ground-truth call is 114 SmolLM2 tokens)")
-    rehearse_max_new_tokens: int = _f(64, "cap on generated tokens per rehearsed tool response in GRPO")
-    # eval
-    eval_tasks: int = _f(4, "BFCL test-split tasks per category for each evaluation")
-    eval_max_steps_per_turn: int = _f(5, "ACT messages per user turn during evaluation")
-    min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the GRPO or evaluation tasks than this can be completed within their step and token budgets (agents.budgets; checked before any model loads)")
+    min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the SFT demonstrations, GRPO tasks or evaluation tasks than this fit their budgets (agents.budgets; checked before any model loads)")
+    sft: SFTConfig = nested_config_field(
+        SFTConfig, "the SFT warm start (envace sft's options)",
+        max_steps=8, max_demos=16, max_seq_len=3584, overflow="drop", batch_tokens=3584, max_batch_rows=1, lr=1e-4,
+        lr_schedule="constant",
+    )
+    grpo: TrainConfig = nested_config_field(
+        TrainConfig, "role-wise GRPO (envace train's options)",
+        num_steps=3, batch_tasks=1, group_size=2, lr=1e-5, max_steps_per_turn=5, max_new_tokens=128,
+        rehearse_max_new_tokens=64, save_every=3,
+    )
+    eval: EvalConfig = nested_config_field(
+        EvalConfig, "the three evaluations on the test split (envace eval's options)",
+        limit=4, max_new_tokens=128, temperature=0.0, max_steps_per_turn=5,
+    )
 
     REMOVED_FIELDS: typing.ClassVar[dict[str, str]] = {
         "grpo_max_rollout_steps": "it capped every GRPO episode at that many ACT messages in total with R = 0 after; "
-                                  "use grpo_max_steps_per_turn (a limit per user turn, BFCL's semantics)",
+                                  "use grpo.max_steps_per_turn (a limit per user turn, BFCL's semantics)",
+        **{old: f"each stage has its own config now: use {new}" for old, new in {
+            "sft_steps": "sft.max_steps", "sft_max_demos": "sft.max_demos", "sft_max_seq_len": "sft.max_seq_len",
+            "sft_lr": "sft.lr", "grpo_steps": "grpo.num_steps", "grpo_batch_tasks": "grpo.batch_tasks",
+            "grpo_group_size": "grpo.group_size", "grpo_lr": "grpo.lr", "grpo_max_steps_per_turn": "grpo.max_steps_per_turn",
+            "max_new_tokens": "grpo.max_new_tokens and eval.max_new_tokens",
+            "rehearse_max_new_tokens": "grpo.rehearse_max_new_tokens", "eval_tasks": "eval.limit",
+            "eval_max_steps_per_turn": "eval.max_steps_per_turn",
+        }.items()},
     }
 
     def __post_init__(self) -> None:
@@ -78,22 +108,49 @@ class PipelineConfig:
         coerce_fields(self)
         if self.seed < 0 or self.threads < 0:
             raise ValueError(f"invalid PipelineConfig: seed and threads must be >= 0, got {self.seed}, {self.threads}")
-        for name in ("sft_lr", "grpo_lr"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"invalid PipelineConfig: {name} must be > 0, got {getattr(self, name)}")
-        for name in ("sft_steps", "sft_max_demos", "sft_max_seq_len", "grpo_steps", "grpo_batch_tasks",
-                     "max_new_tokens", "rehearse_max_new_tokens", "eval_tasks", "eval_max_steps_per_turn",
-                     "grpo_max_steps_per_turn"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"invalid PipelineConfig: {name} must be >= 1, got {getattr(self, name)}")
-        if self.grpo_group_size < 2:
-            raise ValueError("invalid PipelineConfig: grpo_group_size K must be >= 2 (K = 1 makes every advantage 0)")
         if not 0 <= self.min_solvable_fraction <= 1:
             raise ValueError(f"invalid PipelineConfig: min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
         from envace_gym.suites import registered_suites
 
         if self.suite not in registered_suites():
             raise ValueError(f"invalid PipelineConfig: suite must be one of {registered_suites()}, got {self.suite!r}")
+        for stage, owned in _OWNED.items():
+            config = getattr(self, stage)
+            for f in dataclasses.fields(config):
+                if f.name in owned and getattr(config, f.name) != _field_default(f):
+                    top = f.name if f.name in {g.name for g in dataclasses.fields(self)} else None
+                    raise ValueError(f"invalid PipelineConfig: the pipeline sets {stage}.{f.name} itself"
+                                     + (f"; set --{top.replace('_', '-')} for every stage" if top else "; leave it out"))
+
+    def sft_config(self, out: str | Path, task_ids: list[str]) -> SFTConfig:
+        """The SFT stage's config: ``sft`` with the pipeline's fields, training on `task_ids` into `out`."""
+        return dataclasses.replace(
+            self.sft, run_dir=str(out), model=self.model, seed=self.seed, data=[self.suite], categories=list(self.categories),
+            split="train", task_ids=list(task_ids), threads=self.threads, min_solvable_fraction=self.min_solvable_fraction,
+        )
+
+    def grpo_config(self, out: str | Path, init: str) -> TrainConfig:
+        """The GRPO stage's config: ``grpo`` with the pipeline's fields, from the model folder `init` into `out`."""
+        return dataclasses.replace(
+            self.grpo, run_dir=str(out), model=self.model, init=init, seed=self.seed, suite=self.suite,
+            categories=list(self.categories), split="train", threads=self.threads,
+            min_solvable_fraction=self.min_solvable_fraction,
+        )
+
+    def eval_config(self, out: str | Path, model: str) -> EvalConfig:
+        """An evaluation stage's config: ``eval`` with the pipeline's fields, of `model`, written to `out`."""
+        return dataclasses.replace(
+            self.eval, model=model, suite=self.suite, categories=list(self.categories), split="test", seed=self.seed,
+            out=str(out), min_solvable_fraction=self.min_solvable_fraction,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, stage configs as nested mappings (JSON/YAML-compatible)."""
+        return dataclasses.asdict(self)
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
 
 
 def _stage_done(folder: Path) -> bool:
@@ -114,39 +171,17 @@ def _latest_model(run_dir: Path) -> str:
 
 
 def _shortest_demo_ids(config: PipelineConfig, tokenizer: Any) -> list[str]:
-    """Train-split task ids whose whole demonstration fits the SFT length cap, shortest first."""
+    """Train-split task ids whose whole demonstration fits ``sft.max_seq_len``, the ``sft.max_demos`` shortest."""
     from agents.demonstrations import build_demonstrations
 
     demos, _ = build_demonstrations(
-        tokenizer, config.suite, config.categories, "train", max_tokens=config.sft_max_seq_len, overflow="drop", progress=False
+        tokenizer, config.suite, config.categories, "train", max_tokens=config.sft.max_seq_len, overflow="drop", progress=False
     )
     demos.sort(key=lambda d: len(d.token_ids))
-    return [d.task.id for d in demos[: config.sft_max_demos]]
+    return [d.task.id for d in demos[: config.sft.max_demos or None]]
 
 
-def _eval_config(config: PipelineConfig, model: str, out: Path | str) -> Any:
-    from agents.evaluate import EvalConfig
-
-    return EvalConfig(
-        model=model, suite=config.suite, categories=list(config.categories), split="test", limit=config.eval_tasks,
-        max_new_tokens=config.max_new_tokens, temperature=0.0, max_steps_per_turn=config.eval_max_steps_per_turn,
-        seed=config.seed, out=str(out), min_solvable_fraction=config.min_solvable_fraction,
-    )
-
-
-def _grpo_config(config: PipelineConfig, init: str, out: Path | str) -> Any:
-    from agents.config import TrainConfig
-
-    return TrainConfig(
-        run_dir=str(out), seed=config.seed, init=init, suite=config.suite, categories=list(config.categories), split="train",
-        num_steps=config.grpo_steps, batch_tasks=config.grpo_batch_tasks, group_size=config.grpo_group_size,
-        max_new_tokens=config.max_new_tokens, rehearse_max_new_tokens=config.rehearse_max_new_tokens,
-        max_steps_per_turn=config.grpo_max_steps_per_turn, lr=config.grpo_lr, save_every=config.grpo_steps,
-        min_solvable_fraction=config.min_solvable_fraction, threads=config.threads,
-    )
-
-
-def check_budgets(config: PipelineConfig, log=print) -> dict[str, Any]:
+def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None = None) -> dict[str, Any]:
     """The solvable fractions of the GRPO and evaluation tasks under the pipeline's budgets, before any model loads.
 
     Returns ``{"grpo": report, "eval": report}`` as dicts (`agents.budgets.BudgetReport.to_dict`).
@@ -155,31 +190,33 @@ def check_budgets(config: PipelineConfig, log=print) -> dict[str, Any]:
         agents.budgets.BudgetError: a stage's fraction is below ``min_solvable_fraction`` (the message names the
             pipeline option to raise).
     """
-    from agents.evaluate import _select_tasks
+    from agents.evaluate import select_tasks
     from agents.budgets import check_task_budgets
-    from agents.trainer import _load_tokenizer_of
     from envace_gym.suites import make_suite
 
-    tokenizer = _load_tokenizer_of(config.model)
+    tokenizer = (models or default_store()).tokenizer(config.model)
+    grpo = config.grpo_config("unused", config.model)
     grpo = check_task_budgets(
         make_suite(config.suite).tasks(config.categories, "train"), config.suite, tokenizer,
-        max_steps_per_turn=config.grpo_max_steps_per_turn, max_new_tokens=config.max_new_tokens, max_episode_tokens=None,
-        min_fraction=config.min_solvable_fraction, command="envace pipeline (grpo stage, train split)",
-        names={"max_steps_per_turn": "--grpo-max-steps-per-turn"}, log=log,
+        max_steps_per_turn=grpo.max_steps_per_turn, max_new_tokens=grpo.max_new_tokens,
+        max_episode_tokens=grpo.max_episode_tokens, min_fraction=config.min_solvable_fraction,
+        command="envace pipeline (grpo stage, train split)",
+        names={"max_steps_per_turn": "--grpo.max-steps-per-turn", "max_new_tokens": "--grpo.max-new-tokens"}, log=log,
     )
+    ev = config.eval_config("unused", config.model)
     ev = check_task_budgets(
-        _select_tasks(_eval_config(config, config.model, "unused")), config.suite, tokenizer,
-        max_steps_per_turn=config.eval_max_steps_per_turn, max_new_tokens=config.max_new_tokens, max_episode_tokens=None,
+        select_tasks(ev), config.suite, tokenizer,
+        max_steps_per_turn=ev.max_steps_per_turn, max_new_tokens=ev.max_new_tokens, max_episode_tokens=None,
         min_fraction=config.min_solvable_fraction, command="envace pipeline (eval stages, test split)",
-        names={"max_steps_per_turn": "--eval-max-steps-per-turn"}, log=log,
+        names={"max_steps_per_turn": "--eval.max-steps-per-turn", "max_new_tokens": "--eval.max-new-tokens"}, log=log,
     )
     return {"grpo": grpo.to_dict(), "eval": ev.to_dict()}
 
 
-def _evaluate(config: PipelineConfig, model: str, out: Path, log) -> dict[str, Any]:
+def _evaluate(config: PipelineConfig, model: str, out: Path, log, models: ModelStore | None) -> dict[str, Any]:
     from agents.evaluate import evaluate
 
-    result = evaluate(_eval_config(config, model, out), log=None, progress=True)
+    result = evaluate(config.eval_config(out, model), log=None, progress=True, models=models)
     overall = result.summary[-1]
     row = {"accuracy": float(overall["accuracy"]), "tool_call_fraction": float(overall["tool_call_fraction"]),
            "parse_errors_per_task": float(overall["parse_errors_per_task"]), "n_tasks": len(result.episodes)}
@@ -216,18 +253,24 @@ def plot_stages(rows: dict[str, dict[str, Any]], path: str | Path) -> Path:
     return path
 
 
-def run_pipeline(config: PipelineConfig, log=print) -> dict[str, Any]:
-    """Run (or resume) every stage; returns the summary that is also written to ``run_dir/summary.json``."""
+def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = None) -> dict[str, Any]:
+    """Run (or resume) every stage; returns the summary that is also written to ``run_dir/summary.json``.
+
+    Args:
+        config: the pipeline's settings.
+        log: where progress lines go.
+        models: the `agents.models.ModelStore` every stage loads from (None: the default store).
+    """
     import torch
 
-    from agents.models import load_tokenizer
     from agents.plots import report
-    from agents.sft import SFTConfig, SFTTrainer
+    from agents.sft import SFTTrainer
     from agents.trainer import RoleWiseGRPOTrainer
 
+    models = models or default_store()
     if config.threads:
         torch.set_num_threads(config.threads)
-    budgets = check_budgets(config, log)
+    budgets = check_budgets(config, log, models)
     run = Path(config.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -252,40 +295,33 @@ def run_pipeline(config: PipelineConfig, log=print) -> dict[str, Any]:
         _mark_done(folder, info)
         log(f"[pipeline] {name}: done in {timings[name]:.0f} s")
 
-    stage("eval_base", lambda out: {"eval": _evaluate(config, config.model, out, log)})
+    stage("eval_base", lambda out: {"eval": _evaluate(config, config.model, out, log, models)})
 
     def sft(out: Path) -> dict[str, Any]:
-        ids = _shortest_demo_ids(config, load_tokenizer() if config.model in ("smollm2-135m", "tiny-random")
-                                 else load_tokenizer(config.model))
+        ids = _shortest_demo_ids(config, models.tokenizer(config.model))
         log(f"[pipeline] sft on {len(ids)} demonstrations of real executions")
-        trainer = SFTTrainer(SFTConfig(
-            run_dir=str(out), model=config.model, seed=config.seed, data=[config.suite], categories=list(config.categories),
-            split="train", task_ids=ids, max_seq_len=config.sft_max_seq_len, overflow="drop",
-            max_steps=config.sft_steps, batch_tokens=config.sft_max_seq_len, max_batch_rows=1,
-            lr=config.sft_lr, lr_schedule="constant", save_every=config.sft_steps,
-        ))
-        history = trainer.train()
+        history = SFTTrainer(config.sft_config(out, ids), models=models).train()
         return {"last": history[-1] if history else None, "task_ids": ids}
 
     stage("sft", sft)
     sft_model = _latest_model(run / "sft")
-    stage("eval_sft", lambda out: {"eval": _evaluate(config, sft_model, out, log)})
+    stage("eval_sft", lambda out: {"eval": _evaluate(config, sft_model, out, log, models)})
 
     def grpo(out: Path) -> dict[str, Any]:
-        trainer = RoleWiseGRPOTrainer(_grpo_config(config, sft_model, out), log=lambda *_: None)
+        trainer = RoleWiseGRPOTrainer(config.grpo_config(out, sft_model), log=lambda *_: None, models=models)
         history = trainer.train()
         groups = [h["rollout/groups_with_reward_variance"] for h in history]
         log(f"[pipeline] grpo: groups with non-zero reward variance per step: {groups} "
-            f"(of {config.grpo_batch_tasks} per step)")
+            f"(of {config.grpo.batch_tasks} per step)")
         return {"last": history[-1] if history else None, "groups_with_reward_variance": groups}
 
     stage("grpo", grpo)
     grpo_model = _latest_model(run / "grpo")
-    stage("eval_grpo", lambda out: {"eval": _evaluate(config, grpo_model, out, log)})
+    stage("eval_grpo", lambda out: {"eval": _evaluate(config, grpo_model, out, log, models)})
 
     plots = [str(p) for p in report(run / "grpo")]
     plots.append(str(plot_stages({k.replace("eval_", ""): v for k, v in evals.items()}, run / "plots" / "stages.png")))
-    summary = {"config": config.__dict__, "budgets": budgets, "evals": evals, "seconds": timings, "plots": plots,
+    summary = {"config": config.to_dict(), "budgets": budgets, "evals": evals, "seconds": timings, "plots": plots,
                "total_seconds": sum(timings.values())}
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
     log("")

@@ -6,7 +6,8 @@
   mode (continue the trajectory's own token sequence after the tool-message opener) or the ``separate``
   mode (a dedicated simulator prompt whose completion is its own training row).
 * `make_policy_rehearser(model=..., prompt_mode=...)`: the factory `EnvACE-Rehearse-v0` resolves by name;
-  models are loaded once per process and shared.
+  `load_policy` memoises policies in a `agents.models.ModelStore`, so every env of a program that asks for
+  the same model shares one model and one prefix KV cache.
 
 Model names: ``"smollm2-135m"`` (default), a local Hugging Face folder, or ``"tiny-random"`` (the 2-layer
 random model of `agents.models.tiny_random_model`, for tests and quick checks).
@@ -22,15 +23,12 @@ import torch
 from agents.engines import GenerationEngine, HFEngine, make_engine
 from agents.generation import Generation
 from agents.kv_cache import PrefixKVCache
-from agents.models import load_tokenizer, tiny_random_model
+from agents.models import ModelStore, default_store
 from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse
 from envace_gym.rendering import ChatRenderer
 from envace_gym.types import GeneratedText, Message
 
 __all__ = ["Policy", "PolicyRehearser", "make_policy_rehearser", "load_policy", "SIMULATOR_INSTRUCTION"]
-
-TINY_MODEL = "tiny-random"
-_TINY: dict[int, torch.nn.Module] = {}
 
 SIMULATOR_INSTRUCTION = (
     "You are the tool environment. You receive the tool schemas, the conversation so far and one tool call. "
@@ -47,11 +45,10 @@ class Policy:
         model: a Transformers causal LM (the object the trainer updates).
         tokenizer: its tokenizer (must have a chat template).
         kv_cache: for the default engine (`agents.engines.HFEngine`): the per-trajectory prefix KV cache
-            used by `act` and by inline rehearsal. True (default): the model's shared cache
-            (`shared_prefix_cache(model)`), so every `Policy` over the same model object (the rollout's ACT
-            policy and the env's rehearser) continues the same entries; False or None: no caching, every
-            context is re-encoded in full (the fallback, and the benchmarks' baseline); or a cache object.
-            Used by the ``"hf"`` engine only.
+            used by `act` and by inline rehearsal. True (default): a new cache of this policy's engine (a
+            `PolicyRehearser` over this policy continues the same entries); False or None: no caching, every
+            context is re-encoded in full (the fallback, and the benchmarks' baseline); or a cache object to
+            share with another policy. Used by the ``"hf"`` engine only.
         engine: the `agents.engines.GenerationEngine` that samples, or the name of a registered one built over
             `model` (None or ``"hf"``: ``HFEngine(model, pad_id, kv_cache)``).
 
@@ -191,29 +188,31 @@ class PolicyRehearser:
         return [o for o in out if o is not None]
 
 
-def load_policy(model: str = "smollm2-135m", kv_cache: bool = True, engine: str = "hf") -> Policy:
-    """A `Policy` over a shared (per-process) model: ``"smollm2-135m"``, a local folder or ``"tiny-random"``.
+def load_policy(model: str = "smollm2-135m", kv_cache: bool = True, engine: str = "hf",
+                models: ModelStore | None = None) -> Policy:
+    """The `Policy` over a shared model of `models` (None: `agents.models.default_store()`): ``"smollm2-135m"``,
+    a local folder or ``"tiny-random"``. The same arguments give the same policy object, engine and cache.
 
     Args:
         model: the model name or folder.
-        kv_cache: for the ``"hf"`` engine, as in `Policy` (True: the model's shared prefix cache; False: none).
+        kv_cache: for the ``"hf"`` engine, as in `Policy` (True: the policy's prefix cache; False: none).
         engine: a generation engine registered in `agents.engines` (default ``"hf"``).
+        models: the store that holds the model and the policy.
 
     Raises:
         ValueError: an unknown engine; and the errors of `agents.models.load_model` for an unknown name or
             a missing folder.
     """
-    if model == TINY_MODEL:
-        if 0 not in _TINY:
-            _TINY[0] = tiny_random_model(seed=0)
-        lm, tokenizer = _TINY[0], load_tokenizer()
-    else:
-        from agents.models import load_model
+    store = models or default_store()
 
-        lm, tokenizer = load_model(model), load_tokenizer(model)
-    return Policy(lm, tokenizer, kv_cache=kv_cache, engine=engine)
+    def build() -> Policy:
+        return Policy(store.model(model), store.tokenizer(model), kv_cache=kv_cache, engine=engine)
+
+    return store.shared(("policy", model, bool(kv_cache), engine), build)
 
 
-def make_policy_rehearser(model: str = "smollm2-135m", prompt_mode: PromptMode = "inline", policy: Policy | None = None) -> PolicyRehearser:
-    """The factory registered as rehearser ``"policy"`` (`envace_gym.rehearsal.make_rehearser`)."""
-    return PolicyRehearser(policy if policy is not None else load_policy(model), prompt_mode=prompt_mode)
+def make_policy_rehearser(model: str = "smollm2-135m", prompt_mode: PromptMode = "inline", policy: Policy | None = None,
+                          models: ModelStore | None = None) -> PolicyRehearser:
+    """The factory registered as rehearser ``"policy"`` (`envace_gym.rehearsal.make_rehearser`): a rehearser over
+    `policy`, or over ``load_policy(model, models=models)``."""
+    return PolicyRehearser(policy if policy is not None else load_policy(model, models=models), prompt_mode=prompt_mode)

@@ -69,6 +69,7 @@ import numpy as np
 import torch
 
 from agents.config import add_dataclass_arguments, coerce_fields, config_field, dataclass_from_args
+from agents.models import ModelStore, default_store
 from agents.rollout import PAD_ROLE
 from envace_gym.types import Role, Task, Trajectory
 
@@ -445,6 +446,9 @@ class SFTTrainer:
     Args:
         config: a validated `SFTConfig`.
         demos: the training sequences; None loads them from ``config.data`` (`load_sft_data`).
+        log: where progress lines go.
+        models: the `agents.models.ModelStore` the tokenizer and starting weights come from (None: the default
+            store); the trained model is a fresh copy.
 
     Attributes:
         model: the trained module (a peft model with ``--lora``).
@@ -460,14 +464,16 @@ class SFTTrainer:
         ImportError: ``lora=True`` without peft installed.
     """
 
-    def __init__(self, config: SFTConfig, demos: Sequence[Trajectory] | None = None, log=print) -> None:
+    def __init__(self, config: SFTConfig, demos: Sequence[Trajectory] | None = None, log=print,
+                 models: ModelStore | None = None) -> None:
         from agents.checkpoint import load_newest
         from agents.logprobs import enable_gradient_checkpointing
         from agents.run_folder import RunLock, check_resume_config, trim_jsonl
-        from agents.trainer import _load_tokenizer_of, _load_trainable, _prepare_process, apply_optimizer_settings, make_lr_scheduler
+        from agents.trainer import _prepare_process, apply_optimizer_settings, make_lr_scheduler
 
         self.config = config
         self.run_dir = Path(config.run_dir)
+        models = models or default_store()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = RunLock(self.run_dir).acquire()
         if config.resume:
@@ -477,10 +483,10 @@ class SFTTrainer:
             _require_peft()
         self.weights = {_ROLE_NAMES[r]: (config.act_weight if r == "act" else config.rehearse_weight) for r in config.role_list()}
         if demos is None:
-            demos, data_stats = load_sft_data(config, _load_tokenizer_of(config.init or config.model))
+            demos, data_stats = load_sft_data(config, models.tokenizer(config.init or config.model))
             (self.run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
             require_whole_demos(config, data_stats, log=log)
-        base, tokenizer = _load_trainable(config.init or config.model)
+        base, tokenizer = models.model(config.init or config.model, shared=False), models.tokenizer(config.init or config.model)
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)

@@ -72,7 +72,8 @@ from agents.config import TrainConfig, _dump_yaml
 from agents.engines import GenerationEngine
 from agents.grpo import grpo_loss
 from agents.logprobs import enable_gradient_checkpointing, token_logprobs
-from agents.policy import TINY_MODEL, Policy, PolicyRehearser
+from agents.models import ModelStore, default_store
+from agents.policy import Policy, PolicyRehearser
 from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_rollouts
 from envace_gym.envs.rehearse_vector import RehearseVectorEnv
 from envace_gym.types import Role, Trajectory
@@ -123,23 +124,6 @@ def _prepare_process(threads: int, malloc_mmap_threshold_kb: int, seed: int) -> 
     torch.manual_seed(seed)
 
 
-def _load_tokenizer_of(name: str):
-    """The tokenizer of a model name, a folder or ``tiny-random`` (loads no model)."""
-    from agents.models import load_tokenizer
-
-    return load_tokenizer() if name == TINY_MODEL else load_tokenizer(name)
-
-
-def _load_trainable(name: str, tokenizer_source: str | None = None):
-    """A fresh (unshared) trainable model and its tokenizer: a name, a folder or ``tiny-random``."""
-    from agents.models import load_model, tiny_random_model
-
-    tokenizer = _load_tokenizer_of(tokenizer_source or name)
-    if name == TINY_MODEL:
-        return tiny_random_model(seed=0), tokenizer
-    return load_model(name, shared=False), tokenizer
-
-
 class RoleWiseGRPOTrainer:
     """Role-wise GRPO on the rehearse envs; see the module docstring for the step and the metrics.
 
@@ -148,6 +132,8 @@ class RoleWiseGRPOTrainer:
         log: where progress lines go (``print`` by default; None: nowhere).
         engine: the `agents.engines.GenerationEngine` of the ACT policy (and of REHEARSE when the roles share
             the model); None builds ``config.engine`` (default ``"hf"``) over the loaded model.
+        models: the `agents.models.ModelStore` the tokenizer and the starting weights come from (None: the
+            default store); the trained model is always a fresh copy, never the store's shared one.
 
     Attributes:
         policy: the ACT policy (for ``policy="shared"`` also the rehearser's policy).
@@ -163,13 +149,15 @@ class RoleWiseGRPOTrainer:
             model loads).
     """
 
-    def __init__(self, config: TrainConfig, log=print, engine: GenerationEngine | None = None) -> None:
+    def __init__(self, config: TrainConfig, log=print, engine: GenerationEngine | None = None,
+                 models: ModelStore | None = None) -> None:
         from envace_gym.suites import make_suite
 
         self.config = config
         self.run_dir = Path(config.run_dir)
+        models = models or default_store()
         source = config.init or config.model
-        tokenizer = _load_tokenizer_of(source)
+        tokenizer = models.tokenizer(source)
         tasks = make_suite(config.suite).tasks(config.categories, config.split)
         all_ids = [t.id for t in tasks]
         if config.task_ids:
@@ -192,7 +180,7 @@ class RoleWiseGRPOTrainer:
         if config.resume:
             check_resume_config(self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.allow_config_change, log)
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
-        model, tokenizer = _load_trainable(source)
+        model = models.model(source, shared=False)
         self.tokenizer = tokenizer
         self.policy = self._policy(model, tokenizer, engine)
         self.rehearse_policy = self.policy

@@ -30,12 +30,8 @@ def tiny_model():
 def no_model_loads(monkeypatch):
     """Fail the test if any model is built: input checks must come first."""
     import agents.models
-    import agents.policy
 
     def boom(*a, **k):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(agents.models, "load_model", boom)
-    monkeypatch.setattr(agents.models, "tiny_random_model", boom)
-    monkeypatch.setattr(agents.policy, "load_policy", boom)
-    monkeypatch.setattr(agents.policy, "tiny_random_model", boom)
+    monkeypatch.setattr(agents.models.ModelStore, "model", boom)  # every load goes through a store

@@ -1,9 +1,11 @@
 """Where bfcl-eval writes and reads: set ``BFCL_PROJECT_ROOT`` before bfcl_eval is imported.
 
 bfcl-eval creates result/score/lock folders under ``BFCL_PROJECT_ROOT`` when some of its modules are
-imported (``constants/eval_config.py``), defaulting to a folder inside site-packages. Importing this module
-sets it, if unset, to ``<cache>/bfcl`` where ``<cache>`` is ``$ENVACE_CACHE`` or ``~/.cache/envace_gym``.
-Every module of `benchmarks.bfcl` imports this one first.
+imported (``constants/eval_config.py``), defaulting to a folder inside site-packages, and it has no other
+way to be told. Importing this module sets it, if unset, to ``~/.cache/envace_gym/bfcl`` (the ``envace``
+command line sets it from ``$ENVACE_CACHE`` first). This is the one variable the library writes, because a
+third-party package reads it at import; nothing here reads the environment. Every module of
+`benchmarks.bfcl` imports this one first.
 """
 
 from __future__ import annotations
@@ -13,15 +15,9 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["cache_dir", "bfcl_data_dir"]
+__all__ = ["bfcl_data_dir"]
 
-
-def cache_dir() -> Path:
-    """``$ENVACE_CACHE`` if set, else ``~/.cache/envace_gym``."""
-    return Path(os.environ.get("ENVACE_CACHE") or Path.home() / ".cache" / "envace_gym")
-
-
-os.environ.setdefault("BFCL_PROJECT_ROOT", str(cache_dir() / "bfcl"))
+os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path.home() / ".cache" / "envace_gym" / "bfcl"))
 
 
 @lru_cache(maxsize=None)

@@ -136,9 +136,9 @@ def test_eval_sft_and_pipeline_refuse_before_loading_a_model(tmp_path, no_model_
     _refused(capsys, ["sft", "--run-dir", str(tmp_path / "sft"), "--model", "tiny-random", "--max-seq-len", "3000",
                       "--max-demos", "20"], "--max-seq-len=3000")
     _refused(capsys, ["pipeline", "--run-dir", str(tmp_path / "p"), "--model", "tiny-random",
-                      "--grpo-max-steps-per-turn", "2"], "--grpo-max-steps-per-turn")
+                      "--grpo.max-steps-per-turn", "2"], "--grpo.max-steps-per-turn")
     _refused(capsys, ["pipeline", "--run-dir", str(tmp_path / "p"), "--model", "tiny-random",
-                      "--eval-max-steps-per-turn", "1"], "--eval-max-steps-per-turn")
+                      "--eval.max-steps-per-turn", "1"], "--eval.max-steps-per-turn")
 
 
 def test_the_removed_episode_cap_says_what_replaced_it(tmp_path, capsys):
@@ -151,4 +151,4 @@ def test_the_removed_episode_cap_says_what_replaced_it(tmp_path, capsys):
     with pytest.raises(ValueError, match="per user turn"):
         load_config(path)
     _refused(capsys, ["pipeline", "--run-dir", str(tmp_path / "p"), "--grpo-max-rollout-steps", "3"],
-             "grpo_max_steps_per_turn")
+             "grpo.max_steps_per_turn")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import typing
 from contextlib import redirect_stdout
 
 import pytest
@@ -26,12 +27,23 @@ def _help(command: str) -> str:
     return " ".join(out.getvalue().split())
 
 
+def _options(cls: type, prefix: str = "") -> list[tuple[str, str]]:
+    """(option, help) of every settable field, nested stage configs as ``--stage.field``."""
+    out, hints = [], typing.get_type_hints(cls)
+    for f in (f for f in dataclasses.fields(cls) if f.init):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += _options(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            out.append((f"--{prefix}{f.name.replace('_', '-')}", f.metadata["help"]))
+    return out
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_field_is_an_option_with_its_help(command):
     text = _help(command)
-    for f in (f for f in dataclasses.fields(COMMANDS[command]) if f.init):
-        assert f"--{f.name.replace('_', '-')}" in text, f.name
-        assert " ".join(f.metadata["help"].split())[:40] in text, f.name
+    for option, help_text in _options(COMMANDS[command]):
+        assert f"{option} " in text, option
+        assert " ".join(help_text.split())[:40] in text, option
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -41,9 +53,8 @@ def test_yaml_round_trips(command, tmp_path):
     if cls is TrainConfig:
         extra["suite"] = "scripted"
     config = cls(**extra)
-    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(cls) if f.init}
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    path.write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
     assert load_dataclass(cls, path) == config
 
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agents.generation import generate
-from agents.kv_cache import KVEntry, PrefixKVCache, shared_prefix_cache
+from agents.kv_cache import KVEntry, PrefixKVCache
 from agents.logprobs import token_logprobs
 from agents.models import tiny_random_model
 from agents.policy import Policy, load_policy
@@ -273,9 +273,15 @@ def test_lookup_never_covers_the_last_token():
 
 
 def test_policy_cache_switch_and_sharing():
-    p1, p2 = load_policy("tiny-random"), load_policy("tiny-random")
-    assert p1.kv_cache is not None and p1.kv_cache is p2.kv_cache is shared_prefix_cache(p1.model)
-    off = load_policy("tiny-random", kv_cache=False)
-    assert off.kv_cache is None
+    from agents.models import ModelStore
+
+    store = ModelStore()
+    p1, p2 = load_policy("tiny-random", models=store), load_policy("tiny-random", models=store)
+    assert p1 is p2 and p1.kv_cache is not None  # one store: one policy, one model, one cache
+    other = load_policy("tiny-random", models=ModelStore())
+    assert other.model is not p1.model and other.kv_cache is not p1.kv_cache  # nothing shared across stores
+    off = load_policy("tiny-random", kv_cache=False, models=store)
+    assert off.kv_cache is None and off.model is p1.model
     own = PrefixKVCache()
     assert Policy(p1.model, p1.tokenizer, kv_cache=own).kv_cache is own
+    assert Policy(p1.model, p1.tokenizer).kv_cache is not p1.kv_cache

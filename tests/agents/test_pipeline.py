@@ -7,11 +7,12 @@ import json
 import pytest
 
 from agents.cli import main
+from agents.config import dataclass_from_args, load_dataclass
 from agents.pipeline import PipelineConfig
 
-ARGS = ["--model", "tiny-random", "--sft-steps", "1", "--sft-max-demos", "1", "--grpo-steps", "1",
-        "--eval-tasks", "1", "--max-new-tokens", "4", "--rehearse-max-new-tokens", "4",
-        "--grpo-max-steps-per-turn", "2", "--eval-max-steps-per-turn", "2", "--min-solvable-fraction", "0"]
+ARGS = ["--model", "tiny-random", "--sft.max-steps", "1", "--sft.max-demos", "1", "--grpo.num-steps", "1",
+        "--eval.limit", "1", "--grpo.max-new-tokens", "4", "--eval.max-new-tokens", "4", "--grpo.rehearse-max-new-tokens", "4",
+        "--grpo.max-steps-per-turn", "2", "--eval.max-steps-per-turn", "2", "--min-solvable-fraction", "0"]
 
 
 @pytest.mark.slow
@@ -32,8 +33,29 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path, c
 
 
 def test_bad_pipeline_config_fails_fast():
-    with pytest.raises(ValueError, match="grpo_group_size"):
-        PipelineConfig(grpo_group_size=1)
+    with pytest.raises(ValueError, match="group_size K=1"):
+        PipelineConfig(grpo={"group_size": 1})
+    with pytest.raises(ValueError, match="the pipeline sets grpo.seed itself; set --seed"):
+        PipelineConfig(grpo={"seed": 3})
+    with pytest.raises(ValueError, match="the pipeline sets sft.task_ids itself; leave it out"):
+        PipelineConfig(sft={"task_ids": ["x"]})
+    with pytest.raises(ValueError, match="use sft.max_steps"):
+        load_dataclass(PipelineConfig, None, sft_steps=3)
+
+
+def test_stage_configs_compose_from_options_and_yaml(tmp_path):
+    from agents.cli import build_parser
+
+    path = tmp_path / "p.yaml"
+    path.write_text("seed: 7\nsft:\n  lr: 0.001\n  max_steps: 2\neval:\n  limit: 2\n")
+    args = build_parser().parse_args(["pipeline", "--config", str(path), "--sft.max-steps", "5", "--grpo.lr", "3e-6"])
+    config = dataclass_from_args(PipelineConfig, args)
+    assert (config.sft.lr, config.sft.max_steps, config.sft.max_seq_len) == (0.001, 5, 3584)  # file, option, default
+    assert (config.grpo.lr, config.grpo.group_size, config.eval.limit) == (3e-6, 2, 2)
+    grpo = config.grpo_config(tmp_path / "g", init="some/ckpt")
+    assert (grpo.seed, grpo.init, grpo.split, grpo.lr) == (7, "some/ckpt", "train", 3e-6)
+    ev = config.eval_config(tmp_path / "e", model="m")
+    assert (ev.seed, ev.model, ev.split, ev.out, ev.limit) == (7, "m", "test", str(tmp_path / "e"), 2)
 
 
 def test_the_pipeline_runs_on_a_suite_defined_in_tests(tmp_path):
@@ -41,7 +63,7 @@ def test_the_pipeline_runs_on_a_suite_defined_in_tests(tmp_path):
 
     run = tmp_path / "run"
     assert main(["pipeline", "--run-dir", str(run), "--suite", "scripted-user", "--categories", *ARGS[:-2],
-                 "--min-solvable-fraction", "0", "--max-new-tokens", "24"]) == 0
+                 "--min-solvable-fraction", "0", "--grpo.max-new-tokens", "24", "--eval.max-new-tokens", "24"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["config"]["suite"] == "scripted-user"
     sft = json.loads((run / "sft" / "stage_done.json").read_text())
