@@ -71,6 +71,8 @@ Implementation details (numbered as in CleanRL's docs):
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
@@ -92,6 +94,7 @@ __all__ = [
     "kl_k3",
     "entropy_from_logits",
     "aggregate",
+    "LossStats",
     "policy_loss",
     "grpo_loss",
 ]
@@ -528,6 +531,33 @@ def _clipped_surrogate(
     return pg_loss, stats
 
 
+@dataclass(frozen=True)
+class LossStats:
+    """Statistics of one loss evaluation (`policy_loss`, `grpo_loss`), as Python floats.
+
+    Attributes:
+        loss: the aggregated loss.
+        pg_loss: its clipped policy-gradient term (same aggregation).
+        kl: its k3 KL term before ``beta`` (0 without reference logprobs).
+        entropy: its entropy term before ``entropy_coef`` (0 without entropies).
+        clip_fraction: masked token mean of tokens whose importance ratio was clipped (detail 13).
+        approx_kl: masked token mean of ``(r - 1) - log r`` (Schulman's k3 of the old policy to the new).
+        ratio_mean: masked token mean of the importance ratio r.
+    """
+
+    loss: float
+    pg_loss: float
+    kl: float
+    entropy: float
+    clip_fraction: float
+    approx_kl: float
+    ratio_mean: float
+
+    def to_dict(self) -> dict[str, float]:
+        """The fields as a dict (metric name -> value)."""
+        return dataclasses.asdict(self)
+
+
 def _check_loss_inputs(**tensors: Tensor) -> None:
     mask = tensors.pop("mask")
     _check_same_shape(**tensors, mask=mask)
@@ -558,8 +588,7 @@ def policy_loss(
         aggregation: one of `AGGREGATIONS`.
 
     Returns:
-        ``(loss, stats)``: a 0-d loss tensor and ``{"clip_fraction", "approx_kl", "ratio_mean"}`` as floats
-        (masked token means, detail 13).
+        ``(loss, stats)``: a 0-d loss tensor and its `LossStats` (``kl`` and ``entropy`` 0, ``pg_loss`` = ``loss``).
 
     Raises:
         ValueError: shapes differ or are not 2-D (named); unknown ``aggregation`` (valid ones listed); an ε
@@ -571,7 +600,9 @@ def policy_loss(
     pg_loss, stats = _clipped_surrogate(
         logprobs, old_logprobs.detach(), advantages.detach(), mask, clip_eps_low, clip_eps_high
     )  # (N, T)
-    return agg(pg_loss, mask), {k: float(v) for k, v in stats.items()}
+    loss = agg(pg_loss, mask)  # ()
+    value = float(loss.detach())
+    return loss, LossStats(loss=value, pg_loss=value, kl=0.0, entropy=0.0, **{k: float(v) for k, v in stats.items()})
 
 
 def grpo_loss(
@@ -607,9 +638,8 @@ def grpo_loss(
         aggregation: one of `AGGREGATIONS`.
 
     Returns:
-        ``(loss, stats)``: a 0-d loss tensor and floats ``loss``, ``pg_loss``, ``kl``, ``entropy`` (each term
-        with the loss's aggregation; ``kl``/``entropy`` are 0 when their input is not given),
-        ``clip_fraction``, ``approx_kl``, ``ratio_mean`` (masked token means).
+        ``(loss, stats)``: a 0-d loss tensor and its `LossStats` (each term with the loss's aggregation;
+        ``kl``/``entropy`` are 0 when their input is not given).
 
     Raises:
         ValueError: shapes differ or are not 2-D (named); unknown ``aggregation`` (valid ones listed); an ε,
@@ -644,11 +674,5 @@ def grpo_loss(
     per_token = pg_loss + beta * kl - entropy_coef * ent  # (N, T)
     loss = agg(per_token, mask)  # ()
     with torch.no_grad():
-        stats = {
-            "loss": loss.detach(),
-            "pg_loss": agg(pg_loss, mask),
-            "kl": agg(kl, mask),
-            "entropy": agg(ent, mask),
-            **stats,
-        }
-    return loss, {k: float(v) for k, v in stats.items()}
+        return loss, LossStats(loss=float(loss.detach()), pg_loss=float(agg(pg_loss, mask)), kl=float(agg(kl, mask)),
+                               entropy=float(agg(ent, mask)), **{k: float(v) for k, v in stats.items()})

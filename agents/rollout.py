@@ -26,7 +26,7 @@ import torch
 
 from agents.grpo import AdvantageEstimator, Weighting, advantage_estimator, segment_advantages_to_tokens
 from envace_gym.responders import RealBackend, Rehearsal
-from envace_gym.types import Role, Trajectory
+from envace_gym.types import Role, Trajectory, TurnInfo
 
 __all__ = [
     "RolloutBatch",
@@ -162,9 +162,8 @@ def collect_rollouts(
 
     Rehearsal rows (``separate`` prompt mode). The env keeps each rehearsal's simulator prompt and
     completion in ``env.rehearsal_rows`` (the ACT row holds the rehearsed text as OBSERVATION tokens only).
-    They are carried with the trajectory in ``trajectory.turn_info``: one dict per user turn reached,
-    ``{"turn": t, "steps": n, "empty_actions": e, "rehearsals": [row, ...]}``, each row a dict with
-    ``call``, ``text``, ``token_ids``, ``logprobs``, ``prompt_ids``, ``stopped`` (as the env records it).
+    They are carried with the trajectory in ``trajectory.turn_info``: one `envace_gym.types.TurnInfo` per
+    user turn reached (its step count, empty actions and `RehearsalRecord` rows, as the env recorded them).
     In ``inline`` mode the REHEARSE segments are already in ``trajectory.segments`` and ``rehearsals`` is
     empty. `build_batch` reads these rows; everything is JSON-compatible (`Trajectory.to_dict`).
 
@@ -245,7 +244,7 @@ def collect_rollouts(
     done = [False] * n
     results: list[Trajectory | None] = [None] * n
     turns = [0] * n
-    turn_info: list[list[dict[str, Any]]] = [[_turn_entry(0)] for _ in range(n)]
+    turn_info: list[list[TurnInfo]] = [[TurnInfo(turn=0)] for _ in range(n)]
     rows_seen = [0] * n
     empty = [0] * n
     cut = [0] * n
@@ -275,14 +274,14 @@ def collect_rollouts(
             actions[i] = out
             if is_empty_action(out):
                 empty[i] += 1
-                turn_info[i][-1]["empty_actions"] += 1
-            turn_info[i][-1]["steps"] += 1
+                turn_info[i][-1].empty_actions += 1
+            turn_info[i][-1].steps += 1
         _, _, terminated, truncated, infos = vector_env.step(actions)
         num_steps += 1
         for i in active:
             env = envs[i]
             rows = getattr(env, "rehearsal_rows", [])
-            turn_info[i][-1]["rehearsals"].extend(rows[rows_seen[i]:])
+            turn_info[i][-1].rehearsals.extend(rows[rows_seen[i]:])
             rows_seen[i] = len(rows)
             if terminated[i] or truncated[i]:
                 results[i], done[i] = env.trajectory, True
@@ -291,7 +290,7 @@ def collect_rollouts(
             new_turn = int(infos["turn"][i]) if "turn" in infos else turns[i]
             if new_turn != turns[i]:
                 turns[i] = new_turn
-                turn_info[i].append(_turn_entry(new_turn))
+                turn_info[i].append(TurnInfo(turn=new_turn))
 
     trajectories: list[Trajectory] = []
     verifier_rewards: list[float] = []
@@ -319,10 +318,6 @@ def collect_rollouts(
         rollout=rollout,
     )
     return trajectories, stats
-
-
-def _turn_entry(turn: int) -> dict[str, Any]:
-    return {"turn": turn, "steps": 0, "empty_actions": 0, "rehearsals": []}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -450,7 +445,7 @@ def _rows(trajectories: Sequence[Trajectory], prompt_mode: PromptMode) -> list[_
     ]
     for i, t in enumerate(trajectories):
         has_rehearse_segment = any(s.role == Role.REHEARSE for s in t.segments)
-        rehearsals = [r for entry in t.turn_info for r in entry.get("rehearsals", [])]
+        rehearsals = [r for entry in t.turn_info for r in entry.rehearsals]
         if prompt_mode == "inline" and rehearsals:
             raise ValueError(
                 f"trajectory {i} carries separate-mode rehearsal rows in turn_info but prompt_mode='inline'"
@@ -458,10 +453,10 @@ def _rows(trajectories: Sequence[Trajectory], prompt_mode: PromptMode) -> list[_
         if prompt_mode == "separate" and has_rehearse_segment:
             raise ValueError(f"trajectory {i} has inline REHEARSE segments but prompt_mode='separate'")
         for r in rehearsals:
-            if r.get("prompt_ids") is None:
+            if r.prompt_ids is None:
                 raise ValueError(f"a rehearsal row of trajectory {i} has no prompt_ids (not a separate-mode row)")
             rows.append(
-                _Row("rehearsal", i, [(Role.PROMPT, list(r["prompt_ids"]), None), (Role.REHEARSE, list(r["token_ids"]), r["logprobs"])])
+                _Row("rehearsal", i, [(Role.PROMPT, list(r.prompt_ids), None), (Role.REHEARSE, list(r.token_ids), r.logprobs)])
             )
     return rows
 
@@ -480,7 +475,7 @@ def build_batch(
 
     Rows (see `RolloutBatch`): ``inline``, one row per trajectory (ACT and REHEARSE segments in one
     sequence); ``separate``, one ACT row per trajectory (its rehearsed tool messages are OBSERVATION
-    tokens) plus one row per rehearsal read from ``trajectory.turn_info[*]["rehearsals"]`` (as
+    tokens) plus one row per rehearsal read from ``trajectory.turn_info[*].rehearsals`` (as
     `collect_rollouts` stores them): the simulator prompt ids as PROMPT, then the generated ids as REHEARSE
     with their recorded logprobs.
 

@@ -57,6 +57,7 @@ import json
 import math
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ from agents.checkpoint import load_newest, prune_checkpoints, save_checkpoint
 from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
 from agents.config import TrainConfig, _dump_yaml
 from agents.engines import GenerationEngine
-from agents.grpo import grpo_loss
+from agents.grpo import LossStats, grpo_loss
 from agents.logprobs import enable_gradient_checkpointing, token_logprobs
 from agents.models import ModelStore, default_store
 from agents.policy import Policy, PolicyRehearser
@@ -78,7 +79,36 @@ from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_roll
 from envace_gym.envs.rehearse_vector import RehearseVectorEnv
 from envace_gym.types import Role, Trajectory
 
-__all__ = ["RoleWiseGRPOTrainer", "make_lr_scheduler"]
+__all__ = ["RoleWiseGRPOTrainer", "UpdateStats", "make_lr_scheduler"]
+
+
+@dataclass
+class UpdateStats:
+    """What one `RoleWiseGRPOTrainer.update` did: mean loss statistics and the optimizer steps taken.
+
+    Attributes:
+        loss: the mean over applied (model, minibatch) steps of `agents.grpo.LossStats`; None when no
+            step was applied.
+        grad_norm: mean gradient norm before clipping over the applied steps (0.0 when none).
+        update_tokens: non-padding tokens of the applied minibatches.
+        update_targets: how many (model, minibatch) steps were applied.
+        skipped_update: True when the batch had no learning signal and no forward pass ran.
+        skipped_nonfinite: steps dropped for a non-finite loss or gradient.
+    """
+
+    loss: LossStats | None = None
+    grad_norm: float = 0.0
+    update_tokens: int = 0
+    update_targets: int = 0
+    skipped_update: bool = False
+    skipped_nonfinite: int = 0
+
+    def to_metrics(self) -> dict[str, float]:
+        """The ``train/*`` metric values (loss statistics 0 and ``ratio_mean`` 1 when no step was applied)."""
+        loss = self.loss.to_dict() if self.loss is not None else {
+            "loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0}
+        return {**loss, "grad_norm": self.grad_norm, "skipped_update": float(self.skipped_update),
+                "skipped_nonfinite": float(self.skipped_nonfinite), "update_targets": float(self.update_targets)}
 
 
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup_steps: int, total_steps: int):
@@ -307,7 +337,7 @@ class RoleWiseGRPOTrainer:
         )
         t1 = time.perf_counter()
         train_stats = self.update(batch)
-        if train_stats["update_targets"]:
+        if train_stats.update_targets:
             self.clear_kv_caches()
         t2 = time.perf_counter()
         with warnings.catch_warnings():
@@ -330,8 +360,8 @@ class RoleWiseGRPOTrainer:
         for policy in dict.fromkeys((self.policy, self.rehearse_policy)):
             policy.engine.weights_updated()
 
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
-        """``ppo_epochs`` x ``num_minibatches`` optimizer steps on `batch`; returns mean loss statistics.
+    def update(self, batch: RolloutBatch) -> UpdateStats:
+        """``ppo_epochs`` x ``num_minibatches`` optimizer steps on `batch`; returns their `UpdateStats`.
 
         Statistics are averaged over the (model, minibatch) targets that had loss tokens; a target without
         any (``policy="per_role"``: a minibatch with no REHEARSE token for the REHEARSE model) takes no
@@ -339,7 +369,7 @@ class RoleWiseGRPOTrainer:
 
         When the batch carries no learning signal (every advantage is 0, e.g. all rewards of every group
         equal, and ``beta == entropy_coef == 0``), the forward and backward passes are skipped: the loss
-        would be exactly 0 with zero gradients. ``stats["skipped_update"]`` is then 1; AdamW's weight decay
+        would be exactly 0 with zero gradients. ``skipped_update`` is then True; AdamW's weight decay
         is not applied on such a step (DAPO-style dynamic sampling drops such groups altogether).
 
         A target whose loss or clipped gradient norm is not finite is not applied (`_minibatch_step`):
@@ -351,14 +381,13 @@ class RoleWiseGRPOTrainer:
         """
         cfg = self.config
         if cfg.beta == 0 and cfg.entropy_coef == 0 and not bool((batch.advantages[batch.loss_mask] != 0).any()):
-            return {"skipped_update": 1.0, "update_tokens": 0.0, "ratio_mean": 1.0, "skipped_nonfinite": 0.0,
-                    "update_targets": 0.0}
+            return UpdateStats(skipped_update=True)
         for m in self.models.values():
             m.train()
         n = batch.num_rows
         order_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
-        sums: dict[str, float] = {}
-        count = nonfinite = 0
+        applied: list[tuple[LossStats, float]] = []
+        nonfinite = 0
         tokens = 0
         targets = [("model", self.policy.model, None)]
         if "rehearse_model" in self.models:
@@ -370,31 +399,30 @@ class RoleWiseGRPOTrainer:
             for mb_rows in torch.tensor_split(perm, cfg.num_minibatches):
                 mb = batch.select(mb_rows)
                 for name, model, role in targets:
-                    stats = self._minibatch_step(name, model, mb, role)
+                    step = self._minibatch_step(name, model, mb, role)
                     bar.update(1)
-                    if stats is None:  # no loss token for this model in this minibatch
+                    if step is None:  # no loss token for this model in this minibatch
                         continue
-                    if stats.pop("nonfinite"):
+                    if step[1] is None:  # not applied: non-finite loss or gradient
                         nonfinite += 1
                         continue
                     tokens += int(mb.attention_mask.sum())
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + v
-                    count += 1
+                    applied.append(step)
         bar.close()
-        out = {k: v / count for k, v in sums.items()} if count else {"ratio_mean": 1.0}
-        out["update_tokens"] = float(tokens)
-        out["skipped_update"] = 0.0 if count else 1.0
-        out["skipped_nonfinite"] = float(nonfinite)
-        out["update_targets"] = float(count)
-        return out
+        if not applied:
+            return UpdateStats(skipped_update=True, skipped_nonfinite=nonfinite)
+        means = {k: sum(getattr(s, k) for s, _ in applied) / len(applied) for k in LossStats.__dataclass_fields__}
+        return UpdateStats(loss=LossStats(**means), grad_norm=sum(g for _, g in applied) / len(applied),
+                           update_tokens=tokens, update_targets=len(applied), skipped_nonfinite=nonfinite)
 
-    def _minibatch_step(self, name: str, model: torch.nn.Module, mb: RolloutBatch, role: Role | None) -> dict[str, float] | None:
+    def _minibatch_step(self, name: str, model: torch.nn.Module, mb: RolloutBatch,
+                        role: Role | None) -> tuple[LossStats, float | None] | None:
         """One optimizer step of `model` on the loss tokens of `mb` (of `role` only, when given).
 
-        Returns None when there is no such token (nothing is computed). Otherwise the loss statistics plus
-        ``grad_norm`` (before clipping) and ``nonfinite``: True when the loss or the clipped gradient norm
-        is not finite, in which case the gradients are dropped and ``optimizer.step()`` is not called.
+        Returns None when there is no such token (nothing is computed). Otherwise ``(stats, grad_norm)``:
+        the `LossStats` and the gradient norm before clipping, or None for the norm when the loss or the
+        clipped gradient norm is not finite, in which case the gradients are dropped and
+        ``optimizer.step()`` is not called.
         """
         cfg = self.config
         mask = mb.loss_mask  # (n, T) bool
@@ -427,7 +455,6 @@ class RoleWiseGRPOTrainer:
         )
         opt = self.optimizers[name]
         opt.zero_grad(set_to_none=True)
-        stats = dict(stats)
         grad_norm = float("nan")
         finite = math.isfinite(float(loss.detach()))
         if finite:
@@ -452,9 +479,7 @@ class RoleWiseGRPOTrainer:
                     f"training step {self.step}, {name}); lower --lr, keep --max-grad-norm > 0, or check the model "
                     f"in {self.config.init or self.config.model}; --max-nonfinite-steps sets how many are tolerated"
                 )
-        stats["grad_norm"] = grad_norm if finite else 0.0
-        stats["nonfinite"] = not finite
-        return stats
+        return stats, (grad_norm if finite else None)
 
     # ------------------------------------------------------------------ checkpoints and metrics
     def save(self) -> Path:
@@ -467,7 +492,7 @@ class RoleWiseGRPOTrainer:
         return path
 
     def _metrics(self, trajectories: list[Trajectory], rstats: RolloutStats, batch: RolloutBatch,
-                 train_stats: dict[str, float], rollout_s: float, update_s: float) -> dict[str, Any]:
+                 train_stats: UpdateStats, rollout_s: float, update_s: float) -> dict[str, Any]:
         rewards = np.asarray(rstats.rewards, dtype=np.float64)
         m: dict[str, Any] = {
             "step": self.step,
@@ -497,9 +522,7 @@ class RoleWiseGRPOTrainer:
             m[f"train/advantage_mean/{key}"] = float(seg_a.mean()) if len(seg_a) else 0.0
             m[f"train/advantage_std/{key}"] = float(seg_a.std(unbiased=False)) if len(seg_a) else 0.0
             m[f"train/advantage_abs/{key}"] = float(seg_a.abs().mean()) if len(seg_a) else 0.0
-        for k in ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm",
-                  "skipped_update", "skipped_nonfinite", "update_targets"):
-            m[f"train/{k}"] = float(train_stats.get(k, 0.0))
+        m.update({f"train/{k}": v for k, v in train_stats.to_metrics().items()})
         m["train/lr"] = float(self.schedulers["model"].get_last_lr()[0])
         step_s = rollout_s + update_s
         m["perf/rollout_s"] = rollout_s
@@ -508,7 +531,7 @@ class RoleWiseGRPOTrainer:
         m["perf/rollout_share"] = rollout_s / step_s if step_s else 0.0
         m["perf/update_share"] = update_s / step_s if step_s else 0.0
         m["perf/rollout_tokens_per_s"] = generated / rollout_s if rollout_s else 0.0
-        m["perf/update_tokens_per_s"] = train_stats.get("update_tokens", 0.0) / update_s if update_s else 0.0
+        m["perf/update_tokens_per_s"] = train_stats.update_tokens / update_s if update_s else 0.0
         return m
 
     def _log(self, metrics: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ written as JSON Lines and read back. Messages follow the OpenAI chat format (DES
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ __all__ = [
     "Message",
     "Task",
     "Segment",
+    "RehearsalRecord",
+    "TurnInfo",
     "Trajectory",
     "MessageRole",
     "GeneratedText",
@@ -281,6 +284,69 @@ class Segment:
 
 
 @dataclass
+class RehearsalRecord:
+    """One rehearsed tool response, as `envace_gym.envs.rehearse.RehearseEnv` recorded it.
+
+    In the ``separate`` prompt mode this is its own training row (the simulator prompt, then the rehearsed
+    completion); in ``inline`` mode the completion is also a REHEARSE segment of the trajectory.
+
+    Attributes:
+        call: the answered call in the OpenAI format (``{"type": "function", "function": {...}}``).
+        text: the tool output the agent saw (the template's closing text stripped in ``inline`` mode).
+        token_ids: the generated ids `(C,)`, the end-of-message id included when generation stopped on it.
+        logprobs: their sampling logprobs `(C,)`.
+        prompt_ids: the ``separate`` mode's simulator prompt `(P,)`; None in ``inline`` mode.
+        stopped: False when the rehearsal hit its ``max_new_tokens`` (the output was cut).
+    """
+
+    call: dict[str, Any]
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    prompt_ids: list[int] | None = None
+    stopped: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RehearsalRecord:
+        """Inverse of `to_dict`."""
+        return cls(call=dict(d.get("call") or {}), text=str(d.get("text", "")), token_ids=list(d["token_ids"]),
+                   logprobs=list(d["logprobs"]), prompt_ids=list(d["prompt_ids"]) if d.get("prompt_ids") is not None else None,
+                   stopped=bool(d.get("stopped", True)))
+
+
+@dataclass
+class TurnInfo:
+    """What happened in one user turn of a trajectory (`agents.rollout.collect_rollouts` fills it).
+
+    Attributes:
+        turn: the 0-based user turn.
+        steps: ACT messages played in the turn.
+        empty_actions: how many of them were empty (the invalid-action penalty's count).
+        rehearsals: the turn's ``separate``-mode rehearsal rows, in order (empty in ``inline`` mode).
+    """
+
+    turn: int
+    steps: int = 0
+    empty_actions: int = 0
+    rehearsals: list[RehearsalRecord] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible dict."""
+        return {"turn": self.turn, "steps": self.steps, "empty_actions": self.empty_actions,
+                "rehearsals": [r.to_dict() for r in self.rehearsals]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TurnInfo:
+        """Inverse of `to_dict`."""
+        return cls(turn=int(d.get("turn", 0)), steps=int(d.get("steps", 0)), empty_actions=int(d.get("empty_actions", 0)),
+                   rehearsals=[RehearsalRecord.from_dict(r) for r in d.get("rehearsals", [])])
+
+
+@dataclass
 class Trajectory:
     """One episode on one task: its token segments, its messages and its outcome.
 
@@ -291,7 +357,7 @@ class Trajectory:
         reward: the scalar outcome reward R(τ) from the task's verifier (0.0 until the episode ends).
         terminated: the last user turn was answered.
         truncated: a step limit or token budget ended the episode first.
-        turn_info: one dict per user turn (e.g. per-turn verifier results, step counts, parse errors).
+        turn_info: one `TurnInfo` per user turn reached (filled by `agents.rollout.collect_rollouts`).
     """
 
     task: Task
@@ -300,7 +366,7 @@ class Trajectory:
     reward: float = 0.0
     terminated: bool = False
     truncated: bool = False
-    turn_info: list[dict[str, Any]] = field(default_factory=list)
+    turn_info: list[TurnInfo] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:
@@ -355,7 +421,7 @@ class Trajectory:
             "reward": self.reward,
             "terminated": self.terminated,
             "truncated": self.truncated,
-            "turn_info": self.turn_info,
+            "turn_info": [t.to_dict() for t in self.turn_info],
         }
 
     @classmethod
@@ -368,7 +434,7 @@ class Trajectory:
             reward=float(d.get("reward", 0.0)),
             terminated=bool(d.get("terminated", False)),
             truncated=bool(d.get("truncated", False)),
-            turn_info=list(d.get("turn_info", [])),
+            turn_info=[TurnInfo.from_dict(t) for t in d.get("turn_info", [])],
         )
 
 

@@ -177,7 +177,7 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
         task = self.env.unwrapped.task
         records = []
         for reh in info.get("rehearsals", []):
-            call = ToolCall.from_openai(reh["call"])
+            call = ToolCall.from_openai(reh.call)
             try:
                 real = str(self.shadow.execute(call))
             except Exception as err:  # a backend must not crash the env (DESIGN.md §3)
@@ -188,9 +188,9 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
                 "turn": info.get("turn", 0),
                 "tool": call.name,
                 "arguments": call.arguments,
-                "rehearsed": reh["text"],
+                "rehearsed": reh.text,
                 "real": real,
-                **fidelity_metrics(reh["text"], real),
+                **fidelity_metrics(reh.text, real),
             }
             records.append(record)
         self.episode_calls.extend(records)

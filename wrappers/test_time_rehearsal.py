@@ -336,7 +336,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         base = self.env.unwrapped
         for fork, (m0, _), s, t0 in zip(forks, starts, stats, start_tokens):
             rehearsed = sum(len(seg.token_ids) for seg in fork.trajectory.segments if seg.role == Role.REHEARSE)
-            rehearsed += sum(len(r["token_ids"]) for r in fork.rehearsal_rows[len(base.rehearsal_rows):])
+            rehearsed += sum(len(r.token_ids) for r in fork.rehearsal_rows[len(base.rehearsal_rows):])
             msgs = fork.trajectory.messages[m0:]
             if s["ended"] == "turn":  # drop the next turn's opening user message(s): not part of the attempt
                 last_assistant = max(i for i, m in enumerate(msgs) if m.role == "assistant")

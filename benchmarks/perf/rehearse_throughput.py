@@ -68,7 +68,7 @@ def run_sequential(envs: list[RehearseEnv], task_ids, actions, seed: int, policy
             t0 = time.perf_counter()
         for action in actions[i]:
             _, _, term, trunc, info = env.step(action)
-            tokens += sum(len(r["token_ids"]) for r in info["rehearsals"])
+            tokens += sum(len(r.token_ids) for r in info["rehearsals"])
             if term or trunc:
                 break
         elapsed += time.perf_counter() - t0
@@ -85,7 +85,7 @@ def run_vector(venv: RehearseVectorEnv, task_ids, actions, seed: int, policy=Non
         t0 = time.perf_counter()
     for s in range(len(actions[0])):
         _, _, _, _, infos = venv.step([a[s] for a in actions])
-        tokens += sum(len(r["token_ids"]) for rs in infos["rehearsals"] for r in (rs or []))
+        tokens += sum(len(r.token_ids) for rs in infos["rehearsals"] for r in (rs or []))
     return time.perf_counter() - t0, tokens
 
 

@@ -8,7 +8,7 @@ from envace_gym.envs.tool_use import ToolUseEnv
 from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse, Rehearser, make_rehearser
 from envace_gym.rendering import ChatRenderer
 from envace_gym.responders import Rehearsal, Responder
-from envace_gym.types import Message, Role, Segment, Task, ToolCall
+from envace_gym.types import Message, RehearsalRecord, Role, Segment, Task, ToolCall
 
 __all__ = ["RehearseEnv"]
 
@@ -47,9 +47,9 @@ class RehearseEnv(ToolUseEnv):
     As `ToolUseEnv`. The token budget ``max_episode_tokens`` counts the real token sequence.
 
     ## Info
-    Everything `ToolUseEnv` gives, plus ``rehearsals``: one dict per rehearsed call of this step with
-    ``call`` (OpenAI dict), ``text``, ``token_ids``, ``logprobs``, ``prompt_ids`` (separate mode, else None),
-    ``stopped``; ``num_tokens``: the length of the token sequence; ``rehearsal_tokens``: the episode's
+    Everything `ToolUseEnv` gives, plus ``rehearsals``: one `envace_gym.types.RehearsalRecord` per rehearsed
+    call of this step (the call, text, token ids, logprobs, the separate mode's prompt ids, stopped);
+    ``num_tokens``: the length of the token sequence; ``rehearsal_tokens``: the episode's
     REHEARSE tokens so far; ``cut_generations``: generated messages of the episode (ACT actions passed as
     `GeneratedText` and rehearsals) that reached their ``max_new_tokens`` before a stop token (also the
     attribute ``cut_generations``, reset by `reset`).
@@ -158,8 +158,8 @@ class RehearseEnv(ToolUseEnv):
         ]
         self._tokens_ready = True
         self._episode_tokens = len(prompt)
-        self._rehearsals: list[dict[str, Any]] = []
-        self.rehearsal_rows: list[dict[str, Any]] = []
+        self._rehearsals: list[RehearsalRecord] = []
+        self.rehearsal_rows: list[RehearsalRecord] = []
         self.cut_generations = 0
         info.update(self._token_info())
         return obs, info
@@ -288,16 +288,10 @@ class RehearseEnv(ToolUseEnv):
             # the rehearser continued the tool message, so it may have written the close's text before the
             # stop token too (Qwen: "\n</tool_response>"); that is template, not the tool's output
             text = self.renderer.generated_content(response.text, "tool")
-        self._rehearsals.append(
-            {
-                "call": call.to_openai(),
-                "text": text,
-                "token_ids": list(response.token_ids),
-                "logprobs": list(response.logprobs),
-                "prompt_ids": list(response.prompt_ids) if response.prompt_ids is not None else None,
-                "stopped": response.stopped,
-            }
-        )
+        self._rehearsals.append(RehearsalRecord(
+            call=call.to_openai(), text=text, token_ids=list(response.token_ids), logprobs=list(response.logprobs),
+            prompt_ids=list(response.prompt_ids) if response.prompt_ids is not None else None, stopped=response.stopped,
+        ))
         if self.prompt_mode == "inline":
             self._append(Role.REHEARSE, response.token_ids, response.logprobs, text)
             self._close("tool", response.token_ids)

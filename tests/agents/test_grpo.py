@@ -309,9 +309,10 @@ def test_on_policy_ratio_is_one_and_gradient_is_minus_advantage_over_token_count
     adv = torch.tensor([[1.0, -2.0, 0.5, 7.0], [3.0, 9.0, 9.0, 9.0]])
     loss, stats = policy_loss(lp, old, adv, MASK)
     loss.backward()
-    assert stats["ratio_mean"] == pytest.approx(1.0)
-    assert stats["clip_fraction"] == 0.0
-    assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert stats.ratio_mean == pytest.approx(1.0)
+    assert stats.clip_fraction == 0.0
+    assert stats.approx_kl == pytest.approx(0.0, abs=1e-7)
+    assert stats.loss == stats.pg_loss == pytest.approx(loss.item()) and stats.kl == stats.entropy == 0.0
     # token-mean over 4 masked tokens: loss = −Σ A·ratio / 4, d loss / d lp = −A·ratio / 4 = −A / 4.
     expected_grad = torch.where(MASK, -adv / 4, torch.zeros_like(adv))
     torch.testing.assert_close(lp.grad, expected_grad)
@@ -334,8 +335,8 @@ def test_clipping(adv, ratio, clipped):
     lp = (old + math.log(ratio)).requires_grad_(True)
     loss, stats = policy_loss(lp, old, torch.tensor([[adv]]), torch.tensor([[True]]), 0.2, 0.28)
     loss.backward()
-    assert stats["clip_fraction"] == (1.0 if clipped else 0.0)
-    assert stats["ratio_mean"] == pytest.approx(ratio, rel=1e-5)
+    assert stats.clip_fraction == (1.0 if clipped else 0.0)
+    assert stats.ratio_mean == pytest.approx(ratio, rel=1e-5)
     if clipped:
         assert lp.grad.item() == 0.0
         assert loss.item() == pytest.approx(-adv * (1.28 if adv > 0 else 0.8), rel=1e-5)
@@ -356,7 +357,7 @@ def test_masked_tokens_get_zero_gradient_even_with_garbage(aggregation):
         lp, old, adv, MASK, ref_logprobs=ref, entropy=entropy, beta=0.1, entropy_coef=0.01, aggregation=aggregation
     )
     loss.backward()
-    assert torch.isfinite(loss) and all(math.isfinite(v) for v in stats.values())
+    assert torch.isfinite(loss) and all(math.isfinite(v) for v in stats.to_dict().values())
     assert (lp.grad[~MASK] == 0).all() and (lp.grad[MASK] != 0).all()
     assert (ent_logits.grad[~MASK] == 0).all()
 
@@ -367,7 +368,7 @@ def test_all_masked_batch_gives_zero_loss():
     for aggregation in AGGREGATIONS:
         loss, stats = policy_loss(lp, lp.detach(), torch.ones(2, 3), mask, aggregation=aggregation)
         loss.backward()
-        assert loss.item() == 0.0 and stats["clip_fraction"] == 0.0
+        assert loss.item() == 0.0 and stats.clip_fraction == 0.0
         assert (lp.grad == 0).all()
 
 
@@ -499,6 +500,7 @@ def test_grpo_loss_combines_the_three_terms():
         kl = aggregate(kl_k3(lp, ref), MASK, mode)
         ent = aggregate(entropy, MASK, mode)
         torch.testing.assert_close(loss, pg + 0.04 * kl - 0.01 * ent)
-        assert stats["kl"] == pytest.approx(kl.item()) and stats["entropy"] == pytest.approx(ent.item())
-        assert stats["loss"] == pytest.approx(loss.item()) and stats["pg_loss"] == pytest.approx(pg.item())
-        assert {k: stats[k] for k in pg_stats} == pytest.approx(pg_stats)
+        assert stats.kl == pytest.approx(kl.item()) and stats.entropy == pytest.approx(ent.item())
+        assert stats.loss == pytest.approx(loss.item()) and stats.pg_loss == pytest.approx(pg.item())
+        for name in ("clip_fraction", "approx_kl", "ratio_mean"):
+            assert getattr(stats, name) == pytest.approx(getattr(pg_stats, name))

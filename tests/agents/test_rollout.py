@@ -19,7 +19,7 @@ from agents.grpo import grpo_advantages, role_wise_advantages
 from agents.logprobs import token_logprobs
 from agents.policy import load_policy
 from agents.rollout import PAD_ROLE, RolloutBatch, build_batch, collect_rollouts, group_ids_for
-from envace_gym.types import GeneratedText, Message, Role, Segment, Task, Trajectory
+from envace_gym.types import GeneratedText, Message, RehearsalRecord, Role, Segment, Task, Trajectory, TurnInfo
 
 B, K = 2, 2
 TASKS = ["scripted_0", "scripted_1"]
@@ -119,10 +119,23 @@ def test_recomputed_logprobs_match_recorded_ones_on_loss_positions(policy, rollo
 
 
 @pytest.mark.parametrize("mode", ["inline", "separate"])
+def test_trajectories_and_their_turn_records_survive_json(policy, rollouts, mode):
+    import json
+
+    trajs, _ = rollouts[mode]
+    again = [Trajectory.from_dict(json.loads(json.dumps(t.to_dict()))) for t in trajs]
+    assert [t.turn_info for t in again] == [t.turn_info for t in trajs]
+    assert all(isinstance(e, TurnInfo) and e.steps >= 1 for t in again for e in t.turn_info[:1])
+    a, b = _batch(trajs, policy, mode), _batch(again, policy, mode)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.old_logprobs, b.old_logprobs)
+    assert torch.equal(a.loss_mask, b.loss_mask) and a.row_kinds == b.row_kinds
+
+
+@pytest.mark.parametrize("mode", ["inline", "separate"])
 def test_rows_masks_and_advantages(policy, rollouts, mode):
     trajs, stats = rollouts[mode]
     batch = _batch(trajs, policy, mode)
-    n_reh = sum(len(e["rehearsals"]) for t in trajs for e in t.turn_info)
+    n_reh = sum(len(e.rehearsals) for t in trajs for e in t.turn_info)
     assert batch.row_kinds[: B * K] == ["trajectory"] * (B * K)
     if mode == "inline":
         assert batch.num_rows == B * K and n_reh == 0
@@ -175,7 +188,7 @@ def test_real_rollout_then_rehearsal_again_reproduces_the_seeded_rollout(policy,
     assert stats.rollout == "real"
     for t in trajs:
         assert Role.REHEARSE not in {s.role for s in t.segments}
-        assert all(not e["rehearsals"] for e in t.turn_info)
+        assert all(not e.rehearsals for e in t.turn_info)
     obs = [s.text for s in trajs[0].segments if s.role == Role.OBSERVATION]
     assert obs == ['{"total": 3}']  # the real scripted backend answered the forced add(3)
     assert [s.text for s in trajs[1].segments if s.role == Role.OBSERVATION] == ['{"text": "a"}', '{"total": 1}']
@@ -220,7 +233,7 @@ def test_budget_hits_are_counted_per_trajectory(policy, rollouts, mode):
     stops = set(policy.stop_ids)
     for t, cut, hit in zip(trajs, stats.cut_generations, stats.budget_hit):
         generated = [s.token_ids for s in t.segments if s.role in (Role.ACT, Role.REHEARSE) and s.logprobs is not None]
-        generated += [r["token_ids"] for e in t.turn_info for r in e["rehearsals"]]
+        generated += [r.token_ids for e in t.turn_info for r in e.rehearsals]
         expected_cut = sum(ids[-1] not in stops for ids in generated)
         assert cut == expected_cut
         assert hit == (t.truncated or expected_cut > 0)
@@ -291,9 +304,10 @@ def synthetic(draw):
         if separate:
             for _ in range(draw(st.integers(0, 2))):
                 ids = draw(st.lists(st.integers(0, 99), min_size=1, max_size=3))
-                rows.append({"prompt_ids": draw(st.lists(st.integers(0, 99), min_size=1, max_size=3)), "token_ids": ids, "logprobs": [-0.25] * len(ids)})
+                rows.append(RehearsalRecord(call={}, text="", prompt_ids=draw(st.lists(st.integers(0, 99), min_size=1, max_size=3)),
+                                            token_ids=ids, logprobs=[-0.25] * len(ids)))
         reward = float(draw(st.sampled_from([0.0, 1.0, -0.1, 0.9])))
-        trajs.append(Trajectory(task=_TASK, segments=segs, reward=reward, turn_info=[{"turn": 0, "rehearsals": rows}]))
+        trajs.append(Trajectory(task=_TASK, segments=segs, reward=reward, turn_info=[TurnInfo(turn=0, rehearsals=rows)]))
     return trajs, group_ids_for(num_groups, k), "separate" if separate else "inline"
 
 
@@ -302,7 +316,7 @@ def synthetic(draw):
 def test_build_batch_invariants(data, algo, weighting):
     trajs, gids, mode = data
     batch = build_batch(trajs, gids, prompt_mode=mode, algo=algo, weighting=weighting, pad_id=7)
-    n_reh = sum(len(e["rehearsals"]) for t in trajs for e in t.turn_info)
+    n_reh = sum(len(e.rehearsals) for t in trajs for e in t.turn_info)
     assert batch.num_rows == len(trajs) + n_reh
     assert batch.input_ids.dtype == batch.attention_mask.dtype == batch.role_mask.dtype == torch.int64
     assert batch.loss_mask.dtype == torch.bool and batch.old_logprobs.dtype == batch.advantages.dtype == torch.float32
@@ -313,8 +327,8 @@ def test_build_batch_invariants(data, algo, weighting):
         expected += [(i, s.role, s.logprobs, i) for s in t.segments if s.role.trainable and s.logprobs is not None]
     row = len(trajs)
     for i, t in enumerate(trajs):
-        for r in t.turn_info[0]["rehearsals"]:
-            expected.append((row, Role.REHEARSE, r["logprobs"], i))
+        for r in t.turn_info[0].rehearsals:
+            expected.append((row, Role.REHEARSE, r.logprobs, i))
             row += 1
     assert batch.seg_rows.tolist() == [e[0] for e in expected]
     assert batch.seg_roles.tolist() == [int(e[1]) for e in expected]

@@ -18,7 +18,7 @@ from envace_gym.envs.rehearse import RehearseEnv
 from envace_gym.parsing import format_tool_calls
 from envace_gym.rehearsal import RehearseResponse
 from envace_gym.rendering import ChatRenderer
-from envace_gym.types import GeneratedText, Role, ToolCall
+from envace_gym.types import GeneratedText, Role, ToolCall, TurnInfo
 from tests.qwen3_template import qwen3_tokenizer
 
 
@@ -141,7 +141,7 @@ def test_recorded_logprobs_match_a_recompute(qwen_tok, r, mode):
         _, _, terminated, truncated, _ = env.step(action)
         done = terminated or truncated
     if mode == "separate":  # where collect_rollouts puts the separate rehearsal rows
-        env.trajectory.turn_info = [{"turn": 0, "rehearsals": list(env.rehearsal_rows)}]
+        env.trajectory.turn_info = [TurnInfo(turn=0, rehearsals=list(env.rehearsal_rows))]
     batch = build_batch([env.trajectory], group_ids_for(1, 1), prompt_mode=mode, pad_id=policy.pad_id)
     assert int((batch.role_mask[batch.loss_mask] == int(Role.REHEARSE)).sum()) > 0
     assert int((batch.role_mask[batch.loss_mask] == int(Role.ACT)).sum()) > 0

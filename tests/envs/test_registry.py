@@ -60,4 +60,4 @@ def test_rehearse_env_makes_with_no_kwargs_on_smollm2():
     assert info["num_tokens"] > 1000  # a real BFCL prompt with its tool schemas
     base.max_new_tokens = 8
     obs, reward, term, trunc, info = env.step("[ls()]")
-    assert len(info["rehearsals"]) == 1 and 0 < len(info["rehearsals"][0]["token_ids"]) <= 8
+    assert len(info["rehearsals"]) == 1 and 0 < len(info["rehearsals"][0].token_ids) <= 8

@@ -42,7 +42,7 @@ def test_inline_mode_segments_partition_and_match_a_full_render():
     assert len(traj.role_mask) == len(traj.token_ids) == info["num_tokens"]
     # every rehearsal of the last step is in the trajectory exactly as generated, with its logprobs
     rehearsed = [s for s in traj.segments if s.role == Role.REHEARSE]
-    assert [r["token_ids"] for r in info["rehearsals"]] == [s.token_ids for s in rehearsed[-2:]]
+    assert [r.token_ids for r in info["rehearsals"]] == [s.token_ids for s in rehearsed[-2:]]
     assert all(s.logprobs is not None and len(s.logprobs) == len(s.token_ids) for s in rehearsed)
     # generated segments carry no logprobs only when the action was plain text
     assert all(s.logprobs is None for s in traj.segments if s.role == Role.ACT)
@@ -60,14 +60,14 @@ def test_separate_mode_rows_and_observation_role():
     traj = env.unwrapped.trajectory
     assert Role.REHEARSE not in {s.role for s in traj.segments}
     (reh,) = info["rehearsals"]
-    assert reh["prompt_ids"] and len(reh["token_ids"]) == len(reh["logprobs"]) > 0
+    assert reh.prompt_ids and len(reh.token_ids) == len(reh.logprobs) > 0
     tool_msg = traj.messages[-1]
-    assert tool_msg.role == "tool" and tool_msg.content == reh["text"]
+    assert tool_msg.role == "tool" and tool_msg.content == reh.text
     obs_segments = [s for s in traj.segments if s.role == Role.OBSERVATION]
-    assert obs_segments and obs_segments[-1].text == reh["text"]
+    assert obs_segments and obs_segments[-1].text == reh.text
     assert env.unwrapped.rehearsal_rows[-1] is reh
     tok = env.unwrapped.rehearser.tokenizer
-    assert "You are the tool environment" in tok.decode(reh["prompt_ids"])
+    assert "You are the tool environment" in tok.decode(reh.prompt_ids)
 
 
 def test_same_seed_same_rehearsal_and_different_seed_differs():
