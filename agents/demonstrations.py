@@ -1,7 +1,7 @@
 """Demonstrations for supervised warm-start: real executions of a suite's reference solutions, and
 recorded rollouts filtered by reward (rejection-sampling fine-tuning), as token-level `Trajectory` objects.
 
-Both sources give trajectories in the policy's own token format (the one `envace_gym.envs.rehearse.RehearseEnv`
+Both sources give trajectories in the policy's own token format (the one `envace_gym.envs.tool_use.ToolUseEnv`
 builds and `agents.rollout.build_batch` trains on), relabelled so that `agents.sft` can train both roles:
 
 * ACT segments: the assistant messages (tool calls and closing messages) are ACT targets.
@@ -12,7 +12,7 @@ builds and `agents.rollout.build_batch` trains on), relabelled so that `agents.s
 ## Demonstrations from real executions (`build_demonstrations`)
 
 For each task of a suite that gives a reference solution (``Suite.ground_truth``; BFCL: every task) a
-`RehearseEnv` answered by `envace_gym.responders.RealBackend` (`demonstration_env`: every tool call goes to
+`ToolUseEnv` answered by `envace_gym.responders.RealBackend` (`demonstration_env`: every tool call goes to
 a fresh, isolated real backend of the suite, BFCL ``long_context`` backends included) is driven with text
 actions, turn by turn:
 
@@ -311,14 +311,14 @@ def demonstration_for_task(env: Any, task: Task, calls_per_message: CallsPerMess
 
 
 def demonstration_env(tokenizer: Any, suite: str, **kwargs: Any) -> Any:
-    """The env that plays reference solutions: a `RehearseEnv` of `suite` answered by its real backend
+    """The env that plays reference solutions: a `ToolUseEnv` of `suite` answered by its real backend
     (`envace_gym.responders.RealBackend`), tokens in `tokenizer`'s format, no rehearser (no model is loaded),
     and no step limit (BFCL's 20-step limit counts ACT messages; with one call per message a long reference
     turn needs more). `kwargs` go to the env (``categories``, ``split`` or ``tasks``)."""
-    from envace_gym.envs.rehearse import RehearseEnv
+    from envace_gym.envs.tool_use import ToolUseEnv
     from envace_gym.responders import RealBackend
 
-    return RehearseEnv(suite=suite, tokenizer=tokenizer, responder=RealBackend(), max_steps_per_turn=10_000, **kwargs)
+    return ToolUseEnv(suite=suite, tokenizer=tokenizer, responder=RealBackend(), max_steps_per_turn=10_000, **kwargs)
 
 
 def build_demonstrations(

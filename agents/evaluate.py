@@ -1,6 +1,6 @@
 """Evaluation: the policy plays a suite's tasks against real backends (`envace eval`), and `envace report`.
 
-`evaluate` builds one env per task: a `RehearseEnv` over that task wrapped in `wrappers.RealTools` (the
+`evaluate` builds one env per task: a `ToolUseEnv` over that task answered by its real backend (the
 token sequence is kept, so the policy acts token in, token out on ``env.unwrapped.trajectory.token_ids``,
 which ends with the assistant opener after every non-final step), optionally in
 `wrappers.TestTimeRehearsal` (``rehearsal_n > 0``). All tasks are played together: every round, one
@@ -173,6 +173,7 @@ def _category(task: Any) -> str:
 def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any) -> Any:
     from agents.policy import PolicyRehearser
     from envace_gym.envs.rehearse import RehearseEnv
+    from envace_gym.envs.tool_use import ToolUseEnv
     from envace_gym.responders import RealBackend
     from wrappers import RehearsalFidelity, TestTimeRehearsal
 
@@ -183,7 +184,7 @@ def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any)
         return RehearsalFidelity(RehearseEnv(rehearser=rehearser, **common))
     # Real tools answer the committed calls, in the policy's token format (test-time rehearsal brings its own
     # rehearser).
-    env = RehearseEnv(tokenizer=policy.tokenizer, responder=RealBackend(), **common)
+    env = ToolUseEnv(tokenizer=policy.tokenizer, responder=RealBackend(), **common)
     if config.rehearsal_n:
         rehearser = None
         if rehearser_policy is not None:  # another model plays REHEARSE; separate prompts if its vocabulary differs

@@ -3,8 +3,10 @@
 Importing this package registers the environment ids with string entry points (Gymnasium's lazy
 registration), so no model and no benchmark data is loaded until an environment is made:
 
-* ``EnvACE-Tool-v0``: `envace_gym.envs.tool_use.ToolUseEnv`, real tool backends.
-* ``EnvACE-Rehearse-v0``: `envace_gym.envs.rehearse.RehearseEnv`, the policy rehearses the tools.
+* ``EnvACE-Tool-v0``: `envace_gym.envs.tool_use.ToolUseEnv`, the token-level env answered by the suite's
+  real tool backends (a text agent can ignore the tokens; the tokenizer is ``model``'s, no weights load).
+* ``EnvACE-Rehearse-v0``: `envace_gym.envs.rehearse.RehearseEnv`, the same env answered by the policy's
+  REHEARSE role.
 """
 
 from gymnasium.envs.registration import register, registry
@@ -18,7 +20,8 @@ if "EnvACE-Tool-v0" not in registry:
     register(
         id="EnvACE-Tool-v0",
         entry_point="envace_gym.envs.tool_use:ToolUseEnv",
-        kwargs={"suite": "bfcl", "categories": ["multi_turn_base"], "split": "train", "max_steps_per_turn": 20},
+        kwargs={"suite": "bfcl", "categories": ["multi_turn_base"], "split": "train", "max_steps_per_turn": 20,
+                "model": "smollm2-135m"},
         disable_env_checker=False,
     )
 

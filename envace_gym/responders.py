@@ -1,7 +1,7 @@
 """Responders: who answers an env's tool calls (a real backend, the policy's rehearsal, a recording).
 
 The tool-use envs parse each ACT message into tool calls; a *responder* produces the tool message for each
-call. Parsing, user turns, termination, truncation, the reward and (in `envace_gym.envs.rehearse.RehearseEnv`)
+call. Parsing, user turns, termination, truncation, the reward and (in `envace_gym.envs.tool_use.ToolUseEnv`)
 the token sequence are the env's and do not depend on the responder, so the same actions give a rehearsed
 episode with `Rehearsal`, a real one with `RealBackend` and a replayed one with `RecordedResponses`.
 
@@ -131,7 +131,7 @@ class RecordedResponses:
 
 
 class Rehearsal:
-    """The policy's REHEARSE role answers (token-level envs only: `envace_gym.envs.rehearse.RehearseEnv`).
+    """The policy's REHEARSE role answers (token-level envs only: `envace_gym.envs.tool_use.ToolUseEnv`).
 
     Args:
         rehearser: the `envace_gym.rehearsal.Rehearser`, shared (not copied) by forks.

@@ -285,7 +285,7 @@ class Segment:
 
 @dataclass
 class RehearsalRecord:
-    """One rehearsed tool response, as `envace_gym.envs.rehearse.RehearseEnv` recorded it.
+    """One rehearsed tool response, as `envace_gym.envs.tool_use.ToolUseEnv` recorded it.
 
     In the ``separate`` prompt mode this is its own training row (the simulator prompt, then the rehearsed
     completion); in ``inline`` mode the completion is also a REHEARSE segment of the trajectory.

@@ -180,7 +180,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         gym.Wrapper.__init__(self, env)
         base = env.unwrapped
         if not getattr(base, "keeps_tokens", False):
-            raise TypeError(f"TestTimeRehearsal wraps a RehearseEnv (token-level), got {type(base).__name__}")
+            raise TypeError(f"TestTimeRehearsal wraps a token-level ToolUseEnv (EnvACE-Tool-v0 or -Rehearse-v0), got {type(base).__name__}")
         if not hasattr(policy, "act"):
             raise TypeError(f"policy must be an agents.policy.Policy, got {type(policy).__name__}")
         if not isinstance(n, int) or n < 0:

@@ -1,117 +1,99 @@
-"""`ToolUseEnv`: a multi-turn tool-use task as a text-level Gymnasium environment (`EnvACE-Tool-v0`)."""
+"""`ToolUseEnv`: the token-level tool-use env (`EnvACE-Tool-v0`), whoever answers the calls.
+
+`EnvACE-Rehearse-v0` is the same env with the policy's REHEARSE role answering (`envace_gym.envs.rehearse`).
+"""
 
 from __future__ import annotations
 
-import copy
-import json
 from typing import Any, Callable, Generator, Sequence
 
-import gymnasium as gym
-import numpy as np
-
-from envace_gym.parsing import ToolCallParseError, parse_tool_calls
+from envace_gym.envs.text import TextToolUseEnv
+from envace_gym.registry import resolve_entry_point
+from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse, Rehearser, make_rehearser
+from envace_gym.rendering import ChatRenderer
 from envace_gym.responders import RealBackend, Rehearsal, Responder
-from envace_gym.spaces import MAX_TEXT_LENGTH, printable_text, replace_surrogates, sanitize
-from envace_gym.suites import Suite, ToolBackend, UserTurns, make_suite, user_turns
-from envace_gym.types import GeneratedText, Message, Task, ToolCall, Trajectory
+from envace_gym.suites import ToolBackend
+from envace_gym.types import Message, RehearsalRecord, Role, Segment, Task, ToolCall
 
-__all__ = ["ToolUseEnv", "format_observation"]
+__all__ = ["ToolUseEnv", "TOKENIZER_LOADER"]
 
+StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
-def format_observation(messages: Sequence[Message]) -> str:
-    """The observation text for the messages an env step produced.
-
-    Tool results are each wrapped in ``<tool_response>...</tool_response>`` (the Hermes convention) and
-    joined by newlines; user messages contribute their content. The structured messages are always in
-    ``info["new_messages"]``: the text is for text-only agents.
-    """
-    parts = []
-    for m in messages:
-        if m.role == "tool":
-            parts.append(f"<tool_response>\n{m.content}\n</tool_response>")
-        else:
-            parts.append(m.content)
-    return "\n".join(parts)
+TOKENIZER_LOADER = "agents.models:load_tokenizer"
+"""Entry point that loads a tokenizer by model name when the env is given none (``model`` names it)."""
 
 
-def utf8_quarter_tokens(text: str) -> int:
-    """The default token count of `ToolUseEnv`: UTF-8 bytes / 4, rounded up (a module function, so envs pickle)."""
-    return -(-len(text.encode("utf-8", "replace")) // 4)
-
-
-class ToolUseEnv(gym.Env[str, str]):
-    """A tool-use task from a suite (BFCL v4 by default) played against a real tool backend.
+class ToolUseEnv(TextToolUseEnv):
+    """A tool-use task that keeps its token sequence (token in, token out), with a pluggable responder.
 
     ## Description
-    The agent is the ACT role of DESIGN.md §1: each action is one assistant message. Tool calls in it
-    (Hermes ``<tool_call>{...}</tool_call>`` blocks or BFCL's Python-call list ``[f(a=1)]``) are parsed with
-    `envace_gym.parsing` (``json`` and ``ast`` only, nothing is executed) and sent to the task's backend, one
-    fresh isolated backend per episode. The environment is text-level and never raises on an action: a
-    malformed tool call becomes an error observation and is counted in ``info``.
+    The rules (parsing, error handling, user turns, termination, truncation, the verifier's reward) are
+    `TextToolUseEnv`'s. Who answers a tool call is the ``responder`` (`envace_gym.responders`): the suite's
+    real backend (``RealBackend()``, the default: ``EnvACE-Tool-v0``), the policy's REHEARSE role
+    (``Rehearsal(rehearser)``: ``EnvACE-Rehearse-v0``, EnvACE, DESIGN.md §1), a recorded trajectory
+    (``RecordedResponses``), or one of your own. The final reward always comes from the task's verifier
+    replaying the ACT calls on a fresh *real* backend (DESIGN.md §3), so a rehearser that invents
+    convenient observations earns nothing.
 
-    ## Action Space
-    `gymnasium.spaces.Text` over every printable BMP character plus newline, tab and carriage return
-    (`envace_gym.spaces.PRINTABLE_CHARSET`), ``min_length=0`` (an empty message is a valid action),
-    ``max_length=1_000_000`` characters. Characters outside the charset are still accepted.
+    The env keeps the trajectory's token sequence (``self.trajectory.segments``), built by appending ids,
+    never by re-rendering text: the prompt (system prompt with the tool schemas, first user turn) is
+    rendered once; each ACT action is recorded with its generated ids when it is an
+    `envace_gym.types.GeneratedText` (else its text is tokenised, logprobs None); template pieces between
+    messages come from `envace_gym.rendering.ChatRenderer`. The roles partition the sequence:
 
-    ## Observation Space
-    The same `Text` space (lengths 0 to 1,000,000 characters).
+    | segment                                   | role                                                |
+    |-------------------------------------------|-----------------------------------------------------|
+    | system prompt, user turns                 | PROMPT                                              |
+    | message open/close pieces                 | TEMPLATE (the part of a close that a model          |
+    |                                           | generated, up to its stop token, stays in its       |
+    |                                           | ACT/REHEARSE segment: ChatML ``<|im_end|>``, Qwen   |
+    |                                           | tool messages ``\\n</tool_response><|im_end|>``)     |
+    | ACT message                               | ACT                                                 |
+    | rehearsed tool response, ``inline``       | REHEARSE                                            |
+    | rehearsed tool response, ``separate``     | OBSERVATION here (no loss in the ACT row); its own  |
+    |                                           | row (simulator prompt + REHEARSE) in ``info``       |
+    | parse-error message, real tool output     | OBSERVATION                                         |
 
-    | after           | observation                                                                  |
-    |-----------------|------------------------------------------------------------------------------|
-    | `reset`         | the first user turn                                                          |
-    | tool calls      | each result as ``<tool_response>\\n...\\n</tool_response>``, newline-joined   |
-    | a parse error   | the error message inside ``<tool_response>`` (fit to show the model)         |
-    | no tool call    | the next user turn (the suite's `UserTurns`: BFCL's fixed turns in order),   |
-    |                 | or ``""`` when the user ends the conversation and the episode terminates     |
-
-    ## Rewards
-    0.0 on every non-final step. On termination, the suite's ``verify(trajectory, backend)`` in [0, 1]
-    (the whole trajectory and this episode's real backend in its final state). BFCL replays the ACT calls
-    on fresh real backends (BFCL multi-turn: state and response checks per turn; single-turn:
-    the AST checker). A truncated episode gets 0.0, as BFCL fails a forced quit.
-
-    ## Starting State
-    ``reset(seed=..., options={"task_id": ...})`` plays the named task; without it a task is drawn
-    uniformly with ``self.np_random``. The backend is built fresh from the task's initial configuration.
-
-    ## Episode End
-    * Termination: an action with no tool call when the user has nothing more to say (``user.reply``
-      returns None; BFCL: after the last user turn), or, in single-step tasks such as BFCL single-turn,
-      after the first action.
-    * Truncation: ``max_steps_per_turn`` actions in one user turn without ending it, the last of them
-      still calling a tool or malformed (BFCL's harness force-quits a turn after 20 calling messages, which
-      is ``max_steps_per_turn=21`` here, since this count includes the closing message), or the episode's
-      message text exceeding
-      ``max_episode_tokens`` (counted with ``count_tokens``).
+    ## Action Space, Observation Space, Rewards, Starting State, Episode End
+    As `TextToolUseEnv`. The token budget ``max_episode_tokens`` counts the real token sequence.
 
     ## Info
-    ``task_id``, ``turn`` (0-based user turn), ``step_in_turn``, ``tool_calls`` (this step's parsed calls,
-    OpenAI dicts), ``parse_error`` (str or None), ``num_parse_errors`` (episode total), ``new_messages``
-    (this step's messages, OpenAI dicts), ``messages`` (the whole history), ``tools`` (OpenAI dicts, the
-    tools visible now), ``episode_tokens``; on the final step also ``verifier`` (reward, valid, details).
+    Everything `TextToolUseEnv` gives, plus ``rehearsals``: one `envace_gym.types.RehearsalRecord` per
+    rehearsed call of this step (the call, text, token ids, logprobs, the separate mode's prompt ids,
+    stopped); ``num_tokens``: the length of the token sequence; ``rehearsal_tokens``: the episode's
+    REHEARSE tokens so far; ``cut_generations``: generated messages of the episode (ACT actions passed as
+    `GeneratedText` and rehearsals) that reached their ``max_new_tokens`` before a stop token (also the
+    attribute ``cut_generations``, reset by `reset`).
 
     ## Arguments
-    * ``suite`` (str): a registered suite name (`envace_gym.suites.make_suite`), default ``"bfcl"``.
-    * ``categories`` (list[str] | None): suite categories; None is the suite's default.
-    * ``split`` (str): ``"train"``, ``"test"`` or ``"all"``.
-    * ``tasks`` (list[Task] | None): play these tasks instead of the suite's (the suite still verifies).
-    * ``max_steps_per_turn`` (int): ACT messages allowed per user turn, the closing one included; default 20.
-    * ``max_episode_tokens`` (int | None): token budget over all message contents; None = unlimited.
-    * ``count_tokens`` (callable | None): str -> int; default: UTF-8 bytes / 4, rounded up.
-    * ``backend_factory`` (callable | None): Task -> ToolBackend; default the suite's real backend.
-    * ``responder`` (`envace_gym.responders.ToolResponder` | None): who answers the tool calls; default
-      ``RealBackend(backend_factory)``, a fresh real backend per episode. `set_responder` swaps it.
+    All of `TextToolUseEnv`'s except ``count_tokens`` (tokens are counted with the tokenizer), and:
 
-    ## Methods beyond Gymnasium's
-    `set_responder` (takes effect at the next `reset`), `fork` (an independent copy at the current point),
-    `respond` (answer one call with the responder, as `step` does), `calls_per_turn`, `task_by_id`, `turn`.
+    * ``responder`` (`envace_gym.responders.Responder` | None): who answers the tool calls; None: the
+      class default (``RealBackend(backend_factory)`` here, ``Rehearsal(rehearser)`` in `RehearseEnv`).
+      Text responders are recorded as OBSERVATION tokens. `set_responder` swaps it at the next reset.
+    * ``tokenizer``: the tokenizer of the token sequence; None: the rehearser's, or else the tokenizer of
+      ``model`` (loaded by `TOKENIZER_LOADER`; no model weights are loaded for a text responder).
+    * ``rehearser`` (Rehearser | None): the rehearser of a `Rehearsal` responder; None builds
+      ``make_rehearser("policy", ...)`` from the arguments below when one is needed (the model is loaded
+      once per process and shared by every env).
+    * ``model`` (str): model name or folder of the default rehearser and tokenizer; ``"smollm2-135m"``.
+    * ``prompt_mode`` (``"inline"`` | ``"separate"``): see `envace_gym.rehearsal`.
+    * ``max_new_tokens`` (int): cap per rehearsed response; default 256.
+    * ``temperature`` (float): sampling temperature of rehearsals; 0 is greedy; default 1.0.
+    * ``seed`` (int | None): seeds the env's ``np_random`` on the first reset when none is given there.
+    * ``max_context_tokens`` (int | None): the longest token sequence the rehearser is asked to continue
+      (default 16,384): a tool call whose rehearsal could pass it is answered with an error observation and
+      no model call. Without it one 1 MB text action would make the next rehearsal attend over ~10^5 new
+      tokens at once (tens of GB). Generated actions are bounded by their ``max_new_tokens``; an agent that
+      acts on such a sequence itself should bound it too (``info["num_tokens"]``).
 
     ## Version History
     * v0: initial version.
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    keeps_tokens = True
+    rehearses_by_default = False
+    """Whether ``responder=None`` means ``Rehearsal(rehearser)`` (`RehearseEnv`) or the real backend."""
 
     def __init__(
         self,
@@ -119,308 +101,272 @@ class ToolUseEnv(gym.Env[str, str]):
         categories: Sequence[str] | None = None,
         split: str = "train",
         tasks: Sequence[Task] | None = None,
+        rehearser: Rehearser | None = None,
+        model: str = "smollm2-135m",
+        prompt_mode: PromptMode = "inline",
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        seed: int | None = None,
         max_steps_per_turn: int = 20,
         max_episode_tokens: int | None = None,
-        count_tokens: Callable[[str], int] | None = None,
-        backend_factory: Callable[[Task], ToolBackend] | None = None,
+        max_context_tokens: int | None = 16_384,
         render_mode: str | None = None,
         responder: Responder | None = None,
+        tokenizer: Any = None,
+        backend_factory: Callable[[Task], ToolBackend] | None = None,
     ) -> None:
-        if not isinstance(max_steps_per_turn, int) or max_steps_per_turn < 1:
-            raise ValueError(f"max_steps_per_turn must be a positive int, got {max_steps_per_turn!r}")
-        if max_episode_tokens is not None and max_episode_tokens < 1:
-            raise ValueError(f"max_episode_tokens must be None or >= 1, got {max_episode_tokens!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
-        self.suite: Suite = make_suite(suite)
-        self.tasks: list[Task] = list(tasks) if tasks is not None else self.suite.tasks(categories, split)
-        if not self.tasks:
-            raise ValueError(f"no tasks for suite={suite!r} categories={categories!r} split={split!r}")
-        self._task_index = {t.id: i for i, t in enumerate(self.tasks)}
-        self.max_steps_per_turn = max_steps_per_turn
-        self.max_episode_tokens = max_episode_tokens
-        self.count_tokens = count_tokens or utf8_quarter_tokens
-        self.backend_factory = backend_factory or self.suite.make_backend
-        self.render_mode = render_mode
-        self.responder: Responder = self._checked(responder) if responder is not None else RealBackend(self.backend_factory)
-        self._next_responder: Responder | None = None
+        if max_context_tokens is not None and max_context_tokens < 1:
+            raise ValueError(f"max_context_tokens must be None or >= 1, got {max_context_tokens!r}")
+        self.max_context_tokens = max_context_tokens
+        if prompt_mode not in ("inline", "separate"):
+            raise ValueError(f"prompt_mode must be 'inline' or 'separate', got {prompt_mode!r}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        rehearses = isinstance(responder, Rehearsal) or (responder is None and self.rehearses_by_default)
+        if rehearser is None and isinstance(responder, Rehearsal):
+            rehearser = responder.rehearser
+        if rehearser is None and rehearses:
+            rehearser = make_rehearser("policy", model=model, prompt_mode=prompt_mode)
+        if rehearser is not None and rehearser.prompt_mode != prompt_mode:
+            raise ValueError(
+                f"the rehearser's prompt_mode is {rehearser.prompt_mode!r} but the env asks for {prompt_mode!r}"
+            )
+        self.rehearser: Rehearser | None = rehearser
+        if tokenizer is None:
+            tokenizer = rehearser.tokenizer if rehearser is not None else resolve_entry_point(TOKENIZER_LOADER)(model)
+        self.renderer = ChatRenderer(tokenizer)
+        self.prompt_mode: PromptMode = prompt_mode  # before the base class checks the responder against it
+        if responder is None:
+            responder = Rehearsal(rehearser) if rehearses else None
+        super().__init__(
+            suite=suite,
+            categories=categories,
+            split=split,
+            tasks=tasks,
+            max_steps_per_turn=max_steps_per_turn,
+            max_episode_tokens=max_episode_tokens,
+            count_tokens=self._count_tokens,
+            backend_factory=backend_factory,
+            render_mode=render_mode,
+            responder=responder,
+        )
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self._initial_seed = seed
 
-        self.action_space = printable_text(min_length=0)
-        self.observation_space = printable_text(min_length=0)
-
-        self.task: Task | None = None
-        self.trajectory: Trajectory | None = None
-        self._done = True
+    def _count_tokens(self, text: str) -> int:
+        return len(self.renderer.content_ids(text))
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Start an episode; see the class docstring (Starting State).
+        """As `TextToolUseEnv.reset`; also renders the prompt tokens. See the class docstring."""
+        if seed is None and self._initial_seed is not None:
+            seed, self._initial_seed = self._initial_seed, None
+        self._tokens_ready = False
+        obs, info = super().reset(seed=seed, options=options)
+        assert self.task is not None and self.trajectory is not None
+        first_turn = [Message(role=m.role, content=m.content) for m in self.trajectory.messages]  # the user's opening
+        prompt = self.renderer.prompt_ids(first_turn, self.task.tools_at_turn(0))
+        opener = self.renderer.open_ids("assistant")
+        if prompt[len(prompt) - len(opener):] != opener:
+            raise RuntimeError("the rendered prompt does not end with the assistant opener; unsupported template")
+        self.trajectory.segments = [
+            Segment(Role.PROMPT, prompt[: len(prompt) - len(opener)], None, ""),
+            Segment(Role.TEMPLATE, list(opener), None, ""),
+        ]
+        self._tokens_ready = True
+        self._episode_tokens = len(prompt)
+        self._rehearsals: list[RehearsalRecord] = []
+        self.rehearsal_rows: list[RehearsalRecord] = []
+        self.cut_generations = 0
+        info.update(self._token_info())
+        return obs, info
 
-        Raises:
-            KeyError: ``options["task_id"]`` names no task of this env (a configuration error, not an action).
+    def step_coroutine(self, action: str) -> Generator[ToolCall, str, StepResult]:
+        """`TextToolUseEnv.step_coroutine`, plus token bookkeeping and ``info["rehearsals"]``.
+
+        The yielded calls are answered by `_respond` in `step`; a vector env answers them with
+        `rehearse_request` / `accept_rehearsal` so one batched model call serves all envs.
         """
-        super().reset(seed=seed)
-        options = options or {}
-        if "task_id" in options:
-            if options["task_id"] not in self._task_index:
-                raise KeyError(f"task_id {options['task_id']!r} is not among this env's {len(self.tasks)} tasks")
-            self.task = self.tasks[self._task_index[options["task_id"]]]
-        else:
-            self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        if self._next_responder is not None:
-            self.responder, self._next_responder = self._next_responder, None
-        self.responder.start(self.task)
-        self.trajectory = Trajectory(task=self.task)
-        self._turn = 0
-        self._step_in_turn = 0
-        self._num_parse_errors = 0
-        self._episode_tokens = 0
-        self.user: UserTurns = user_turns(self.suite, self.task)
-        self._done = False
-        new = self._open_turn(0, self.user.opening())
-        info = self._info(new, calls=[], parse_error=None)
-        return self._observe(new), info
+        self._rehearsals = []
+        if not getattr(action, "stopped", True):
+            self.cut_generations += 1
+        obs, reward, terminated, truncated, info = yield from super().step_coroutine(action)
+        if not (terminated or truncated):
+            self._append(Role.TEMPLATE, self.renderer.open_ids("assistant"))
+        info.update(self._token_info())
+        info["rehearsals"] = self._rehearsals
+        return obs, reward, terminated, truncated, info
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Play one ACT message; see the class docstring. Never raises for any `action` string.
-
-        Raises:
-            RuntimeError: `step` before `reset`, or after the episode ended (a usage error).
-        """
-        gen = self.step_coroutine(action)
-        try:
-            call = next(gen)
-            while True:
-                call = gen.send(self._respond(call))
-        except StopIteration as stop:
-            return stop.value
-
-    def step_coroutine(self, action: str) -> Generator[ToolCall, str, tuple[str, float, bool, bool, dict[str, Any]]]:
-        """`step` as a coroutine: yields each parsed tool call, receives its response text, returns the step tuple.
-
-        `step` drives it with `_respond`; a vector env drives many envs' coroutines in lockstep so that one
-        batched model call answers the current call of every env (DESIGN.md §3, "Batch the model").
-        """
-        if self.task is None or self.trajectory is None:
-            raise RuntimeError("call reset() before step()")
-        if self._done:
-            raise RuntimeError("the episode has ended; call reset()")
-        action = action if isinstance(action, str) else str(action)
-        text = str(action)
-        clean = replace_surrogates(text)
-        if clean is not text:  # keep a generated action's ids and logprobs; only its text is fixed
-            ids = getattr(action, "token_ids", None)
-            action = GeneratedText(clean, ids, getattr(action, "logprobs", None), getattr(action, "stopped", True)) \
-                if ids is not None else clean
-        assistant = Message(role="assistant", content=str(action))
-        self._record(assistant, action)
-        self._step_in_turn += 1
-        single_step = bool(self.task.metadata.get("single_step"))
-
-        calls: list[ToolCall] = []
-        parse_error: str | None = None
-        try:
-            calls = parse_tool_calls(str(action))
-        except ToolCallParseError as err:
-            parse_error = str(err)
-            self._num_parse_errors += 1
-        for i, call in enumerate(calls):  # ids unique within the episode
-            call.id = f"call_{self._turn}_{self._step_in_turn}_{i}"
-        assistant.tool_calls = calls or None
-
-        new: list[Message] = []
-        terminated = truncated = False
-        reward = 0.0
-        if parse_error is not None and not single_step:
-            message = Message(role="tool", content=f"Error: {parse_error}")
-            self._record(message)
-            new = [message]
-        elif calls and not single_step:
-            for call in calls:
-                result = yield call
-                message = Message(role="tool", content=replace_surrogates(str(result)), tool_call_id=call.id, name=call.name)
-                self._record(message)
-                new.append(message)
-        else:  # no tool call (or a single-step task): the user turn ends
-            reply = None if single_step else self.user.reply(self.trajectory)
-            if reply:  # None (or no message) ends the conversation
-                self._turn += 1
-                self._step_in_turn = 0
-                new = self._open_turn(self._turn, reply)
-            else:
-                terminated = True
-
-        if not terminated:
-            if self._step_in_turn >= self.max_steps_per_turn and (calls or parse_error is not None):
-                truncated = True
-            elif self.max_episode_tokens is not None and self._episode_tokens > self.max_episode_tokens:
-                truncated = True
-
-        info = self._info(new, calls=calls, parse_error=parse_error)
-        if terminated:
-            result = self.suite.verify(self.trajectory, self.backend)
-            reward = float(result.reward)
-            info["verifier"] = {"reward": reward, "valid": result.valid, "details": result.details}
-        if terminated or truncated:
-            self._done = True
-            self.trajectory.reward = reward
-            self.trajectory.terminated = terminated
-            self.trajectory.truncated = truncated
-        return self._observe(new), reward, terminated, truncated, info
-
-    def render(self) -> str | None:
-        """``"ansi"``: the whole message history as text."""
-        if self.render_mode != "ansi" or self.trajectory is None:
-            return None
-        return "\n".join(f"[{m.role}] {m.content}" for m in self.trajectory.messages)
-
-    # ------------------------------------------------------------------ responders and copies
-    @property
-    def backend(self) -> ToolBackend | None:
-        """The responder's real backend in its current state (None for a rehearsal or a recording)."""
-        return self.responder.backend
-
-    def set_responder(self, responder: Responder) -> None:
-        """Answer the tool calls of the following episodes with `responder` (from the next `reset` on).
-
-        A `RealBackend` without a factory gets this env's ``backend_factory`` (the suite's by default).
-
-        Raises:
-            TypeError: `responder` is not a responder, or is a `Rehearsal` and this env keeps no tokens.
-            ValueError: a `Rehearsal` whose rehearser has another prompt mode than this env.
-        """
-        self._next_responder = self._checked(responder)
-
-    def _checked(self, responder: Responder) -> Responder:
-        """`responder`, checked for this env (a `RealBackend` without a factory gets ``backend_factory``)."""
-        if isinstance(responder, Rehearsal):
-            if not self.keeps_tokens:
-                raise TypeError(f"{type(self).__name__} keeps no token sequence; Rehearsal needs EnvACE-Rehearse-v0")
-            mode = getattr(self, "prompt_mode", responder.rehearser.prompt_mode)
-            if responder.rehearser.prompt_mode != mode:
-                raise ValueError(f"the rehearser's prompt_mode is {responder.rehearser.prompt_mode!r} but the env's "
-                                 f"is {mode!r}")
-        elif not all(callable(getattr(responder, m, None)) for m in ("start", "respond", "fork")):
-            raise TypeError(f"a responder needs start, respond and fork (envace_gym.responders), got {responder!r}")
-        if isinstance(responder, RealBackend) and responder.factory is None:
-            responder.factory = self.backend_factory
-        return responder
-
-    @property
-    def upcoming_responder(self) -> Responder:
-        """The responder of the next episode (the one `set_responder` gave, else the current one)."""
-        return self._next_responder if self._next_responder is not None else self.responder
-
-    keeps_tokens = False
-    """Whether the env records the token sequence (`RehearseEnv`: True)."""
-
-    @property
-    def episode_over(self) -> bool:
-        """Whether the episode has ended, or none has started (`step` then raises)."""
-        return self.trajectory is None or self._done
-
+    # ------------------------------------------------------------------ dynamics
     def respond(self, call: ToolCall) -> str:
-        """Answer one call of the running step with the responder and return the tool message content.
+        """Answer one call of the running step and record its tokens: a rehearsal (one model call; a vector
+        env batches them with `rehearse_request` / `accept_rehearsal` instead) or the text responder's answer
+        as OBSERVATION tokens.
 
         Raises:
             RuntimeError: no episode is running.
         """
         if self.episode_over:
             raise RuntimeError("respond() needs a running episode (call reset())")
-        return self.responder.respond(call)
+        if not isinstance(self.responder, Rehearsal):
+            text = self.responder.respond(call)
+            self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(text), None, text, generated=False)
+            return text
+        if self._context_full():
+            return self._respond_context_full()
+        request = self.rehearse_request(call)
+        (response,) = self.responder.rehearser.rehearse([request])
+        return self.accept_rehearsal(call, response)
+
+    def needs_rehearsal(self) -> bool:
+        """True when the next tool call is answered by the rehearser: the responder is a `Rehearsal` and the
+        sequence leaves room for a rehearsal within ``max_context_tokens``."""
+        return isinstance(self.responder, Rehearsal) and not self._context_full()
 
     def fork(self, responder: Responder | None = None, seed: int | None = None) -> ToolUseEnv:
-        """An independent copy at the current point of the episode that continues identically.
-
-        The copy has its own trajectory, user, counters and random generator (a copy of this env's, or one
-        seeded with `seed`); its responder is ``self.responder.fork()`` (a real backend's state copied, a
-        rehearser shared), or `responder` (checked as by `set_responder`; a `RealBackend` that has no backend
-        yet starts one in the task's initial state). Steps on the copy never touch this env or its backend.
-
-        Raises:
-            RuntimeError: no episode is running.
-            TypeError, ValueError: as `set_responder`, for a given `responder`.
-        """
-        if self.task is None or self.trajectory is None:
-            raise RuntimeError("fork() needs a running episode (call reset())")
-        if responder is not None:
-            responder = self._checked(responder)
-            if isinstance(responder, RealBackend) and responder.backend is None:
-                responder.start(self.task)
-        twin = copy.copy(self)
-        keep = {id(self.task): self.task}  # the task is shared, read-only data
-        twin.trajectory = copy.deepcopy(self.trajectory, keep)
-        twin.user = copy.deepcopy(self.user, dict(keep))
-        twin.responder = responder if responder is not None else self.responder.fork()
-        twin._next_responder = None
-        twin.np_random = (copy.deepcopy(self.np_random) if seed is None
-                          else np.random.Generator(np.random.PCG64(seed)))
+        """`TextToolUseEnv.fork`, plus the token state: the copy's token sequence, rehearsal rows and counters
+        are its own. With a `Rehearsal` responder the copy's prompt mode becomes its rehearser's."""
+        twin = super().fork(responder, seed)
+        twin._rehearsals = list(self._rehearsals)
+        twin.rehearsal_rows = list(self.rehearsal_rows)
+        if isinstance(twin.responder, Rehearsal):
+            twin.prompt_mode = twin.responder.rehearser.prompt_mode
         return twin
 
-    # ------------------------------------------------------------------ overridable dynamics
-    def _respond(self, call: ToolCall) -> str:
-        """The environment's response to one call during `step` (`RehearseEnv` also records its tokens)."""
-        return self.respond(call)
+    def insert_message(self, role: str, text: str, content_ids: Sequence[int] | None = None) -> None:
+        """Append a message before the pending ACT step, without re-rendering the sequence.
 
-    # ------------------------------------------------------------------ helpers
-    def _open_turn(self, turn: int, messages: Sequence[Message]) -> list[Message]:
-        """Record and return the `messages` (from `user`) that open user turn `turn`.
+        The sequence must end with the assistant opener (it does after `reset` and after every non-final
+        step); that opener is taken off, ``open_ids(role) + content_ids + close_ids(role)`` are appended
+        (TEMPLATE, PROMPT, TEMPLATE) and the opener is appended again. The message joins
+        ``trajectory.messages``; the token count is updated.
 
-        At a turn where the task reveals held-out tools (BFCL miss_func), their schemas are prepended to the
-        first user message as a JSON list followed by a newline, as BFCL's prompting harness does
-        (``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING``); ``info["tools"]`` lists them from then on.
-        """
-        assert self.task is not None
-        new = [Message(role=m.role, content=replace_surrogates(str(m.content))) for m in messages]
-        revealed = self.task.held_out_tools.get(turn) if turn > 0 else None
-        if revealed and new:
-            schemas = json.dumps([t.to_openai()["function"] for t in revealed], ensure_ascii=False)
-            new[0] = Message(role=new[0].role, content=f"{schemas}\n{new[0].content}")
-        for m in new:
-            self._record(m)
-        return new
-
-    def _record(self, message: Message, action: str | None = None) -> None:
-        """Append a message to the history. `action` is the raw ACT action (for subclasses that track tokens)."""
-        assert self.trajectory is not None
-        self.trajectory.messages.append(message)
-        self._episode_tokens += self.count_tokens(message.content)
-
-    def _observe(self, messages: Sequence[Message]) -> str:
-        return sanitize(format_observation(messages), MAX_TEXT_LENGTH)
-
-    def _info(self, new: Sequence[Message], calls: Sequence[ToolCall], parse_error: str | None) -> dict[str, Any]:
-        assert self.task is not None and self.trajectory is not None
-        return {
-            "task_id": self.task.id,
-            "turn": self._turn,
-            "step_in_turn": self._step_in_turn,
-            "tool_calls": [c.to_openai() for c in calls],
-            "parse_error": parse_error,
-            "num_parse_errors": self._num_parse_errors,
-            "new_messages": [m.to_dict() for m in new],
-            "messages": [m.to_dict() for m in self.trajectory.messages],
-            "tools": [t.to_openai() for t in self.task.tools_at_turn(self._turn)],
-            "episode_tokens": self._episode_tokens,
-        }
-
-    @property
-    def turn(self) -> int:
-        """The current user turn, 0-based (``info["turn"]`` of the last step)."""
-        return self._turn
-
-    def task_by_id(self, task_id: str) -> Task:
-        """The task of this env with id `task_id`.
+        Args:
+            role: ``"user"`` or ``"system"``.
+            text: the message content.
+            content_ids: its token ids `(M,)`, appended as they are (None: tokenised here).
 
         Raises:
-            KeyError: no task of this env has that id.
+            ValueError: another role.
+            RuntimeError: no episode is running, or the sequence does not end with the assistant opener.
         """
-        if task_id not in self._task_index:
-            raise KeyError(f"task_id {task_id!r} is not among this env's {len(self.tasks)} tasks")
-        return self.tasks[self._task_index[task_id]]
+        if role not in ("user", "system"):
+            raise ValueError(f"insert_message inserts user or system messages, got role {role!r}")
+        if self.trajectory is None or self._done:
+            raise RuntimeError("insert_message() needs a running episode (call reset())")
+        segments = self.trajectory.segments
+        opener = list(self.renderer.open_ids("assistant"))
+        if not segments or segments[-1].role != Role.TEMPLATE or segments[-1].token_ids != opener:
+            raise RuntimeError("the token sequence does not end with the assistant opener; nothing to insert before")
+        segments.pop()
+        self._episode_tokens -= len(opener)
+        ids = list(content_ids) if content_ids is not None else self.renderer.content_ids(text)
+        self.trajectory.messages.append(Message(role=role, content=text))
+        self._append(Role.TEMPLATE, self.renderer.open_ids(role))
+        self._append(Role.PROMPT, ids, None, text)
+        self._append(Role.TEMPLATE, self.renderer.close_ids(role))
+        self._append(Role.TEMPLATE, opener)
 
-    def calls_per_turn(self) -> list[list[list[ToolCall]]]:
-        """The parsed ACT calls so far: turns × steps × calls (`Trajectory.calls_per_turn`)."""
+    def _context_full(self) -> bool:
+        limit = self.max_context_tokens
+        return limit is not None and getattr(self, "_episode_tokens", 0) + self.max_new_tokens + 16 > limit
+
+    def _respond_context_full(self) -> str:
+        """Answer without a model call when a rehearsal would pass ``max_context_tokens``: an error
+        observation (no loss), like any tool failure, so the token sequence stays well formed."""
+        text = (f"Error: the episode's {self._episode_tokens} tokens leave no room for a rehearsal within "
+                f"max_context_tokens={self.max_context_tokens}")
+        self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(text), None, text, generated=False)
+        return text
+
+    def rehearse_request(self, call: ToolCall) -> RehearseRequest:
+        """The request for `call` at the current point of the episode (appends the tool-message opener)."""
+        assert self.task is not None and self.trajectory is not None
+        context = None
+        if self.prompt_mode == "inline":
+            self._append(Role.TEMPLATE, self.renderer.open_ids("tool"))
+            context = self.trajectory.token_ids
+        return RehearseRequest(
+            tools=self.task.tools_at_turn(self._turn),
+            messages=list(self.trajectory.messages),
+            call=call,
+            context_ids=context,
+            seed=int(self.np_random.integers(2**31 - 1)),
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+        )
+
+    def accept_rehearsal(self, call: ToolCall, response: RehearseResponse) -> str:
+        """Record the rehearsed response to `call` (as made by `rehearse_request`) and return its text."""
+        if not response.stopped:
+            self.cut_generations += 1
+        text = response.text
+        if self.prompt_mode == "inline":
+            # the rehearser continued the tool message, so it may have written the close's text before the
+            # stop token too (Qwen: "\n</tool_response>"); that is template, not the tool's output
+            text = self.renderer.generated_content(response.text, "tool")
+        self._rehearsals.append(RehearsalRecord(
+            call=call.to_openai(), text=text, token_ids=list(response.token_ids), logprobs=list(response.logprobs),
+            prompt_ids=list(response.prompt_ids) if response.prompt_ids is not None else None, stopped=response.stopped,
+        ))
+        if self.prompt_mode == "inline":
+            self._append(Role.REHEARSE, response.token_ids, response.logprobs, text)
+            self._close("tool", response.token_ids)
+        else:
+            self.rehearsal_rows.append(self._rehearsals[-1])
+            ids = self.renderer.content_ids(response.text)
+            self._append_tool_message(Role.OBSERVATION, ids, None, response.text, generated=False)
+        self._tool_tokens_recorded = True
+        return text
+
+    # ------------------------------------------------------------------ token bookkeeping
+    def _record(self, message: Message, action: str | None = None) -> None:
         assert self.trajectory is not None
-        return self.trajectory.calls_per_turn()
+        self.trajectory.messages.append(message)
+        if not getattr(self, "_tokens_ready", False):
+            return
+        if message.role == "assistant":
+            ids = getattr(action, "token_ids", None)
+            logprobs = getattr(action, "logprobs", None)
+            generated = ids is not None
+            if not generated:  # a plain string: tokenise it and close the message (no logprobs to train on)
+                ids, logprobs = self.renderer.content_ids(message.content), None
+            self._append(Role.ACT, ids, logprobs, message.content)
+            self._close("assistant", ids if generated else [])
+        elif message.role == "tool":
+            if getattr(self, "_tool_tokens_recorded", False):
+                self._tool_tokens_recorded = False
+                return
+            self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(message.content), None, message.content, generated=False)
+            self._tool_tokens_recorded = False
+        else:  # user (or system) turn opening
+            self._append(Role.TEMPLATE, self.renderer.open_ids(message.role))
+            self._append(Role.PROMPT, self.renderer.content_ids(message.content), None, message.content)
+            self._append(Role.TEMPLATE, self.renderer.close_ids(message.role))
 
+    def _append_tool_message(self, role: Role, ids: list[int], logprobs, text: str, generated: bool) -> None:
+        self._append(Role.TEMPLATE, self.renderer.open_ids("tool"))
+        self._append(role, ids, logprobs, text)
+        self._close("tool", ids if generated else [])
+        self._tool_tokens_recorded = True
+
+    def _close(self, role: str, generated_ids: Sequence[int]) -> None:
+        """Append the part of the message's closing template that the model did not generate
+        (`envace_gym.rendering.ChatRenderer.after_generation_ids`)."""
+        self._append(Role.TEMPLATE, self.renderer.after_generation_ids(list(generated_ids), role))
+
+    def _append(self, role: Role, ids: Sequence[int], logprobs: Sequence[float] | None = None, text: str = "") -> None:
+        if not ids:
+            return
+        assert self.trajectory is not None
+        self.trajectory.segments.append(Segment(role, list(ids), list(logprobs) if logprobs is not None else None, text))
+        self._episode_tokens += len(ids)
+
+    def _token_info(self) -> dict[str, Any]:
+        assert self.trajectory is not None
+        counts = self.trajectory.tokens_per_role()
+        return {"num_tokens": sum(counts.values()), "rehearsal_tokens": counts["REHEARSE"],
+                "cut_generations": self.cut_generations}

@@ -9,6 +9,8 @@ import pytest
 
 import envace_gym  # noqa: F401
 import tests.testing_env  # noqa: F401  (registers the scripted suites)
+from envace_gym.envs.text import TextToolUseEnv
+from envace_gym.envs.tool_use import ToolUseEnv
 from envace_gym.responders import RealBackend, RecordedResponses, Rehearsal
 from envace_gym.types import Role, ToolCall
 from wrappers import RealTools
@@ -83,11 +85,31 @@ def test_set_responder_applies_from_the_next_reset_and_checks_what_it_gets():
     assert isinstance(env.responder, RealBackend) and env.backend is not None
     env.step(ADD.format(v=2))
     assert env.backend.total == 2
-    tool = gym.make("EnvACE-Tool-v0", suite="scripted", categories=None).unwrapped
+    text = TextToolUseEnv(suite="scripted")
     with pytest.raises(TypeError, match="keeps no token sequence"):
-        tool.set_responder(Rehearsal(env.rehearser))
+        text.set_responder(Rehearsal(env.rehearser))
+    tool = gym.make("EnvACE-Tool-v0", suite="scripted", categories=None).unwrapped
     with pytest.raises(TypeError, match="start, respond and fork"):
         tool.set_responder(object())
+
+
+def test_the_tool_env_and_the_rehearse_env_are_one_token_level_env():
+    rehearse = _rehearse_env()
+    tool = gym.make("EnvACE-Tool-v0", suite="scripted", categories=None).unwrapped
+    assert type(tool) is ToolUseEnv and isinstance(rehearse, ToolUseEnv) and tool.rehearser is None
+    assert isinstance(tool.responder, RealBackend) and isinstance(rehearse.responder, Rehearsal)
+    tool.reset(options={"task_id": "scripted_0"})
+    rehearse.set_responder(RealBackend())
+    rehearse.reset(options={"task_id": "scripted_0"})
+    for env in (tool, rehearse):
+        env.step(ADD.format(v=2))
+    # same responder, same token sequence, whichever class was made
+    assert tool.trajectory.token_ids == rehearse.trajectory.token_ids
+    assert [s.role for s in tool.trajectory.segments] == [s.role for s in rehearse.trajectory.segments]
+    tool.set_responder(Rehearsal(rehearse.rehearser))  # the tool env rehearses from its next episode on
+    tool.reset(options={"task_id": "scripted_0"})
+    tool.step(ADD.format(v=2))
+    assert any(s.role == Role.REHEARSE for s in tool.trajectory.segments) and tool.backend is None
 
 
 def test_insert_message_extends_the_sequence_before_the_pending_act_step():

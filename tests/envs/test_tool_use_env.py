@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import envace_gym  # noqa: F401  (registers the ids)
 import tests.testing_env  # noqa: F401  (registers the "scripted" suite)
+from envace_gym.envs.text import TextToolUseEnv
 from envace_gym.envs.tool_use import ToolUseEnv
 from envace_gym.parsing import format_tool_calls
 from envace_gym.types import ToolCall
@@ -151,8 +152,9 @@ def test_bad_config_fails_fast():
         ToolUseEnv(suite="no-such-suite")
 
 
-def test_check_env_scripted():
-    check_env(ToolUseEnv(suite="scripted"), skip_render_check=True)
+@pytest.mark.parametrize("cls", [ToolUseEnv, TextToolUseEnv])
+def test_check_env_scripted(cls):
+    check_env(cls(suite="scripted"), skip_render_check=True)
 
 
 BFCL_TASKS = ["multi_turn_base_0", "multi_turn_base_167", "multi_turn_long_context_5"]

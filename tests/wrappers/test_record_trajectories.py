@@ -33,11 +33,19 @@ def test_records_each_finished_episode(tmp_path):
     assert len(traj.token_ids) == sum(first["tokens_per_role"].values())
 
 
-def test_text_env_records_without_tokens(tmp_path):
-    path = tmp_path / "t.jsonl"
-    env = RecordTrajectories(gym.make("EnvACE-Tool-v0", suite="scripted", categories=None), path)
-    env.reset(seed=0, options={"task_id": "scripted_0"})
-    env.step("[add(value=2)]")
-    env.step("done")
-    record = json.loads(path.read_text())
-    assert record["roles"] == [] and record["reward"] == 1.0 and "trajectory" not in record
+def test_text_env_records_without_tokens_and_the_tool_env_with_real_observations(tmp_path):
+    from envace_gym.envs.text import TextToolUseEnv
+
+    for name, env in (("text", TextToolUseEnv(suite="scripted")),
+                      ("tool", gym.make("EnvACE-Tool-v0", suite="scripted", categories=None))):
+        path = tmp_path / f"{name}.jsonl"
+        env = RecordTrajectories(env, path)
+        env.reset(seed=0, options={"task_id": "scripted_0"})
+        env.step("[add(value=2)]")
+        env.step("done")
+        record = json.loads(path.read_text())
+        assert record["reward"] == 1.0 and "trajectory" not in record
+        if name == "text":
+            assert record["roles"] == []
+        else:  # the token-level env answered by the real backend: tool output is OBSERVATION, nothing rehearsed
+            assert "OBSERVATION" in record["roles"] and record["tokens_per_role"]["REHEARSE"] == 0

@@ -143,8 +143,10 @@ def test_bad_arguments_are_rejected_with_their_names():
         TestTimeRehearsal(make_env(), policy, mode="both")
     with pytest.raises(ValueError, match="memory_tokens"):
         TestTimeRehearsal(make_env(), policy, memory_tokens=3)
-    with pytest.raises(TypeError):
-        TestTimeRehearsal(gym.make("EnvACE-Tool-v0", suite="scripted", categories=None), policy)
+    from envace_gym.envs.text import TextToolUseEnv
+
+    with pytest.raises(TypeError, match="token-level"):
+        TestTimeRehearsal(TextToolUseEnv(suite="scripted"), policy)
     env = TestTimeRehearsal(make_env(), policy, n=0)
     _, info = env.reset(seed=0)
     assert info["rehearsal"] is None
