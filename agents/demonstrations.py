@@ -29,7 +29,8 @@ actions, turn by turn:
    calls, and `NO_CALL_MESSAGE` after a turn whose ground truth is empty (BFCL ``miss_func`` /
    ``miss_param`` turns where the right behaviour is to not call: the function is missing or a parameter
    is unknown). BFCL scores calls and state only, so the closing text does not change the reward; it
-   teaches the policy to end a turn.
+   teaches the policy to end a turn. A suite whose reward reads the reply (a question answered in it)
+   gives the reference reply itself (``Suite.reference_reply(task, turn)``), which replaces the template.
 
 Every action is passed as a `GeneratedText` whose ids are the content ids plus the ids a model writes to
 end an assistant message (`ChatRenderer.generation_end_ids`: ``<|im_end|>`` in ChatML and Qwen), so the ACT
@@ -150,6 +151,13 @@ class DemoStats:
 def closing_message(calls: Sequence[ToolCall]) -> str:
     """The templated closing ACT message of a user turn: `DONE_MESSAGE` if the turn made calls, else `NO_CALL_MESSAGE`."""
     return DONE_MESSAGE if calls else NO_CALL_MESSAGE
+
+
+def _closing(suite: Any, task: Task, turn: int, calls: Sequence[ToolCall]) -> str:
+    """The suite's reference reply for the turn (``Suite.reference_reply``) when it gives one, else `closing_message`."""
+    reply = getattr(suite, "reference_reply", None)
+    text = reply(task, turn) if callable(reply) else None
+    return text if text is not None else closing_message(calls)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -301,7 +309,7 @@ def demonstration_for_task(env: Any, task: Task, calls_per_message: CallsPerMess
             _, _, terminated, truncated, _ = env.step(_action(renderer, format_tool_calls(group, "hermes")))
             if terminated or truncated:
                 raise RuntimeError(f"{task.id}: the episode ended during the calls of turn {t}")
-        _, reward, terminated, truncated, _ = env.step(_action(renderer, closing_message(calls)))
+        _, reward, terminated, truncated, _ = env.step(_action(renderer, _closing(base.suite, task, t, calls)))
         done = terminated or truncated
         if done and t + 1 < len(gt):
             raise RuntimeError(f"{task.id}: the episode ended after turn {t} of {len(gt)}")

@@ -24,6 +24,9 @@ Optionally:
   turn (turns × calls), or None when the task has none. `agents.budgets` reads it to tell whether the step
   and token budgets leave a task completable, and `agents.demonstrations` replays it on the real backend to
   build SFT demonstrations; a suite without it is neither checked nor demonstrated.
+* ``Suite.reference_reply(task, turn) -> str | None``: the closing assistant message of user turn `turn` in
+  the reference solution, when the reward reads it (a question the reply must answer); None (or no such
+  method) lets the demonstrations close the turn with a fixed template.
 """
 
 from __future__ import annotations

@@ -1,0 +1,93 @@
+"""`LabSuite`: EnvACE-Lab as an envace-gym suite (procedural warehouse tasks, the real backend, the verifier)."""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from envace_gym.suites import VerifierResult
+from envace_gym.types import Task, ToolCall, Trajectory
+
+from benchmarks.lab.tasks import CATEGORIES, LabConfig, make_task, reference_final_state
+from benchmarks.lab.world import LabBackend, Warehouse
+
+__all__ = ["LabSuite"]
+
+
+class LabSuite:
+    """The ``lab`` suite: a warehouse tool world small enough to learn on 2 CPU cores (`benchmarks.lab`).
+
+    Categories: ``relocate``, ``ship``, ``count``, ``make_room``, ``ship_two``, ``full_job``
+    (`benchmarks.lab.tasks`); all of them by default. Splits: the first tasks of each category are ``train``,
+    the last ``config.num_test`` are ``test``.
+
+    Verification replays the ACT calls of the trajectory, in order, on a fresh backend in the task's initial
+    state (the episode's own backend is not read, so a rehearsed episode is scored the same way) and gives
+    R = 1 when the final state equals the state the reference calls reach, and, for ``count`` tasks, the
+    last reply states the expected number (as a whole word); else 0.
+
+    Args:
+        config: the difficulty knobs (`benchmarks.lab.tasks.LabConfig`); register variants as
+            ``register_suite("lab-2turn", lambda: LabSuite(LabConfig(user_turns=2)))``.
+    """
+
+    name = "lab"
+    categories = CATEGORIES
+
+    def __init__(self, config: LabConfig | None = None) -> None:
+        self.config = config or LabConfig()
+        self._tasks = {c: [make_task(self.config, c, i) for i in range(self.config.tasks_per_category)]
+                       for c in CATEGORIES}
+
+    def tasks(self, categories: Sequence[str] | None = None, split: str = "train") -> list[Task]:
+        """The tasks of `categories` (None: all) in `split` (``train``, ``test`` or ``all``), category by category.
+
+        Raises:
+            ValueError: an unknown category or split.
+        """
+        if split not in ("train", "test", "all"):
+            raise ValueError(f"split must be train, test or all, got {split!r}")
+        cats = list(categories) if categories else list(CATEGORIES)
+        unknown = [c for c in cats if c not in CATEGORIES]
+        if unknown:
+            raise ValueError(f"unknown lab categories {unknown}; valid categories: {', '.join(CATEGORIES)}")
+        n_train = self.config.tasks_per_category - self.config.num_test
+        out: list[Task] = []
+        for c in cats:
+            ts = self._tasks[c]
+            out += ts if split == "all" else ts[:n_train] if split == "train" else ts[n_train:]
+        return out
+
+    def make_backend(self, task: Task) -> LabBackend:
+        """A fresh backend in the task's initial state."""
+        return LabBackend(Warehouse.from_dict(task.metadata["initial_state"]))
+
+    def ground_truth(self, task: Task) -> list[list[ToolCall]]:
+        """The reference calls of each user turn."""
+        return [[ToolCall.from_openai(c) for c in turn] for turn in task.metadata["reference"]]
+
+    def reference_reply(self, task: Task, turn: int) -> str | None:
+        """The reference closing message of the last turn of a ``count`` task (it states the answer); else None."""
+        answer = task.metadata.get("answer")
+        if answer is None or turn != task.num_turns - 1:
+            return None
+        return f"The shelf has {answer} free slot{'s' if answer != '1' else ''}."
+
+    def verify(self, trajectory: Trajectory, backend: LabBackend | None = None) -> VerifierResult:
+        """Replay the ACT calls and compare the final state (and a ``count`` answer); see the class docstring."""
+        task = trajectory.task
+        replay = self.make_backend(task)
+        errors = 0
+        for turn in trajectory.calls_per_turn():
+            for step in turn:
+                for call in step:
+                    errors += replay.execute(call).startswith('{"error"')
+        state = replay.state.to_dict()
+        state_ok = state == reference_final_state(task)
+        answer = task.metadata.get("answer")
+        replies = trajectory.final_responses()
+        answer_ok = answer is None or bool(replies and re.search(rf"(?<!\d){re.escape(answer)}(?!\d)", replies[-1]))
+        ok = state_ok and answer_ok
+        return VerifierResult(reward=1.0 if ok else 0.0, valid=ok,
+                              details={"state_matches": state_ok, "answer_matches": answer_ok, "failed_calls": errors,
+                                       "broken": state["broken"]})

@@ -1,0 +1,219 @@
+"""Procedural EnvACE-Lab tasks: a warehouse layout, an instruction and its reference calls, from a seed.
+
+Every task is drawn by ``random.Random(f"{seed}/{category}/{index}")`` (string seeds hash with SHA-512,
+so the same config gives the same tasks on every machine and Python version). The first user turn opens with
+a system message that states the rules (`benchmarks.lab.world.rules_text`) and the shelves
+(`layout_text`), so every tool output is determined by what the history shows. Task families (the suite's
+categories), with the calls of their reference solution:
+
+| category      | instruction                                                           | calls |
+|---------------|-----------------------------------------------------------------------|-------|
+| ``relocate``  | move X to the shelf where Y is (Y's shelf has room)                   | 2     |
+| ``ship``      | ship X from dock D (pack, then ship the box the pack returned)        | 2     |
+| ``count``     | how many free slots has the shelf where Y is? (answered in the reply) | 2     |
+| ``make_room`` | move X to Y's shelf; if it is full, first move W from it to empty E   | 2-3   |
+| ``ship_two``  | ship X from D1 and Y from D2 (box labels follow the packing order)    | 4     |
+| ``full_job``  | ``relocate`` then ``ship_two`` of two other items                     | 6     |
+
+Later arguments depend on earlier outputs (the shelf `locate` returns, the label `pack` returns), so a
+wrong rehearsed output leads to a wrong call and R = 0 on replay; ``make_room`` is full half the time, and
+moving onto a full shelf breaks the item for good (the check that rehearsing before committing makes).
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from dataclasses import dataclass
+from typing import Any
+
+from envace_gym.types import Message, Task, ToolCall
+
+from benchmarks.lab.world import DISTRACTOR_TOOLS, DOCKS, TOOLS, LabBackend, Warehouse, layout_text, rules_text
+
+__all__ = ["CATEGORIES", "ITEMS", "LabConfig", "make_task", "reference_final_state"]
+
+CATEGORIES = ("relocate", "ship", "count", "make_room", "ship_two", "full_job")
+ITEMS = ("apple", "bolt", "cable", "drill", "glove", "hammer", "kettle", "lamp", "mirror", "nail", "rope", "saw",
+         "tape", "vase", "wrench", "brush", "clock", "fan", "jar", "ladder", "mug", "pipe", "sock", "towel")
+"""Item names; each is a few SmolLM2 tokens."""
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """Difficulty knobs of the ``lab`` suite (every field changes the tasks, so a run names its config).
+
+    Attributes:
+        seed: the task seed.
+        tasks_per_category: tasks drawn per category (>= 2).
+        test_fraction: the last ``round(tasks_per_category * test_fraction)`` tasks of each category are
+            the test split, the others the train split.
+        num_shelves: shelves ``A``, ``B``, ... (3 to 26).
+        capacity: items per shelf (>= 2).
+        num_items: items in a layout (>= 4; at most what the shelves hold, leaving room for the tasks).
+        distractors: also offer ``count_items``, ``inventory`` and ``weigh`` (no task needs them).
+        user_turns: 1 (the whole instruction at once) or 2 (multi-part instructions split over two user turns,
+            the second after the agent closed the first).
+
+    The calls may be written in either of the formats the env parses (Hermes ``<tool_call>`` blocks or
+    BFCL's ``[f(a=1)]``); the tool schemas are in the system prompt, as in BFCL.
+    """
+
+    seed: int = 0
+    tasks_per_category: int = 120
+    test_fraction: float = 0.2
+    num_shelves: int = 4
+    capacity: int = 3
+    num_items: int = 6
+    distractors: bool = False
+    user_turns: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tasks_per_category < 2 or not 0 < self.test_fraction < 1:
+            raise ValueError("LabConfig: tasks_per_category must be >= 2 and test_fraction in (0, 1)")
+        if not 3 <= self.num_shelves <= 26 or self.capacity < 2:
+            raise ValueError("LabConfig: num_shelves must be in [3, 26] and capacity >= 2")
+        most = min(len(ITEMS), (self.num_shelves - 1) * (self.capacity - 1))
+        if not 4 <= self.num_items <= most:
+            raise ValueError(f"LabConfig: num_items must be in [4, {most}] for {self.num_shelves} shelves of "
+                             f"{self.capacity} (one shelf is kept empty and the others keep a free slot)")
+        if self.user_turns not in (1, 2):
+            raise ValueError(f"LabConfig: user_turns must be 1 or 2, got {self.user_turns}")
+
+    @property
+    def num_test(self) -> int:
+        """Test tasks per category."""
+        return max(1, round(self.tasks_per_category * self.test_fraction))
+
+
+def _layout(rng: random.Random, config: LabConfig, full: str | None = None) -> dict[str, list[str]]:
+    """A random layout with at least one empty shelf and no other shelf full, unless `full` names a shelf
+    that is then filled to capacity."""
+    letters = list(string.ascii_uppercase[: config.num_shelves])
+    items = rng.sample(ITEMS, config.num_items)
+    empty = rng.choice([s for s in letters if s != full])
+    shelves: dict[str, list[str]] = {s: [] for s in letters}
+    if full is not None:
+        shelves[full] = [items.pop() for _ in range(config.capacity)]
+    for item in items:
+        room = [s for s in letters if s not in (empty, full) and len(shelves[s]) < config.capacity - 1]
+        shelves[rng.choice(room)].append(item)
+    return shelves
+
+
+def _on(shelves: dict[str, list[str]]) -> dict[str, str]:
+    return {item: s for s, items in shelves.items() for item in items}
+
+
+def _relocate(rng: random.Random, shelves: dict[str, list[str]], exclude: tuple[str, ...] = ()):
+    """Move some X onto the shelf of some Y (which has room, and is not X's)."""
+    where = _on(shelves)
+    ys = [y for y in where if y not in exclude and shelves[where[y]]]
+    y = rng.choice(ys)
+    xs = [x for x in where if where[x] != where[y] and x not in exclude]
+    x = rng.choice(xs)
+    return (f"Move the {x} to the shelf where the {y} is.",
+            [ToolCall("locate", {"item": y}), ToolCall("move", {"item": x, "shelf": where[y]})], (x, y))
+
+
+def _ship(item: str, dock: str, box: int) -> tuple[str, list[ToolCall]]:
+    return (f"ship the {item} from the {dock} dock",
+            [ToolCall("pack", {"item": item}), ToolCall("ship", {"box": f"box-{box}", "dock": dock})])
+
+
+def _generate(rng: random.Random, category: str, config: LabConfig) -> tuple[dict[str, list[str]], list[tuple[str, list[ToolCall]]], str | None]:
+    """(layout, instruction parts with their reference calls, the expected answer or None)."""
+    if category == "make_room":
+        letters = string.ascii_uppercase[: config.num_shelves]
+        full = rng.random() < 0.5
+        if full:
+            target = rng.choice(letters)
+            shelves = _layout(rng, config, full=target)
+        else:  # a shelf with room that holds Y and W besides
+            for _ in range(100):
+                shelves = _layout(rng, config)
+                candidates = [s for s, items in shelves.items() if len(items) >= 2]
+                if candidates:
+                    break
+            else:
+                raise ValueError(f"LabConfig {config}: no layout has a shelf with two items; raise num_items")
+            target = rng.choice(candidates)
+        y, w = rng.sample(shelves[target], 2)
+        empty = next(s for s in letters if not shelves[s] and s != target)
+        x = rng.choice([i for s, items in shelves.items() if s != target for i in items])
+        calls = [ToolCall("locate", {"item": y})]
+        if full:
+            calls.append(ToolCall("move", {"item": w, "shelf": empty}))
+        calls.append(ToolCall("move", {"item": x, "shelf": target}))
+        text = (f"Move the {x} to the shelf where the {y} is. If that shelf is full, first move the {w} "
+                f"from it to shelf {empty}.")
+        return shelves, [(text, calls)], None
+    shelves = _layout(rng, config)
+    where = _on(shelves)
+    docks = list(DOCKS)
+    if category == "relocate":
+        text, calls, _ = _relocate(rng, shelves)
+        return shelves, [(text, calls)], None
+    if category == "ship":
+        text, calls = _ship(rng.choice(list(where)), rng.choice(docks), 1)
+        return shelves, [(text[0].upper() + text[1:] + ".", calls)], None
+    if category == "count":
+        y = rng.choice(list(where))
+        free = config.capacity - len(shelves[where[y]])
+        return (shelves, [(f"How many free slots does the shelf with the {y} have? Answer with the number.",
+                           [ToolCall("locate", {"item": y}), ToolCall("list_shelf", {"shelf": where[y]})])], str(free))
+    if category == "ship_two":
+        a, b = rng.sample(list(where), 2)
+        (ta, ca), (tb, cb) = _ship(a, rng.choice(docks), 1), _ship(b, rng.choice(docks), 2)
+        return shelves, [(ta[0].upper() + ta[1:] + ".", ca), (f"Then {tb}.", cb)], None
+    if category == "full_job":
+        text, calls, (x, y) = _relocate(rng, shelves)
+        a, b = rng.sample([i for i in where if i not in (x, y)], 2)
+        (ta, ca), (tb, cb) = _ship(a, rng.choice(docks), 1), _ship(b, rng.choice(docks), 2)
+        return shelves, [(text, calls), (f"Then {ta}, and {tb}.", ca + cb)], None
+    raise ValueError(f"unknown lab category {category!r}; categories: {', '.join(CATEGORIES)}")
+
+
+def make_task(config: LabConfig, category: str, index: int) -> Task:
+    """Task ``f"{category}_{index}"`` of `config` (see the module docstring).
+
+    The task's metadata holds ``category``, ``initial_state`` (a `Warehouse` dict), ``reference`` (the
+    reference calls per user turn, OpenAI dicts), ``answer`` (the expected number in the reply, or None) and
+    ``config`` (the `LabConfig` fields).
+
+    Raises:
+        ValueError: an unknown category.
+    """
+    rng = random.Random(f"{config.seed}/{category}/{index}")
+    shelves, parts, answer = _generate(rng, category, config)
+    state = Warehouse(capacity=config.capacity, shelves={s: list(items) for s, items in shelves.items()})
+    if config.user_turns == 2 and len(parts) > 1:
+        turns_parts = [parts[:1], parts[1:]]
+    else:
+        turns_parts = [parts]
+    system = Message("system", f"{rules_text(config.capacity)}\n\n{layout_text(state.shelves)}")
+    turns = []
+    for t, group in enumerate(turns_parts):
+        text = " ".join(p[0] for p in group)
+        if t > 0 and text.startswith("Then "):
+            text = "Now " + text[5].lower() + text[6:]
+        turns.append(([system] if t == 0 else []) + [Message("user", text)])
+    reference = [[c for p in group for c in p[1]] for group in turns_parts]
+    tools = [TOOLS[n] for n in ("locate", "list_shelf", "move", "pack", "ship")]
+    if config.distractors:
+        tools += list(DISTRACTOR_TOOLS.values())
+    return Task(
+        id=f"{category}_{index}", suite="lab", turns=turns, tools=tools, verifier="lab.final_state",
+        metadata={"category": category, "initial_state": state.to_dict(),
+                  "reference": [[c.to_openai() for c in turn] for turn in reference], "answer": answer,
+                  "config": config.__dict__.copy()},
+    )
+
+
+def reference_final_state(task: Task) -> dict[str, Any]:
+    """The state after the task's reference calls (what `benchmarks.lab.suite.LabSuite.verify` compares to)."""
+    backend = LabBackend(Warehouse.from_dict(task.metadata["initial_state"]))
+    for turn in task.metadata["reference"]:
+        for call in turn:
+            backend.execute(ToolCall.from_openai(call))
+    return backend.state.to_dict()

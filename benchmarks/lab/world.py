@@ -1,0 +1,216 @@
+"""The EnvACE-Lab warehouse: its state, its tools and their rules (the real backend of the ``lab`` suite).
+
+A warehouse has shelves ``A``, ``B``, ... that each hold at most ``capacity`` items, loading docks
+(``north``, ``south``, ``east``, ``west``) and boxes. Every tool output is a deterministic function of the
+call and of the state, and the state is what the task's prompt states (the initial shelves) changed by the
+calls the history shows, so a world model can learn the tools exactly:
+
+* ``locate(item)``: where an item is: ``{"item", "shelf"}``, or ``{"item", "box"}`` once packed.
+* ``list_shelf(shelf)``: ``{"shelf", "items", "free"}`` (items in the order they were put there).
+* ``move(item, shelf)``: ``{"item", "from", "to"}``. An item moved onto a full shelf falls and breaks: it
+  leaves the warehouse for good and the output says so (``{"error": ...}``): the irreversible mistake that
+  rehearsing before committing avoids.
+* ``pack(item)``: takes an item off its shelf into a new box; boxes are labelled ``box-1``, ``box-2``, ...
+  in the order they are packed: ``{"item", "box"}``.
+* ``ship(box, dock)``: sends a packed box from a dock: ``{"box", "dock"}``.
+* Distractors (a difficulty knob; no task needs them): ``count_items(shelf)`` ``{"shelf", "count"}``,
+  ``inventory()`` ``{"shelves": {...}}``, ``weigh(item)`` ``{"item", "kg"}`` (the length of its name).
+
+Calls that break no rule but cannot run (an unknown item, shelf, box or dock, a missing argument, a box
+shipped twice) return ``{"error": ...}`` and change nothing. Outputs are compact JSON
+(``json.dumps(..., separators=(", ", ": "))``).
+
+The backend does O(capacity x shelves) work per call on validated arguments: nothing a call passes can
+make it loop, allocate or recurse, so it runs in the caller's process without `envace_gym.limits`
+isolation (which costs milliseconds per call; DESIGN.md §3 asks only that a backend cannot hang the env).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from envace_gym.types import ToolCall, ToolSpec
+
+__all__ = ["DOCKS", "Warehouse", "LabBackend", "TOOLS", "DISTRACTOR_TOOLS", "rules_text", "layout_text"]
+
+DOCKS = ("north", "south", "east", "west")
+
+
+def _str_param(description: str) -> dict[str, Any]:
+    return {"type": "string", "description": description}
+
+
+TOOLS = {
+    "locate": ToolSpec("locate", "Find an item: the shelf it is on, or the box it was packed into.",
+                       {"type": "object", "properties": {"item": _str_param("the item's name")}, "required": ["item"]}),
+    "list_shelf": ToolSpec("list_shelf", "List the items on a shelf and its free slots.",
+                           {"type": "object", "properties": {"shelf": _str_param("a shelf letter, e.g. 'A'")},
+                            "required": ["shelf"]}),
+    "move": ToolSpec("move", "Move an item from its shelf onto another shelf. An item moved onto a full shelf "
+                             "falls and breaks.",
+                     {"type": "object", "properties": {"item": _str_param("the item's name"),
+                                                       "shelf": _str_param("the destination shelf letter")},
+                      "required": ["item", "shelf"]}),
+    "pack": ToolSpec("pack", "Take an item off its shelf and pack it into a new box; returns the box label.",
+                     {"type": "object", "properties": {"item": _str_param("the item's name")}, "required": ["item"]}),
+    "ship": ToolSpec("ship", "Ship a packed box from a loading dock.",
+                     {"type": "object", "properties": {"box": _str_param("the box label, e.g. 'box-1'"),
+                                                       "dock": _str_param("north, south, east or west")},
+                      "required": ["box", "dock"]}),
+}
+DISTRACTOR_TOOLS = {
+    "count_items": ToolSpec("count_items", "Count the items on a shelf.",
+                            {"type": "object", "properties": {"shelf": _str_param("a shelf letter")}, "required": ["shelf"]}),
+    "inventory": ToolSpec("inventory", "List every shelf and its items.", {"type": "object", "properties": {}}),
+    "weigh": ToolSpec("weigh", "Weigh an item (kg).",
+                      {"type": "object", "properties": {"item": _str_param("the item's name")}, "required": ["item"]}),
+}
+
+
+def _out(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, separators=(", ", ": "))
+
+
+@dataclass
+class Warehouse:
+    """The state: shelf contents in order, packed boxes and shipments.
+
+    Attributes:
+        capacity: items a shelf holds at most (>= 1).
+        shelves: shelf letter -> item names, in the order they were put there.
+        boxes: box label -> the item packed into it, in packing order.
+        shipped: box label -> dock, in shipping order.
+        broken: items that fell off a full shelf, in order.
+    """
+
+    capacity: int
+    shelves: dict[str, list[str]]
+    boxes: dict[str, str] = field(default_factory=dict)
+    shipped: dict[str, str] = field(default_factory=dict)
+    broken: list[str] = field(default_factory=list)
+
+    def shelf_of(self, item: str) -> str | None:
+        """The shelf holding `item`, or None."""
+        return next((s for s, items in self.shelves.items() if item in items), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible state (what `LabBackend.snapshot` encodes)."""
+        return {"capacity": self.capacity, "shelves": self.shelves, "boxes": self.boxes, "shipped": self.shipped,
+                "broken": self.broken}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Warehouse:
+        """Inverse of `to_dict` (deep-copied)."""
+        d = copy.deepcopy(d)
+        return cls(capacity=int(d["capacity"]), shelves=d["shelves"], boxes=d.get("boxes", {}),
+                   shipped=d.get("shipped", {}), broken=d.get("broken", []))
+
+
+def rules_text(capacity: int) -> str:
+    """The rules as the task's prompt states them."""
+    return (
+        f"You run a warehouse. Each shelf holds at most {capacity} items. An item moved onto a full shelf falls "
+        "and breaks, and it is gone for good, so check that a shelf has room before moving onto it. Packing an "
+        "item takes it off its shelf into a new box; boxes are labelled box-1, box-2, ... in the order they are "
+        "packed. Ship boxes from the north, south, east or west dock. Call the tools to act; when the job is "
+        "done, reply with a short sentence and no tool call."
+    )
+
+
+def layout_text(shelves: dict[str, list[str]]) -> str:
+    """The shelves as the prompt shows them, e.g. ``Shelf A: apple, bolt. Shelf B: empty.``"""
+    return " ".join(f"Shelf {s}: {', '.join(items) if items else 'empty'}." for s, items in shelves.items())
+
+
+class LabBackend:
+    """The real tools over one `Warehouse` (a `envace_gym.suites.ToolBackend`); see the module docstring.
+
+    Args:
+        state: the initial state (copied).
+    """
+
+    def __init__(self, state: Warehouse) -> None:
+        self.state = Warehouse.from_dict(state.to_dict())
+
+    def snapshot(self) -> bytes:
+        """The state as canonical JSON bytes."""
+        return json.dumps(self.state.to_dict(), sort_keys=True).encode()
+
+    def execute(self, call: ToolCall) -> str:
+        """Run one call; an unknown tool or bad argument gives an ``{"error": ...}`` output, never an exception."""
+        handler = getattr(self, f"_tool_{call.name}", None) if call.name in TOOLS or call.name in DISTRACTOR_TOOLS else None
+        if handler is None:
+            return _out({"error": f"unknown tool {call.name!r}"})
+        args = call.arguments if isinstance(call.arguments, dict) else {}
+        names = TOOLS.get(call.name) or DISTRACTOR_TOOLS[call.name]
+        required = names.parameters.get("required", [])
+        missing = [r for r in required if not isinstance(args.get(r), str)]
+        if missing:
+            return _out({"error": f"{call.name} needs the string argument(s) {missing}"})
+        return _out(handler(*(args[r] for r in required)))
+
+    # ------------------------------------------------------------------ the tools
+    def _tool_locate(self, item: str) -> dict[str, Any]:
+        shelf = self.state.shelf_of(item)
+        if shelf is not None:
+            return {"item": item, "shelf": shelf}
+        box = next((b for b, packed in self.state.boxes.items() if packed == item), None)
+        if box is not None:
+            return {"item": item, "box": box}
+        return {"error": f"no item named {item!r} in the warehouse"}
+
+    def _tool_list_shelf(self, shelf: str) -> dict[str, Any]:
+        if shelf not in self.state.shelves:
+            return {"error": f"no shelf {shelf!r}"}
+        items = self.state.shelves[shelf]
+        return {"shelf": shelf, "items": list(items), "free": self.state.capacity - len(items)}
+
+    def _tool_move(self, item: str, shelf: str) -> dict[str, Any]:
+        source = self.state.shelf_of(item)
+        if source is None:
+            return {"error": f"no item named {item!r} on any shelf"}
+        if shelf not in self.state.shelves:
+            return {"error": f"no shelf {shelf!r}"}
+        if shelf == source:
+            return {"error": f"the {item} is already on shelf {shelf}"}
+        self.state.shelves[source].remove(item)
+        if len(self.state.shelves[shelf]) >= self.state.capacity:
+            self.state.broken.append(item)
+            return {"error": f"shelf {shelf} is full: the {item} fell and broke"}
+        self.state.shelves[shelf].append(item)
+        return {"item": item, "from": source, "to": shelf}
+
+    def _tool_pack(self, item: str) -> dict[str, Any]:
+        source = self.state.shelf_of(item)
+        if source is None:
+            return {"error": f"no item named {item!r} on any shelf"}
+        self.state.shelves[source].remove(item)
+        box = f"box-{len(self.state.boxes) + 1}"
+        self.state.boxes[box] = item
+        return {"item": item, "box": box}
+
+    def _tool_ship(self, box: str, dock: str) -> dict[str, Any]:
+        if box not in self.state.boxes:
+            return {"error": f"no box {box!r}"}
+        if box in self.state.shipped:
+            return {"error": f"{box} was already shipped from the {self.state.shipped[box]} dock"}
+        if dock not in DOCKS:
+            return {"error": f"no dock {dock!r}; docks: {', '.join(DOCKS)}"}
+        self.state.shipped[box] = dock
+        return {"box": box, "dock": dock}
+
+    def _tool_count_items(self, shelf: str) -> dict[str, Any]:
+        if shelf not in self.state.shelves:
+            return {"error": f"no shelf {shelf!r}"}
+        return {"shelf": shelf, "count": len(self.state.shelves[shelf])}
+
+    def _tool_inventory(self) -> dict[str, Any]:
+        return {"shelves": {s: list(items) for s, items in self.state.shelves.items()}}
+
+    def _tool_weigh(self, item: str) -> dict[str, Any]:
+        if self.state.shelf_of(item) is None:
+            return {"error": f"no item named {item!r} on any shelf"}
+        return {"item": item, "kg": len(item)}
