@@ -7,7 +7,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
-# bfcl-eval reads its data root at import; it lives under the model cache ($ENVACE_CACHE, as in the code).
+# bfcl-eval reads its data root at import; it lives under the cache the envace command uses ($ENVACE_CACHE or
+# ~/.cache/envace_gym; library code called directly uses the ModelStore it is given).
 export BFCL_PROJECT_ROOT ?= $(or $(ENVACE_CACHE),$(HOME)/.cache/envace_gym)/bfcl
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false

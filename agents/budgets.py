@@ -314,7 +314,7 @@ def require_solvable(
         report: from `budget_report`.
         min_fraction: the threshold in [0, 1].
         command: what is starting (``"envace train"``), for the messages.
-        names: the caller's option name of each budget (``{"max_steps_per_turn": "--grpo-max-steps-per-turn"}``);
+        names: the caller's option name of each budget (``{"max_steps_per_turn": "--grpo.max-steps-per-turn"}``);
             a budget not in it is shown as ``--max-steps-per-turn``.
         threshold_name: the caller's option name of the threshold.
         log: where the summary line goes (None: nowhere).

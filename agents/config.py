@@ -33,6 +33,7 @@ __all__ = [
     "dataclass_from_args",
     "load_dataclass",
     "nested_config_field",
+    "NOT_GIVEN",
 ]
 
 
@@ -119,7 +120,7 @@ def coerce_fields(obj: Any) -> None:
         value, hint = getattr(obj, f.name), hints[f.name]
         if dataclasses.is_dataclass(hint):  # a stage config inside another: a mapping (YAML) over its defaults
             if isinstance(value, dict):
-                value = load_dataclass(hint, None, **{**f.metadata.get("defaults", {}), **value})
+                value = _load(hint, None, {**f.metadata.get("defaults", {}), **value})
             elif not isinstance(value, hint):
                 fail(f.name, f"a {hint.__name__} or a mapping of its fields", value)
             setattr(obj, f.name, value)
@@ -304,11 +305,17 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def load_dataclass(cls: type, path: str | Path | None = None, **overrides: Any) -> Any:
-    """An instance of the config dataclass `cls` from a YAML file (optional) with keyword overrides on top.
+    """An instance of the config dataclass `cls` from a YAML file (optional) with keyword overrides on top
+    (an override of None means "not given"; a nested config's override is a mapping of its fields).
 
     Raises:
         ValueError: the YAML names an unknown field (the message lists the valid ones), or a value is invalid.
     """
+    return _load(cls, path, {k: v for k, v in overrides.items() if v is not None})
+
+
+def _load(cls: type, path: str | Path | None, overrides: dict[str, Any]) -> Any:
+    """`load_dataclass` with every override applied, None included (an explicit ``--limit none``)."""
     values: dict[str, Any] = {}
     if path is not None:
         loaded = yaml.safe_load(Path(path).read_text()) or {}
@@ -318,7 +325,7 @@ def load_dataclass(cls: type, path: str | Path | None = None, **overrides: Any) 
     for k, v in overrides.items():
         if isinstance(v, dict) and isinstance(values.get(k), dict):  # a nested config: options over the file's mapping
             values[k] = {**values[k], **v}
-        elif v is not None and v != {}:
+        else:
             values[k] = v
     computed = {f.name for f in dataclasses.fields(cls) if not f.init}
     known = {f.name for f in _settable_fields(cls)}
@@ -377,7 +384,7 @@ def add_dataclass_arguments(parser: Any, cls: type, prefix: str = "", defaults: 
         default = (defaults or {}).get(f.name, _default(f))
         # argparse %-formats help strings: a literal "%" (as in "30% slower") must be doubled
         help_text = f"{f.metadata['help']} (default: {default})".replace("%", "%%")
-        kw: dict[str, Any] = {"default": None, "dest": prefix + f.name, "help": help_text}
+        kw: dict[str, Any] = {"default": NOT_GIVEN, "dest": prefix + f.name, "help": help_text}
         if hint is bool:  # ``--flag`` alone is true; ``--flag false`` also works
             kw.update(type=_bool, metavar="BOOL", nargs="?", const=True)
         elif origin is list:
@@ -388,27 +395,39 @@ def add_dataclass_arguments(parser: Any, cls: type, prefix: str = "", defaults: 
             kw["type"] = hint if f.default is not None or hint is str else _optional(hint)
         parser.add_argument("--" + prefix + f.name.replace("_", "-"), **kw)
     for name in getattr(cls, "REMOVED_FIELDS", {}):  # accepted only to fail with the message that says what replaced it
-        parser.add_argument("--" + prefix + name.replace("_", "-"), dest=prefix + name, default=None, help=argparse.SUPPRESS)
+        parser.add_argument("--" + prefix + name.replace("_", "-"), dest=prefix + name, default=NOT_GIVEN, help=argparse.SUPPRESS)
+
+
+class _NotGiven:
+    """The default of every generated option: tells an option left out from one given as ``none``."""
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+NOT_GIVEN = _NotGiven()
 
 
 def _option_values(cls: type, args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
-    """The parsed options of `cls`'s fields (nested configs as dicts of theirs), None where not given."""
+    """The options given for `cls`'s fields (nested configs as dicts of theirs); left-out ones are absent."""
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for f in _settable_fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
-            nested = {k: v for k, v in _option_values(hints[f.name], args, f"{prefix}{f.name}.").items() if v is not None}
-            values[f.name] = nested or None
-        else:
-            values[f.name] = getattr(args, prefix + f.name, None)
+            nested = _option_values(hints[f.name], args, f"{prefix}{f.name}.")
+            if nested:
+                values[f.name] = nested
+        elif getattr(args, prefix + f.name, NOT_GIVEN) is not NOT_GIVEN:
+            values[f.name] = getattr(args, prefix + f.name)
     for name in getattr(cls, "REMOVED_FIELDS", {}):
-        values[name] = getattr(args, prefix + name, None)
+        if getattr(args, prefix + name, NOT_GIVEN) is not NOT_GIVEN:
+            values[name] = getattr(args, prefix + name)
     return values
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace) -> Any:
-    """The `cls` instance of parsed arguments (``--config`` YAML, then explicit options)."""
-    return load_dataclass(cls, getattr(args, "config", None), **_option_values(cls, args))
+    """The `cls` instance of parsed arguments (``--config`` YAML, then the options given; ``none`` sets None)."""
+    return _load(cls, getattr(args, "config", None), _option_values(cls, args))
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from agents.config import add_dataclass_arguments, config_field, dataclass_from_args
+from agents.config import NOT_GIVEN, add_dataclass_arguments, config_field, dataclass_from_args
 from agents.run_folder import append_jsonl, drop_cut_last_line, read_jsonl
 
 _f = config_field
@@ -487,7 +487,7 @@ def _model_from_args(args: argparse.Namespace) -> str:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """``envace eval``: run `evaluate` and print the summary (and fidelity) tables."""
-    if args.checkpoint and args.model:
+    if args.checkpoint and args.model is not NOT_GIVEN:
         raise SystemExit("give --model or --checkpoint, not both")
     if args.checkpoint:
         args.model = _model_from_args(args)

@@ -96,13 +96,15 @@ class ModelStore:
     Args:
         cache_root: where converted models live (``<root>/models/...``); None: `default_cache_root()`.
 
-    Thread-safe: concurrent loads of one key build it once.
+    Thread-safe: concurrent loads of one key build it once, and a slow build (a first conversion) blocks only
+    the loads of its own key.
     """
 
     def __init__(self, cache_root: str | os.PathLike | None = None) -> None:
         self.cache_root = Path(cache_root).expanduser() if cache_root else default_cache_root()
         self._objects: dict[tuple, Any] = {}
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # guards the two dicts, never held during a build
+        self._key_locks: dict[tuple, threading.Lock] = {}
 
     def __repr__(self) -> str:
         return f"ModelStore({str(self.cache_root)!r}, {len(self._objects)} loaded)"
@@ -110,14 +112,22 @@ class ModelStore:
     def shared(self, key: tuple, build: Callable[[], Any]) -> Any:
         """The object memoised under `key`, built by ``build()`` on first use."""
         with self._lock:
-            if key not in self._objects:
-                self._objects[key] = build()
-            return self._objects[key]
+            if key in self._objects:
+                return self._objects[key]
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            with self._lock:
+                if key in self._objects:  # another thread built it while this one waited
+                    return self._objects[key]
+            obj = build()
+            with self._lock:
+                return self._objects.setdefault(key, obj)
 
     def clear(self) -> None:
         """Forget everything loaded, so the next load reads from disk again."""
         with self._lock:
             self._objects.clear()
+            self._key_locks.clear()
 
     def tokenizer(self, name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
         """The tokenizer of a model: `smollm2-135m` and `tiny-random` (SmolLM2's, from the GGUF, cached as a

@@ -45,10 +45,13 @@ STAGES = ("eval_base", "sft", "eval_sft", "grpo", "eval_grpo")
 _OWNED = {
     "sft": ("run_dir", "model", "init", "seed", "data", "categories", "split", "task_ids", "threads", "min_solvable_fraction"),
     "grpo": ("run_dir", "model", "init", "seed", "suite", "categories", "split", "threads", "min_solvable_fraction"),
-    "eval": ("model", "suite", "categories", "split", "seed", "min_solvable_fraction"),
+    "eval": ("model", "suite", "categories", "split", "seed", "out", "min_solvable_fraction"),
 }
 """Fields of each stage config that the pipeline sets itself (from its own fields, or per stage), so they
-must stay at their defaults in ``sft``, ``grpo`` and ``eval``; so does ``eval.out`` (one folder per stage)."""
+must stay at their defaults in ``sft``, ``grpo`` and ``eval``."""
+
+PER_STAGE = "(one folder per stage)"
+"""The default of ``eval.out``: each evaluation writes to its stage's folder."""
 
 
 @dataclass
@@ -62,6 +65,8 @@ class PipelineConfig:
     fields listed in `_OWNED` itself: the run folders, the model each stage starts from, the seed, the
     suite, its categories and splits (train for SFT and GRPO, test for evaluation), the SFT task ids (the
     ``sft.max_demos`` shortest train demonstrations that fit ``sft.max_seq_len`` whole) and the budget check.
+    A stage config given as an object (``PipelineConfig(grpo=TrainConfig(...))``) is used with its own
+    defaults; given as a mapping (YAML, ``grpo={"lr": 1e-6}``, the options) it starts from this job's.
 
     Raises:
         ValueError: a bad value (naming its field), or a stage field the pipeline sets (naming the one to use).
@@ -86,7 +91,7 @@ class PipelineConfig:
     )
     eval: EvalConfig = nested_config_field(
         EvalConfig, "the three evaluations on the test split (envace eval's options)",
-        limit=4, max_new_tokens=128, temperature=0.0, max_steps_per_turn=5,
+        limit=4, max_new_tokens=128, temperature=0.0, max_steps_per_turn=5, out=PER_STAGE,
     )
 
     REMOVED_FIELDS: typing.ClassVar[dict[str, str]] = {
@@ -116,8 +121,9 @@ class PipelineConfig:
             raise ValueError(f"invalid PipelineConfig: suite must be one of {registered_suites()}, got {self.suite!r}")
         for stage, owned in _OWNED.items():
             config = getattr(self, stage)
+            job_defaults = next(f for f in dataclasses.fields(self) if f.name == stage).metadata["defaults"]
             for f in dataclasses.fields(config):
-                if f.name in owned and getattr(config, f.name) != _field_default(f):
+                if f.name in owned and getattr(config, f.name) != job_defaults.get(f.name, _field_default(f)):
                     top = f.name if f.name in {g.name for g in dataclasses.fields(self)} else None
                     raise ValueError(f"invalid PipelineConfig: the pipeline sets {stage}.{f.name} itself"
                                      + (f"; set --{top.replace('_', '-')} for every stage" if top else "; leave it out"))
@@ -175,7 +181,8 @@ def _shortest_demo_ids(config: PipelineConfig, tokenizer: Any) -> list[str]:
     from agents.demonstrations import build_demonstrations
 
     demos, _ = build_demonstrations(
-        tokenizer, config.suite, config.categories, "train", max_tokens=config.sft.max_seq_len, overflow="drop", progress=False
+        tokenizer, config.suite, config.categories, "train", calls_per_message=config.sft.calls_per_message,
+        max_tokens=config.sft.max_seq_len, overflow="drop", progress=False,
     )
     demos.sort(key=lambda d: len(d.token_ids))
     return [d.task.id for d in demos[: config.sft.max_demos or None]]
@@ -196,12 +203,16 @@ def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None =
 
     tokenizer = (models or default_store()).tokenizer(config.model)
     grpo = config.grpo_config("unused", config.model)
+    tasks = make_suite(config.suite).tasks(config.categories, "train")
+    if grpo.task_ids:
+        tasks = [t for t in tasks if t.id in set(grpo.task_ids)]
     grpo = check_task_budgets(
-        make_suite(config.suite).tasks(config.categories, "train"), config.suite, tokenizer,
+        tasks, config.suite, tokenizer,
         max_steps_per_turn=grpo.max_steps_per_turn, max_new_tokens=grpo.max_new_tokens,
         max_episode_tokens=grpo.max_episode_tokens, min_fraction=config.min_solvable_fraction,
         command="envace pipeline (grpo stage, train split)",
-        names={"max_steps_per_turn": "--grpo.max-steps-per-turn", "max_new_tokens": "--grpo.max-new-tokens"}, log=log,
+        names={"max_steps_per_turn": "--grpo.max-steps-per-turn", "max_new_tokens": "--grpo.max-new-tokens",
+               "max_episode_tokens": "--grpo.max-episode-tokens"}, log=log,
     )
     ev = config.eval_config("unused", config.model)
     ev = check_task_budgets(
@@ -275,53 +286,62 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     run.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     evals: dict[str, dict[str, Any]] = {}
+    stage_configs: dict[str, dict[str, Any]] = {}  # what each stage ran with, the pipeline's own fields filled in
 
     def stage(name: str, fn) -> None:
         folder = run / name
         folder.mkdir(parents=True, exist_ok=True)
         if _stage_done(folder):
             info = json.loads((folder / "stage_done.json").read_text())
-            timings[name] = info.get("seconds", 0.0)
-            if "eval" in info:
-                evals[name] = info["eval"]
             log(f"[pipeline] {name}: already done, skipped")
-            return
-        log(f"[pipeline] {name} ...")
-        t0 = time.perf_counter()
-        info = fn(folder) or {}
-        info["seconds"] = timings[name] = time.perf_counter() - t0
+        else:
+            log(f"[pipeline] {name} ...")
+            t0 = time.perf_counter()
+            info = fn(folder) or {}
+            info["seconds"] = time.perf_counter() - t0
+            _mark_done(folder, info)
+            log(f"[pipeline] {name}: done in {info['seconds']:.0f} s")
+        timings[name] = info.get("seconds", 0.0)
         if "eval" in info:
             evals[name] = info["eval"]
-        _mark_done(folder, info)
-        log(f"[pipeline] {name}: done in {timings[name]:.0f} s")
+        if "config" in info:
+            stage_configs[name] = info["config"]
 
-    stage("eval_base", lambda out: {"eval": _evaluate(config, config.model, out, log, models)})
+    def evaluation(model: str):
+        return lambda out: {"eval": _evaluate(config, model, out, log, models),
+                            "config": dataclasses.asdict(config.eval_config(out, model))}
+
+    stage("eval_base", evaluation(config.model))
 
     def sft(out: Path) -> dict[str, Any]:
         ids = _shortest_demo_ids(config, models.tokenizer(config.model))
         log(f"[pipeline] sft on {len(ids)} demonstrations of real executions")
-        history = SFTTrainer(config.sft_config(out, ids), models=models).train()
-        return {"last": history[-1] if history else None, "task_ids": ids}
+        sft_config = config.sft_config(out, ids)
+        history = SFTTrainer(sft_config, models=models).train()
+        return {"last": history[-1] if history else None, "task_ids": ids, "config": dataclasses.asdict(sft_config)}
 
     stage("sft", sft)
     sft_model = _latest_model(run / "sft")
-    stage("eval_sft", lambda out: {"eval": _evaluate(config, sft_model, out, log, models)})
+    stage("eval_sft", evaluation(sft_model))
 
     def grpo(out: Path) -> dict[str, Any]:
-        trainer = RoleWiseGRPOTrainer(config.grpo_config(out, sft_model), log=lambda *_: None, models=models)
+        grpo_config = config.grpo_config(out, sft_model)
+        trainer = RoleWiseGRPOTrainer(grpo_config, log=lambda *_: None, models=models)
         history = trainer.train()
         groups = [h["rollout/groups_with_reward_variance"] for h in history]
         log(f"[pipeline] grpo: groups with non-zero reward variance per step: {groups} "
             f"(of {config.grpo.batch_tasks} per step)")
-        return {"last": history[-1] if history else None, "groups_with_reward_variance": groups}
+        return {"last": history[-1] if history else None, "groups_with_reward_variance": groups,
+                "config": dataclasses.asdict(grpo_config)}
 
     stage("grpo", grpo)
     grpo_model = _latest_model(run / "grpo")
-    stage("eval_grpo", lambda out: {"eval": _evaluate(config, grpo_model, out, log, models)})
+    stage("eval_grpo", evaluation(grpo_model))
 
     plots = [str(p) for p in report(run / "grpo")]
     plots.append(str(plot_stages({k.replace("eval_", ""): v for k, v in evals.items()}, run / "plots" / "stages.png")))
-    summary = {"config": config.to_dict(), "budgets": budgets, "evals": evals, "seconds": timings, "plots": plots,
+    summary = {"config": config.to_dict(), "stage_configs": stage_configs, "budgets": budgets, "evals": evals,
+               "seconds": timings, "plots": plots,
                "total_seconds": sum(timings.values())}
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
     log("")

@@ -35,3 +35,4 @@ def no_model_loads(monkeypatch):
         raise AssertionError("a model was loaded before the input was checked")
 
     monkeypatch.setattr(agents.models.ModelStore, "model", boom)  # every load goes through a store
+    monkeypatch.setattr(agents.models, "tiny_random_model", boom)

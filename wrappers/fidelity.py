@@ -106,7 +106,7 @@ def fidelity_metrics(rehearsed: str, real: str) -> dict[str, float]:
 class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
     """Record how close each rehearsed tool response is to the real backend's response to the same call.
 
-    The wrapped env is a `RehearseEnv` that rehearses (no `RealTools` underneath). At every `reset` the
+    The wrapped env is a token-level `ToolUseEnv` that rehearses (``EnvACE-Rehearse-v0``, no `RealTools`). At every `reset` the
     wrapper builds its own *shadow* backend with `backend_factory` (default: the suite's real backend, in
     the task's initial state), isolated from everything else. After each step it executes every call the
     step rehearsed (``info["rehearsals"]``, in order) on the shadow backend, so the shadow follows the
@@ -133,11 +133,11 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
         >>> info["fidelity"]["calls"][0]["real"]  # the real GorillaFileSystem answer  # doctest: +SKIP
 
     Args:
-        env: an env whose ``unwrapped`` is a `RehearseEnv` without a real backend.
+        env: an env whose ``unwrapped`` is a rehearsing `ToolUseEnv` (no real backend).
         backend_factory: Task -> ToolBackend for the shadow; None uses ``env.unwrapped.suite.make_backend``.
 
     Raises:
-        TypeError: the wrapped env is not a rehearsing `RehearseEnv`, or `backend_factory` is not callable.
+        TypeError: the wrapped env is not a rehearsing `ToolUseEnv`, or `backend_factory` is not callable.
 
     Change log:
         * v0.1.0: initial version.
@@ -148,9 +148,10 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
         gym.Wrapper.__init__(self, env)
         base = env.unwrapped
         if not getattr(base, "keeps_tokens", False):
-            raise TypeError(f"RehearsalFidelity wraps a RehearseEnv, got {type(base).__name__}")
+            raise TypeError(f"RehearsalFidelity wraps a token-level ToolUseEnv, got {type(base).__name__}")
         if not isinstance(base.upcoming_responder, Rehearsal):
-            raise TypeError("RehearsalFidelity needs a rehearsing env; this RehearseEnv has a real backend (RealTools)")
+            raise TypeError("RehearsalFidelity needs a rehearsing env; this one answers with a real backend (RealTools, "
+                            "or EnvACE-Tool-v0's default)")
         if backend_factory is not None and not callable(backend_factory):
             raise TypeError(f"backend_factory must be callable (Task -> ToolBackend), got {backend_factory!r}")
         self.backend_factory = backend_factory or base.suite.make_backend

@@ -97,7 +97,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
     ``env.unwrapped.trajectory.token_ids`` and calls `step`; the committed step runs against the wrapped
     env's real backend. With ``n=0`` the wrapper does nothing. `rehearse` can also be called by hand.
 
-    Rehearse copies: ``env.unwrapped.fork(responder=Rehearsal(...), seed=...)`` (`RehearseEnv.fork`: its own
+    Rehearse copies: ``env.unwrapped.fork(responder=Rehearsal(...), seed=...)`` (`ToolUseEnv.fork`: its own
     episode state and random generator), so every tool call in an attempt is answered by the REHEARSE role
     of ``rehearser_policy`` (or of ``policy``) and the real backend is never reached. An attempt ACTs (``policy``, ``attempt_temperature``)
     until its turn ends, its episode ends or ``attempt_max_steps`` ACT steps. ``parallel``: the n attempts
@@ -129,7 +129,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         2
 
     Args:
-        env: an env whose ``unwrapped`` is a `RehearseEnv` (usually wrapped in `RealTools`).
+        env: an env whose ``unwrapped`` is a token-level `ToolUseEnv` (``EnvACE-Tool-v0``, or
+            ``EnvACE-Rehearse-v0`` wrapped in `RealTools`).
         policy: an `agents.policy.Policy` (anything with ``act``, ``generate``, ``decode``, ``renderer``,
             ``stop_ids`` and ``tokenizer``) with the env's tokenizer.
         n: rehearsal attempts per user turn (>= 0).

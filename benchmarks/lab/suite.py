@@ -24,7 +24,7 @@ class LabSuite:
     Verification replays the ACT calls of the trajectory, in order, on a fresh backend in the task's initial
     state (the episode's own backend is not read, so a rehearsed episode is scored the same way) and gives
     R = 1 when the final state equals the state the reference calls reach, and, for ``count`` tasks, the
-    last reply states the expected number (as a whole word); else 0.
+    only number in the last reply is the expected one (so "1 or 2" earns nothing); else 0.
 
     Args:
         config: the difficulty knobs (`benchmarks.lab.tasks.LabConfig`); register variants as
@@ -86,7 +86,7 @@ class LabSuite:
         state_ok = state == reference_final_state(task)
         answer = task.metadata.get("answer")
         replies = trajectory.final_responses()
-        answer_ok = answer is None or bool(replies and re.search(rf"(?<!\d){re.escape(answer)}(?!\d)", replies[-1]))
+        answer_ok = answer is None or bool(replies and re.findall(r"\d+", replies[-1]) == [answer])
         ok = state_ok and answer_ok
         return VerifierResult(reward=1.0 if ok else 0.0, valid=ok,
                               details={"state_matches": state_ok, "answer_matches": answer_ok, "failed_calls": errors,

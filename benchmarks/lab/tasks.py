@@ -15,9 +15,13 @@ categories), with the calls of their reference solution:
 | ``ship_two``  | ship X from D1 and Y from D2 (box labels follow the packing order)    | 4     |
 | ``full_job``  | ``relocate`` then ``ship_two`` of two other items                     | 6     |
 
-Later arguments depend on earlier outputs (the shelf `locate` returns, the label `pack` returns), so a
-wrong rehearsed output leads to a wrong call and R = 0 on replay; ``make_room`` is full half the time, and
-moving onto a full shelf breaks the item for good (the check that rehearsing before committing makes).
+The box a ``ship`` call names is the label an earlier ``pack`` returned, which follows from the packing order
+only, so a wrong rehearsed label leads to a wrong call and R = 0 on replay. The shelf ``locate`` returns is
+also readable from the prompt's layout: the reference solutions call it (the habit a world with hidden
+state needs), but a policy may skip it. Shelves are filled at random up to capacity (a ``count`` answer is
+0 to capacity - 1); ``make_room``'s shelf is full half the time, and moving onto a full shelf breaks the
+item for good (the check that rehearsing before committing makes). A layout that does not fit a family
+(no Y with room, say) is drawn again.
 """
 
 from __future__ import annotations
@@ -71,12 +75,15 @@ class LabConfig:
     def __post_init__(self) -> None:
         if self.tasks_per_category < 2 or not 0 < self.test_fraction < 1:
             raise ValueError("LabConfig: tasks_per_category must be >= 2 and test_fraction in (0, 1)")
+        if self.num_test >= self.tasks_per_category:
+            raise ValueError(f"LabConfig: test_fraction {self.test_fraction} leaves no train task of "
+                             f"{self.tasks_per_category}; lower it or raise tasks_per_category")
         if not 3 <= self.num_shelves <= 26 or self.capacity < 2:
             raise ValueError("LabConfig: num_shelves must be in [3, 26] and capacity >= 2")
-        most = min(len(ITEMS), (self.num_shelves - 1) * (self.capacity - 1))
-        if not 4 <= self.num_items <= most:
-            raise ValueError(f"LabConfig: num_items must be in [4, {most}] for {self.num_shelves} shelves of "
-                             f"{self.capacity} (one shelf is kept empty and the others keep a free slot)")
+        least, most = max(4, self.capacity + 1), min(len(ITEMS), (self.num_shelves - 1) * self.capacity - 1)
+        if not least <= self.num_items <= most:
+            raise ValueError(f"LabConfig: num_items must be in [{least}, {most}] for {self.num_shelves} shelves of "
+                             f"{self.capacity} (more than one shelf's worth, and one shelf is kept empty)")
         if self.user_turns not in (1, 2):
             raise ValueError(f"LabConfig: user_turns must be 1 or 2, got {self.user_turns}")
 
@@ -86,32 +93,36 @@ class LabConfig:
         return max(1, round(self.tasks_per_category * self.test_fraction))
 
 
-def _layout(rng: random.Random, config: LabConfig, full: str | None = None) -> dict[str, list[str]]:
-    """A random layout with at least one empty shelf and no other shelf full, unless `full` names a shelf
-    that is then filled to capacity."""
+Layout = dict[str, list[str]]
+Parts = list[tuple[str, list[ToolCall]]]
+
+
+def _layout(rng: random.Random, config: LabConfig, full: str | None = None) -> Layout:
+    """A random layout: one shelf (not `full`) empty, the items spread over the others up to capacity;
+    `full`, if given, is filled to capacity first."""
     letters = list(string.ascii_uppercase[: config.num_shelves])
     items = rng.sample(ITEMS, config.num_items)
     empty = rng.choice([s for s in letters if s != full])
-    shelves: dict[str, list[str]] = {s: [] for s in letters}
+    shelves: Layout = {s: [] for s in letters}
     if full is not None:
         shelves[full] = [items.pop() for _ in range(config.capacity)]
     for item in items:
-        room = [s for s in letters if s not in (empty, full) and len(shelves[s]) < config.capacity - 1]
+        room = [s for s in letters if s not in (empty, full) and len(shelves[s]) < config.capacity]
         shelves[rng.choice(room)].append(item)
     return shelves
 
 
-def _on(shelves: dict[str, list[str]]) -> dict[str, str]:
+def _on(shelves: Layout) -> dict[str, str]:
     return {item: s for s, items in shelves.items() for item in items}
 
 
-def _relocate(rng: random.Random, shelves: dict[str, list[str]], exclude: tuple[str, ...] = ()):
-    """Move some X onto the shelf of some Y (which has room, and is not X's)."""
+def _relocate(rng: random.Random, shelves: Layout, capacity: int):
+    """Move some X onto the shelf of some Y that has room (X elsewhere); None when the layout has no such pair."""
     where = _on(shelves)
-    ys = [y for y in where if y not in exclude and shelves[where[y]]]
-    y = rng.choice(ys)
-    xs = [x for x in where if where[x] != where[y] and x not in exclude]
-    x = rng.choice(xs)
+    pairs = [(x, y) for y in where if len(shelves[where[y]]) < capacity for x in where if where[x] != where[y]]
+    if not pairs:
+        return None
+    x, y = rng.choice(pairs)
     return (f"Move the {x} to the shelf where the {y} is.",
             [ToolCall("locate", {"item": y}), ToolCall("move", {"item": x, "shelf": where[y]})], (x, y))
 
@@ -121,39 +132,47 @@ def _ship(item: str, dock: str, box: int) -> tuple[str, list[ToolCall]]:
             [ToolCall("pack", {"item": item}), ToolCall("ship", {"box": f"box-{box}", "dock": dock})])
 
 
-def _generate(rng: random.Random, category: str, config: LabConfig) -> tuple[dict[str, list[str]], list[tuple[str, list[ToolCall]]], str | None]:
-    """(layout, instruction parts with their reference calls, the expected answer or None)."""
+def _make_room(rng: random.Random, config: LabConfig) -> tuple[Layout, Parts] | None:
+    letters = string.ascii_uppercase[: config.num_shelves]
+    full = rng.random() < 0.5
+    shelves = _layout(rng, config, full=rng.choice(letters) if full else None)
+    if full:
+        target = next(s for s, items in shelves.items() if len(items) == config.capacity)
+    else:  # a shelf with room that holds Y and W besides
+        candidates = [s for s, items in shelves.items() if 2 <= len(items) < config.capacity]
+        if not candidates:
+            return None
+        target = rng.choice(candidates)
+    y, w = rng.sample(shelves[target], 2)
+    empty = next(s for s in letters if not shelves[s])
+    x = rng.choice([i for s, items in shelves.items() if s != target for i in items])
+    calls = [ToolCall("locate", {"item": y})]
+    if full:
+        calls.append(ToolCall("move", {"item": w, "shelf": empty}))
+    calls.append(ToolCall("move", {"item": x, "shelf": target}))
+    text = f"Move the {x} to the shelf where the {y} is. If that shelf is full, first move the {w} from it to shelf {empty}."
+    return shelves, [(text, calls)]
+
+
+def _family(rng: random.Random, category: str, config: LabConfig) -> tuple[Layout, Parts, str | None] | None:
+    """One draw of (layout, instruction parts with their reference calls, the expected answer or None), or None
+    when the drawn layout does not fit the family (the caller draws again)."""
     if category == "make_room":
-        letters = string.ascii_uppercase[: config.num_shelves]
-        full = rng.random() < 0.5
-        if full:
-            target = rng.choice(letters)
-            shelves = _layout(rng, config, full=target)
-        else:  # a shelf with room that holds Y and W besides
-            for _ in range(100):
-                shelves = _layout(rng, config)
-                candidates = [s for s, items in shelves.items() if len(items) >= 2]
-                if candidates:
-                    break
-            else:
-                raise ValueError(f"LabConfig {config}: no layout has a shelf with two items; raise num_items")
-            target = rng.choice(candidates)
-        y, w = rng.sample(shelves[target], 2)
-        empty = next(s for s in letters if not shelves[s] and s != target)
-        x = rng.choice([i for s, items in shelves.items() if s != target for i in items])
-        calls = [ToolCall("locate", {"item": y})]
-        if full:
-            calls.append(ToolCall("move", {"item": w, "shelf": empty}))
-        calls.append(ToolCall("move", {"item": x, "shelf": target}))
-        text = (f"Move the {x} to the shelf where the {y} is. If that shelf is full, first move the {w} "
-                f"from it to shelf {empty}.")
-        return shelves, [(text, calls)], None
+        drawn = _make_room(rng, config)
+        return None if drawn is None else (*drawn, None)
     shelves = _layout(rng, config)
     where = _on(shelves)
     docks = list(DOCKS)
-    if category == "relocate":
-        text, calls, _ = _relocate(rng, shelves)
-        return shelves, [(text, calls)], None
+    if category in ("relocate", "full_job"):
+        move = _relocate(rng, shelves, config.capacity)
+        if move is None:
+            return None
+        text, calls, (x, y) = move
+        if category == "relocate":
+            return shelves, [(text, calls)], None
+        a, b = rng.sample([i for i in where if i not in (x, y)], 2)
+        (ta, ca), (tb, cb) = _ship(a, rng.choice(docks), 1), _ship(b, rng.choice(docks), 2)
+        return shelves, [(text, calls), (f"Then {ta}, and {tb}.", ca + cb)], None
     if category == "ship":
         text, calls = _ship(rng.choice(list(where)), rng.choice(docks), 1)
         return shelves, [(text[0].upper() + text[1:] + ".", calls)], None
@@ -166,12 +185,16 @@ def _generate(rng: random.Random, category: str, config: LabConfig) -> tuple[dic
         a, b = rng.sample(list(where), 2)
         (ta, ca), (tb, cb) = _ship(a, rng.choice(docks), 1), _ship(b, rng.choice(docks), 2)
         return shelves, [(ta[0].upper() + ta[1:] + ".", ca), (f"Then {tb}.", cb)], None
-    if category == "full_job":
-        text, calls, (x, y) = _relocate(rng, shelves)
-        a, b = rng.sample([i for i in where if i not in (x, y)], 2)
-        (ta, ca), (tb, cb) = _ship(a, rng.choice(docks), 1), _ship(b, rng.choice(docks), 2)
-        return shelves, [(text, calls), (f"Then {ta}, and {tb}.", ca + cb)], None
     raise ValueError(f"unknown lab category {category!r}; categories: {', '.join(CATEGORIES)}")
+
+
+def _generate(rng: random.Random, category: str, config: LabConfig) -> tuple[Layout, Parts, str | None]:
+    """Draw layouts until one fits the family (a fixed number of tries, so generation always ends)."""
+    for _ in range(200):
+        drawn = _family(rng, category, config)
+        if drawn is not None:
+            return drawn
+    raise ValueError(f"{config}: 200 layouts in a row did not fit {category!r}; change num_items or capacity")
 
 
 def make_task(config: LabConfig, category: str, index: int) -> Task:

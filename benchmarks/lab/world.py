@@ -17,7 +17,7 @@ calls the history shows, so a world model can learn the tools exactly:
   ``inventory()`` ``{"shelves": {...}}``, ``weigh(item)`` ``{"item", "kg"}`` (the length of its name).
 
 Calls that break no rule but cannot run (an unknown item, shelf, box or dock, a missing argument, a box
-shipped twice) return ``{"error": ...}`` and change nothing. Outputs are compact JSON
+shipped twice) return ``{"error": ...}`` and change nothing. Outputs are one-line JSON
 (``json.dumps(..., separators=(", ", ": "))``).
 
 The backend does O(capacity x shelves) work per call on validated arguments: nothing a call passes can

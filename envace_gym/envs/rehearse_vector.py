@@ -48,8 +48,10 @@ class RehearseVectorEnv(VectorEnv):
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         kwargs.pop("max_episode_steps", None)
         if kwargs.get("rehearser") is None:
+            extra = {"models": kwargs.pop("models")} if kwargs.get("models") is not None else {}
             kwargs["rehearser"] = make_rehearser(
-                "policy", model=kwargs.pop("model", "smollm2-135m"), prompt_mode=kwargs.get("prompt_mode", "inline")
+                "policy", model=kwargs.pop("model", "smollm2-135m"), prompt_mode=kwargs.get("prompt_mode", "inline"),
+                **extra,
             )
         self.rehearser = kwargs["rehearser"]
         responder = kwargs.pop("responder", None)  # each env gets its own copy: state is never shared

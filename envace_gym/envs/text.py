@@ -301,7 +301,8 @@ class TextToolUseEnv(gym.Env[str, str]):
         """`responder`, checked for this env (a `RealBackend` without a factory gets ``backend_factory``)."""
         if isinstance(responder, Rehearsal):
             if not self.keeps_tokens:
-                raise TypeError(f"{type(self).__name__} keeps no token sequence; Rehearsal needs EnvACE-Rehearse-v0")
+                raise TypeError(f"{type(self).__name__} keeps no token sequence; Rehearsal needs a token-level env "
+                                "(EnvACE-Tool-v0 or EnvACE-Rehearse-v0)")
             mode = getattr(self, "prompt_mode", responder.rehearser.prompt_mode)
             if responder.rehearser.prompt_mode != mode:
                 raise ValueError(f"the rehearser's prompt_mode is {responder.rehearser.prompt_mode!r} but the env's "

@@ -75,8 +75,10 @@ class ToolUseEnv(TextToolUseEnv):
       ``model`` (loaded by `TOKENIZER_LOADER`; no model weights are loaded for a text responder).
     * ``rehearser`` (Rehearser | None): the rehearser of a `Rehearsal` responder; None builds
       ``make_rehearser("policy", ...)`` from the arguments below when one is needed (the model is loaded
-      once per process and shared by every env).
+      once per store and shared by every env that loads from it).
     * ``model`` (str): model name or folder of the default rehearser and tokenizer; ``"smollm2-135m"``.
+    * ``models``: the `agents.models.ModelStore` the default rehearser and tokenizer load from (None: the
+      default store).
     * ``prompt_mode`` (``"inline"`` | ``"separate"``): see `envace_gym.rehearsal`.
     * ``max_new_tokens`` (int): cap per rehearsed response; default 256.
     * ``temperature`` (float): sampling temperature of rehearsals; 0 is greedy; default 1.0.
@@ -88,7 +90,9 @@ class ToolUseEnv(TextToolUseEnv):
       acts on such a sequence itself should bound it too (``info["num_tokens"]``).
 
     ## Version History
-    * v0: initial version.
+    * v0: initial version. During 0.1.0 development ``EnvACE-Tool-v0`` moved from the text-level env (now
+      `TextToolUseEnv`) to this class: it keeps tokens, needs a tokenizer, counts ``max_episode_tokens`` in
+      real tokens, and ``info["rehearsals"]`` holds `RehearsalRecord` objects (``.to_dict()`` for JSON).
     """
 
     keeps_tokens = True
@@ -114,6 +118,7 @@ class ToolUseEnv(TextToolUseEnv):
         responder: Responder | None = None,
         tokenizer: Any = None,
         backend_factory: Callable[[Task], ToolBackend] | None = None,
+        models: Any = None,
     ) -> None:
         if max_context_tokens is not None and max_context_tokens < 1:
             raise ValueError(f"max_context_tokens must be None or >= 1, got {max_context_tokens!r}")
@@ -127,15 +132,16 @@ class ToolUseEnv(TextToolUseEnv):
         rehearses = isinstance(responder, Rehearsal) or (responder is None and self.rehearses_by_default)
         if rehearser is None and isinstance(responder, Rehearsal):
             rehearser = responder.rehearser
+        store = {"models": models} if models is not None else {}
         if rehearser is None and rehearses:
-            rehearser = make_rehearser("policy", model=model, prompt_mode=prompt_mode)
+            rehearser = make_rehearser("policy", model=model, prompt_mode=prompt_mode, **store)
         if rehearser is not None and rehearser.prompt_mode != prompt_mode:
             raise ValueError(
                 f"the rehearser's prompt_mode is {rehearser.prompt_mode!r} but the env asks for {prompt_mode!r}"
             )
         self.rehearser: Rehearser | None = rehearser
         if tokenizer is None:
-            tokenizer = rehearser.tokenizer if rehearser is not None else resolve_entry_point(TOKENIZER_LOADER)(model)
+            tokenizer = rehearser.tokenizer if rehearser is not None else resolve_entry_point(TOKENIZER_LOADER)(model, **store)
         self.renderer = ChatRenderer(tokenizer)
         self.prompt_mode: PromptMode = prompt_mode  # before the base class checks the responder against it
         if responder is None:

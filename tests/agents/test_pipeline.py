@@ -41,6 +41,8 @@ def test_bad_pipeline_config_fails_fast():
         PipelineConfig(sft={"task_ids": ["x"]})
     with pytest.raises(ValueError, match="use sft.max_steps"):
         load_dataclass(PipelineConfig, None, sft_steps=3)
+    with pytest.raises(ValueError, match="the pipeline sets eval.out itself"):
+        PipelineConfig(eval={"out": "elsewhere"})
 
 
 def test_stage_configs_compose_from_options_and_yaml(tmp_path):
@@ -52,6 +54,8 @@ def test_stage_configs_compose_from_options_and_yaml(tmp_path):
     config = dataclass_from_args(PipelineConfig, args)
     assert (config.sft.lr, config.sft.max_steps, config.sft.max_seq_len) == (0.001, 5, 3584)  # file, option, default
     assert (config.grpo.lr, config.grpo.group_size, config.eval.limit) == (3e-6, 2, 2)
+    none = dataclass_from_args(PipelineConfig, build_parser().parse_args(["pipeline", "--eval.limit", "none"]))
+    assert none.eval.limit is None  # an explicit none is a value, not "not given"
     grpo = config.grpo_config(tmp_path / "g", init="some/ckpt")
     assert (grpo.seed, grpo.init, grpo.split, grpo.lr) == (7, "some/ckpt", "train", 3e-6)
     ev = config.eval_config(tmp_path / "e", model="m")
@@ -66,6 +70,9 @@ def test_the_pipeline_runs_on_a_suite_defined_in_tests(tmp_path):
                  "--min-solvable-fraction", "0", "--grpo.max-new-tokens", "24", "--eval.max-new-tokens", "24"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["config"]["suite"] == "scripted-user"
+    ran = summary["stage_configs"]
+    assert ran["sft"]["model"] == ran["grpo"]["model"] == "tiny-random" and ran["sft"]["data"] == ["scripted-user"]
+    assert ran["eval_grpo"]["out"] == str(run / "eval_grpo") and ran["grpo"]["init"].startswith(str(run / "sft"))
     sft = json.loads((run / "sft" / "stage_done.json").read_text())
     assert sft["task_ids"] == ["user_0"]  # the demonstration came from the test suite's reference solution
     episodes = [json.loads(line) for line in open(run / "eval_grpo" / "episodes.jsonl", encoding="utf-8")]

@@ -59,8 +59,15 @@ def test_tasks_are_a_function_of_the_config_and_the_splits_are_disjoint(suite):
     assert [t.to_dict() for t in suite.tasks(None, "all")] == [t.to_dict() for t in again.tasks(None, "all")]
     other = LabSuite(LabConfig(seed=1))
     assert [t.turns[0][0].content for t in other.tasks(["relocate"])] != [t.turns[0][0].content for t in suite.tasks(["relocate"])]
-    train, test = {t.id for t in suite.tasks(None, "train")}, {t.id for t in suite.tasks(None, "test")}
-    assert len(train) == 6 * 96 and len(test) == 6 * 24 and not train & test
+    def content(t):
+        return json.dumps([[m.content for m in turn] for turn in t.turns])
+
+    train, test = {content(t) for t in suite.tasks(None, "train")}, {content(t) for t in suite.tasks(None, "test")}
+    assert len(train) == 6 * 96 and len(test) == 6 * 24 and not train & test  # no task is in both splits
+    answers = [t.metadata["answer"] for t in suite.tasks(["count"], "all")]
+    assert set(answers) == {"0", "1", "2"}  # shelves are filled at random: no answer fits every task
+    full = [len(suite.ground_truth(t)[0]) == 3 for t in suite.tasks(["make_room"], "all")]
+    assert 0.3 < sum(full) / len(full) < 0.7  # the shelf to make room on is full about half the time
     with pytest.raises(ValueError, match="unknown lab categories"):
         suite.tasks(["multi_turn_base"])
 
@@ -109,6 +116,7 @@ def test_a_count_task_is_scored_on_the_number_in_the_reply(suite, tool_env):
     assert _play(tool_env, task.id, calls, [f"It has {answer} free slots."])[0] == 1.0
     assert _play(tool_env, task.id, calls, [f"It has {answer + 10} free slots."])[0] == 0.0
     assert _play(tool_env, task.id, calls, ["Done."])[0] == 0.0
+    assert _play(tool_env, task.id, calls, [f"Either {answer} or {answer + 1}."])[0] == 0.0  # no hedging
 
 
 def test_knobs_change_the_tasks_and_keep_them_solvable(tool_env):
@@ -128,6 +136,11 @@ def test_knobs_change_the_tasks_and_keep_them_solvable(tool_env):
         LabConfig(num_items=30)
     with pytest.raises(ValueError, match="user_turns"):
         LabConfig(user_turns=3)
+    with pytest.raises(ValueError, match="no train task"):
+        LabConfig(tasks_per_category=3, test_fraction=0.9)
+    for odd in (LabConfig(num_shelves=3, capacity=4, num_items=5, tasks_per_category=40),
+                LabConfig(num_shelves=3, capacity=8, num_items=9, tasks_per_category=40)):
+        LabSuite(odd)  # every family draws a fitting layout for every config LabConfig accepts
 
 
 _names = st.sampled_from([*TOOLS, *DISTRACTOR_TOOLS, "exec", ""])
@@ -171,7 +184,8 @@ def test_the_rehearse_env_vector_env_demonstrations_and_budgets_run_on_lab(smol_
     venv = gym.make_vec("EnvACE-Rehearse-v0", num_envs=2, vectorization_mode="vector_entry_point", suite="lab",
                         categories=["ship"], model="tiny-random", max_new_tokens=4)
     venv.reset(seed=0)
-    venv.step(['<tool_call>{"name": "pack", "arguments": {"item": "x"}}</tool_call>', "Done."])
+    _, _, terminated, _, infos = venv.step(['<tool_call>{"name": "pack", "arguments": {"item": "x"}}</tool_call>', "Done."])
+    assert list(terminated) == [False, True] and len(infos["rehearsals"][0]) == 1  # ship has one user turn
     demos, stats = build_demonstrations(smol_tokenizer, "lab", None, "train", progress=False)
     assert stats.kept == len(demos) == 6 * 96 and stats.skipped_reward == 0
     assert max(len(d.token_ids) for d in demos) < 1500  # short prompts: what makes the lab fast on a CPU
@@ -194,4 +208,4 @@ def test_fidelity_and_test_time_rehearsal_wrap_a_lab_env_unchanged():
                                                model="tiny-random", max_new_tokens=4)),
                             policy, n=1, attempt_max_steps=1, critique_tokens=4)
     _, info = ttr.reset(seed=0)
-    assert info["rehearsal"] is not None
+    assert len(info["rehearsal"]["attempts"]) == 1
