@@ -7,6 +7,8 @@ registration), so no model and no benchmark data is loaded until an environment 
   real tool backends (a text agent can ignore the tokens; the tokenizer is ``model``'s, no weights load).
 * ``EnvACE-Rehearse-v0``: `envace_gym.envs.rehearse.RehearseEnv`, the same env answered by the policy's
   REHEARSE role.
+* ``EnvACE-LabDiscrete-v0``: `benchmarks.lab.discrete.LabDiscreteEnv`, the lab world with discrete actions and
+  a one-hot observation, for stable-baselines3 (the model-free baseline).
 """
 
 from gymnasium.envs.registration import register, registry
@@ -40,4 +42,11 @@ if "EnvACE-Rehearse-v0" not in registry:
             "temperature": 1.0,
             "max_steps_per_turn": 20,
         },
+    )
+
+if "EnvACE-LabDiscrete-v0" not in registry:
+    register(
+        id="EnvACE-LabDiscrete-v0",
+        entry_point="benchmarks.lab.discrete:LabDiscreteEnv",
+        kwargs={"suite": "lab", "split": "train", "max_steps": 8},
     )

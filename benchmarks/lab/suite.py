@@ -75,18 +75,19 @@ class LabSuite:
 
     def verify(self, trajectory: Trajectory, backend: LabBackend | None = None) -> VerifierResult:
         """Replay the ACT calls and compare the final state (and a ``count`` answer); see the class docstring."""
-        task = trajectory.task
+        calls = [call for turn in trajectory.calls_per_turn() for step in turn for call in step]
+        replies = trajectory.final_responses()
+        return self.score(trajectory.task, calls, replies[-1] if replies else None)
+
+    def score(self, task: Task, calls: Sequence[ToolCall], reply: str | None) -> VerifierResult:
+        """The reward of making `calls` in order and closing with `reply` (what `verify` reads off a trajectory;
+        the discrete twin, `benchmarks.lab.discrete`, scores its episodes with it too)."""
         replay = self.make_backend(task)
-        errors = 0
-        for turn in trajectory.calls_per_turn():
-            for step in turn:
-                for call in step:
-                    errors += replay.execute(call).startswith('{"error"')
+        errors = sum(replay.execute(call).startswith('{"error"') for call in calls)
         state = replay.state.to_dict()
         state_ok = state == reference_final_state(task)
         answer = task.metadata.get("answer")
-        replies = trajectory.final_responses()
-        answer_ok = answer is None or bool(replies and re.findall(r"\d+", replies[-1]) == [answer])
+        answer_ok = answer is None or (reply is not None and re.findall(r"\d+", reply) == [answer])
         ok = state_ok and answer_ok
         return VerifierResult(reward=1.0 if ok else 0.0, valid=ok,
                               details={"state_matches": state_ok, "answer_matches": answer_ok, "failed_calls": errors,

@@ -132,7 +132,7 @@ def _ship(item: str, dock: str, box: int) -> tuple[str, list[ToolCall]]:
             [ToolCall("pack", {"item": item}), ToolCall("ship", {"box": f"box-{box}", "dock": dock})])
 
 
-def _make_room(rng: random.Random, config: LabConfig) -> tuple[Layout, Parts] | None:
+def _make_room(rng: random.Random, config: LabConfig) -> tuple[Layout, Parts, dict[str, str]] | None:
     letters = string.ascii_uppercase[: config.num_shelves]
     full = rng.random() < 0.5
     shelves = _layout(rng, config, full=rng.choice(letters) if full else None)
@@ -151,15 +151,18 @@ def _make_room(rng: random.Random, config: LabConfig) -> tuple[Layout, Parts] | 
         calls.append(ToolCall("move", {"item": w, "shelf": empty}))
     calls.append(ToolCall("move", {"item": x, "shelf": target}))
     text = f"Move the {x} to the shelf where the {y} is. If that shelf is full, first move the {w} from it to shelf {empty}."
-    return shelves, [(text, calls)]
+    return shelves, [(text, calls)], {"x": x, "y": y, "w": w, "shelf": empty}
 
 
-def _family(rng: random.Random, category: str, config: LabConfig) -> tuple[Layout, Parts, str | None] | None:
-    """One draw of (layout, instruction parts with their reference calls, the expected answer or None), or None
-    when the drawn layout does not fit the family (the caller draws again)."""
+def _family(rng: random.Random, category: str, config: LabConfig) -> tuple[Layout, Parts, str | None, dict[str, str]] | None:
+    """One draw of (layout, instruction parts with their reference calls, the expected answer or None, the
+    instruction's slots), or None when the drawn layout does not fit the family (the caller draws again).
+
+    Slots name what the instruction mentions: items ``x``, ``y``, ``w``, ``a``, ``b``, docks ``d1``, ``d2``
+    and a ``shelf`` (the discrete twin, `benchmarks.lab.discrete`, observes them)."""
     if category == "make_room":
         drawn = _make_room(rng, config)
-        return None if drawn is None else (*drawn, None)
+        return None if drawn is None else (drawn[0], drawn[1], None, drawn[2])
     shelves = _layout(rng, config)
     where = _on(shelves)
     docks = list(DOCKS)
@@ -169,26 +172,31 @@ def _family(rng: random.Random, category: str, config: LabConfig) -> tuple[Layou
             return None
         text, calls, (x, y) = move
         if category == "relocate":
-            return shelves, [(text, calls)], None
+            return shelves, [(text, calls)], None, {"x": x, "y": y}
         a, b = rng.sample([i for i in where if i not in (x, y)], 2)
-        (ta, ca), (tb, cb) = _ship(a, rng.choice(docks), 1), _ship(b, rng.choice(docks), 2)
-        return shelves, [(text, calls), (f"Then {ta}, and {tb}.", ca + cb)], None
+        d1, d2 = rng.choice(docks), rng.choice(docks)
+        (ta, ca), (tb, cb) = _ship(a, d1, 1), _ship(b, d2, 2)
+        return (shelves, [(text, calls), (f"Then {ta}, and {tb}.", ca + cb)], None,
+                {"x": x, "y": y, "a": a, "b": b, "d1": d1, "d2": d2})
     if category == "ship":
-        text, calls = _ship(rng.choice(list(where)), rng.choice(docks), 1)
-        return shelves, [(text[0].upper() + text[1:] + ".", calls)], None
+        a, d1 = rng.choice(list(where)), rng.choice(docks)
+        text, calls = _ship(a, d1, 1)
+        return shelves, [(text[0].upper() + text[1:] + ".", calls)], None, {"a": a, "d1": d1}
     if category == "count":
         y = rng.choice(list(where))
         free = config.capacity - len(shelves[where[y]])
         return (shelves, [(f"How many free slots does the shelf with the {y} have? Answer with the number.",
-                           [ToolCall("locate", {"item": y}), ToolCall("list_shelf", {"shelf": where[y]})])], str(free))
+                           [ToolCall("locate", {"item": y}), ToolCall("list_shelf", {"shelf": where[y]})])], str(free),
+                {"y": y})
     if category == "ship_two":
         a, b = rng.sample(list(where), 2)
-        (ta, ca), (tb, cb) = _ship(a, rng.choice(docks), 1), _ship(b, rng.choice(docks), 2)
-        return shelves, [(ta[0].upper() + ta[1:] + ".", ca), (f"Then {tb}.", cb)], None
+        d1, d2 = rng.choice(docks), rng.choice(docks)
+        (ta, ca), (tb, cb) = _ship(a, d1, 1), _ship(b, d2, 2)
+        return shelves, [(ta[0].upper() + ta[1:] + ".", ca), (f"Then {tb}.", cb)], None, {"a": a, "b": b, "d1": d1, "d2": d2}
     raise ValueError(f"unknown lab category {category!r}; categories: {', '.join(CATEGORIES)}")
 
 
-def _generate(rng: random.Random, category: str, config: LabConfig) -> tuple[Layout, Parts, str | None]:
+def _generate(rng: random.Random, category: str, config: LabConfig) -> tuple[Layout, Parts, str | None, dict[str, str]]:
     """Draw layouts until one fits the family (a fixed number of tries, so generation always ends)."""
     for _ in range(200):
         drawn = _family(rng, category, config)
@@ -201,14 +209,14 @@ def make_task(config: LabConfig, category: str, index: int) -> Task:
     """Task ``f"{category}_{index}"`` of `config` (see the module docstring).
 
     The task's metadata holds ``category``, ``initial_state`` (a `Warehouse` dict), ``reference`` (the
-    reference calls per user turn, OpenAI dicts), ``answer`` (the expected number in the reply, or None) and
-    ``config`` (the `LabConfig` fields).
+    reference calls per user turn, OpenAI dicts), ``answer`` (the expected number in the reply, or None),
+    ``slots`` (what the instruction names, `_family`) and ``config`` (the `LabConfig` fields).
 
     Raises:
         ValueError: an unknown category.
     """
     rng = random.Random(f"{config.seed}/{category}/{index}")
-    shelves, parts, answer = _generate(rng, category, config)
+    shelves, parts, answer, slots = _generate(rng, category, config)
     state = Warehouse(capacity=config.capacity, shelves={s: list(items) for s, items in shelves.items()})
     if config.user_turns == 2 and len(parts) > 1:
         turns_parts = [parts[:1], parts[1:]]
@@ -228,7 +236,7 @@ def make_task(config: LabConfig, category: str, index: int) -> Task:
     return Task(
         id=f"{category}_{index}", suite="lab", turns=turns, tools=tools, verifier="lab.final_state",
         metadata={"category": category, "initial_state": state.to_dict(),
-                  "reference": [[c.to_openai() for c in turn] for turn in reference], "answer": answer,
+                  "reference": [[c.to_openai() for c in turn] for turn in reference], "answer": answer, "slots": slots,
                   "config": config.__dict__.copy()},
     )
 

@@ -1,0 +1,99 @@
+"""The model-free baseline on EnvACE-Lab: sb3-contrib's MaskablePPO on ``EnvACE-LabDiscrete-v0``, real backend only.
+
+For each seed: train on the train split for ``--timesteps`` env steps (every tool call goes to the real
+backend; the closing actions are not calls), then play every test-split task once with the deterministic
+policy. Prints per seed the test success, the real tool calls training made and the wall time, then the mean
+and a 95% Student-t interval over seeds. The row the lab ablations compare a world-rehearsing policy with:
+what success PPO reaches, and how many real calls it needed.
+
+    .venv/bin/python benchmarks/perf/lab_sb3_baseline.py [--seeds 5] [--timesteps 50000] [--quick] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import envace_gym  # noqa: E402,F401
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+"""Two-sided 95% quantiles of Student's t by degrees of freedom (standard tables); 1.96 beyond 10."""
+
+
+def mean_ci95(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval (0 for a single value)."""
+    n = len(values)
+    mean = float(np.mean(values))
+    if n < 2:
+        return mean, 0.0
+    return mean, T95.get(n - 1, 1.96) * float(np.std(values, ddof=1)) / math.sqrt(n)
+
+
+def run_seed(seed: int, timesteps: int, categories: list[str] | None) -> dict:
+    """Train one MaskablePPO on the train split and score it on every test task."""
+    from sb3_contrib import MaskablePPO
+
+    train = gym.make("EnvACE-LabDiscrete-v0", categories=categories, split="train").unwrapped
+    test = gym.make("EnvACE-LabDiscrete-v0", categories=categories, split="test").unwrapped
+    t0 = time.perf_counter()
+    model = MaskablePPO("MlpPolicy", train, seed=seed, n_steps=1024, batch_size=256, verbose=0)
+    model.learn(timesteps)
+    train_s = time.perf_counter() - t0
+    wins: dict[str, list[float]] = {}
+    for task in test.tasks:
+        obs, _ = test.reset(options={"task_id": task.id})
+        done, reward = False, 0.0
+        while not done:
+            action, _ = model.predict(obs, action_masks=test.action_masks(), deterministic=True)
+            obs, reward, terminated, truncated, _ = test.step(int(action))
+            done = terminated or truncated
+        wins.setdefault(task.metadata["category"], []).append(reward)
+    every = [r for rs in wins.values() for r in rs]
+    return {"seed": seed, "test_success": float(np.mean(every)), "per_category": {c: float(np.mean(r)) for c, r in wins.items()},
+            "train_real_calls": train.real_calls, "train_s": train_s, "test_tasks": len(every)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--timesteps", type=int, default=50_000)
+    ap.add_argument("--categories", nargs="*", default=None, help="lab categories (default: all)")
+    ap.add_argument("--quick", action="store_true", help="2 seeds x 10,000 steps")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None, help="also write the results as JSON here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.timesteps = 2, 10_000
+    torch.set_num_threads(args.threads)
+    rows = []
+    for seed in range(args.seeds):
+        row = run_seed(seed, args.timesteps, args.categories)
+        rows.append(row)
+        print(f"seed {seed}: test success {row['test_success']:.3f} ({row['test_tasks']} tasks), "
+              f"{row['train_real_calls']} real tool calls in training, {row['train_s']:.0f} s  "
+              + " ".join(f"{c}={v:.2f}" for c, v in row["per_category"].items()))
+    success, half = mean_ci95([r["test_success"] for r in rows])
+    calls, calls_half = mean_ci95([float(r["train_real_calls"]) for r in rows])
+    print(f"MaskablePPO, {args.timesteps} steps, {args.seeds} seeds: test success {success:.3f} +- {half:.3f} (95% CI), "
+          f"real tool calls in training {calls:.0f} +- {calls_half:.0f}")
+    result = {"timesteps": args.timesteps, "seeds": args.seeds, "rows": rows, "test_success_mean": success,
+              "test_success_ci95": half, "train_real_calls_mean": calls}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
