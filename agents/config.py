@@ -33,6 +33,7 @@ __all__ = [
     "dataclass_from_args",
     "load_dataclass",
     "nested_config_field",
+    "field_default",
     "NOT_GIVEN",
 ]
 
@@ -300,7 +301,8 @@ def _settable_fields(cls: type = TrainConfig) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if f.init]
 
 
-def _default(f: dataclasses.Field) -> Any:
+def field_default(f: dataclasses.Field) -> Any:
+    """The default value of a dataclass field (its ``default_factory()`` when it has one)."""
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
@@ -381,7 +383,7 @@ def add_dataclass_arguments(parser: Any, cls: type, prefix: str = "", defaults: 
             hint = next(a for a in typing.get_args(hint) if a is not type(None))
         origin = typing.get_origin(hint)
         args = typing.get_args(hint)
-        default = (defaults or {}).get(f.name, _default(f))
+        default = (defaults or {}).get(f.name, field_default(f))
         # argparse %-formats help strings: a literal "%" (as in "30% slower") must be doubled
         help_text = f"{f.metadata['help']} (default: {default})".replace("%", "%%")
         kw: dict[str, Any] = {"default": NOT_GIVEN, "dest": prefix + f.name, "help": help_text}
@@ -446,4 +448,4 @@ def _dump_yaml(config: TrainConfig, path: str | Path) -> None:
 
 def field_docs(cls: type = TrainConfig) -> Sequence[tuple[str, str, Any]]:
     """(name, help, default) of every settable field of `cls`, for docs tables."""
-    return [(f.name, f.metadata["help"], _default(f)) for f in _settable_fields(cls)]
+    return [(f.name, f.metadata["help"], field_default(f)) for f in _settable_fields(cls)]

@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.config import TrainConfig, add_dataclass_arguments, config_field, dataclass_from_args, nested_config_field
+from agents.config import (
+    TrainConfig, add_dataclass_arguments, config_field, dataclass_from_args, field_default, nested_config_field,
+)
 from agents.evaluate import EvalConfig
 from agents.models import ModelStore, default_store
 from agents.sft import SFTConfig
@@ -123,7 +125,7 @@ class PipelineConfig:
             config = getattr(self, stage)
             job_defaults = next(f for f in dataclasses.fields(self) if f.name == stage).metadata["defaults"]
             for f in dataclasses.fields(config):
-                if f.name in owned and getattr(config, f.name) != job_defaults.get(f.name, _field_default(f)):
+                if f.name in owned and getattr(config, f.name) != job_defaults.get(f.name, field_default(f)):
                     top = f.name if f.name in {g.name for g in dataclasses.fields(self)} else None
                     raise ValueError(f"invalid PipelineConfig: the pipeline sets {stage}.{f.name} itself"
                                      + (f"; set --{top.replace('_', '-')} for every stage" if top else "; leave it out"))
@@ -153,10 +155,6 @@ class PipelineConfig:
     def to_dict(self) -> dict[str, Any]:
         """Every field, stage configs as nested mappings (JSON/YAML-compatible)."""
         return dataclasses.asdict(self)
-
-
-def _field_default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
 
 
 def _stage_done(folder: Path) -> bool:
