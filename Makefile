@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   the main job on the embedded default model (SmolLM2-135M-Instruct) and real BFCL tasks
+#   make demo   the main job: the EnvACE recipe on the EnvACE-Lab world with the embedded default (smollm2-lab)
 #   make test   the test suite
+# make demo-bfcl runs the same pipeline on real BFCL tasks with SmolLM2-135M-Instruct.
 # Both create (or reuse) the virtual environment in .venv.
 PYTHON ?= python3
 VENV := .venv
@@ -13,7 +14,7 @@ export BFCL_PROJECT_ROOT ?= $(or $(ENVACE_CACHE),$(HOME)/.cache/envace_gym)/bfcl
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv demo test test-fast clean
+.PHONY: venv demo demo-bfcl test test-fast clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +29,9 @@ $(STAMP): pyproject.toml Makefile
 venv: $(STAMP)
 
 demo: $(STAMP)
+	$(PY) -m agents.cli pipeline --config configs/recipes/lab.yaml
+
+demo-bfcl: $(STAMP)
 	$(PY) -m agents.cli pipeline
 
 test: $(STAMP)

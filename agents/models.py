@@ -20,7 +20,13 @@ Implementation details:
    ``copy.deepcopy`` a model it wants frozen, or load with ``shared=False``. Every stage takes a store
    (``models=``); without one it uses `default_store()`, whose cache root is ``~/.cache/envace_gym``. Nothing
    here reads the process environment: the ``envace`` command line builds the store from ``$ENVACE_CACHE``.
-4. `tiny_random_model` builds a 2-layer Llama- or Qwen3-style model with SmolLM2's vocabulary and
+4. `smollm2-lab` (`ensure_lab_model`) is built once from the converted SmolLM2 into
+   ``cache_dir()/models/smollm2-lab-30l-v1/``: its first `LAB_MODEL_LAYERS` decoder layers and final norm, and the
+   embedding rows of the tokens the EnvACE-Lab world uses (found by tokenising the lab suite's train-split
+   demonstrations with SmolLM2's tokenizer), under `LAB_CHAT_TEMPLATE`. The cut tokenizer keeps SmolLM2's
+   pre-tokenizer, its byte alphabet and every merge among the kept tokens, so it splits any text exactly as
+   SmolLM2 does wherever SmolLM2's tokens are kept, and into kept pieces (bytes at worst) elsewhere.
+5. `tiny_random_model` builds a 2-layer Llama- or Qwen3-style model with SmolLM2's vocabulary and
    special token ids, initialised from ``seed`` inside a forked RNG (the global RNG is untouched).
 """
 
@@ -48,6 +54,11 @@ __all__ = [
     "SMOLLM2_EOS_TOKEN_ID",
     "SMOLLM2_PAD_TOKEN_ID",
     "TINY_MODEL",
+    "LAB_MODEL",
+    "LAB_MODEL_LAYERS",
+    "LAB_CHAT_TEMPLATE",
+    "ensure_lab_model",
+    "lab_model_dir",
     "ModelStore",
     "default_store",
     "set_default_store",
@@ -69,9 +80,30 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2-135m"
 TINY_MODEL = "tiny-random"
 """`tiny_random_model(seed=0)` with the SmolLM2 tokenizer: for tests and quick checks."""
-KNOWN_MODELS = (DEFAULT_MODEL, TINY_MODEL)
+LAB_MODEL = "smollm2-lab"
+"""SmolLM2-135M-Instruct with its vocabulary cut to the lab world's ~630 tokens (`ensure_lab_model`)."""
+KNOWN_MODELS = (DEFAULT_MODEL, TINY_MODEL, LAB_MODEL)
 """Names `ModelStore.model` resolves besides local folders (no hub downloads happen at run time)."""
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LAB_MODEL_LAYERS = 30
+"""Decoder layers `smollm2-lab` keeps of SmolLM2's 30: all of them. Chosen by measurement on 2 cores (numbers in
+the README): randomly initialised 4-layer Llamas (0.9M-3.6M parameters, lab-trained tokenizers) and SmolLM2's
+first 6 layers (21.6M) learnt the call format in 150-400 SFT steps but never copied an item name from the
+instruction, while the whole SmolLM2 prefers the right item zero-shot."""
+_LAB_MODEL_VERSION = "v1"  # bump when the recipe below changes, so stale cache folders are not reused
+LAB_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n{% endif %}"
+    "Tools:{% for t in tools %} {{ t['function']['name'] }}({{ t['function']['parameters']['properties'] | list | join(', ') }}){% endfor %}{{ '\\n' }}"
+    "Call a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; answer with plain text when done.<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}{% if not (tools and loop.first and message['role'] == 'system') %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""ChatML with the tools as one line of signatures, ``name(arg, ...)``, in the first system message (the
+descriptions are left out: the lab prompt's own rules say what each tool does), so a lab prompt is ~250 tokens
+instead of SmolLM2's ~750 with JSON schemas."""
 
 # SmolLM2-135M-Instruct tokenizer facts (checked against `load_tokenizer()` in the tests): 49152 ids,
 # <|endoftext|> = 0, <|im_start|> = 1 (bos), <|im_end|> = 2 (eos, also used as pad).
@@ -212,6 +244,8 @@ def _read_tokenizer(name_or_path: str, cache_root: Path):
             tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             cached.mkdir(parents=True, exist_ok=True)
             tok.save_pretrained(cached)
+    elif name_or_path == LAB_MODEL:
+        tok = AutoTokenizer.from_pretrained(ensure_lab_model(cache_root))
     else:
         if not Path(name_or_path).is_dir():
             raise FileNotFoundError(f"no model folder at {name_or_path!r} (and it is not {DEFAULT_MODEL!r})")
@@ -272,23 +306,135 @@ def ensure_smollm2_converted(cache_root: Path | None = None) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         del dequantised
 
-        tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}.convert-", dir=target.parent))
-        try:
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            target.mkdir(parents=True, exist_ok=True)
-            names = sorted(p.name for p in tmp.iterdir() if p.name != "model.safetensors")
-            for name in [*names, "model.safetensors"]:
-                os.replace(tmp / name, target / name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _save_atomically(model, tokenizer, target)
     return target
+
+
+def _save_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
+    """Write a model folder so that a folder holding ``model.safetensors`` is complete (detail 2)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        target.mkdir(parents=True, exist_ok=True)
+        names = sorted(p.name for p in tmp.iterdir() if p.name != "model.safetensors")
+        for name in [*names, "model.safetensors"]:
+            os.replace(tmp / name, target / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def lab_model_dir(cache_root: Path | None = None) -> Path:
+    """The `smollm2-lab` cache folder: ``<cache_root>/models/smollm2-lab-30l-v1`` (None: `cache_dir()`)."""
+    return (cache_root or cache_dir()) / "models" / f"{LAB_MODEL}-{LAB_MODEL_LAYERS}l-{_LAB_MODEL_VERSION}"
+
+
+def ensure_lab_model(cache_root: Path | None = None) -> Path:
+    """Build the `smollm2-lab` folder once (module docstring, detail 4) and return it.
+
+    Converts SmolLM2 first if needed (`ensure_smollm2_converted`). The build renders the lab suite's
+    train-split demonstrations (`agents.demonstrations.build_demonstrations`, default `benchmarks.lab.LabConfig`)
+    under `LAB_CHAT_TEMPLATE` with SmolLM2's tokenizer, keeps the ids they use plus the special tokens, the
+    256-symbol byte alphabet and every merge ancestor of a kept token, checks that the cut tokenizer splits
+    every demonstration exactly as SmolLM2 does, and saves the sliced weights. A few seconds; deterministic.
+
+    Raises:
+        FileNotFoundError, ImportError: as `ensure_smollm2_converted`.
+        RuntimeError: the cut tokenizer splits a demonstration differently from SmolLM2 (a tokenizers
+            version whose BPE behaves differently; the message names it).
+    """
+    target = lab_model_dir(cache_root)
+    if _is_converted(target):
+        return target
+    from filelock import FileLock
+
+    source = ensure_smollm2_converted(cache_root)
+    with FileLock(str(target.parent / f"{LAB_MODEL}.lock")):
+        if _is_converted(target):
+            return target
+        logger.info("building %s from %s into %s (once; a few seconds)", LAB_MODEL, source, target)
+        tokenizer, kept_ids = _cut_lab_tokenizer(source)
+        model = _cut_lab_model(source, kept_ids, tokenizer)
+        _save_atomically(model, tokenizer, target)
+    return target
+
+
+def _cut_lab_tokenizer(source: Path) -> tuple[PreTrainedTokenizerBase, list[int]]:
+    """SmolLM2's tokenizer cut to the lab world's tokens, and the SmolLM2 ids it keeps (new id = index)."""
+    import json
+
+    import tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from agents.demonstrations import build_demonstrations
+
+    smollm2 = AutoTokenizer.from_pretrained(source)
+    smollm2.chat_template = LAB_CHAT_TEMPLATE
+    demos, _ = build_demonstrations(smollm2, "lab", None, "train", max_tokens=None)
+    spec = json.loads(smollm2.backend_tokenizer.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    token_of = {i: t for t, i in vocab.items()}
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in spec["model"]["merges"]]
+    keep = {token_of[i] for d in demos for i in d.token_ids if i in token_of}
+    keep |= {t for t in vocab if len(t) == 1}  # the byte alphabet: any text still encodes
+    parts_of = {a + b: (a, b) for a, b in merges}
+    stack = list(keep)
+    while stack:  # a kept token's merge path must survive, or BPE could not reach it
+        for part in parts_of.get(stack.pop(), ()):
+            if part not in keep:
+                keep.add(part)
+                stack.append(part)
+    kept_ids = sorted({a["id"] for a in spec["added_tokens"]} | {vocab[t] for t in keep})
+    new_id = {old: new for new, old in enumerate(kept_ids)}
+    string_merges = isinstance(spec["model"]["merges"][0], str)
+    spec["model"]["vocab"] = {token_of[i]: new_id[i] for i in kept_ids if i in token_of}
+    spec["model"]["merges"] = [f"{a} {b}" if string_merges else [a, b] for a, b in merges
+                               if a in keep and b in keep and a + b in keep]
+    for added in spec["added_tokens"]:
+        added["id"] = new_id[added["id"]]
+    cut = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer.from_str(json.dumps(spec)),
+        bos_token=smollm2.bos_token, eos_token=smollm2.eos_token, pad_token=smollm2.pad_token or smollm2.eos_token,
+        unk_token=smollm2.unk_token,
+    )
+    cut.chat_template = LAB_CHAT_TEMPLATE
+    for d in demos:
+        if cut.encode(smollm2.decode(d.token_ids), add_special_tokens=False) != [new_id[i] for i in d.token_ids]:
+            raise RuntimeError(f"the cut {LAB_MODEL} tokenizer splits {d.task.id} differently from SmolLM2's "
+                               f"(tokenizers {tokenizers.__version__}); please report it")
+    return cut, kept_ids
+
+
+def _cut_lab_model(source: Path, kept_ids: list[int], tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """SmolLM2's first `LAB_MODEL_LAYERS` layers and final norm, with the embedding rows of `kept_ids`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    full = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=True)
+    config = copy.deepcopy(full.config)
+    config.num_hidden_layers = LAB_MODEL_LAYERS
+    config.vocab_size = len(kept_ids)
+    config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:LAB_MODEL_LAYERS]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    weights = full.state_dict()
+    rows = torch.tensor(kept_ids)
+    sliced = {name: (weights["model.embed_tokens.weight"][rows] if name in ("model.embed_tokens.weight", "lm_head.weight")
+                     else weights[name]).clone() for name in model.state_dict()}
+    model.load_state_dict(sliced, strict=True)
+    model.generation_config.bos_token_id, model.generation_config.eos_token_id = config.bos_token_id, config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    return model.eval()
 
 
 def _resolve(name_or_path: str, cache_root: Path) -> Path:
     """The folder to load for a name or path; converts `smollm2-135m` on first use."""
     if name_or_path == DEFAULT_MODEL:
         return ensure_smollm2_converted(cache_root)
+    if name_or_path == LAB_MODEL:
+        return ensure_lab_model(cache_root)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -39,10 +39,13 @@ from agents.evaluate import EvalConfig
 from agents.models import ModelStore, default_store
 from agents.sft import SFTConfig
 
-__all__ = ["PipelineConfig", "run_pipeline", "register_pipeline_parser", "STAGES"]
+__all__ = ["PipelineConfig", "run_pipeline", "register_pipeline_parser", "STAGES", "REHEARSAL_STAGE", "stage_rows", "stage_table"]
 
 _f = config_field
 STAGES = ("eval_base", "sft", "eval_sft", "grpo", "eval_grpo")
+"""The stages every run has; ``fidelity`` adds ``fidelity_<model>`` after each evaluation and
+``test_time_rehearsal_n`` adds `REHEARSAL_STAGE`."""
+REHEARSAL_STAGE = "eval_grpo_rehearsal"
 
 _OWNED = {
     "sft": ("run_dir", "model", "init", "seed", "data", "categories", "split", "task_ids", "threads", "min_solvable_fraction"),
@@ -81,6 +84,8 @@ class PipelineConfig:
     suite: str = _f("bfcl", "registered suite (envace_gym.suites) of every stage: demonstrations from its reference solutions, GRPO on its tasks, evaluation on its real backends")
     categories: list[str] = _f(["multi_turn_base"], "suite categories for SFT, GRPO and eval (BFCL: multi-turn categories)")
     min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the SFT demonstrations, GRPO tasks or evaluation tasks than this fit their budgets (agents.budgets; checked before any model loads)")
+    fidelity: bool = _f(False, "after each evaluation, also play the same tasks rehearsed and score every rehearsed tool output against the real backend (exact / JSON structure / token F1)")
+    test_time_rehearsal_n: int = _f(0, "also evaluate the trained policy with test-time rehearsal of this many attempts per turn (eval.rehearsal_mode) on the same tasks (0: skip)")
     sft: SFTConfig = nested_config_field(
         SFTConfig, "the SFT warm start (envace sft's options)",
         max_steps=8, max_demos=16, max_seq_len=3584, overflow="drop", batch_tokens=3584, max_batch_rows=1, lr=1e-4,
@@ -113,8 +118,9 @@ class PipelineConfig:
         from agents.config import coerce_fields
 
         coerce_fields(self)
-        if self.seed < 0 or self.threads < 0:
-            raise ValueError(f"invalid PipelineConfig: seed and threads must be >= 0, got {self.seed}, {self.threads}")
+        if self.seed < 0 or self.threads < 0 or self.test_time_rehearsal_n < 0:
+            raise ValueError(f"invalid PipelineConfig: seed, threads and test_time_rehearsal_n must be >= 0, got "
+                             f"{self.seed}, {self.threads}, {self.test_time_rehearsal_n}")
         if not 0 <= self.min_solvable_fraction <= 1:
             raise ValueError(f"invalid PipelineConfig: min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
         from envace_gym.suites import registered_suites
@@ -222,34 +228,76 @@ def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None =
     return {"grpo": grpo.to_dict(), "eval": ev.to_dict()}
 
 
-def _evaluate(config: PipelineConfig, model: str, out: Path, log, models: ModelStore | None) -> dict[str, Any]:
-    from agents.evaluate import evaluate
+def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None) -> dict[str, Any]:
+    from agents.evaluate import evaluate, fidelity_tables
 
-    result = evaluate(config.eval_config(out, model), log=None, progress=True, models=models)
+    result = evaluate(eval_config, log=None, progress=True, models=models)
     overall = result.summary[-1]
     row = {"accuracy": float(overall["accuracy"]), "tool_call_fraction": float(overall["tool_call_fraction"]),
            "parse_errors_per_task": float(overall["parse_errors_per_task"]), "n_tasks": len(result.episodes)}
-    log(f"[pipeline] {out.name}: accuracy {row['accuracy']:.3f}, ACT steps parsed as tool calls "
-        f"{row['tool_call_fraction']:.3f}, parse errors/task {row['parse_errors_per_task']:.2f}")
+    if eval_config.fidelity:
+        every = fidelity_tables(result.fidelity_calls)["tool"][-1]
+        row.update({f"fidelity_{m}": float(every[m]) for m in ("exact_match", "json_structure_match", "token_f1")},
+                   fidelity_calls=int(every["n_calls"]))
+        log(f"[pipeline] {out.name}: {row['fidelity_calls']} rehearsed calls: exact {row['fidelity_exact_match']:.3f}, "
+            f"structure {row['fidelity_json_structure_match']:.3f}, token F1 {row['fidelity_token_f1']:.3f} "
+            f"(accuracy in the rehearsed world {row['accuracy']:.3f})")
+    else:
+        log(f"[pipeline] {out.name}: accuracy {row['accuracy']:.3f}, ACT steps parsed as tool calls "
+            f"{row['tool_call_fraction']:.3f}, parse errors/task {row['parse_errors_per_task']:.2f}")
     return row
 
 
+def stage_rows(evals: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """One row per evaluated model (``base``, ``sft``, ``grpo``, and ``grpo+rehearsal`` when that stage ran):
+    the real-backend evaluation's fields, plus the ``fidelity_*`` fields of its fidelity stage, if any."""
+    rows: dict[str, dict[str, Any]] = {}
+    for name, row in evals.items():
+        if name.startswith("eval_"):
+            label = "grpo+rehearsal" if name == REHEARSAL_STAGE else name[len("eval_"):]
+            rows.setdefault(label, {}).update(row)
+    for name, row in evals.items():
+        if name.startswith("fidelity_") and name[len("fidelity_"):] in rows:
+            rows[name[len("fidelity_"):]].update({k: v for k, v in row.items() if k.startswith("fidelity_")},
+                                                  rehearsed_world_accuracy=row["accuracy"])
+    return rows
+
+
+def stage_table(rows: dict[str, dict[str, Any]], timings: dict[str, float]) -> list[str]:
+    """The printed summary: accuracy on real backends, tool-call fraction and fidelity per evaluated model."""
+    lines = [f"{'model':<15} {'accuracy':>9} {'tool calls':>10} {'parse err':>9} {'fid exact':>9} "
+             f"{'fid struct':>10} {'fid F1':>7} {'seconds':>8}"]
+    for label, row in rows.items():
+        stages = [REHEARSAL_STAGE] if label == "grpo+rehearsal" else [f"eval_{label}", f"fidelity_{label}"]
+        fid = ["" if f"fidelity_{m}" not in row else f"{row[f'fidelity_{m}']:.3f}"
+               for m in ("exact_match", "json_structure_match", "token_f1")]
+        lines.append(f"{label:<15} {row['accuracy']:>9.3f} {row['tool_call_fraction']:>10.3f} "
+                     f"{row['parse_errors_per_task']:>9.2f} {fid[0]:>9} {fid[1]:>10} {fid[2]:>7} "
+                     f"{sum(timings.get(s, 0.0) for s in stages):>8.0f}")
+    for name in ("sft", "grpo"):
+        lines.append(f"{name + ' (training)':<15} {'':>9} {'':>10} {'':>9} {'':>9} {'':>10} {'':>7} {timings.get(name, 0.0):>8.0f}")
+    return lines
+
+
 def plot_stages(rows: dict[str, dict[str, Any]], path: str | Path) -> Path:
-    """Bars of accuracy and tool-call fraction per evaluated stage (``rows``: stage -> eval row)."""
+    """Bars per evaluated model (``rows``: `stage_rows`): accuracy on the real backends, the fraction of ACT
+    steps parsed as tool calls and, where measured, the exact-match fidelity of the rehearsed tool outputs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     stages = list(rows)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    width = 0.38
+    series = [("accuracy", "accuracy (real backends)"), ("tool_call_fraction", "ACT steps parsed as tool calls")]
+    if any("fidelity_exact_match" in rows[s] for s in stages):
+        series.append(("fidelity_exact_match", "rehearsed outputs exactly right"))
+    fig, ax = plt.subplots(figsize=(1.6 * len(stages) + 2.5, 3.5))
+    width = 0.8 / len(series)
     xs = range(len(stages))
-    acc = ax.bar([x - width / 2 for x in xs], [rows[s]["accuracy"] for s in stages], width, label="accuracy (real backends)")
-    calls = ax.bar([x + width / 2 for x in xs], [rows[s]["tool_call_fraction"] for s in stages], width,
-                   label="ACT steps parsed as tool calls")
-    for bars in (acc, calls):  # values printed, so a zero bar is still readable
-        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    for i, (key, label) in enumerate(series):
+        bars = ax.bar([x + (i - (len(series) - 1) / 2) * width for x in xs], [rows[s].get(key, 0.0) for s in stages],
+                      width, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=8)  # values printed, so a zero bar is still readable
     ax.set_xticks(list(xs), stages)
     ax.set_ylim(0, 1)
     ax.set_title("test tasks per stage")
@@ -305,11 +353,18 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
         if "config" in info:
             stage_configs[name] = info["config"]
 
-    def evaluation(model: str):
-        return lambda out: {"eval": _evaluate(config, model, out, log, models),
-                            "config": dataclasses.asdict(config.eval_config(out, model))}
+    def evaluation(model: str, **changes: Any):
+        def run_eval(out: Path) -> dict[str, Any]:
+            eval_config = dataclasses.replace(config.eval_config(out, model), **changes)
+            return {"eval": _evaluate(eval_config, out, log, models), "config": dataclasses.asdict(eval_config)}
+        return run_eval
 
-    stage("eval_base", evaluation(config.model))
+    def evaluations(name: str, model: str) -> None:
+        stage(f"eval_{name}", evaluation(model))
+        if config.fidelity:
+            stage(f"fidelity_{name}", evaluation(model, fidelity=True, rehearsal_n=0))
+
+    evaluations("base", config.model)
 
     def sft(out: Path) -> dict[str, Any]:
         ids = _shortest_demo_ids(config, models.tokenizer(config.model))
@@ -320,7 +375,7 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
 
     stage("sft", sft)
     sft_model = _latest_model(run / "sft")
-    stage("eval_sft", evaluation(sft_model))
+    evaluations("sft", sft_model)
 
     def grpo(out: Path) -> dict[str, Any]:
         grpo_config = config.grpo_config(out, sft_model)
@@ -334,23 +389,19 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
 
     stage("grpo", grpo)
     grpo_model = _latest_model(run / "grpo")
-    stage("eval_grpo", evaluation(grpo_model))
+    evaluations("grpo", grpo_model)
+    if config.test_time_rehearsal_n:
+        stage(REHEARSAL_STAGE, evaluation(grpo_model, rehearsal_n=config.test_time_rehearsal_n, fidelity=False))
 
     plots = [str(p) for p in report(run / "grpo")]
-    plots.append(str(plot_stages({k.replace("eval_", ""): v for k, v in evals.items()}, run / "plots" / "stages.png")))
+    plots.append(str(plot_stages(stage_rows(evals), run / "plots" / "stages.png")))
     summary = {"config": config.to_dict(), "stage_configs": stage_configs, "budgets": budgets, "evals": evals,
                "seconds": timings, "plots": plots,
                "total_seconds": sum(timings.values())}
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
     log("")
-    log(f"{'stage':<10} {'accuracy':>9} {'tool-call fraction':>19} {'parse errors/task':>18} {'seconds':>8}")
-    for name in STAGES:
-        row = evals.get(name)
-        if row is not None:
-            log(f"{name:<10} {row['accuracy']:>9.3f} {row['tool_call_fraction']:>19.3f} "
-                f"{row['parse_errors_per_task']:>18.2f} {timings.get(name, 0):>8.0f}")
-        else:
-            log(f"{name:<10} {'':>9} {'':>19} {'':>18} {timings.get(name, 0):>8.0f}")
+    for line in stage_table(stage_rows(evals), timings):
+        log(line)
     log(f"[pipeline] total {summary['total_seconds'] / 60:.1f} min; plots: {', '.join(plots)}")
     return summary
 

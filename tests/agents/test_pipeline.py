@@ -8,7 +8,7 @@ import pytest
 
 from agents.cli import main
 from agents.config import dataclass_from_args, load_dataclass
-from agents.pipeline import PipelineConfig
+from agents.pipeline import REHEARSAL_STAGE, PipelineConfig, stage_rows
 
 ARGS = ["--model", "tiny-random", "--sft.max-steps", "1", "--sft.max-demos", "1", "--grpo.num-steps", "1",
         "--eval.limit", "1", "--grpo.max-new-tokens", "4", "--eval.max-new-tokens", "4", "--grpo.rehearse-max-new-tokens", "4",
@@ -77,3 +77,38 @@ def test_the_pipeline_runs_on_a_suite_defined_in_tests(tmp_path):
     assert sft["task_ids"] == ["user_0"]  # the demonstration came from the test suite's reference solution
     episodes = [json.loads(line) for line in open(run / "eval_grpo" / "episodes.jsonl", encoding="utf-8")]
     assert [e["task_id"] for e in episodes] == ["user_0"]
+
+
+@pytest.mark.slow
+def test_pipeline_adds_fidelity_and_test_time_rehearsal_stages(tmp_path, capsys):
+    run = tmp_path / "lab"
+    lab = ["--suite", "lab", "--categories", "ship", "--fidelity", "true", "--test-time-rehearsal-n", "1"]
+    assert main(["pipeline", "--run-dir", str(run), *ARGS, *lab]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary["evals"]) == {"eval_base", "fidelity_base", "eval_sft", "fidelity_sft", "eval_grpo",
+                                     "fidelity_grpo", REHEARSAL_STAGE}
+    assert summary["stage_configs"][REHEARSAL_STAGE]["rehearsal_n"] == 1
+    assert summary["stage_configs"]["fidelity_sft"]["fidelity"] is True
+    rows = stage_rows(summary["evals"])
+    assert list(rows) == ["base", "sft", "grpo", "grpo+rehearsal"]
+    calls = [json.loads(line) for line in (run / "fidelity_grpo" / "fidelity_calls.jsonl").read_text().splitlines()]
+    assert rows["grpo"]["fidelity_calls"] == len(calls)
+    if calls:
+        assert rows["grpo"]["fidelity_exact_match"] == pytest.approx(sum(c["exact_match"] for c in calls) / len(calls))
+    out = capsys.readouterr().out
+    assert "grpo+rehearsal" in out and "fid exact" in out
+
+
+@pytest.mark.slow  # builds smollm2-lab's tokenizer on a fresh cache (~45 s)
+def test_the_lab_recipe_loads_and_its_budgets_leave_the_tasks_winnable(no_model_loads):
+    from pathlib import Path
+
+    from agents.pipeline import check_budgets
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab.yaml"
+    config = load_dataclass(PipelineConfig, str(recipe))
+    assert (config.suite, config.model, config.fidelity) == ("lab", "smollm2-lab", True)
+    assert config.grpo.group_size > 1 and config.eval.temperature == 0.0
+    lines = []
+    budgets = check_budgets(config, log=lines.append)
+    assert budgets and lines
