@@ -11,10 +11,16 @@ SFT and GRPO trainers resume from their newest checkpoints):
 4. ``grpo/``: role-wise GRPO over ``EnvACE-Rehearse-v0`` from the SFT checkpoint (the policy both acts and
    rehearses; rewards from replaying its calls on real backends), `agents.trainer.RoleWiseGRPOTrainer`;
 5. ``eval_grpo/``: the trained policy, same tasks;
-6. ``plots/stages.png`` (accuracy and the fraction of ACT steps that parse as tool calls, per stage) and
-   ``grpo/plots/`` (training curves, `agents.plots.report`); ``summary.json`` and a printed table.
+6. with ``fidelity``, a ``fidelity_<model>/`` stage after each evaluation: the same tasks played rehearsed, every
+   rehearsed tool output scored against a shadow real backend; with ``test_time_rehearsal_n`` > 0,
+   ``eval_grpo_rehearsal/``: the trained policy with test-time rehearsal on the same tasks;
+7. ``plots/stages.png`` (accuracy, the fraction of ACT steps that parse as tool calls and, where measured, exact
+   rehearsal fidelity, per model) and ``grpo/plots/`` (training curves, `agents.plots.report`); ``summary.json``
+   and a printed table (`stage_table`).
 
-The defaults take about 20 minutes on 2 CPU cores with SmolLM2-135M-Instruct (18.3 measured on idle cores): few SFT steps on the shortest demonstrations (prompts alone are 3k-6.5k tokens, the
+``configs/recipes/lab.yaml`` is the README's main job (``make demo``): the lab suite on ``smollm2-lab``.
+
+The defaults (BFCL, ``make demo-bfcl``) take about 20 minutes on 2 CPU cores with SmolLM2-135M-Instruct (18.3 measured on idle cores): few SFT steps on the shortest demonstrations (prompts alone are 3k-6.5k tokens, the
 length cap keeps whole demos), B=1 x K=2 GRPO, 4 evaluation tasks, and ACT budgets (128 tokens, 5 messages per
 user turn) that leave every selected task completable (`agents.budgets`, checked before any model loads). A GPU-scale run would instead use all four multi-turn
 categories for SFT with no length cap, hundreds of GRPO steps at 16 instructions x K=4 with 20 steps per
