@@ -352,8 +352,13 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
         folder.mkdir(parents=True, exist_ok=True)
         if _stage_done(folder):
             info = json.loads((folder / "stage_done.json").read_text())
-            if expected is not None and "config" in info and info["config"] != expected:
-                changed = sorted(k for k in expected if info["config"].get(k) != expected[k])
+            stored = info.get("config", {}) if expected is not None else {}
+            if "out" in stored:  # a run folder may have moved: read its paths (out, a checkpoint model) as if here
+                old_run = str(Path(stored["out"]).parent)
+                stored = {k: str(run) + v[len(old_run):] if isinstance(v, str) and v.startswith(old_run + "/") else v
+                          for k, v in stored.items()}
+            changed = sorted(k for k in stored if stored[k] != expected.get(k))
+            if changed:
                 raise ValueError(f"{folder} was run with other settings ({', '.join(changed)}); use another --run-dir, "
                                  f"or delete that folder to run the stage again")
             log(f"[pipeline] {name}: already done, skipped")
