@@ -375,15 +375,10 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
         if "config" in info:
             stage_configs[name] = info["config"]
 
-    def evaluation(model: str, **changes: Any):
-        def run_eval(out: Path) -> dict[str, Any]:
-            eval_config = dataclasses.replace(config.eval_config(out, model), **changes)
-            return {"eval": _evaluate(eval_config, out, log, models), "config": dataclasses.asdict(eval_config)}
-        return run_eval
-
     def evaluate_stage(name: str, model: str, **changes: Any) -> None:
-        expected = dataclasses.asdict(dataclasses.replace(config.eval_config(run / name, model), **changes))
-        stage(name, evaluation(model, **changes), json.loads(json.dumps(expected)))
+        eval_config = dataclasses.replace(config.eval_config(run / name, model), **changes)
+        settings = json.loads(json.dumps(dataclasses.asdict(eval_config)))  # as stage_done.json stores them
+        stage(name, lambda out: {"eval": _evaluate(eval_config, out, log, models), "config": settings}, settings)
 
     def evaluations(name: str, model: str) -> None:
         evaluate_stage(f"eval_{name}", model)
