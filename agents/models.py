@@ -285,14 +285,8 @@ def ensure_smollm2_converted(cache_root: Path | None = None) -> Path:
         ImportError: the `gguf` or `filelock` package is missing.
     """
     target = smollm2_model_dir(cache_root)
-    if _is_converted(target):
-        return target
-    from filelock import FileLock
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.parent / f"{DEFAULT_MODEL}.lock")):
-        if _is_converted(target):  # another process converted while we waited
-            return target
+    def convert() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         gguf = smollm2_gguf_path()
         logger.info("converting %s to a safetensors cache in %s (once; takes tens of seconds)", gguf, target)
         import torch
@@ -306,10 +300,23 @@ def ensure_smollm2_converted(cache_root: Path | None = None) -> Path:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(dequantised.state_dict(), strict=True)
         model.generation_config = copy.deepcopy(dequantised.generation_config)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        del dequantised
+        return model, AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
-        _save_atomically(model, tokenizer, target)
+    return _build_once(target, DEFAULT_MODEL, convert)
+
+
+def _build_once(target: Path, name: str, build: Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]) -> Path:
+    """`target`, written by ``build()`` under the file lock ``<target.parent>/<name>.lock`` unless already complete
+    (checked again once the lock is held, since another process may have built it meanwhile); detail 2."""
+    if _is_converted(target):
+        return target
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.parent / f"{name}.lock")):
+        if not _is_converted(target):
+            model, tokenizer = build()
+            _save_atomically(model, tokenizer, target)
     return target
 
 
@@ -357,17 +364,14 @@ def ensure_lab_model(cache_root: Path | None = None) -> Path:
     target = lab_model_dir(cache_root)
     if _is_converted(target):
         return target
-    from filelock import FileLock
-
     source = ensure_smollm2_converted(cache_root)
-    with FileLock(str(target.parent / f"{LAB_MODEL}.lock")):
-        if _is_converted(target):
-            return target
-        logger.info("building %s from %s into %s (once; a few seconds)", LAB_MODEL, source, target)
+
+    def cut() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        logger.info("building %s from %s into %s (once; about 15 s)", LAB_MODEL, source, target)
         tokenizer, kept_ids = _cut_lab_tokenizer(source)
-        model = _cut_lab_model(source, kept_ids, tokenizer)
-        _save_atomically(model, tokenizer, target)
-    return target
+        return _cut_lab_model(source, kept_ids, tokenizer), tokenizer
+
+    return _build_once(target, LAB_MODEL, cut)
 
 
 def _cut_lab_tokenizer(source: Path) -> tuple[PreTrainedTokenizerBase, list[int]]:
