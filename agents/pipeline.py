@@ -45,7 +45,7 @@ from agents.evaluate import EvalConfig
 from agents.models import ModelStore, default_store
 from agents.sft import SFTConfig
 
-__all__ = ["PipelineConfig", "run_pipeline", "register_pipeline_parser", "STAGES", "REHEARSAL_STAGE", "stage_rows", "stage_table"]
+__all__ = ["PipelineConfig", "run_pipeline", "StageRunner", "latest_model", "sft_stage", "grpo_stage", "register_pipeline_parser", "STAGES", "REHEARSAL_STAGE", "stage_rows", "stage_table"]
 
 _f = config_field
 STAGES = ("eval_base", "sft", "eval_sft", "grpo", "eval_grpo")
@@ -181,7 +181,85 @@ def _mark_done(folder: Path, info: dict[str, Any]) -> None:
     (folder / "stage_done.json").write_text(json.dumps(info, indent=1))
 
 
-def _latest_model(run_dir: Path) -> str:
+class StageRunner:
+    """Runs named stages of a job once each, every stage in its own folder under `run`, and resumes.
+
+    A stage that finished wrote ``<run>/<name>/stage_done.json`` (what its function returned, plus
+    ``seconds``); running the job again skips it, unless it was run with other settings, which refuses
+    rather than mixing two runs' results. Used by `run_pipeline` and by ``benchmarks/perf/lab_ablations.py``.
+
+    Args:
+        run: the job's folder (stage names may hold ``/`` for nested folders).
+        log: where progress lines go.
+
+    Attributes:
+        timings: seconds per stage name (a skipped stage: the seconds it took when it ran).
+        evals: the evaluation row (`evaluate`'s) per stage name.
+        configs: the settings each stage ran with, per stage name.
+    """
+
+    def __init__(self, run: str | Path, log=print) -> None:
+        self.run = Path(run)
+        self.log = log
+        self.timings: dict[str, float] = {}
+        self.evals: dict[str, dict[str, Any]] = {}
+        self.configs: dict[str, dict[str, Any]] = {}
+
+    def stage(self, name: str, fn, expected: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run ``fn(folder)`` unless stage `name` is done; returns its info (``fn``'s dict plus ``seconds``).
+
+        Args:
+            name: the stage's folder under ``run``.
+            fn: folder -> dict (JSON-compatible) or None; an ``"eval"`` entry is the stage's evaluation row,
+                a ``"config"`` entry the settings it ran with.
+            expected: the settings a finished stage must have run with to be skipped (None: not checked).
+
+        Raises:
+            ValueError: the stage finished with other settings than `expected` (the message names them).
+        """
+        folder = self.run / name
+        folder.mkdir(parents=True, exist_ok=True)
+        if _stage_done(folder):
+            info = json.loads((folder / "stage_done.json").read_text())
+            stored = info.get("config", {}) if expected is not None else {}
+            if "out" in stored:  # a run folder may have moved: read its paths (out, a checkpoint model) as if here
+                old_run = str(Path(stored["out"]).parents[len(Path(name).parts) - 1])
+                stored = {k: str(self.run) + v[len(old_run):] if isinstance(v, str) and v.startswith(old_run + "/") else v
+                          for k, v in stored.items()}
+            changed = sorted(k for k in stored if stored[k] != expected.get(k))
+            if changed:
+                raise ValueError(f"{folder} was run with other settings ({', '.join(changed)}); use another run folder, "
+                                 f"or delete that folder to run the stage again")
+            self.log(f"[stage] {name}: already done, skipped")
+        else:
+            self.log(f"[stage] {name} ...")
+            t0 = time.perf_counter()
+            info = fn(folder) or {}
+            info["seconds"] = time.perf_counter() - t0
+            _mark_done(folder, info)
+            self.log(f"[stage] {name}: done in {info['seconds']:.0f} s")
+        self.timings[name] = info.get("seconds", 0.0)
+        if "eval" in info:
+            self.evals[name] = info["eval"]
+        if "config" in info:
+            self.configs[name] = info["config"]
+        return info
+
+    def evaluate(self, name: str, eval_config: EvalConfig, models: ModelStore | None = None) -> dict[str, Any]:
+        """Stage `name`: `agents.evaluate.evaluate` with `eval_config` (its ``out`` should be the stage's
+        folder); returns the evaluation row (accuracy, tool-call fraction, parse errors, fidelity fields)."""
+        settings = json.loads(json.dumps(dataclasses.asdict(eval_config)))  # as stage_done.json stores them
+        info = self.stage(name, lambda out: {"eval": _evaluate(eval_config, out, self.log, models), "config": settings},
+                          settings)
+        return info["eval"]
+
+
+def latest_model(run_dir: str | Path) -> str:
+    """The model folder of the newest checkpoint in `run_dir`.
+
+    Raises:
+        FileNotFoundError: `run_dir` holds no complete checkpoint.
+    """
     from agents.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
@@ -200,6 +278,37 @@ def _shortest_demo_ids(config: PipelineConfig, tokenizer: Any) -> list[str]:
     )
     demos.sort(key=lambda d: len(d.token_ids))
     return [d.task.id for d in demos[: config.sft.max_demos or None]]
+
+
+def sft_stage(config: PipelineConfig, out: Path, models: ModelStore, log=print) -> dict[str, Any]:
+    """The SFT warm start of `config` into `out` (`agents.sft.SFTTrainer` on the ``sft.max_demos`` shortest
+    train-split demonstrations that fit whole); returns the stage info (last metrics, task ids, config)."""
+    from agents.sft import SFTTrainer
+
+    ids = _shortest_demo_ids(config, models.tokenizer(config.model))
+    sft_config = config.sft_config(out, ids)
+    log(f"[pipeline] sft on {len(ids)} demonstrations of real executions, {sft_config.max_steps} steps")
+    history = SFTTrainer(sft_config, models=models).train()
+    return {"last": history[-1] if history else None, "task_ids": ids, "config": dataclasses.asdict(sft_config)}
+
+
+def grpo_stage(grpo_config: TrainConfig, models: ModelStore, log=print) -> dict[str, Any]:
+    """Role-wise GRPO with `grpo_config` (`agents.trainer.RoleWiseGRPOTrainer`, resuming in its run folder);
+    returns the stage info: the last step's metrics, per step the groups with reward variance, the totals
+    of real tool calls in the rollouts and of verifier replays (`agents.rollout.RolloutStats`), the config."""
+    from agents.trainer import RoleWiseGRPOTrainer
+
+    trainer = RoleWiseGRPOTrainer(grpo_config, log=lambda *_: None, models=models)
+    try:
+        history = trainer.train()
+    finally:
+        trainer.close()
+    groups = [h["rollout/groups_with_reward_variance"] for h in history]
+    log(f"[pipeline] grpo: groups with non-zero reward variance per step: {groups} (of {grpo_config.batch_tasks} per step)")
+    return {"last": history[-1] if history else None, "groups_with_reward_variance": groups,
+            "real_tool_calls": sum(h["rollout/real_tool_calls"] for h in history),
+            "verifier_replay_calls": sum(h["rollout/verifier_replay_calls"] for h in history),
+            "config": dataclasses.asdict(grpo_config)}
 
 
 def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None = None) -> dict[str, Any]:
@@ -334,8 +443,6 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     import torch
 
     from agents.plots import report
-    from agents.sft import SFTTrainer
-    from agents.trainer import RoleWiseGRPOTrainer
 
     models = models or default_store()
     if config.threads:
@@ -343,42 +450,10 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     budgets = check_budgets(config, log, models)
     run = Path(config.run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
-    evals: dict[str, dict[str, Any]] = {}
-    stage_configs: dict[str, dict[str, Any]] = {}  # what each stage ran with, the pipeline's own fields filled in
-
-    def stage(name: str, fn, expected: dict[str, Any] | None = None) -> None:
-        folder = run / name
-        folder.mkdir(parents=True, exist_ok=True)
-        if _stage_done(folder):
-            info = json.loads((folder / "stage_done.json").read_text())
-            stored = info.get("config", {}) if expected is not None else {}
-            if "out" in stored:  # a run folder may have moved: read its paths (out, a checkpoint model) as if here
-                old_run = str(Path(stored["out"]).parent)
-                stored = {k: str(run) + v[len(old_run):] if isinstance(v, str) and v.startswith(old_run + "/") else v
-                          for k, v in stored.items()}
-            changed = sorted(k for k in stored if stored[k] != expected.get(k))
-            if changed:
-                raise ValueError(f"{folder} was run with other settings ({', '.join(changed)}); use another --run-dir, "
-                                 f"or delete that folder to run the stage again")
-            log(f"[pipeline] {name}: already done, skipped")
-        else:
-            log(f"[pipeline] {name} ...")
-            t0 = time.perf_counter()
-            info = fn(folder) or {}
-            info["seconds"] = time.perf_counter() - t0
-            _mark_done(folder, info)
-            log(f"[pipeline] {name}: done in {info['seconds']:.0f} s")
-        timings[name] = info.get("seconds", 0.0)
-        if "eval" in info:
-            evals[name] = info["eval"]
-        if "config" in info:
-            stage_configs[name] = info["config"]
+    stages = StageRunner(run, log)
 
     def evaluate_stage(name: str, model: str, **changes: Any) -> None:
-        eval_config = dataclasses.replace(config.eval_config(run / name, model), **changes)
-        settings = json.loads(json.dumps(dataclasses.asdict(eval_config)))  # as stage_done.json stores them
-        stage(name, lambda out: {"eval": _evaluate(eval_config, out, log, models), "config": settings}, settings)
+        stages.evaluate(name, dataclasses.replace(config.eval_config(run / name, model), **changes), models)
 
     def evaluations(name: str, model: str) -> None:
         evaluate_stage(f"eval_{name}", model)
@@ -387,36 +462,20 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
 
     evaluations("base", config.model)
 
-    def sft(out: Path) -> dict[str, Any]:
-        ids = _shortest_demo_ids(config, models.tokenizer(config.model))
-        log(f"[pipeline] sft on {len(ids)} demonstrations of real executions")
-        sft_config = config.sft_config(out, ids)
-        history = SFTTrainer(sft_config, models=models).train()
-        return {"last": history[-1] if history else None, "task_ids": ids, "config": dataclasses.asdict(sft_config)}
-
-    stage("sft", sft)
-    sft_model = _latest_model(run / "sft")
+    stages.stage("sft", lambda out: sft_stage(config, out, models, log))
+    sft_model = latest_model(run / "sft")
     evaluations("sft", sft_model)
 
-    def grpo(out: Path) -> dict[str, Any]:
-        grpo_config = config.grpo_config(out, sft_model)
-        trainer = RoleWiseGRPOTrainer(grpo_config, log=lambda *_: None, models=models)
-        history = trainer.train()
-        groups = [h["rollout/groups_with_reward_variance"] for h in history]
-        log(f"[pipeline] grpo: groups with non-zero reward variance per step: {groups} "
-            f"(of {config.grpo.batch_tasks} per step)")
-        return {"last": history[-1] if history else None, "groups_with_reward_variance": groups,
-                "config": dataclasses.asdict(grpo_config)}
-
-    stage("grpo", grpo)
-    grpo_model = _latest_model(run / "grpo")
+    stages.stage("grpo", lambda out: grpo_stage(config.grpo_config(out, sft_model), models, log))
+    grpo_model = latest_model(run / "grpo")
     evaluations("grpo", grpo_model)
     if config.test_time_rehearsal_n:
         evaluate_stage(REHEARSAL_STAGE, grpo_model, rehearsal_n=config.test_time_rehearsal_n)
 
+    evals, timings = stages.evals, stages.timings
     plots = [str(p) for p in report(run / "grpo")]
     plots.append(str(plot_stages(stage_rows(evals), run / "plots" / "stages.png")))
-    summary = {"config": config.to_dict(), "stage_configs": stage_configs, "budgets": budgets, "evals": evals,
+    summary = {"config": config.to_dict(), "stage_configs": stages.configs, "budgets": budgets, "evals": evals,
                "seconds": timings, "plots": plots,
                "total_seconds": sum(timings.values())}
     (run / "summary.json").write_text(json.dumps(summary, indent=1))

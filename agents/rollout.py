@@ -103,6 +103,12 @@ class RolloutStats:
         budget_hit: per trajectory, whether it was truncated or had a cut generation.
         mean_tokens: mean token-sequence length.
         rollout: ``"rehearse"`` or ``"real"``.
+        real_tool_calls: calls answered by a real backend while the rollouts were played (every parsed ACT
+            call for ``rollout="real"``; 0 for ``"rehearse"``, where the REHEARSE role answers them).
+        verifier_replay_calls: calls a call-replay verifier (the lab's, BFCL's multi-turn) executes on fresh
+            real backends to score the batch: the parsed ACT calls of every terminated trajectory (a
+            truncated one is not verified: its R is 0). Counted apart from ``real_tool_calls``, since a
+            rehearsing rollout needs these and nothing else from the real world.
     """
 
     group_ids: list[int]
@@ -118,6 +124,8 @@ class RolloutStats:
     budget_hit: list[bool]
     mean_tokens: float
     rollout: str
+    real_tool_calls: int = 0
+    verifier_replay_calls: int = 0
 
     @property
     def reward_mean(self) -> float:
@@ -302,6 +310,7 @@ def collect_rollouts(
         traj.turn_info = turn_info[i]
         trajectories.append(traj)
     rewards = [t.reward for t in trajectories]
+    calls = [sum(len(step) for turn in t.calls_per_turn() for step in turn) for t in trajectories]
     stats = RolloutStats(
         group_ids=group_ids_for(len(task_ids), group_size),
         task_ids=env_task_ids,
@@ -316,6 +325,8 @@ def collect_rollouts(
         budget_hit=[bool(t.truncated or c) for t, c in zip(trajectories, cut)],
         mean_tokens=float(np.mean([len(t.token_ids) for t in trajectories])),
         rollout=rollout,
+        real_tool_calls=sum(calls) if rollout == "real" else 0,
+        verifier_replay_calls=sum(c for t, c in zip(trajectories, calls) if t.terminated),
     )
     return trajectories, stats
 

@@ -36,6 +36,8 @@ Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act,
 | ``rollout/empty_action_rate`` | trajectories with an empty ACT response / B·K |
 | ``rollout/truncated_fraction`` | trajectories the env truncated (a user turn used ``max_steps_per_turn`` ACT messages and its last still called a tool, or the episode passed ``max_episode_tokens``) / B·K; their R is 0, as BFCL scores a force-quit turn |
 | ``rollout/reward_capped_fraction`` | trajectories in which a budget bit (truncated, or an ACT message or a rehearsal reached its ``max_new_tokens`` without its stop token) / B·K: rewards a budget, not the policy, may have capped |
+| ``rollout/real_tool_calls`` | calls answered by a real backend while the batch was played (0 for rehearsed rollouts) |
+| ``rollout/verifier_replay_calls`` | calls the verifier replayed on fresh real backends to score the batch (counted apart) |
 | ``train/advantage_mean/ρ``, ``train/advantage_std/ρ``, ``train/advantage_abs/ρ`` | over role-ρ segments |
 | ``train/loss``, ``train/pg_loss``, ``train/kl``, ``train/entropy`` | `agents.grpo.grpo_loss` terms, mean over minibatches |
 | ``train/clip_fraction``, ``train/approx_kl``, ``train/ratio_mean`` | masked token means, mean over the (model, minibatch) targets that had loss tokens |
@@ -504,6 +506,8 @@ class RoleWiseGRPOTrainer:
             "rollout/reward_capped_fraction": float(np.mean(rstats.budget_hit)),
             "rollout/parse_error_rate": _parse_error_rate(trajectories),
             "rollout/groups_with_reward_variance": _groups_with_variance(rewards, rstats.group_ids),
+            "rollout/real_tool_calls": rstats.real_tool_calls,
+            "rollout/verifier_replay_calls": rstats.verifier_replay_calls,
         }
         generated = 0
         for role in (Role.ACT, Role.REHEARSE):

@@ -40,8 +40,9 @@ def mean_ci95(values: list[float]) -> tuple[float, float]:
     return mean, T95.get(n - 1, 1.96) * float(np.std(values, ddof=1)) / math.sqrt(n)
 
 
-def run_seed(seed: int, timesteps: int, categories: list[str] | None) -> dict:
-    """Train one MaskablePPO on the train split and score it on every test task."""
+def run_seed(seed: int, timesteps: int, categories: list[str] | None, limit: int | None = None) -> dict:
+    """Train one MaskablePPO on the train split and score it on the test tasks: every one, or the first
+    `limit` of each category (the tasks ``envace eval --limit`` plays)."""
     from sb3_contrib import MaskablePPO
 
     train = gym.make("EnvACE-LabDiscrete-v0", categories=categories, split="train").unwrapped
@@ -52,6 +53,8 @@ def run_seed(seed: int, timesteps: int, categories: list[str] | None) -> dict:
     train_s = time.perf_counter() - t0
     wins: dict[str, list[float]] = {}
     for task in test.tasks:
+        if limit is not None and len(wins.get(task.metadata["category"], [])) >= limit:
+            continue
         obs, _ = test.reset(options={"task_id": task.id})
         done, reward = False, 0.0
         while not done:

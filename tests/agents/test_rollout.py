@@ -192,11 +192,17 @@ def test_real_rollout_then_rehearsal_again_reproduces_the_seeded_rollout(policy,
     obs = [s.text for s in trajs[0].segments if s.role == Role.OBSERVATION]
     assert obs == ['{"total": 3}']  # the real scripted backend answered the forced add(3)
     assert [s.text for s in trajs[1].segments if s.role == Role.OBSERVATION] == ['{"text": "a"}', '{"total": 1}']
+    answered = [sum(m.role == "tool" and m.tool_call_id is not None for m in t.messages) for t in trajs]
+    assert stats.real_tool_calls == sum(answered) >= 3  # every answered call went to a real backend
+    assert stats.verifier_replay_calls == sum(a for t, a in zip(trajs, answered) if t.terminated)
     batch = _batch(trajs, policy, "inline")
     assert set(batch.role_mask[batch.loss_mask].tolist()) == {int(Role.ACT)}  # env 2's generated answer
     # the default rollout goes back to rehearsal, and the same seed replays the fixture's first step exactly
     trajs, stats = collect_rollouts(FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, **first_step)
-    before, _ = rollouts["inline"]
+    before, before_stats = rollouts["inline"]
+    assert stats.real_tool_calls == before_stats.real_tool_calls == 0  # the REHEARSE role answered every call
+    answered = [sum(m.role == "tool" and m.tool_call_id is not None for m in t.messages) for t in before]
+    assert before_stats.verifier_replay_calls == sum(a for t, a in zip(before, answered) if t.terminated) > 0
     for now, full in zip(trajs, before):
         assert now.token_ids == full.token_ids[: len(now.token_ids)]
     assert sum(s.role == Role.REHEARSE for s in trajs[1].segments) == 2

@@ -1,0 +1,279 @@
+"""The paper's controlled comparisons on EnvACE-Lab, in miniature: same data, reward and step budget per arm.
+
+One warm start (the lab recipe's SFT stage on real executions, seed 0) is shared by every arm; each arm then
+runs role-wise GRPO's recipe with one factor changed, once per seed, and every trained policy is scored on
+the same test-split tasks against the real backend (greedy, as the recipe's evaluations):
+
+| arm | what changes (DESIGN.md §1; the paper's ablations) |
+|---|---|
+| ``role_grpo`` | EnvACE: one shared policy, rehearsed rollouts, one baseline per (group, role) |
+| ``grpo`` | plain GRPO: one baseline per group for both roles (``algo=grpo``) |
+| ``per_role`` | two models, each trained on its role (``policy=per_role``) |
+| ``real_rollouts`` | tool calls answered by the real backend during training (``rollout=real``) |
+
+Then, on every ``role_grpo`` policy: test-time rehearsal with N = ``--ttr-n`` attempts per user turn,
+``parallel`` and ``sequential``, with the trained policy as the rehearser and with the pre-RL (warm-start)
+model as the rehearser (the paper's base-rehearser control; N = 0 is the arm's own evaluation); and
+rehearsal fidelity (exact / JSON structure / token F1 of every rehearsed tool output against a shadow real
+backend) before GRPO (the warm start) and after it. The model-free row is sb3-contrib's MaskablePPO on
+``EnvACE-LabDiscrete-v0`` (`benchmarks/perf/lab_sb3_baseline.py`), trained on the real backend, scored on
+the same test tasks.
+
+Printed per row: test success as mean +- the half-width of a 95% Student-t interval over seeds, the paired
+difference to ``role_grpo`` on the same seeds (same interval), the real tool calls made inside the training
+loop and, counted apart, the calls the verifier replayed to score the rollouts (means per seed), and wall
+seconds per seed (training + evaluation). Writes ``results.json`` and ``ablations.png`` under ``--out``.
+Every stage has its own folder and is skipped when run again (an interrupted run resumes; GRPO from its
+newest checkpoint).
+
+    .venv/bin/python benchmarks/perf/lab_ablations.py --quick        # 2 seeds, 2 GRPO steps, N <= 2
+    .venv/bin/python benchmarks/perf/lab_ablations.py                # 5 seeds, the recipe's GRPO budget
+
+Nothing here is tuned toward a result: the world, the seeds (0..S-1) and the budgets are the recipe's (or
+the options'), the same for every arm, and the script reports whatever the runs give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+
+from benchmarks.perf.lab_sb3_baseline import mean_ci95  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
+
+ARMS: dict[str, dict[str, Any]] = {
+    "role_grpo": {},
+    "grpo": {"algo": "grpo"},
+    "per_role": {"policy": "per_role"},
+    "real_rollouts": {"rollout": "real"},
+}
+"""Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (``role_grpo`` is the recipe)."""
+
+FIDELITY_METRICS = ("exact_match", "json_structure_match", "token_f1")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default=str(RECIPE), help="the envace pipeline YAML whose stages every arm uses")
+    ap.add_argument("--out", default="runs/lab_ablations", help="folder of every stage, results.json and ablations.png")
+    ap.add_argument("--seeds", type=int, default=5, help="GRPO seeds per arm (0..S-1)")
+    ap.add_argument("--grpo-steps", type=int, default=None, help="GRPO steps per run (default: the recipe's)")
+    ap.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--ttr-n", type=int, nargs="*", default=[1, 2, 3], help="test-time rehearsal attempts per turn (0 is each arm's own evaluation)")
+    ap.add_argument("--ttr-modes", nargs="*", default=["parallel", "sequential"], choices=["parallel", "sequential"])
+    ap.add_argument("--ttr-memory-tokens", type=int, default=128, help="bound on the rehearsal memory (the same for every N)")
+    ap.add_argument("--ttr-critique-tokens", type=int, default=32, help="cap per critique (the same for every N)")
+    ap.add_argument("--no-base-rehearser", action="store_true", help="skip the pre-RL-rehearser control")
+    ap.add_argument("--limit", type=int, default=None, help="test tasks per category (default: the recipe's eval.limit)")
+    ap.add_argument("--sb3-timesteps", type=int, default=50_000, help="MaskablePPO env steps per seed (0: no SB3 row)")
+    ap.add_argument("--quick", action="store_true", help="2 seeds, 2 GRPO steps, N in {1, 2} parallel only, SB3 10,000 steps")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.grpo_steps, args.sb3_timesteps = 2, 2, min(args.sb3_timesteps, 10_000)
+        args.ttr_n, args.ttr_modes = [n for n in args.ttr_n if n <= 2], ["parallel"]
+    if args.seeds < 1 or (args.grpo_steps is not None and args.grpo_steps < 1) or any(n < 1 for n in args.ttr_n):
+        ap.error("--seeds, --grpo-steps and every --ttr-n must be >= 1")
+    if "role_grpo" not in args.arms:
+        ap.error("--arms must include role_grpo: every comparison and the rehearsal rows are made against it")
+    return args
+
+
+def _fidelity(row: dict[str, Any]) -> dict[str, float | None]:
+    return {m: row.get(f"fidelity_{m}") for m in FIDELITY_METRICS}
+
+
+def summarize(values: list[float], reference: list[float] | None = None) -> dict[str, Any]:
+    """Mean and 95% half-width of `values` (one per seed), and of the paired differences to `reference`
+    (the mean and half-width are None when nothing was measured)."""
+    if not values:
+        return {"values": [], "mean": None, "ci95": None, "n": 0}
+    mean, half = mean_ci95(values)
+    out: dict[str, Any] = {"values": values, "mean": mean, "ci95": half, "n": len(values)}
+    if reference is not None and len(reference) == len(values):
+        diff_mean, diff_half = mean_ci95([v - r for v, r in zip(values, reference)])
+        out.update(diff_mean=diff_mean, diff_ci95=diff_half)
+    return out
+
+
+def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
+    """Run (or resume) every stage and return the results (also written to ``<out>/results.json``)."""
+    import torch
+
+    from agents.config import load_dataclass
+    from agents.models import default_store
+    from agents.pipeline import PipelineConfig, StageRunner, grpo_stage, latest_model, sft_stage
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    recipe = load_dataclass(PipelineConfig, args.recipe, run_dir=str(out), threads=args.threads)
+    if args.limit is not None:
+        recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
+    steps = args.grpo_steps or recipe.grpo.num_steps
+    models = default_store()
+    stages = StageRunner(out, log)
+    t_start = time.perf_counter()
+
+    stages.stage("warm_start/sft", lambda folder: sft_stage(recipe, folder, models, log))
+    warm = latest_model(out / "warm_start" / "sft")
+
+    def evaluation(name: str, model: str, **changes: Any) -> dict[str, Any]:
+        return stages.evaluate(name, dataclasses.replace(recipe.eval_config(out / name, model), **changes), models)
+
+    warm_eval = evaluation("warm_start/eval", warm)
+    warm_fid = evaluation("warm_start/fidelity", warm, fidelity=True)
+
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
+    for seed in range(args.seeds):
+        for arm in args.arms:
+            name = f"{arm}/seed{seed}"
+            config = dataclasses.replace(recipe.grpo_config(out / name / "grpo", warm), seed=seed, num_steps=steps,
+                                         save_every=steps, **ARMS[arm])
+            info = stages.stage(f"{name}/grpo", lambda _, config=config: grpo_stage(config, models, log),
+                                json.loads(json.dumps(dataclasses.asdict(config))))
+            trained = latest_model(out / name / "grpo")
+            row = evaluation(f"{name}/eval", trained)
+            runs[arm].append({"seed": seed, "model": trained, "eval": row, "train": {k: info[k] for k in _TOTALS},
+                              "train_s": info["seconds"], "eval_s": stages.timings[f"{name}/eval"]})
+
+    rehearsal: dict[str, list[dict[str, Any]]] = {}
+    fidelity_after: list[dict[str, Any]] = []
+    for r in runs["role_grpo"]:
+        name = f"role_grpo/seed{r['seed']}"
+        fidelity_after.append(evaluation(f"{name}/fidelity", r["model"], fidelity=True))
+        for rehearser, rehearser_model in [("trained", None)] + ([] if args.no_base_rehearser else [("base", warm)]):
+            for mode in args.ttr_modes:
+                for n in args.ttr_n:
+                    key = f"N={n} {mode}, {rehearser} rehearser"
+                    row = evaluation(f"{name}/ttr_{rehearser}_{mode}_n{n}", r["model"], rehearsal_n=n, rehearsal_mode=mode,
+                                     rehearser_model=rehearser_model, memory_tokens=args.ttr_memory_tokens,
+                                     critique_tokens=args.ttr_critique_tokens)
+                    rehearsal.setdefault(key, []).append(
+                        {"seed": r["seed"], "eval": row, "eval_s": stages.timings[f"{name}/ttr_{rehearser}_{mode}_n{n}"]})
+
+    sb3 = None
+    if args.sb3_timesteps:
+        from benchmarks.perf.lab_sb3_baseline import run_seed
+
+        def sb3_stage(folder: Path) -> dict[str, Any]:
+            rows = [run_seed(seed, args.sb3_timesteps, recipe.categories, limit=recipe.eval.limit) for seed in range(args.seeds)]
+            return {"rows": rows, "config": {"timesteps": args.sb3_timesteps, "seeds": args.seeds, "limit": recipe.eval.limit}}
+
+        sb3 = stages.stage("sb3_maskable_ppo", sb3_stage,
+                           {"timesteps": args.sb3_timesteps, "seeds": args.seeds, "limit": recipe.eval.limit})["rows"]
+
+    results = _results(args, recipe, steps, warm_eval, warm_fid, runs, rehearsal, fidelity_after, sb3)
+    results["wall_s"] = time.perf_counter() - t_start
+    results["stage_seconds"] = stages.timings
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    for line in table(results):
+        log(line)
+    log(f"[ablations] plot: {plot(results, out / 'ablations.png')}; results: {out / 'results.json'}; "
+        f"stage time {sum(stages.timings.values()) / 60:.1f} min")
+    return results
+
+
+_TOTALS = ("real_tool_calls", "verifier_replay_calls", "groups_with_reward_variance")
+"""The training totals of a GRPO stage (`agents.pipeline.grpo_stage`) that the table reads."""
+
+
+def _results(args, recipe, steps, warm_eval, warm_fid, runs, rehearsal, fidelity_after, sb3) -> dict[str, Any]:
+    reference = [r["eval"]["accuracy"] for r in runs["role_grpo"]]
+    rows: list[dict[str, Any]] = [{"row": "warm start (SFT, pre-RL)", "success": summarize([warm_eval["accuracy"]]),
+                                   "real_tool_calls": 0, "verifier_replay_calls": 0}]
+    for arm, rs in runs.items():
+        rows.append({
+            "row": arm, "success": summarize([r["eval"]["accuracy"] for r in rs], None if arm == "role_grpo" else reference),
+            "real_tool_calls": float(np.mean([r["train"]["real_tool_calls"] for r in rs])),
+            "verifier_replay_calls": float(np.mean([r["train"]["verifier_replay_calls"] for r in rs])),
+            "groups_with_signal": float(np.mean([sum(r["train"]["groups_with_reward_variance"]) for r in rs])),
+            "wall_s": float(np.mean([r["train_s"] + r["eval_s"] for r in rs])),
+        })
+    for key, rs in rehearsal.items():
+        rows.append({"row": f"role_grpo + TTR {key}", "success": summarize([r["eval"]["accuracy"] for r in rs], reference),
+                     "wall_s": float(np.mean([r["eval_s"] for r in rs]))})
+    if sb3:
+        rows.append({"row": f"MaskablePPO ({args.sb3_timesteps} steps, real backend)",
+                     "success": summarize([r["test_success"] for r in sb3]),
+                     "real_tool_calls": float(np.mean([r["train_real_calls"] for r in sb3])), "verifier_replay_calls": 0,
+                     "wall_s": float(np.mean([r["train_s"] for r in sb3]))})
+    fidelity = {"before": _fidelity(warm_fid),
+                "after": {m: summarize([f[f"fidelity_{m}"] for f in fidelity_after if f.get(f"fidelity_{m}") is not None])
+                          for m in FIDELITY_METRICS}}
+    return {"recipe": str(args.recipe), "model": recipe.model, "seeds": args.seeds, "grpo_steps": steps,
+            "grpo": {k: getattr(recipe.grpo, k) for k in ("batch_tasks", "group_size", "lr", "max_new_tokens",
+                                                           "rehearse_max_new_tokens", "max_steps_per_turn", "temperature")},
+            "test_tasks": warm_eval["n_tasks"], "rows": rows, "fidelity": fidelity}
+
+
+def table(results: dict[str, Any]) -> list[str]:
+    """The printed table: one line per row of `results` (`run`'s), then the fidelity lines."""
+    lines = [f"EnvACE-Lab ablations: {results['model']}, {results['seeds']} seeds, {results['grpo_steps']} GRPO steps "
+             f"(B={results['grpo']['batch_tasks']}, K={results['grpo']['group_size']}), {results['test_tasks']} test tasks, "
+             f"success on the real backend, mean +- 95% CI over seeds",
+             f"{'row':<50} {'success':>15} {'vs role_grpo':>15} {'real calls':>10} {'replays':>8} {'seconds':>8}"]
+    for row in results["rows"]:
+        s = row["success"]
+        diff = f"{s['diff_mean']:+.3f} +- {s['diff_ci95']:.3f}" if "diff_mean" in s else ""
+        calls = "" if row.get("real_tool_calls") is None else f"{row['real_tool_calls']:.0f}"
+        replays = "" if row.get("verifier_replay_calls") is None else f"{row['verifier_replay_calls']:.0f}"
+        secs = f"{row['wall_s']:.0f}" if "wall_s" in row else ""
+        lines.append(f"{row['row']:<50} {s['mean']:>7.3f} +- {s['ci95']:.3f} {diff:>15} {calls:>10} {replays:>8} {secs:>8}")
+    before, after = results["fidelity"]["before"], results["fidelity"]["after"]
+    for m in FIDELITY_METRICS:
+        b = "n/a" if before[m] is None else f"{before[m]:.3f}"
+        a = after[m]
+        lines.append(f"fidelity {m:<21} before GRPO {b:>6}   after {a['mean']:.3f} +- {a['ci95']:.3f}" if a["n"]
+                     else f"fidelity {m:<21} before GRPO {b:>6}   after n/a")
+    return lines
+
+
+def plot(results: dict[str, Any], path: Path) -> Path:
+    """Test success per row with 95% intervals, and fidelity before / after GRPO."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["rows"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 0.35 * len(rows) + 2.5), gridspec_kw={"width_ratios": [3, 1]})
+    ys = np.arange(len(rows))[::-1]
+    ax.barh(ys, [r["success"]["mean"] for r in rows], xerr=[r["success"]["ci95"] for r in rows], capsize=3)
+    ax.set_yticks(ys, [r["row"] for r in rows], fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel(f"test success, real backend ({results['test_tasks']} tasks; mean, 95% CI over {results['seeds']} seeds)")
+    before, after = results["fidelity"]["before"], results["fidelity"]["after"]
+    xs = np.arange(len(FIDELITY_METRICS))
+    bx.bar(xs - 0.2, [before[m] or 0 for m in FIDELITY_METRICS], 0.4, label="before GRPO")
+    bx.bar(xs + 0.2, [after[m]["mean"] if after[m]["n"] else 0 for m in FIDELITY_METRICS], 0.4,
+           yerr=[after[m]["ci95"] if after[m]["n"] else 0 for m in FIDELITY_METRICS], capsize=3, label="after GRPO")
+    bx.set_xticks(xs, ["exact", "structure", "token F1"])
+    bx.set_ylim(0, 1)
+    bx.set_title("rehearsal fidelity", fontsize=9)
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
