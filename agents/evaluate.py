@@ -4,8 +4,10 @@
 token sequence is kept, so the policy acts token in, token out on ``env.unwrapped.trajectory.token_ids``,
 which ends with the assistant opener after every non-final step), optionally in
 `wrappers.TestTimeRehearsal` (``rehearsal_n > 0``). All tasks are played together: every round, one
-batched `Policy.act` call serves the ACT step of every unfinished task (test-time rehearsals run inside
-each env's `reset`/`step`, one env at a time). With ``fidelity=True`` the env is instead the *rehearsing*
+batched `Policy.act` call serves the ACT step of every unfinished task, then every env steps in its own
+worker thread, and the generate calls they make inside `reset`/`step` (test-time rehearsals, rehearsed
+tool outputs) are merged across envs into one batched call per setting (`agents.batching`), so they cost
+about what one env's would. With ``fidelity=True`` the env is instead the *rehearsing*
 `RehearseEnv` wrapped in `wrappers.RehearsalFidelity` (no real tools; the shadow backend scores the
 rehearsed responses).
 
@@ -68,8 +70,9 @@ EPISODE_FIELDS = [
 """Per-task record: ``turns`` user turns reached (1-based) of ``num_turns``; ``steps`` ACT steps;
 ``parse_errors`` malformed ACT messages; ``tool_call_fraction`` ACT steps whose message parsed into at least
 one tool call / ACT steps; ``rehearsal_*`` test-time rehearsal totals (0 without); ``memory_tokens`` summed
-over turns; ``fidelity_calls`` rehearsed calls shadowed (``--fidelity``); ``wall_s`` the episode's own
-wall seconds (rehearsals and its env steps; the shared batched ACT time is split evenly)."""
+over turns; ``fidelity_calls`` rehearsed calls shadowed (``--fidelity``); ``wall_s`` the episode's share
+of the wall time of the rounds it took part in (every round's batched ACT call and env steps, rehearsals
+included, split evenly over the episodes still running)."""
 
 SUMMARY_FIELDS = ["category", "n_tasks", "accuracy", "valid_rate", "mean_steps", "parse_errors_per_task", "tool_call_fraction"]
 """Per-category row; the ``overall`` row holds unweighted means over the categories' rows."""
@@ -218,6 +221,7 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
         agents.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the tasks can be completed within
             ``max_steps_per_turn`` and ``max_new_tokens`` (checked before the model loads).
     """
+    from agents.batching import BatchCoordinator, coalesced
     from agents.budgets import check_task_budgets
     from agents.models import default_store
     from agents.policy import load_policy
@@ -248,11 +252,14 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
     envs = [_make_env(t, config, policy, rehearser_policy) for t in tasks]
     state = [_new_state(t) for t in tasks]
     t_start = time.perf_counter()
-    for i, (env, task) in enumerate(zip(envs, tasks)):
-        t0 = time.perf_counter()
-        _, info = env.reset(seed=config.seed + i, options={"task_id": task.id})
-        _absorb(state[i], info)
-        state[i]["wall_s"] += time.perf_counter() - t0
+    batcher = BatchCoordinator()
+    with coalesced([policy, rehearser_policy], batcher):
+        infos = batcher.run([lambda i=i: envs[i].reset(seed=config.seed + i, options={"task_id": tasks[i].id})[1]
+                             for i in range(len(tasks))])
+    share = (time.perf_counter() - t_start) / max(len(tasks), 1)
+    for s, info in zip(state, infos):
+        _absorb(s, info)
+        s["wall_s"] += share
     active = list(range(len(tasks)))
     round_ = 0
     while active:
@@ -261,13 +268,13 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
         actions = policy.act([envs[i].unwrapped.trajectory.token_ids for i in active],
                              max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                              seeds=[config.seed * 1_000_003 + 7919 * i + round_ for i in active])
+        with coalesced([policy, rehearser_policy], batcher):
+            steps = batcher.run([lambda i=i, action=action: envs[i].step(action) for i, action in zip(active, actions)])
         share = (time.perf_counter() - t0) / len(active)
         still = []
-        for i, action in zip(active, actions):
-            t1 = time.perf_counter()
-            _, reward, terminated, truncated, info = envs[i].step(action)
+        for i, (_, reward, terminated, truncated, info) in zip(active, steps):
             s = state[i]
-            s["wall_s"] += share + time.perf_counter() - t1
+            s["wall_s"] += share
             s["steps"] += 1
             s["tool_steps"] += bool(info["tool_calls"])
             _absorb(s, info)
