@@ -24,7 +24,7 @@ from agents.engines import GenerationEngine, HFEngine, make_engine
 from agents.generation import Generation
 from agents.kv_cache import PrefixKVCache
 from agents.models import ModelStore, default_store
-from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse
+from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse, requests_by_setting
 from envace_gym.rendering import ChatRenderer
 from envace_gym.types import GeneratedText, Message
 
@@ -166,10 +166,7 @@ class PolicyRehearser:
             else:
                 prompts.append(self.simulator_prompt_ids(r))
         out: list[RehearseResponse | None] = [None] * len(requests)
-        groups: dict[tuple[int, float], list[int]] = {}
-        for i, r in enumerate(requests):
-            groups.setdefault((r.max_new_tokens, r.temperature), []).append(i)
-        for (max_new, temperature), idx in groups.items():
+        for (max_new, temperature), idx in requests_by_setting(requests).items():
             gens = self.policy.generate(
                 [prompts[i] for i in idx],
                 max_new_tokens=max_new,

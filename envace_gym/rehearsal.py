@@ -30,6 +30,7 @@ __all__ = [
     "Rehearser",
     "register_rehearser",
     "make_rehearser",
+    "requests_by_setting",
 ]
 
 PromptMode = Literal["inline", "separate"]
@@ -90,6 +91,15 @@ class Rehearser(Protocol):
     def rehearse(self, requests: Sequence[RehearseRequest]) -> list[RehearseResponse]:
         """Answer every request in one batched model call; the output is in request order."""
         ...
+
+
+def requests_by_setting(requests: Sequence[RehearseRequest]) -> dict[tuple[int, float], list[int]]:
+    """The positions of `requests` grouped by ``(max_new_tokens, temperature)``, in first-seen order: the
+    requests one batched generate call can answer together."""
+    groups: dict[tuple[int, float], list[int]] = {}
+    for i, r in enumerate(requests):
+        groups.setdefault((r.max_new_tokens, r.temperature), []).append(i)
+    return groups
 
 
 _REHEARSERS: dict[str, str | Callable[..., Rehearser]] = {"policy": "agents.policy:make_policy_rehearser"}

@@ -29,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils import RecordConstructorArgs
 
-from envace_gym.rehearsal import RehearseRequest, RehearseResponse
+from envace_gym.rehearsal import RehearseRequest, RehearseResponse, requests_by_setting
 from envace_gym.responders import Rehearsal
 from envace_gym.types import Message, Role
 
@@ -75,15 +75,17 @@ class _InlineRehearser:
         self.tokenizer = policy.tokenizer
 
     def rehearse(self, requests: Sequence[RehearseRequest]) -> list[RehearseResponse]:
-        """One generate call per request setting; raises ValueError for a request without ``context_ids``."""
+        """One batched generate call per (max_new_tokens, temperature) setting; raises ValueError for a
+        request without ``context_ids``."""
         if any(not r.context_ids for r in requests):
             raise ValueError("inline rehearsal needs the request's context_ids")
-        out = []
-        for r in requests:
-            (g,) = self.policy.generate([list(r.context_ids)], max_new_tokens=r.max_new_tokens,
-                                        temperature=r.temperature, seeds=[r.seed])
-            out.append(RehearseResponse(self.policy.decode(g.token_ids), g.token_ids, g.logprobs, None, g.stopped))
-        return out
+        out: list[RehearseResponse | None] = [None] * len(requests)
+        for (max_new, temperature), idx in requests_by_setting(requests).items():
+            gens = self.policy.generate([list(requests[i].context_ids) for i in idx], max_new_tokens=max_new,
+                                        temperature=temperature, seeds=[requests[i].seed for i in idx])
+            for i, g in zip(idx, gens):
+                out[i] = RehearseResponse(self.policy.decode(g.token_ids), g.token_ids, g.logprobs, None, g.stopped)
+        return [o for o in out if o is not None]
 
 
 class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):

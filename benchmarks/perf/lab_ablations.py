@@ -26,7 +26,7 @@ seconds per seed (training + evaluation). Writes ``results.json`` and ``ablation
 Every stage has its own folder and is skipped when run again (an interrupted run resumes; GRPO from its
 newest checkpoint).
 
-    .venv/bin/python benchmarks/perf/lab_ablations.py --quick        # 2 seeds, 2 GRPO steps, N <= 2
+    .venv/bin/python benchmarks/perf/lab_ablations.py --quick        # 2 seeds, 2 GRPO steps, 6 test tasks, N <= 2
     .venv/bin/python benchmarks/perf/lab_ablations.py                # 5 seeds, the recipe's GRPO budget
 
 Nothing here is tuned toward a result: the world, the seeds (0..S-1) and the budgets are the recipe's (or
@@ -79,11 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-base-rehearser", action="store_true", help="skip the pre-RL-rehearser control")
     ap.add_argument("--limit", type=int, default=None, help="test tasks per category (default: the recipe's eval.limit)")
     ap.add_argument("--sb3-timesteps", type=int, default=50_000, help="MaskablePPO env steps per seed (0: no SB3 row)")
-    ap.add_argument("--quick", action="store_true", help="2 seeds, 2 GRPO steps, N in {1, 2} parallel only, SB3 10,000 steps")
+    ap.add_argument("--quick", action="store_true", help="2 seeds, 2 GRPO steps, 1 test task per category, N in {1, 2} parallel only, SB3 10,000 steps")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.grpo_steps, args.sb3_timesteps = 2, 2, min(args.sb3_timesteps, 10_000)
+        args.limit = args.limit or 1
         args.ttr_n, args.ttr_modes = [n for n in args.ttr_n if n <= 2], ["parallel"]
     if args.seeds < 1 or (args.grpo_steps is not None and args.grpo_steps < 1) or any(n < 1 for n in args.ttr_n):
         ap.error("--seeds, --grpo-steps and every --ttr-n must be >= 1")
