@@ -32,6 +32,7 @@ Optionally:
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
@@ -149,7 +150,7 @@ def user_turns(suite: Suite, task: Task) -> UserTurns:
 
 
 _SUITES: dict[str, str | Callable[..., Suite]] = {}
-_CACHE: dict[tuple[str, tuple[tuple[str, Any], ...]], Suite] = {}
+_CACHE: dict[tuple[str, str], Suite] = {}
 
 
 def _entry_points() -> dict[str, str]:
@@ -181,7 +182,7 @@ def make_suite(name: str, **kwargs: Any) -> Suite:
             f"unknown suite {name!r}; registered suites: {registered_suites()} (installed packages declare "
             f"suites in the entry-point group {ENTRY_POINT_GROUP!r}; is envace-gym installed, `pip install -e .`?)"
         )
-    key = (name, tuple(sorted(kwargs.items())))
+    key = (name, json.dumps(kwargs, sort_keys=True, default=repr))  # lists (a server command) are not hashable
     if key not in _CACHE:
         _CACHE[key] = resolve_entry_point(entry)(**kwargs)
     return _CACHE[key]

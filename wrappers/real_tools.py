@@ -32,20 +32,29 @@ class RealTools(gym.Wrapper, RecordConstructorArgs):
     Args:
         env: an env whose ``unwrapped`` is a `ToolUseEnv` or `RehearseEnv`.
         backend_factory: Task -> ToolBackend; None uses ``env.unwrapped.suite.make_backend``.
+        backend: instead of a factory, one backend: each episode gets ``backend.for_task(task)`` when it
+            has that method (`benchmarks.mcp.MCPBackend`: a new server session), else this same backend.
 
     Raises:
-        TypeError: the wrapped env is not a tool-use env, or `backend_factory` is not callable.
+        TypeError: the wrapped env is not a tool-use env, `backend_factory` is not callable, or both
+            `backend_factory` and `backend` are given.
 
     Change log:
         * v0.1.0: initial version.
     """
 
-    def __init__(self, env: gym.Env, backend_factory: Callable[[Task], ToolBackend] | None = None) -> None:
-        RecordConstructorArgs.__init__(self, backend_factory=backend_factory)
+    def __init__(self, env: gym.Env, backend_factory: Callable[[Task], ToolBackend] | None = None,
+                 backend: ToolBackend | None = None) -> None:
+        RecordConstructorArgs.__init__(self, backend_factory=backend_factory, backend=backend)
         gym.Wrapper.__init__(self, env)
         base = env.unwrapped
         if not callable(getattr(base, "set_responder", None)):
             raise TypeError(f"RealTools wraps a ToolUseEnv or RehearseEnv, got {type(base).__name__}")
+        if backend is not None:
+            if backend_factory is not None:
+                raise TypeError("give backend_factory or backend, not both")
+            # a backend that can open a fresh session per episode (MCPBackend.for_task) keeps episodes apart
+            backend_factory = backend.for_task if callable(getattr(backend, "for_task", None)) else (lambda task: backend)
         if backend_factory is not None and not callable(backend_factory):
             raise TypeError(f"backend_factory must be callable (Task -> ToolBackend), got {backend_factory!r}")
         base.set_responder(RealBackend(backend_factory))

@@ -101,13 +101,16 @@ class TextToolUseEnv(gym.Env[str, str]):
     * ``suite`` (str): a registered suite name (`envace_gym.suites.make_suite`), default ``"bfcl"``.
     * ``categories`` (list[str] | None): suite categories; None is the suite's default.
     * ``split`` (str): ``"train"``, ``"test"`` or ``"all"``.
-    * ``tasks`` (list[Task] | None): play these tasks instead of the suite's (the suite still verifies).
+    * ``tasks`` (list[Task] | None): play these tasks instead of the suite's (the suite still verifies); a
+      dict among them is made a task by the suite's ``make_task`` (the ``mcp`` suite's ``{"id", "prompt"}``).
     * ``max_steps_per_turn`` (int): ACT messages allowed per user turn, the closing one included; default 20.
     * ``max_episode_tokens`` (int | None): token budget over all message contents; None = unlimited.
     * ``count_tokens`` (callable | None): str -> int; default: UTF-8 bytes / 4, rounded up.
     * ``backend_factory`` (callable | None): Task -> ToolBackend; default the suite's real backend.
     * ``responder`` (`envace_gym.responders.ToolResponder` | None): who answers the tool calls; default
       ``RealBackend(backend_factory)``, a fresh real backend per episode. `set_responder` swaps it.
+    * any other keyword: an option of the suite's factory, passed to `envace_gym.suites.make_suite` (the
+      ``mcp`` suite's ``server``); a suite that does not take it raises TypeError.
 
     ## Methods beyond Gymnasium's
     `set_responder` (takes effect at the next `reset`), `fork` (an independent copy at the current point),
@@ -131,6 +134,7 @@ class TextToolUseEnv(gym.Env[str, str]):
         backend_factory: Callable[[Task], ToolBackend] | None = None,
         render_mode: str | None = None,
         responder: Responder | None = None,
+        **suite_options: Any,
     ) -> None:
         if not isinstance(max_steps_per_turn, int) or max_steps_per_turn < 1:
             raise ValueError(f"max_steps_per_turn must be a positive int, got {max_steps_per_turn!r}")
@@ -138,8 +142,9 @@ class TextToolUseEnv(gym.Env[str, str]):
             raise ValueError(f"max_episode_tokens must be None or >= 1, got {max_episode_tokens!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
-        self.suite: Suite = make_suite(suite)
-        self.tasks: list[Task] = list(tasks) if tasks is not None else self.suite.tasks(categories, split)
+        self.suite: Suite = make_suite(suite, **suite_options)
+        self.tasks: list[Task] = ([self._as_task(t) for t in tasks] if tasks is not None
+                                  else self.suite.tasks(categories, split))
         if not self.tasks:
             raise ValueError(f"no tasks for suite={suite!r} categories={categories!r} split={split!r}")
         self._task_index = {t.id: i for i, t in enumerate(self.tasks)}
@@ -157,6 +162,14 @@ class TextToolUseEnv(gym.Env[str, str]):
         self.task: Task | None = None
         self.trajectory: Trajectory | None = None
         self._done = True
+
+    def _as_task(self, item: Any) -> Task:
+        if isinstance(item, Task):
+            return item
+        make = getattr(self.suite, "make_task", None)
+        if not callable(make):
+            raise TypeError(f"tasks must be Task objects; suite {self.suite.name!r} makes none from {type(item).__name__}")
+        return make(item)
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:

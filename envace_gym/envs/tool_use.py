@@ -119,6 +119,7 @@ class ToolUseEnv(TextToolUseEnv):
         tokenizer: Any = None,
         backend_factory: Callable[[Task], ToolBackend] | None = None,
         models: Any = None,
+        **suite_options: Any,
     ) -> None:
         if max_context_tokens is not None and max_context_tokens < 1:
             raise ValueError(f"max_context_tokens must be None or >= 1, got {max_context_tokens!r}")
@@ -157,6 +158,7 @@ class ToolUseEnv(TextToolUseEnv):
             backend_factory=backend_factory,
             render_mode=render_mode,
             responder=responder,
+            **suite_options,
         )
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
