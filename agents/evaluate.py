@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
 import time
@@ -44,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from agents.config import NOT_GIVEN, add_dataclass_arguments, config_field, dataclass_from_args
+from agents.config import NOT_GIVEN, add_dataclass_arguments, config_field, dataclass_from_args, field_default
 from agents.run_folder import append_jsonl, drop_cut_last_line, read_jsonl
 
 _f = config_field
@@ -105,6 +106,10 @@ class EvalConfig:
     min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the selected tasks than this can be completed within max_steps_per_turn and max_new_tokens (computed from the ground truth before any model loads; agents.budgets)")
     overwrite: bool = _f(False, "replace earlier results in out (otherwise the same evaluation resumes after its last finished task, and another refuses)")
     engine: str = _f("hf", "generation engine registered in agents.engines ('hf', 'hf-nocache', 'hf-generate')")
+    user_model: str | None = _f(None, "suites with a simulated user (tau2): the model that plays the user (none: the evaluated model itself)")
+    user_max_new_tokens: int = _f(128, "cap per simulated-user message, tokens")
+    user_temperature: float = _f(0.0, "sampling temperature of the simulated user (0: greedy, tau2's default)")
+    user_max_turns: int = _f(10, "messages a simulated user may write before it gives up (the episode is then truncated, R = 0)")
 
     def __post_init__(self) -> None:
         import math
@@ -117,7 +122,8 @@ class EvalConfig:
             self.out = os.path.join("eval_out", f"{Path(self.model).name}-{self.suite}-{self.split}-{mode}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"invalid EvalConfig: temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}")
-        for name in ("max_new_tokens", "max_steps_per_turn", "memory_tokens", "attempt_max_steps", "critique_tokens"):
+        for name in ("max_new_tokens", "max_steps_per_turn", "memory_tokens", "attempt_max_steps", "critique_tokens",
+                     "user_max_new_tokens", "user_max_turns"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"invalid EvalConfig: {name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.seed < 0:
@@ -134,6 +140,8 @@ class EvalConfig:
 
         if self.engine not in registered_engines():
             raise ValueError(f"invalid EvalConfig: engine must be one of {registered_engines()}, got {self.engine!r}")
+        if not (math.isfinite(self.user_temperature) and self.user_temperature >= 0):
+            raise ValueError(f"invalid EvalConfig: user_temperature must be a finite number >= 0, got {self.user_temperature!r}")
         if self.fidelity and self.rehearsal_n:
             raise ValueError("--fidelity plays rehearsed episodes; it cannot be combined with --rehearsal-n > 0")
 
@@ -221,7 +229,6 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
         agents.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the tasks can be completed within
             ``max_steps_per_turn`` and ``max_new_tokens`` (checked before the model loads).
     """
-    from agents.batching import BatchCoordinator, coalesced
     from agents.budgets import check_task_budgets
     from agents.models import default_store
     from agents.policy import load_policy
@@ -239,6 +246,20 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
     policy = policy if policy is not None else load_policy(config.model, engine=config.engine, models=models)
     if rehearser_policy is None and config.rehearser_model:
         rehearser_policy = load_policy(config.rehearser_model, engine=config.engine, models=models)
+    user_policy = load_policy(config.user_model, engine=config.engine, models=models) if config.user_model else policy
+    from agents.users import use_model_user
+    from envace_gym.suites import make_suite
+
+    with use_model_user(make_suite(config.suite), user_policy, seed=config.seed, max_new_tokens=config.user_max_new_tokens,
+                        temperature=config.user_temperature, max_turns=config.user_max_turns):
+        return _play(config, tasks, policy, rehearser_policy, user_policy, log, progress)
+
+
+def _play(config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: Any, user_policy: Any, log: Any,
+          progress: bool) -> EvalResult:
+    """`evaluate` after the models are loaded: play the unfinished tasks, write and return the results."""
+    from agents.batching import BatchCoordinator, coalesced
+
     out = Path(config.out)
     finished, finished_fidelity = _prepare_out(out, config)
     done_ids = {e["task_id"] for e in finished}
@@ -253,7 +274,7 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
     state = [_new_state(t) for t in tasks]
     t_start = time.perf_counter()
     batcher = BatchCoordinator()
-    with coalesced([policy, rehearser_policy], batcher):
+    with coalesced([policy, rehearser_policy, user_policy], batcher):
         infos = batcher.run([lambda i=i: envs[i].reset(seed=config.seed + i, options={"task_id": tasks[i].id})[1]
                              for i in range(len(tasks))])
     share = (time.perf_counter() - t_start) / max(len(tasks), 1)
@@ -268,7 +289,7 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
         actions = policy.act([envs[i].unwrapped.trajectory.token_ids for i in active],
                              max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                              seeds=[config.seed * 1_000_003 + 7919 * i + round_ for i in active])
-        with coalesced([policy, rehearser_policy], batcher):
+        with coalesced([policy, rehearser_policy, user_policy], batcher):
             steps = batcher.run([lambda i=i, action=action: envs[i].step(action) for i, action in zip(active, actions)])
         share = (time.perf_counter() - t0) / len(active)
         still = []
@@ -331,6 +352,9 @@ def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], l
     saved_path = out / "eval_config.json"
     if present:
         saved = json.loads(saved_path.read_text()) if saved_path.is_file() else None
+        if saved is not None:  # a field added since that run is read as its default there
+            defaults = {f.name: field_default(f) for f in dataclasses.fields(EvalConfig)}
+            saved = {**{k: defaults[k] for k in current if k not in saved and k in defaults}, **saved}
         if saved != current:
             diff = sorted(k for k in current if saved is None or saved.get(k) != current[k])
             raise ValueError(

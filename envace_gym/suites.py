@@ -97,7 +97,9 @@ class UserTurns(Protocol):
 
     def reply(self, trajectory: Trajectory) -> list[Message] | None:
         """After the agent closed a user turn (an ACT message without a tool call): the next turn's
-        messages, or None (or an empty list) when the user ends the conversation (the episode terminates)."""
+        messages, or None (or an empty list) when the user ends the conversation (the episode terminates;
+        a user whose ``gave_up`` attribute is then True, e.g. a simulated user out of turns, makes it
+        truncated instead: R = 0 without verification, as τ² scores a simulation cut at its step limit)."""
         ...
 
 

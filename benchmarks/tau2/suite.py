@@ -165,10 +165,13 @@ class Tau2Suite:
         return Tau2Backend(task.metadata["domain"], _tau2_task(task))
 
     def user(self, task: Task) -> UserTurns:
-        """The episode's user: ``user_factory(task)``, or a `ScriptedUser`."""
+        """The episode's user: ``user_factory(task)``, or a `ScriptedUser`; its opening comes after the
+        task's system message (the agent's policy)."""
         if self.user_factory is not None:
-            return self.user_factory(task)
-        return ScriptedUser(task.metadata["tau2_task"]["user_scenario"])
+            user = self.user_factory(task)
+        else:
+            user = ScriptedUser(task.metadata["tau2_task"]["user_scenario"])
+        return _AfterSystemPrompt(user, [m for m in task.turns[0] if m.role == "system"])
 
     def ground_truth(self, task: Task) -> list[list[ToolCall]]:
         """τ²'s expected actions (all the agent's) as one user turn of calls, in order."""
@@ -229,6 +232,25 @@ class Tau2Suite:
             breakdown.update({k.value: v for k, v in (info.reward_breakdown or {}).items()})
         details.update(reward_breakdown=breakdown, replayed_calls=n)
         return VerifierResult(reward=float(reward), valid=reward == 1.0, details=details)
+
+
+class _AfterSystemPrompt:
+    """A user whose first turn is preceded by the task's system messages (the env records the opening as
+    given, and the agent's policy must be in it)."""
+
+    def __init__(self, user: UserTurns, system: list[Message]) -> None:
+        self.user = user
+        self.system = system
+
+    def opening(self) -> list[Message]:
+        return [*self.system, *self.user.opening()]
+
+    def reply(self, trajectory: Trajectory) -> list[Message] | None:
+        return self.user.reply(trajectory)
+
+    @property
+    def gave_up(self) -> bool:
+        return bool(getattr(self.user, "gave_up", False))
 
 
 def _exclusion(tau: Any) -> str | None:

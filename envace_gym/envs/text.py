@@ -266,6 +266,8 @@ class TextToolUseEnv(gym.Env[str, str]):
                 self._turn += 1
                 self._step_in_turn = 0
                 new = self._open_turn(self._turn, reply)
+            elif getattr(self.user, "gave_up", False):  # a simulated user out of turns: cut, not finished
+                truncated = True
             else:
                 terminated = True
 

@@ -138,3 +138,51 @@ def test_safe_calculate_gives_what_the_official_tool_gives(expression):
 def test_safe_calculate_refuses_what_it_cannot_bound(expression, error):
     with pytest.raises(error):
         safe_calculate(expression)
+
+
+def test_a_model_user_sees_the_conversation_with_roles_flipped_and_stops_or_gives_up(suite, smol_tokenizer):
+    from benchmarks.tau2.users import FIRST_AGENT_MESSAGE, ModelUser
+
+    task = suite.tasks(["airline"], "test")[0]
+    seen = []
+
+    def generate(messages, seed):  # stands in for the model: records what it was shown, answers by rule
+        seen.append(([(m.role, m.content) for m in messages], seed))
+        return "Thanks, bye. ###STOP###" if len(seen) == 3 else f"reply {len(seen)}"
+
+    user = ModelUser(task.metadata["tau2_task"]["user_scenario"], generate, seed=7, max_turns=5)
+    register_suite("tau2-model-user", lambda: Tau2Suite(user_factory=lambda t: user))
+    env = gym.make("EnvACE-Tool-v0", suite="tau2-model-user", tokenizer=smol_tokenizer, categories=["airline"],
+                   split="test", max_steps_per_turn=3).unwrapped
+    env.reset(options={"task_id": task.id})
+    assert [m.role for m in env.trajectory.messages] == ["system", "user"] and "<policy>" in env.trajectory.messages[0].content
+    assert env.trajectory.messages[1].content == "reply 1"
+    (system, greeting), seed = seen[0][0], seen[0][1]
+    assert system[0] == "system" and "<scenario>" in system[1] and greeting == ("user", FIRST_AGENT_MESSAGE) and seed == 7
+    env.step(format_tool_calls([ToolCall(name="get_user_details", arguments={"user_id": "x"})], "hermes"))
+    _, _, terminated, _, _ = env.step("How can I help?")
+    assert not terminated and env.trajectory.messages[-1].content == "reply 2"
+    shown = seen[1][0][1:]  # no tool call and no tool result reaches the user
+    assert shown == [("user", FIRST_AGENT_MESSAGE), ("assistant", "reply 1"), ("user", "How can I help?")]
+    _, reward, terminated, truncated, _ = env.step("Anything else?")
+    assert terminated and not truncated  # the stop signal ended it; the verifier scored it
+    impatient = ModelUser(task.metadata["tau2_task"]["user_scenario"], lambda m, s: "more", max_turns=1)
+    register_suite("tau2-impatient", lambda: Tau2Suite(user_factory=lambda t: impatient))
+    env = gym.make("EnvACE-Tool-v0", suite="tau2-impatient", tokenizer=smol_tokenizer, categories=["airline"],
+                   split="test", max_steps_per_turn=3).unwrapped
+    env.reset(options={"task_id": task.id})
+    _, reward, terminated, truncated, _ = env.step("Done?")
+    assert truncated and not terminated and reward == 0.0 and impatient.gave_up
+
+
+def test_envace_eval_on_tau2_with_the_model_as_its_own_user(tmp_path):
+    from agents.evaluate import EvalConfig, evaluate
+
+    config = EvalConfig(model="tiny-random", suite="tau2", categories=["airline"], split="test", limit=2, max_new_tokens=4,
+                        max_steps_per_turn=2, user_max_new_tokens=6, user_max_turns=2, out=str(tmp_path / "ev"),
+                        min_solvable_fraction=0.0)
+    result = evaluate(config, log=None, progress=False)
+    assert [e["task_id"] for e in result.episodes] == [t.id for t in make_suite("tau2").tasks(["airline"], "test")[:2]]
+    assert all(e["terminated"] or e["truncated"] for e in result.episodes)
+    again = evaluate(config, log=None, progress=False)  # seeded users: the same episodes again
+    assert again.episodes[0]["steps"] == result.episodes[0]["steps"] and make_suite("tau2").user_factory is None
