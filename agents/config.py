@@ -168,7 +168,7 @@ class TrainConfig:
 
     # --- Parameters that control the tasks ------------------------------------------------------------
     suite: str = _f("bfcl", "task suite registered in envace_gym.suites")
-    categories: list[str] = _f(["multi_turn_base"], "suite categories to train on")
+    categories: list[str] = _f(["multi_turn_base"], "suite categories to train on (tau2: its domains; --domains is the same option)", aliases=("domains",))
     split: str = _f("train", "task split: train, test or all (test ids are never used for training by default)")
     task_ids: list[str] = _f([], "train on these task ids only (empty: every task of the categories and split)")
 
@@ -184,6 +184,10 @@ class TrainConfig:
     max_episode_tokens: int | None = _f(None, "token budget per episode (None: unlimited)")
     min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the selected tasks than this can be completed within max_steps_per_turn, max_new_tokens and max_episode_tokens (computed from the ground truth before any model loads; agents.budgets)")
     invalid_action_penalty: float = _f(0.1, "subtracted from R(tau) when an ACT response is empty (DESIGN.md §1)")
+    user_model: str | None = _f(None, "suites with a simulated user (tau2): the model that plays the user in the rollouts (none: the policy itself, with its current weights; its tokens are never trained)")
+    user_max_new_tokens: int = _f(128, "cap per simulated-user message, tokens")
+    user_temperature: float = _f(0.0, "sampling temperature of the simulated user (0: greedy, tau2's default)")
+    user_max_turns: int = _f(10, "messages a simulated user may write before it gives up (the episode is then truncated, R = 0)")
 
     # --- Parameters that control the algorithm --------------------------------------------------------
     algo: str = _f("role_grpo", "advantage estimator registered in agents.grpo.ADVANTAGE_ESTIMATORS: 'role_grpo' (one baseline per (group, role)) or 'grpo' (one per group; the ablation)")
@@ -240,7 +244,7 @@ class TrainConfig:
 
         for name in ("num_steps", "batch_tasks", "group_size", "max_new_tokens", "rehearse_max_new_tokens",
                      "max_steps_per_turn", "ppo_epochs", "num_minibatches", "save_every",
-                     "logprob_chunk_size", "keep_checkpoints", "max_nonfinite_steps"):
+                     "logprob_chunk_size", "keep_checkpoints", "max_nonfinite_steps", "user_max_new_tokens", "user_max_turns"):
             if getattr(self, name) < 1:
                 fail(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
@@ -261,8 +265,8 @@ class TrainConfig:
             allowed = typing.get_args(_HINTS[name])
             if getattr(self, name) not in allowed:
                 fail(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
-        if self.temperature < 0:
-            fail(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature < 0 or self.user_temperature < 0:
+            fail(f"temperature and user_temperature must be >= 0, got {self.temperature}, {self.user_temperature}")
         if not 0 <= self.clip_eps_low < 1 or self.clip_eps_high < 0:
             fail(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {self.clip_eps_low}, {self.clip_eps_high}")
         if self.beta < 0 or self.entropy_coef < 0 or self.lr <= 0 or self.invalid_action_penalty < 0:
@@ -395,7 +399,8 @@ def add_dataclass_arguments(parser: Any, cls: type, prefix: str = "", defaults: 
             kw["choices"] = list(args)
         elif hint in (int, float, str):
             kw["type"] = hint if f.default is not None or hint is str else _optional(hint)
-        parser.add_argument("--" + prefix + f.name.replace("_", "-"), **kw)
+        aliases = [f"--{prefix}{a}" for a in f.metadata.get("aliases", ())]  # e.g. --domains for τ²'s categories
+        parser.add_argument("--" + prefix + f.name.replace("_", "-"), *aliases, **kw)
     for name in getattr(cls, "REMOVED_FIELDS", {}):  # accepted only to fail with the message that says what replaced it
         parser.add_argument("--" + prefix + name.replace("_", "-"), dest=prefix + name, default=NOT_GIVEN, help=argparse.SUPPRESS)
 

@@ -88,7 +88,7 @@ class EvalConfig:
 
     model: str = _f("smollm2-135m", "model to evaluate: 'smollm2-135m', 'tiny-random' or a local Hugging Face folder")
     suite: str = _f("bfcl", "registered suite name (envace_gym.suites)")
-    categories: list[str] | None = _f(None, "suite categories (none given: the suite's default)")
+    categories: list[str] | None = _f(None, "suite categories (none given: the suite's default; tau2: its domains, --domains is the same option)", aliases=("domains",))
     split: Literal["train", "test", "all"] = _f("test", "task split")
     limit: int | None = _f(None, "play only the first N tasks of each category (none: all)")
     max_new_tokens: int = _f(256, "cap per generated message (ACT and rehearsed tool responses)")

@@ -255,6 +255,7 @@ class RoleWiseGRPOTrainer:
             max_episode_tokens=config.max_episode_tokens,
         )
         self.step = 0
+        self._user_policy = None  # the simulated user's policy (suites with one), made by `train`
         self.nonfinite_in_a_row = {name: 0 for name in self.models}
         self._writer = None
         if config.resume:
@@ -275,6 +276,19 @@ class RoleWiseGRPOTrainer:
     # ------------------------------------------------------------------ the loop
     def train(self, progress: bool = True) -> list[dict[str, Any]]:
         """Run until ``config.num_steps`` steps are done (resuming counts the finished ones); returns the metrics."""
+        from agents.users import use_model_user
+        from envace_gym.suites import make_suite
+
+        cfg = self.config
+        if self._user_policy is None:
+            from agents.policy import load_policy
+
+            self._user_policy = load_policy(cfg.user_model) if cfg.user_model else self.policy
+        with use_model_user(make_suite(cfg.suite), self._user_policy, seed=cfg.seed, max_new_tokens=cfg.user_max_new_tokens,
+                            temperature=cfg.user_temperature, max_turns=cfg.user_max_turns):
+            return self._train(progress)
+
+    def _train(self, progress: bool) -> list[dict[str, Any]]:
         history = []
         bar = tqdm(total=self.config.num_steps, initial=self.step, desc="train", disable=not progress, unit="step")
         while self.step < self.config.num_steps:

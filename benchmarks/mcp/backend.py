@@ -215,10 +215,14 @@ class MCPBackend:
             loop.call_soon_threadsafe(task.cancel)
 
     def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+        # no waiting here (this may run at interpreter exit): cancel the session's task; a server whose pipe
+        # closes with this process ends on its own
+        session = getattr(self, "_session", None)
+        if session is not None and _LOOP is not None and _LOOP.is_running():
+            try:
+                _LOOP.call_soon_threadsafe(session[0].cancel)
+            except RuntimeError:
+                pass
 
     # ------------------------------------------------------------------ ToolBackend
     def tools(self) -> list[ToolSpec]:

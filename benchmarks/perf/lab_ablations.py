@@ -22,7 +22,8 @@ the same test tasks.
 Printed per row: test success as mean +- the half-width of a 95% Student-t interval over seeds, the paired
 difference to ``role_grpo`` on the same seeds (same interval), the real tool calls made inside the training
 loop and, counted apart, the calls the verifier replayed to score the rollouts (means per seed), and wall
-seconds per seed (training + evaluation). Writes ``results.json`` and ``ablations.png`` under ``--out``.
+seconds per seed (training + evaluation). The warm start's row counts the calls of the reference
+solutions its demonstrations executed on the real backend; every arm starts from it. Writes ``results.json`` and ``ablations.png`` under ``--out``.
 Every stage has its own folder and is skipped when run again (an interrupted run resumes; GRPO from its
 newest checkpoint).
 
@@ -72,22 +73,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=5, help="GRPO seeds per arm (0..S-1)")
     ap.add_argument("--grpo-steps", type=int, default=None, help="GRPO steps per run (default: the recipe's)")
     ap.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
-    ap.add_argument("--ttr-n", type=int, nargs="*", default=[1, 2, 3], help="test-time rehearsal attempts per turn (0 is each arm's own evaluation)")
-    ap.add_argument("--ttr-modes", nargs="*", default=["parallel", "sequential"], choices=["parallel", "sequential"])
+    ap.add_argument("--ttr-n", type=int, nargs="*", default=[1, 2, 3], help="test-time rehearsal attempts per turn, parallel, the trained policy rehearsing (0 is each arm's own evaluation)")
+    ap.add_argument("--ttr-sequential-n", type=int, nargs="*", default=None, help="the same, sequential attempts (default: --ttr-n)")
+    ap.add_argument("--base-rehearser-n", type=int, nargs="*", default=None, help="the same, parallel, the pre-RL (warm-start) model rehearsing: the base-rehearser control (default: --ttr-n)")
     ap.add_argument("--ttr-memory-tokens", type=int, default=128, help="bound on the rehearsal memory (the same for every N)")
     ap.add_argument("--ttr-critique-tokens", type=int, default=32, help="cap per critique (the same for every N)")
-    ap.add_argument("--no-base-rehearser", action="store_true", help="skip the pre-RL-rehearser control")
     ap.add_argument("--limit", type=int, default=None, help="test tasks per category (default: the recipe's eval.limit)")
     ap.add_argument("--sb3-timesteps", type=int, default=50_000, help="MaskablePPO env steps per seed (0: no SB3 row)")
-    ap.add_argument("--quick", action="store_true", help="2 seeds, 2 GRPO steps, 1 test task per category, N in {1, 2} parallel only, SB3 10,000 steps")
+    ap.add_argument("--quick", action="store_true", help="2 seeds, 2 GRPO steps, 1 test task per category, N in {1, 2} parallel only (no sequential), SB3 10,000 steps")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.grpo_steps, args.sb3_timesteps = 2, 2, min(args.sb3_timesteps, 10_000)
         args.limit = args.limit or 1
-        args.ttr_n, args.ttr_modes = [n for n in args.ttr_n if n <= 2], ["parallel"]
-    if args.seeds < 1 or (args.grpo_steps is not None and args.grpo_steps < 1) or any(n < 1 for n in args.ttr_n):
-        ap.error("--seeds, --grpo-steps and every --ttr-n must be >= 1")
+        args.ttr_n, args.ttr_sequential_n = [n for n in args.ttr_n if n <= 2], []
+    if args.ttr_sequential_n is None:
+        args.ttr_sequential_n = list(args.ttr_n)
+    if args.base_rehearser_n is None:
+        args.base_rehearser_n = list(args.ttr_n)
+    if args.seeds < 1 or (args.grpo_steps is not None and args.grpo_steps < 1) or any(
+            n < 1 for n in args.ttr_n + args.ttr_sequential_n + args.base_rehearser_n):
+        ap.error("--seeds, --grpo-steps and every test-time rehearsal N must be >= 1")
     if "role_grpo" not in args.arms:
         ap.error("--arms must include role_grpo: every comparison and the rehearsal rows are made against it")
     return args
@@ -155,28 +161,32 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     for r in runs["role_grpo"]:
         name = f"role_grpo/seed{r['seed']}"
         fidelity_after.append(evaluation(f"{name}/fidelity", r["model"], fidelity=True))
-        for rehearser, rehearser_model in [("trained", None)] + ([] if args.no_base_rehearser else [("base", warm)]):
-            for mode in args.ttr_modes:
-                for n in args.ttr_n:
-                    key = f"N={n} {mode}, {rehearser} rehearser"
-                    row = evaluation(f"{name}/ttr_{rehearser}_{mode}_n{n}", r["model"], rehearsal_n=n, rehearsal_mode=mode,
-                                     rehearser_model=rehearser_model, memory_tokens=args.ttr_memory_tokens,
-                                     critique_tokens=args.ttr_critique_tokens)
-                    rehearsal.setdefault(key, []).append(
-                        {"seed": r["seed"], "eval": row, "eval_s": stages.timings[f"{name}/ttr_{rehearser}_{mode}_n{n}"]})
+        settings = ([("trained", None, "parallel", n) for n in args.ttr_n]
+                    + [("trained", None, "sequential", n) for n in args.ttr_sequential_n]
+                    + [("base", warm, "parallel", n) for n in args.base_rehearser_n])
+        for rehearser, rehearser_model, mode, n in settings:
+            stage = f"{name}/ttr_{rehearser}_{mode}_n{n}"
+            row = evaluation(stage, r["model"], rehearsal_n=n, rehearsal_mode=mode, rehearser_model=rehearser_model,
+                             memory_tokens=args.ttr_memory_tokens, critique_tokens=args.ttr_critique_tokens)
+            rehearsal.setdefault(f"N={n} {mode}, {rehearser} rehearser", []).append(
+                {"seed": r["seed"], "eval": row, "eval_s": stages.timings[stage]})
 
     sb3 = None
     if args.sb3_timesteps:
         from benchmarks.perf.lab_sb3_baseline import run_seed
 
-        def sb3_stage(folder: Path) -> dict[str, Any]:
-            rows = [run_seed(seed, args.sb3_timesteps, recipe.categories, limit=recipe.eval.limit) for seed in range(args.seeds)]
-            return {"rows": rows, "config": {"timesteps": args.sb3_timesteps, "seeds": args.seeds, "limit": recipe.eval.limit}}
+        settings = {"timesteps": args.sb3_timesteps, "categories": recipe.categories, "limit": recipe.eval.limit}
+        sb3 = [stages.stage(f"sb3_maskable_ppo/seed{seed}",
+                            lambda _, seed=seed: {"row": run_seed(seed, args.sb3_timesteps, recipe.categories,
+                                                                  limit=recipe.eval.limit), "config": settings},
+                            settings)["row"] for seed in range(args.seeds)]
 
-        sb3 = stages.stage("sb3_maskable_ppo", sb3_stage,
-                           {"timesteps": args.sb3_timesteps, "seeds": args.seeds, "limit": recipe.eval.limit})["rows"]
+    warm_s = stages.timings["warm_start/sft"] + stages.timings["warm_start/eval"]
+    from envace_gym.suites import make_suite
 
-    results = _results(args, recipe, steps, warm_eval, warm_fid, runs, rehearsal, fidelity_after, sb3)
+    suite = make_suite(recipe.suite)  # the warm start's demonstrations are real executions of the references
+    warm_calls = sum(len(turn) for t in suite.tasks(recipe.categories, "train") for turn in suite.ground_truth(t))
+    results = _results(args, recipe, steps, warm_eval, warm_fid, (warm_s, warm_calls), runs, rehearsal, fidelity_after, sb3)
     results["wall_s"] = time.perf_counter() - t_start
     results["stage_seconds"] = stages.timings
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -191,10 +201,12 @@ _TOTALS = ("real_tool_calls", "verifier_replay_calls", "groups_with_reward_varia
 """The training totals of a GRPO stage (`agents.pipeline.grpo_stage`) that the table reads."""
 
 
-def _results(args, recipe, steps, warm_eval, warm_fid, runs, rehearsal, fidelity_after, sb3) -> dict[str, Any]:
+def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, fidelity_after, sb3) -> dict[str, Any]:
     reference = [r["eval"]["accuracy"] for r in runs["role_grpo"]]
+    warm_s, warm_calls = warm
+    # the warm start's real calls are the reference solutions of its demonstrations, shared by every arm
     rows: list[dict[str, Any]] = [{"row": "warm start (SFT, pre-RL)", "success": summarize([warm_eval["accuracy"]]),
-                                   "real_tool_calls": 0, "verifier_replay_calls": 0}]
+                                   "real_tool_calls": warm_calls, "verifier_replay_calls": 0, "wall_s": warm_s}]
     for arm, rs in runs.items():
         rows.append({
             "row": arm, "success": summarize([r["eval"]["accuracy"] for r in rs], None if arm == "role_grpo" else reference),

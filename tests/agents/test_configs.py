@@ -75,3 +75,14 @@ def test_bad_values_name_their_field():
         EvalConfig(limit="many")
     with pytest.raises(ValueError, match="rehearsal_mode must be one of"):
         EvalConfig(rehearsal_mode="both")
+
+
+def test_domains_is_another_name_for_the_categories_of_eval_and_train():
+    from agents.cli import build_parser
+    from agents.config import dataclass_from_args
+
+    parser = build_parser()
+    config = dataclass_from_args(EvalConfig, parser.parse_args(["eval", "--suite", "tau2", "--domains", "airline", "retail"]))
+    assert config.categories == ["airline", "retail"]
+    config = dataclass_from_args(TrainConfig, parser.parse_args(["train", "--suite", "tau2", "--domains", "retail"]))
+    assert config.categories == ["retail"]

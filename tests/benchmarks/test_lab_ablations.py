@@ -24,13 +24,14 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(RECIPE))
     out = tmp_path / "ablations"
-    argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "2", "--ttr-n", "1", "--ttr-modes", "parallel",
-            "sequential", "--ttr-memory-tokens", "40", "--ttr-critique-tokens", "2", "--sb3-timesteps", "64"]
+    argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "2", "--ttr-n", "1", "--ttr-sequential-n", "1",
+            "--base-rehearser-n", "1", "--ttr-memory-tokens", "40", "--ttr-critique-tokens", "2", "--sb3-timesteps", "64"]
     results = lab_ablations.main(argv)
     rows = {r["row"]: r for r in results["rows"]}
     assert list(rows)[:5] == ["warm start (SFT, pre-RL)", "role_grpo", "grpo", "per_role", "real_rollouts"]
     ttr = [name for name in rows if "TTR" in name]
-    assert len(ttr) == 4  # N=1 x {parallel, sequential} x {trained, base} rehearser
+    assert ttr == ["role_grpo + TTR N=1 parallel, trained rehearser", "role_grpo + TTR N=1 sequential, trained rehearser",
+                   "role_grpo + TTR N=1 parallel, base rehearser"]
     assert any("MaskablePPO" in name for name in rows)
     for name in ("grpo", "per_role", "real_rollouts", *ttr):
         s = rows[name]["success"]
@@ -48,5 +49,5 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
 
     again = lab_ablations.main(argv)
     printed = capsys.readouterr().out
-    assert "[stage] warm_start/sft ..." not in printed and printed.count("already done") >= 20
+    assert "[stage] warm_start/sft ..." not in printed and printed.count("already done") >= 20 and "sb3_maskable_ppo/seed1: already done" in printed
     assert [r["success"] for r in again["rows"]] == [r["success"] for r in results["rows"]]

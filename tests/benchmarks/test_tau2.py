@@ -5,6 +5,8 @@ never evaluates text."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import pytest
 
@@ -184,5 +186,41 @@ def test_envace_eval_on_tau2_with_the_model_as_its_own_user(tmp_path):
     result = evaluate(config, log=None, progress=False)
     assert [e["task_id"] for e in result.episodes] == [t.id for t in make_suite("tau2").tasks(["airline"], "test")[:2]]
     assert all(e["terminated"] or e["truncated"] for e in result.episodes)
-    again = evaluate(config, log=None, progress=False)  # seeded users: the same episodes again
-    assert again.episodes[0]["steps"] == result.episodes[0]["steps"] and make_suite("tau2").user_factory is None
+    again = evaluate(dataclasses.replace(config, out=str(tmp_path / "again")), log=None, progress=False)
+    assert again.episodes == [{**e, "wall_s": a["wall_s"]} for e, a in zip(result.episodes, again.episodes)]  # seeded users
+    assert make_suite("tau2").user_factory is None  # the model user was for that evaluation only
+    for changes in ({"fidelity": True}, {"rehearsal_n": 1, "memory_tokens": 40, "critique_tokens": 2}):
+        other = evaluate(dataclasses.replace(config, limit=1, out=str(tmp_path / str(sorted(changes))), **changes),
+                         log=None, progress=False)
+        assert len(other.episodes) == 1
+
+
+def test_demonstrations_rehearsal_and_training_run_on_tau2(tmp_path, smol_tokenizer):
+    from agents.config import TrainConfig
+    from agents.demonstrations import build_demonstrations
+    from agents.trainer import RoleWiseGRPOTrainer
+
+    demos, stats = build_demonstrations(smol_tokenizer, "tau2", ["airline"], "train", limit=4, max_tokens=None)
+    assert len(demos) == 4 and stats.skipped_reward == 0  # every kept reference scored 1.0 through the evaluators
+    suite = make_suite("tau2")
+    for demo in demos:  # the real tool outputs are the world model's targets: one REHEARSE segment per call
+        calls = len(suite.ground_truth(demo.task)[0])
+        assert sum(s.role == Role.REHEARSE for s in demo.segments) == calls and any(s.role == Role.ACT for s in demo.segments)
+    assert any(len(suite.ground_truth(d.task)[0]) for d in demos)
+
+    env = gym.make("EnvACE-Rehearse-v0", model="tiny-random", suite="tau2", categories=["airline"], split="train",
+                   max_new_tokens=4).unwrapped
+    task = next(t for t in env.tasks if suite.ground_truth(t)[0])
+    env.reset(options={"task_id": task.id})
+    env.step(format_tool_calls([suite.ground_truth(task)[0][0]], "hermes"))
+    assert sum(s.role == Role.REHEARSE for s in env.trajectory.segments) == 1  # the policy answered the call
+
+    config = TrainConfig(run_dir=str(tmp_path / "run"), model="tiny-random", suite="tau2", categories=["airline"],
+                         num_steps=1, batch_tasks=1, group_size=2, max_new_tokens=4, rehearse_max_new_tokens=4,
+                         max_steps_per_turn=2, min_solvable_fraction=0.0, tensorboard=False)
+    trainer = RoleWiseGRPOTrainer(config, log=None)
+    try:
+        (metrics,) = trainer.train(progress=False)
+    finally:
+        trainer.close()
+    assert metrics["rollout/real_tool_calls"] == 0 and metrics["step"] == 1
