@@ -9,10 +9,14 @@ through a `CoalescingEngine`, which parks it until every live worker is parked t
 calls merged into one engine call per setting (engine, ``max_new_tokens``, temperature, stop ids, cache
 use) and hands each worker its rows.
 
-Determinism: exactly one thread runs at a time (a flush happens only when every live worker waits), the rows
-of a merged call are ordered by worker index, and each row keeps its own sampling seed, so results depend
-on the envs' own seeds and the set of envs, never on thread scheduling. The engines are called from one
-thread at a time, never concurrently.
+One worker at a time: a worker holds the coordinator's baton whenever it runs (its env code, tools,
+tokenizer and verifier included) and gives it up only while its generate call is parked, so env code never
+runs concurrently (the BFCL backends' process-wide mpmath precision, a shared tokenizer). Determinism: a
+flush happens only when every live worker waits, the rows of a merged call are ordered by worker index, and
+each row keeps its own sampling seed, so results depend on the envs' own seeds and the set of envs, never
+on thread scheduling. The engines are called from one thread at a time, never concurrently. A tool time
+limit that needs the main thread (``envace_gym.limits`` with ``isolation="none"``) does not apply in a
+worker; the default process isolation does.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class BatchCoordinator:
         self._cond = threading.Condition()
         self._live = 0
         self._pending: list[_Call] = []
+        self._baton = threading.Lock()  # held by the one worker that runs
         self._local = threading.local()
         self.merged_calls = 0
         self.requests = 0
@@ -60,7 +65,12 @@ class BatchCoordinator:
 
         Every worker is counted live before any starts, so no merged call runs before all of them have
         either parked a call or finished. A job that raises re-raises here, after every job has ended.
+
+        Raises:
+            RuntimeError: called from one of this coordinator's workers (its own call would never be merged).
         """
+        if getattr(self._local, "index", None) is not None:
+            raise RuntimeError("BatchCoordinator.run was called from one of its own workers")
         if len(jobs) <= 1:
             return [job() for job in jobs]
         with self._cond:
@@ -68,9 +78,11 @@ class BatchCoordinator:
 
         def work(index: int, job: Callable[[], T]) -> T:
             self._local.index = index
+            self._baton.acquire()
             try:
                 return job()
             finally:
+                self._baton.release()
                 self._local.index = None
                 with self._cond:
                     self._live -= 1
@@ -96,12 +108,16 @@ class BatchCoordinator:
             return engine.generate(contexts, max_new_tokens=max_new_tokens, temperature=temperature,
                                    stop_ids=stop_ids, seeds=seeds, use_cache=use_cache)
         call = _Call(index, engine, contexts, (int(max_new_tokens), float(temperature), tuple(stop_ids), bool(use_cache)), seeds)
-        with self._cond:
-            self._pending.append(call)
-            self.requests += 1
-            self._flush_if_all_wait()
-            while not call.done:
-                self._cond.wait()
+        self._baton.release()  # parked: another worker may run until every live one is parked
+        try:
+            with self._cond:
+                self._pending.append(call)
+                self.requests += 1
+                self._flush_if_all_wait()
+                while not call.done:
+                    self._cond.wait()
+        finally:
+            self._baton.acquire()
         if call.error is not None:
             raise call.error
         assert call.result is not None

@@ -246,12 +246,9 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
     policy = policy if policy is not None else load_policy(config.model, engine=config.engine, models=models)
     if rehearser_policy is None and config.rehearser_model:
         rehearser_policy = load_policy(config.rehearser_model, engine=config.engine, models=models)
-    user_policy = load_policy(config.user_model, engine=config.engine, models=models) if config.user_model else policy
-    from agents.users import use_model_user
-    from envace_gym.suites import make_suite
+    from agents.users import simulated_user
 
-    with use_model_user(make_suite(config.suite), user_policy, seed=config.seed, max_new_tokens=config.user_max_new_tokens,
-                        temperature=config.user_temperature, max_turns=config.user_max_turns):
+    with simulated_user(config, policy, models) as user_policy:
         return _play(config, tasks, policy, rehearser_policy, user_policy, log, progress)
 
 

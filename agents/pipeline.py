@@ -295,7 +295,8 @@ def sft_stage(config: PipelineConfig, out: Path, models: ModelStore, log=print) 
 def grpo_stage(grpo_config: TrainConfig, models: ModelStore, log=print) -> dict[str, Any]:
     """Role-wise GRPO with `grpo_config` (`agents.trainer.RoleWiseGRPOTrainer`, resuming in its run folder);
     returns the stage info: the last step's metrics, per step the groups with reward variance, the totals
-    of real tool calls in the rollouts and of verifier replays (`agents.rollout.RolloutStats`), the config."""
+    of real tool calls in the rollouts and of verifier replays (`agents.rollout.RolloutStats`) over every
+    step in ``metrics.jsonl`` (those of an interrupted earlier invocation included), the config."""
     from agents.trainer import RoleWiseGRPOTrainer
 
     trainer = RoleWiseGRPOTrainer(grpo_config, log=lambda *_: None, models=models)
@@ -303,11 +304,14 @@ def grpo_stage(grpo_config: TrainConfig, models: ModelStore, log=print) -> dict[
         history = trainer.train()
     finally:
         trainer.close()
-    groups = [h["rollout/groups_with_reward_variance"] for h in history]
+    from agents.run_folder import read_jsonl
+
+    every = list(read_jsonl(Path(grpo_config.run_dir) / "metrics.jsonl"))  # a resumed run's earlier steps too
+    groups = [h["rollout/groups_with_reward_variance"] for h in every]
     log(f"[pipeline] grpo: groups with non-zero reward variance per step: {groups} (of {grpo_config.batch_tasks} per step)")
     return {"last": history[-1] if history else None, "groups_with_reward_variance": groups,
-            "real_tool_calls": sum(h["rollout/real_tool_calls"] for h in history),
-            "verifier_replay_calls": sum(h["rollout/verifier_replay_calls"] for h in history),
+            "real_tool_calls": sum(h.get("rollout/real_tool_calls", 0) for h in every),
+            "verifier_replay_calls": sum(h.get("rollout/verifier_replay_calls", 0) for h in every),
             "config": dataclasses.asdict(grpo_config)}
 
 

@@ -105,10 +105,12 @@ class RolloutStats:
         rollout: ``"rehearse"`` or ``"real"``.
         real_tool_calls: calls answered by a real backend while the rollouts were played (every parsed ACT
             call for ``rollout="real"``; 0 for ``"rehearse"``, where the REHEARSE role answers them).
-        verifier_replay_calls: calls a call-replay verifier (the lab's, BFCL's multi-turn) executes on fresh
-            real backends to score the batch: the parsed ACT calls of every terminated trajectory (a
-            truncated one is not verified: its R is 0). Counted apart from ``real_tool_calls``, since a
-            rehearsing rollout needs these and nothing else from the real world.
+        verifier_replay_calls: the parsed ACT calls of every terminated trajectory (a truncated one is not
+            verified: its R is 0), i.e. the calls a call-replay verifier (the lab's, BFCL's multi-turn, τ²'s)
+            replays on fresh real backends to score the batch; a verifier may execute each more than once
+            (τ²'s evaluator replays them a second time, and its reference actions), and a suite whose
+            verifier replays nothing (``mcp``) executes none of them. Counted apart from
+            ``real_tool_calls``: a rehearsing rollout needs these and nothing else from the real world.
     """
 
     group_ids: list[int]

@@ -188,6 +188,7 @@ class RoleWiseGRPOTrainer:
         self.config = config
         self.run_dir = Path(config.run_dir)
         models = models or default_store()
+        self._store = models
         source = config.init or config.model
         tokenizer = models.tokenizer(source)
         tasks = make_suite(config.suite).tasks(config.categories, config.split)
@@ -255,7 +256,6 @@ class RoleWiseGRPOTrainer:
             max_episode_tokens=config.max_episode_tokens,
         )
         self.step = 0
-        self._user_policy = None  # the simulated user's policy (suites with one), made by `train`
         self.nonfinite_in_a_row = {name: 0 for name in self.models}
         self._writer = None
         if config.resume:
@@ -276,16 +276,9 @@ class RoleWiseGRPOTrainer:
     # ------------------------------------------------------------------ the loop
     def train(self, progress: bool = True) -> list[dict[str, Any]]:
         """Run until ``config.num_steps`` steps are done (resuming counts the finished ones); returns the metrics."""
-        from agents.users import use_model_user
-        from envace_gym.suites import make_suite
+        from agents.users import simulated_user
 
-        cfg = self.config
-        if self._user_policy is None:
-            from agents.policy import load_policy
-
-            self._user_policy = load_policy(cfg.user_model) if cfg.user_model else self.policy
-        with use_model_user(make_suite(cfg.suite), self._user_policy, seed=cfg.seed, max_new_tokens=cfg.user_max_new_tokens,
-                            temperature=cfg.user_temperature, max_turns=cfg.user_max_turns):
+        with simulated_user(self.config, self.policy, self._store):  # suites with a simulated user (τ²)
             return self._train(progress)
 
     def _train(self, progress: bool) -> list[dict[str, Any]]:

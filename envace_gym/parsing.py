@@ -53,6 +53,7 @@ __all__ = [
     "ToolCallParseError",
     "parse_tool_calls",
     "format_tool_calls",
+    "text_outside_tool_calls",
     "strip_thinking",
     "MAX_MARKUP_CHARS",
     "MAX_CALLS",
@@ -240,6 +241,27 @@ def _parse_hermes(text: str) -> list[ToolCall]:
             pos = end + len(_CLOSE)
         if len(calls) > MAX_CALLS:
             raise ToolCallParseError(f"Too many tool calls in one message (more than {MAX_CALLS}).")
+
+
+def text_outside_tool_calls(text: str) -> str:
+    """The text of a message with its Hermes ``<tool_call>`` blocks removed (what the assistant *said* beside
+    its calls), found as `parse_tool_calls` finds them (a ``</tool_call>`` inside a JSON string does not end
+    a block; an unclosed block runs to the end). A message without Hermes markup is returned as it is."""
+    out, pos = [], 0
+    while True:
+        start = text.find(_OPEN, pos)
+        if start == -1:
+            out.append(text[pos:])
+            return "".join(out)
+        out.append(text[pos:start])
+        block = _json_block(text, start + len(_OPEN))
+        if block is not None:
+            pos = block[1]
+        else:
+            end = text.find(_CLOSE, start + len(_OPEN))
+            if end == -1:
+                return "".join(out)
+            pos = end + len(_CLOSE)
 
 
 def _parse_hermes_block(body: str, index: int) -> list[ToolCall]:

@@ -63,14 +63,21 @@ class RealBackend:
         self._backend: ToolBackend | None = None
 
     def start(self, task: Task) -> None:
-        """Build the episode's backend.
+        """Build the episode's backend (the previous episode's is closed first, when it can be).
 
         Raises:
             RuntimeError: no factory was given and no env filled one in.
         """
         if self.factory is None:
             raise RuntimeError("RealBackend has no factory; pass one or give it to an env (which uses its suite's)")
+        self.close()
         self._backend = self.factory(task)
+
+    def close(self) -> None:
+        """Release the current backend's resources when it has a ``close`` (an MCP server session)."""
+        close = getattr(self._backend, "close", None)
+        if callable(close):
+            close()
 
     def respond(self, call: ToolCall) -> str:
         """The backend's result; a backend that raises gives ``"Error during execution: ..."`` (DESIGN.md §3)."""

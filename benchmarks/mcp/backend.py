@@ -170,6 +170,10 @@ class MCPBackend:
             if not isinstance(err, Exception):
                 raise
         finally:
+            while not queue.empty():  # calls that arrived after the session ended get an answer, not a wait
+                item = queue.get_nowait()
+                if item is not None and not item[1].done():
+                    item[1].set_exception(RuntimeError("the server session had ended"))
             if state_dir is not None:
                 state_dir.cleanup()
 

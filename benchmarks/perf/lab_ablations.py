@@ -11,9 +11,10 @@ the same test-split tasks against the real backend (greedy, as the recipe's eval
 | ``per_role`` | two models, each trained on its role (``policy=per_role``) |
 | ``real_rollouts`` | tool calls answered by the real backend during training (``rollout=real``) |
 
-Then, on every ``role_grpo`` policy: test-time rehearsal with N = ``--ttr-n`` attempts per user turn,
-``parallel`` and ``sequential``, with the trained policy as the rehearser and with the pre-RL (warm-start)
-model as the rehearser (the paper's base-rehearser control; N = 0 is the arm's own evaluation); and
+Then, on every ``role_grpo`` policy: test-time rehearsal with N attempts per user turn (``--ttr-n``,
+``--ttr-sequential-n``, ``--base-rehearser-n``): ``parallel`` and ``sequential``, with the trained policy as
+the rehearser, and with the pre-RL (warm-start) model as the rehearser (the paper's base-rehearser control);
+N = 0 is the arm's own evaluation, always run; and
 rehearsal fidelity (exact / JSON structure / token F1 of every rehearsed tool output against a shadow real
 backend) before GRPO (the warm start) and after it. The model-free row is sb3-contrib's MaskablePPO on
 ``EnvACE-LabDiscrete-v0`` (`benchmarks/perf/lab_sb3_baseline.py`), trained on the real backend, scored on
@@ -23,7 +24,8 @@ Printed per row: test success as mean +- the half-width of a 95% Student-t inter
 difference to ``role_grpo`` on the same seeds (same interval), the real tool calls made inside the training
 loop and, counted apart, the calls the verifier replayed to score the rollouts (means per seed), and wall
 seconds per seed (training + evaluation). The warm start's row counts the calls of the reference
-solutions its demonstrations executed on the real backend; every arm starts from it. Writes ``results.json`` and ``ablations.png`` under ``--out``.
+solutions of the demonstrations it was given (each executed on the real backend to build them); every arm
+starts from it. Writes ``results.json`` and ``ablations.png`` under ``--out``.
 Every stage has its own folder and is skipped when run again (an interrupted run resumes; GRPO from its
 newest checkpoint).
 
@@ -73,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=5, help="GRPO seeds per arm (0..S-1)")
     ap.add_argument("--grpo-steps", type=int, default=None, help="GRPO steps per run (default: the recipe's)")
     ap.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
-    ap.add_argument("--ttr-n", type=int, nargs="*", default=[1, 2, 3], help="test-time rehearsal attempts per turn, parallel, the trained policy rehearsing (0 is each arm's own evaluation)")
+    ap.add_argument("--ttr-n", type=int, nargs="*", default=[1, 2, 3], help="test-time rehearsal attempts per turn (each >= 1), parallel, the trained policy rehearsing; N = 0 is each arm's own evaluation, always run")
     ap.add_argument("--ttr-sequential-n", type=int, nargs="*", default=None, help="the same, sequential attempts (default: --ttr-n)")
     ap.add_argument("--base-rehearser-n", type=int, nargs="*", default=None, help="the same, parallel, the pre-RL (warm-start) model rehearsing: the base-rehearser control (default: --ttr-n)")
     ap.add_argument("--ttr-memory-tokens", type=int, default=128, help="bound on the rehearsal memory (the same for every N)")
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     stages = StageRunner(out, log)
     t_start = time.perf_counter()
 
-    stages.stage("warm_start/sft", lambda folder: sft_stage(recipe, folder, models, log))
+    warm_info = stages.stage("warm_start/sft", lambda folder: sft_stage(recipe, folder, models, log))
     warm = latest_model(out / "warm_start" / "sft")
 
     def evaluation(name: str, model: str, **changes: Any) -> dict[str, Any]:
@@ -185,7 +187,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     from envace_gym.suites import make_suite
 
     suite = make_suite(recipe.suite)  # the warm start's demonstrations are real executions of the references
-    warm_calls = sum(len(turn) for t in suite.tasks(recipe.categories, "train") for turn in suite.ground_truth(t))
+    used = set(warm_info["task_ids"])
+    warm_calls = sum(len(turn) for t in suite.tasks(recipe.categories, "train") if t.id in used for turn in suite.ground_truth(t))
     results = _results(args, recipe, steps, warm_eval, warm_fid, (warm_s, warm_calls), runs, rehearsal, fidelity_after, sb3)
     results["wall_s"] = time.perf_counter() - t_start
     results["stage_seconds"] = stages.timings

@@ -186,17 +186,25 @@ class Tau2Suite:
 
     # ------------------------------------------------------------------ reward
     def verify(self, trajectory: Trajectory, backend: Tau2Backend | None = None) -> VerifierResult:
-        """τ²'s reward of the conversation; see the module docstring (the episode's backend is not read)."""
-        from tau2.data_model.message import AssistantMessage, ToolMessage, UserMessage
-        from tau2.data_model.message import ToolCall as TauToolCall
-        from tau2.data_model.tasks import RewardType
-        from tau2.evaluator.evaluator_action import ActionEvaluator
-        from tau2.evaluator.evaluator_communicate import CommunicateEvaluator
-        from tau2.evaluator.evaluator_env import EnvironmentEvaluator
-
+        """τ²'s reward of the conversation; see the module docstring (the episode's backend is not read).
+        Never raises: a conversation τ²'s evaluators refuse scores 0 with ``details["error"]``."""
         task = trajectory.task
         tau = _tau2_task(task)
-        replay = Tau2Backend(task.metadata["domain"], tau)
+        try:
+            messages, n = self._tau2_messages(trajectory, tau)
+            return self._score(task, tau, messages, n)
+        except Exception as err:  # τ²'s set_state refuses a replay that differs from the recorded outputs
+            return VerifierResult(reward=0.0, valid=False, details={"error": f"{type(err).__name__}: {err}"})
+
+    def _tau2_messages(self, trajectory: Trajectory, tau: Any) -> tuple[list[Any], int]:
+        """The conversation as τ² messages: user texts, the agent's texts and calls, and the outputs of the
+        calls replayed in order on a fresh environment; and the number of calls."""
+        from tau2.data_model.message import AssistantMessage, ToolMessage, UserMessage
+        from tau2.data_model.message import ToolCall as TauToolCall
+
+        from envace_gym.parsing import text_outside_tool_calls
+
+        replay = Tau2Backend(trajectory.task.metadata["domain"], tau)
         messages: list[Any] = []
         n = 0
         for m in trajectory.messages:
@@ -207,14 +215,26 @@ class Tau2Suite:
                 for c in m.tool_calls or []:
                     n += 1
                     calls.append(TauToolCall(id=f"call_{n}", name=c.name, arguments=dict(c.arguments), requestor="assistant"))
+                # what the agent said beside its calls counts too (τ²'s COMMUNICATE check reads every agent text)
+                text = (text_outside_tool_calls(m.content) if calls else m.content).strip()
                 if calls:
-                    messages.append(AssistantMessage(role="assistant", content=None, tool_calls=calls))
+                    messages.append(AssistantMessage(role="assistant", content=text or None, tool_calls=calls))
                     for c in calls:
                         response = replay.environment.get_response(c)
                         messages.append(ToolMessage(id=c.id, role="tool", content=response.content,
                                                     requestor="assistant", error=response.error))
-                elif m.content.strip():
-                    messages.append(AssistantMessage(role="assistant", content=m.content))
+                elif text:
+                    messages.append(AssistantMessage(role="assistant", content=text))
+        return messages, n
+
+    @staticmethod
+    def _score(task: Task, tau: Any, messages: list[Any], n: int) -> VerifierResult:
+        """τ²'s evaluators for each basis of the task's reward basis, multiplied (``evaluate_simulation``)."""
+        from tau2.data_model.tasks import RewardType
+        from tau2.evaluator.evaluator_action import ActionEvaluator
+        from tau2.evaluator.evaluator_communicate import CommunicateEvaluator
+        from tau2.evaluator.evaluator_env import EnvironmentEvaluator
+
         basis = set(tau.evaluation_criteria.reward_basis)
         reward, breakdown, details = 1.0, {}, {}
         if basis & {RewardType.DB, RewardType.ENV_ASSERTION}:

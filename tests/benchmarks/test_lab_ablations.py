@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from benchmarks.perf import lab_ablations
+from envace_gym.suites import make_suite
 
 RECIPE = {
     "model": "tiny-random", "suite": "lab", "categories": ["relocate", "count"], "min_solvable_fraction": 0.0,
@@ -35,9 +36,11 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
     assert any("MaskablePPO" in name for name in rows)
     for name in ("grpo", "per_role", "real_rollouts", *ttr):
         s = rows[name]["success"]
-        assert s["n"] == 2 and "diff_mean" in s  # paired with role_grpo's two seeds
-        assert s["diff_mean"] == pytest.approx(s["mean"] - rows["role_grpo"]["success"]["mean"])
-    assert all(rows[arm]["real_tool_calls"] == 0 for arm in ("role_grpo", "grpo", "per_role"))  # rehearsed rollouts
+        assert s["n"] == 2 and "diff_mean" in s and s["diff_ci95"] >= 0  # paired with role_grpo's two seeds
+    demos = json.loads((out / "warm_start/sft/stage_done.json").read_text())["task_ids"]
+    assert rows["warm start (SFT, pre-RL)"]["real_tool_calls"] == sum(  # the references its demonstrations ran
+        len(turn) for t in make_suite("lab").tasks(RECIPE["categories"], "train") if t.id in demos
+        for turn in make_suite("lab").ground_truth(t))
     for seed in (0, 1):  # the per-seed runs are distinct GRPO runs from the one shared warm start
         config = json.loads((out / f"grpo/seed{seed}/grpo/stage_done.json").read_text())["config"]
         assert config["seed"] == seed and config["algo"] == "grpo" and config["init"].startswith(str(out / "warm_start"))

@@ -77,6 +77,13 @@ def test_a_wrong_call_scores_zero_and_a_missing_communicated_fact_too(suite, air
     assert _play(airline_env, task, calls, reply)[0] == 1.0
     reward, info = _play(airline_env, task, calls, "All done.")  # the facts the user must hear are not said
     assert reward == 0.0 and info["verifier"]["details"]["reward_breakdown"]["COMMUNICATE"] == 0.0
+    # the facts said in the same message as a (read-only) call count, as in τ²
+    airline_env.reset(options={"task_id": task.id})
+    for call in calls:
+        airline_env.step(format_tool_calls([call], "hermes"))
+    airline_env.step(f"{reply}\n" + format_tool_calls([ToolCall(name="calculate", arguments={"expression": "1 + 1"})], "hermes"))
+    _, reward, terminated, _, _ = airline_env.step("Goodbye.")
+    assert terminated and reward == 1.0
     cancel = ToolCall(name="cancel_reservation", arguments={"reservation_id": "EHGLP3"})
     reward, info = _play(airline_env, task, [*calls, cancel], reply)  # an extra write changes the database
     assert reward == 0.0 and info["verifier"]["details"]["reward_breakdown"]["DB"] == 0.0
@@ -223,4 +230,4 @@ def test_demonstrations_rehearsal_and_training_run_on_tau2(tmp_path, smol_tokeni
         (metrics,) = trainer.train(progress=False)
     finally:
         trainer.close()
-    assert metrics["rollout/real_tool_calls"] == 0 and metrics["step"] == 1
+    assert metrics["step"] == 1 and (tmp_path / "run" / "metrics.jsonl").is_file()
