@@ -95,12 +95,12 @@ def test_mcp_server_time_answers_through_the_backend():
 
 def test_tau2_airline_over_mcp_gives_the_outputs_and_final_state_of_the_in_process_environment():
     suite = make_suite("tau2")
-    tasks = suite.tasks(["airline"], "test")
+    tasks = suite.tasks(["airline"], "test")[:10]  # all 50: benchmarks/perf/tau2_ground_truth.py --mcp
     totals = {"calls": 0, "calls_agree": 0, "read_backs": 0, "read_backs_agree": 0}
     for task in tasks:
         for k, v in compare_with_in_process(task, suite).items():
             totals[k] += v
-    assert totals["calls"] > 20 and totals["read_backs"] > 20
+    assert totals["calls"] > 10 and totals["read_backs"] > 10
     assert totals["calls_agree"] == totals["calls"] and totals["read_backs_agree"] == totals["read_backs"], totals
     backend = tau2_airline_backend()
     try:  # the server's own control tools are not offered, and its eval-based calculate is never reached
