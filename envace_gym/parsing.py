@@ -217,6 +217,17 @@ def _json_block(text: str, start: int) -> tuple[Any, int] | None:
     return (value, k + len(_CLOSE)) if text.startswith(_CLOSE, k) else None
 
 
+def _block_at(text: str, start: int) -> tuple[Any, str | None, int] | None:
+    """The ``<tool_call>`` block opening at `start`: ``(json_value, None, end)`` when its body is bare JSON
+    (`_json_block`), else ``(None, body, end)`` with the body up to the first ``</tool_call>``; `end` is just
+    past the closing tag. None when the block is never closed."""
+    block = _json_block(text, start + len(_OPEN))
+    if block is not None:
+        return block[0], None, block[1]
+    end = text.find(_CLOSE, start + len(_OPEN))
+    return None if end == -1 else (None, text[start + len(_OPEN) : end], end + len(_CLOSE))
+
+
 def _parse_hermes(text: str) -> list[ToolCall]:
     calls: list[ToolCall] = []
     pos = 0
@@ -229,16 +240,11 @@ def _parse_hermes(text: str) -> list[ToolCall]:
             return calls
         if len(calls) >= MAX_CALLS:
             raise ToolCallParseError(f"Too many tool calls in one message (more than {MAX_CALLS}).")
-        block = _json_block(text, start + len(_OPEN))
-        if block is not None:
-            value, pos = block
-            calls.extend(_calls_from_json(value, len(calls)))
-        else:
-            end = text.find(_CLOSE, start + len(_OPEN))
-            if end == -1:
-                raise ToolCallParseError(f"Unclosed <tool_call> block (no </tool_call> after it). {HERMES_FORMAT_HINT}")
-            calls.extend(_parse_hermes_block(text[start + len(_OPEN) : end], len(calls)))
-            pos = end + len(_CLOSE)
+        block = _block_at(text, start)
+        if block is None:
+            raise ToolCallParseError(f"Unclosed <tool_call> block (no </tool_call> after it). {HERMES_FORMAT_HINT}")
+        value, body, pos = block
+        calls.extend(_calls_from_json(value, len(calls)) if body is None else _parse_hermes_block(body, len(calls)))
         if len(calls) > MAX_CALLS:
             raise ToolCallParseError(f"Too many tool calls in one message (more than {MAX_CALLS}).")
 
@@ -254,14 +260,10 @@ def text_outside_tool_calls(text: str) -> str:
             out.append(text[pos:])
             return "".join(out)
         out.append(text[pos:start])
-        block = _json_block(text, start + len(_OPEN))
-        if block is not None:
-            pos = block[1]
-        else:
-            end = text.find(_CLOSE, start + len(_OPEN))
-            if end == -1:
-                return "".join(out)
-            pos = end + len(_CLOSE)
+        block = _block_at(text, start)
+        if block is None:
+            return "".join(out)
+        pos = block[2]
 
 
 def _parse_hermes_block(body: str, index: int) -> list[ToolCall]:

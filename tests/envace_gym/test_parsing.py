@@ -347,3 +347,14 @@ def test_parameters_key_is_read_as_the_arguments():
 def test_an_array_of_calls_in_one_block():
     calls = parse_tool_calls('<tool_call>[{"name": "f", "arguments": {"x": 1}}, {"name": "g", "parameters": {}}]</tool_call>')
     assert [(c.name, c.arguments) for c in calls] == [("f", {"x": 1}), ("g", {})]
+
+
+def test_text_outside_tool_calls_keeps_what_was_said_beside_the_blocks():
+    from envace_gym.parsing import text_outside_tool_calls
+
+    text = ('Your refund is 120 USD. <tool_call>{"name": "note", "arguments": {"text": "a </tool_call> inside"}}</tool_call>'
+            ' Anything else?<tool_call>\n```json\n{"name": "x", "arguments": {}}\n```\n</tool_call>')
+    assert parse_tool_calls(text)[0].arguments == {"text": "a </tool_call> inside"}
+    assert text_outside_tool_calls(text) == "Your refund is 120 USD.  Anything else?"
+    assert text_outside_tool_calls("no markup") == "no markup"
+    assert text_outside_tool_calls('said <tool_call>{"name": "x"') == "said "  # an unclosed block runs to the end
