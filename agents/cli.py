@@ -108,6 +108,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)  # fails fast, before any model loads
     trainer = RoleWiseGRPOTrainer(config)
+    if not trainer.parallel.is_main:  # under `accelerate launch`, rank 0 speaks for the run
+        trainer.train(progress=False)
+        return 0
     if trainer.step >= config.num_steps:
         print(f"[train] {config.run_dir} already holds {trainer.step} of num_steps={config.num_steps} steps; nothing to do "
               "(raise --num-steps to continue)")

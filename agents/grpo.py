@@ -85,6 +85,8 @@ __all__ = [
     "Aggregation",
     "WEIGHTINGS",
     "AGGREGATIONS",
+    "AGGREGATION_PARTS",
+    "aggregation_count",
     "role_wise_advantages",
     "grpo_advantages",
     "AdvantageEstimator",
@@ -431,37 +433,70 @@ def entropy_from_logits(logits: Tensor, chunk_size: int = 1024) -> Tensor:
     return torch.cat(entropies).reshape(n, t)  # (N, T)
 
 
+def _token_parts(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(Σ over masked tokens, number of masked tokens)."""
+    masked = torch.where(mask, values, torch.zeros_like(values))  # (N, T)
+    return masked.sum(), mask.sum()  # (), ()
+
+
+def _seq_parts(per_seq: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(Σ of ``per_seq (N,)`` over sequences with a masked token, number of such sequences)."""
+    has_tokens = mask.any(dim=-1)  # (N,)
+    return torch.where(has_tokens, per_seq, torch.zeros_like(per_seq)).sum(), has_tokens.sum()  # (), ()
+
+
+def _seq_token_mean_parts(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean over masked tokens of each sequence; summed over non-empty sequences, and their number."""
+    masked = torch.where(mask, values, torch.zeros_like(values))  # (N, T)
+    return _seq_parts(masked.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1), mask)
+
+
+def _seq_token_sum_parts(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Sum over masked tokens of each sequence; summed over non-empty sequences, and their number."""
+    masked = torch.where(mask, values, torch.zeros_like(values))  # (N, T)
+    return _seq_parts(masked.sum(dim=-1), mask)
+
+
 def _token_mean(values: Tensor, mask: Tensor) -> Tensor:
     """Σ over masked tokens / number of masked tokens (0 if none)."""
-    masked = torch.where(mask, values, torch.zeros_like(values))  # (N, T)
-    return masked.sum() / mask.sum().clamp(min=1)  # ()
+    total, count = _token_parts(values, mask)
+    return total / count.clamp(min=1)  # ()
 
 
-def _seq_mean(per_seq: Tensor, mask: Tensor) -> Tensor:
-    """Mean of ``per_seq (N,)`` over sequences with at least one masked token (0 if none)."""
-    has_tokens = mask.any(dim=-1)  # (N,)
-    return torch.where(has_tokens, per_seq, torch.zeros_like(per_seq)).sum() / has_tokens.sum().clamp(min=1)  # ()
-
-
-def _seq_mean_token_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """Mean over masked tokens of each sequence, then mean over non-empty sequences."""
-    masked = torch.where(mask, values, torch.zeros_like(values))  # (N, T)
-    per_seq = masked.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # (N,)
-    return _seq_mean(per_seq, mask)  # ()
-
-
-def _seq_mean_token_sum(values: Tensor, mask: Tensor) -> Tensor:
-    """Sum over masked tokens of each sequence, then mean over non-empty sequences."""
-    masked = torch.where(mask, values, torch.zeros_like(values))  # (N, T)
-    return _seq_mean(masked.sum(dim=-1), mask)  # ()
-
-
-AGGREGATIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "token-mean": _token_mean,
-    "seq-mean-token-mean": _seq_mean_token_mean,
-    "seq-mean-token-sum": _seq_mean_token_sum,
+AGGREGATION_PARTS: dict[str, Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]] = {
+    "token-mean": _token_parts,
+    "seq-mean-token-mean": _seq_token_mean_parts,
+    "seq-mean-token-sum": _seq_token_sum_parts,
 }
+"""Aggregation name -> ``fn(values (N, T), mask (N, T) bool) -> (numerator (), count ())``: the aggregate is
+numerator / max(count, 1). A data-parallel shard divides its numerator by the count of the whole batch."""
+
+
+def _divide(parts: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]) -> Callable[[Tensor, Tensor], Tensor]:
+    def fn(values: Tensor, mask: Tensor) -> Tensor:
+        total, count = parts(values, mask)
+        return total / count.clamp(min=1)  # ()
+
+    fn.__doc__ = parts.__doc__
+    return fn
+
+
+AGGREGATIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {name: _divide(fn) for name, fn in AGGREGATION_PARTS.items()}
 """Aggregation name -> ``fn(values (N, T), mask (N, T) bool) -> ()`` (detail 12)."""
+
+
+def aggregation_count(mask: Tensor, mode: Aggregation = "token-mean") -> int:
+    """The count an aggregation divides by: masked tokens (``token-mean``) or sequences with a masked token
+    (the seq-means). Data-parallel training sums it over the shards and passes it as ``count`` to
+    `grpo_loss`, so the shards' losses add up to the loss of the whole batch.
+
+    Raises:
+        ValueError: ``mode`` is unknown.
+        TypeError: ``mask`` is not bool.
+    """
+    _resolve(AGGREGATIONS, mode, "aggregation")
+    _check_mask(mask, mask)
+    return int(mask.sum()) if mode == "token-mean" else int(mask.any(dim=-1).sum())
 
 
 def _check_mask(mask: Tensor, like: Tensor) -> None:
@@ -471,7 +506,7 @@ def _check_mask(mask: Tensor, like: Tensor) -> None:
         raise ValueError(f"per-token tensors must be 2-D (N, T), got shape {tuple(like.shape)}")
 
 
-def aggregate(values: Tensor, mask: Tensor, mode: Aggregation = "token-mean") -> Tensor:
+def aggregate(values: Tensor, mask: Tensor, mode: Aggregation = "token-mean", count: float | None = None) -> Tensor:
     """Reduce per-token values to a scalar over the masked tokens (detail 12).
 
     - ``token-mean``: Σ_{n,t} m·x / Σ_{n,t} m (DAPO). Each token weighs the same; the normaliser is the
@@ -487,6 +522,9 @@ def aggregate(values: Tensor, mask: Tensor, mode: Aggregation = "token-mean") ->
         values: ``(N, T)`` floating.
         mask: ``(N, T) bool``, True for tokens that count.
         mode: one of `AGGREGATIONS`.
+        count: the count to divide by instead of this batch's own (`aggregation_count`): the count of the
+            whole batch when ``values`` is one data-parallel shard of it, so the shards' results add up to
+            the whole batch's. None: this batch's count.
 
     Returns:
         A 0-d tensor of ``values``' dtype.
@@ -495,10 +533,16 @@ def aggregate(values: Tensor, mask: Tensor, mode: Aggregation = "token-mean") ->
         ValueError: the shapes differ or are not 2-D; ``mode`` is unknown (the valid ones are listed).
         TypeError: ``mask`` is not bool.
     """
-    fn = _resolve(AGGREGATIONS, mode, "aggregation")
+    parts = _resolve(AGGREGATION_PARTS, mode, "aggregation")
     _check_same_shape(values=values, mask=mask)
     _check_mask(mask, values)
-    return fn(values, mask)  # ()
+    return _reduce(parts, values, mask, count)  # ()
+
+
+def _reduce(parts, values: Tensor, mask: Tensor, count: float | None) -> Tensor:
+    """numerator / max(count, 1), with this batch's count when ``count`` is None."""
+    total, own = parts(values, mask)
+    return total / (own.clamp(min=1) if count is None else max(float(count), 1.0))  # ()
 
 
 def _clipped_surrogate(
@@ -572,6 +616,7 @@ def policy_loss(
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
     aggregation: Aggregation = "token-mean",
+    count: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Token-level PPO clipped surrogate loss (PPO eq. 7, negated; DAPO's asymmetric clip).
 
@@ -586,6 +631,7 @@ def policy_loss(
         clip_eps_low: ε_low in [0, 1).
         clip_eps_high: ε_high >= 0.
         aggregation: one of `AGGREGATIONS`.
+        count: what the aggregation divides by (`aggregate`); None: this batch's own count.
 
     Returns:
         ``(loss, stats)``: a 0-d loss tensor and its `LossStats` (``kl`` and ``entropy`` 0, ``pg_loss`` = ``loss``).
@@ -595,12 +641,12 @@ def policy_loss(
             is out of range.
         TypeError: ``mask`` is not bool.
     """
-    agg = _resolve(AGGREGATIONS, aggregation, "aggregation")
+    parts = _resolve(AGGREGATION_PARTS, aggregation, "aggregation")
     _check_loss_inputs(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
     pg_loss, stats = _clipped_surrogate(
         logprobs, old_logprobs.detach(), advantages.detach(), mask, clip_eps_low, clip_eps_high
     )  # (N, T)
-    loss = agg(pg_loss, mask)  # ()
+    loss = _reduce(parts, pg_loss, mask, count)  # ()
     value = float(loss.detach())
     return loss, LossStats(loss=value, pg_loss=value, kl=0.0, entropy=0.0, **{k: float(v) for k, v in stats.items()})
 
@@ -617,6 +663,7 @@ def grpo_loss(
     beta: float = 0.0,
     entropy_coef: float = 0.0,
     aggregation: Aggregation = "token-mean",
+    count: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The GRPO loss: clipped surrogate + β·KL_k3 − entropy_coef·H, aggregated once (DeepSeekMath eq. 3).
 
@@ -636,6 +683,10 @@ def grpo_loss(
         beta: KL coefficient β >= 0 (0: no reference model needed).
         entropy_coef: entropy bonus coefficient >= 0.
         aggregation: one of `AGGREGATIONS`.
+        count: what the aggregation divides by (`aggregate`): data-parallel training passes the whole batch's
+            `aggregation_count`, so the shards' losses (and gradients) add up to the whole batch's. None:
+            this batch's own count. The token-mean statistics (clip fraction, approx KL, ratio) stay this
+            batch's own.
 
     Returns:
         ``(loss, stats)``: a 0-d loss tensor and its `LossStats` (each term with the loss's aggregation;
@@ -647,7 +698,7 @@ def grpo_loss(
             ``entropy_coef > 0`` without ``entropy``.
         TypeError: ``mask`` is not bool.
     """
-    agg = _resolve(AGGREGATIONS, aggregation, "aggregation")
+    parts = _resolve(AGGREGATION_PARTS, aggregation, "aggregation")
     if beta < 0.0 or entropy_coef < 0.0:
         raise ValueError(f"beta and entropy_coef must be >= 0, got beta={beta}, entropy_coef={entropy_coef}")
     if beta > 0.0 and ref_logprobs is None:
@@ -672,7 +723,10 @@ def grpo_loss(
         kl = kl_k3(torch.where(mask, logprobs, zeros), torch.where(mask, ref_logprobs.detach(), zeros))  # (N, T)
     ent = zeros if entropy is None else torch.where(mask, entropy, zeros)  # (N, T)
     per_token = pg_loss + beta * kl - entropy_coef * ent  # (N, T)
-    loss = agg(per_token, mask)  # ()
+    loss = _reduce(parts, per_token, mask, count)  # ()
     with torch.no_grad():
-        return loss, LossStats(loss=float(loss.detach()), pg_loss=float(agg(pg_loss, mask)), kl=float(agg(kl, mask)),
-                               entropy=float(agg(ent, mask)), **{k: float(v) for k, v in stats.items()})
+        return loss, LossStats(
+            loss=float(loss.detach()), pg_loss=float(_reduce(parts, pg_loss, mask, count)),
+            kl=float(_reduce(parts, kl, mask, count)), entropy=float(_reduce(parts, ent, mask, count)),
+            **{k: float(v) for k, v in stats.items()},
+        )

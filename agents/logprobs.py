@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["token_logprobs", "naive_token_logprobs", "enable_gradient_checkpointing"]
+__all__ = ["token_logprobs", "TokenLogprobs", "naive_token_logprobs", "enable_gradient_checkpointing"]
 
 
 def _check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> float:
@@ -214,6 +214,24 @@ def naive_token_logprobs(
         return logprobs
     ent = -(logp.exp() * logp).sum(-1)  # (N, T-1)
     return logprobs, torch.cat([zero_col, ent], dim=1) * valid  # (N, T)
+
+
+class TokenLogprobs(torch.nn.Module):
+    """`token_logprobs` of a causal LM as a module's ``forward``, so that a wrapper that hooks ``forward``
+    (DistributedDataParallel through `agents.distributed.DataParallel.wrap`) sees the whole computation,
+    whose decoder and LM head `token_logprobs` calls separately. ``self.model`` is the LM itself (same
+    parameters).
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
+                chunk_size: int = 512, return_entropy: bool = False):
+        """`token_logprobs(self.model, ...)`: ``(N, T)`` float32 logprobs (and entropies)."""
+        return token_logprobs(self.model, input_ids, attention_mask, temperature=temperature, chunk_size=chunk_size,
+                              return_entropy=return_entropy)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> torch.nn.Module:

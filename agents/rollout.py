@@ -134,6 +134,44 @@ class RolloutStats:
         """The mean penalised reward."""
         return float(np.mean(self.rewards))
 
+    @classmethod
+    def concat(cls, parts: Sequence["RolloutStats"]) -> "RolloutStats":
+        """The stats of the rollouts of ``parts`` played as one (data-parallel shards, in rank order).
+
+        Lists are concatenated (group ids offset so each shard's groups stay distinct), counts summed,
+        ``num_steps`` is the longest shard's and ``mean_tokens`` the trajectory-weighted mean.
+
+        Raises:
+            ValueError: no parts, or parts of different ``rollout`` modes.
+        """
+        if not parts:
+            raise ValueError("concat needs at least one RolloutStats")
+        if len({p.rollout for p in parts}) != 1:
+            raise ValueError(f"cannot concat rollouts of different modes: {sorted({p.rollout for p in parts})}")
+        group_ids: list[int] = []
+        offset = 0
+        for p in parts:
+            group_ids += [g + offset for g in p.group_ids]
+            offset += (max(p.group_ids) + 1) if p.group_ids else 0
+        sizes = [len(p.rewards) for p in parts]
+        return cls(
+            group_ids=group_ids,
+            task_ids=[t for p in parts for t in p.task_ids],
+            verifier_rewards=[r for p in parts for r in p.verifier_rewards],
+            rewards=[r for p in parts for r in p.rewards],
+            empty_actions=[e for p in parts for e in p.empty_actions],
+            num_steps=max(p.num_steps for p in parts),
+            num_act_calls=sum(p.num_act_calls for p in parts),
+            num_capped=sum(p.num_capped for p in parts),
+            truncated=sum(p.truncated for p in parts),
+            cut_generations=[c for p in parts for c in p.cut_generations],
+            budget_hit=[b for p in parts for b in p.budget_hit],
+            mean_tokens=float(np.average([p.mean_tokens for p in parts], weights=sizes)) if sum(sizes) else 0.0,
+            rollout=parts[0].rollout,
+            real_tool_calls=sum(p.real_tool_calls for p in parts),
+            verifier_replay_calls=sum(p.verifier_replay_calls for p in parts),
+        )
+
 
 def collect_rollouts(
     policy: ActPolicy,
@@ -148,6 +186,8 @@ def collect_rollouts(
     max_steps_per_turn: int | None = None,
     max_steps: int | None = None,
     invalid_action_penalty: float = 0.1,
+    first_env: int = 0,
+    num_global_envs: int | None = None,
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Play K episodes of each of B tasks through a `RehearseVectorEnv` with ``num_envs == B·K``.
 
@@ -204,6 +244,12 @@ def collect_rollouts(
             truncated with verifier reward 0 (``stats.num_capped``). None: no cap: the env's per-turn step
             limit ends every episode, as BFCL's harness does, and is the budget to set.
         invalid_action_penalty: >= 0, subtracted once from R of a trajectory with an empty ACT response.
+        first_env: data-parallel sharding: these B·K envs are envs ``first_env .. first_env + B·K - 1`` of a
+            rollout of ``num_global_envs`` envs (each process plays a contiguous shard of whole groups). Each
+            env gets the reset seed and the sampling seeds that env would get in the whole rollout, so the
+            shards together play what one process would (up to floating-point differences between batch
+            shapes).
+        num_global_envs: the whole rollout's env count (None: B·K, no sharding).
 
     Returns:
         ``(trajectories, stats)``: the B·K trajectories (group-major, `group_ids_for`) and their
@@ -212,7 +258,8 @@ def collect_rollouts(
 
     Raises:
         ValueError: empty ``task_ids``, ``group_size < 1``, ``num_envs != B·K``, negative penalty, an unknown
-            ``rollout``, ``max_steps < 1``, or a policy returning the wrong number of actions.
+            ``rollout``, ``max_steps < 1``, a shard outside ``num_global_envs``, or a policy returning the
+            wrong number of actions.
         TypeError: ``vector_env`` has no ``envs`` (not a `RehearseVectorEnv`).
         KeyError: a task id unknown to the envs (from ``ToolUseEnv.reset``).
     """
@@ -248,8 +295,11 @@ def collect_rollouts(
         if max_steps_per_turn is not None:
             env.max_steps_per_turn = max_steps_per_turn
 
+    total = n if num_global_envs is None else num_global_envs
+    if first_env < 0 or first_env + n > total:
+        raise ValueError(f"envs {first_env}..{first_env + n - 1} are not inside a rollout of {total} envs")
     env_task_ids = [t for t in task_ids for _ in range(group_size)]
-    vector_env.reset(seed=seed, options={"task_ids": env_task_ids})
+    vector_env.reset(seed=seed + first_env, options={"task_ids": env_task_ids})
     rng = np.random.default_rng(seed)
     done = [False] * n
     results: list[Trajectory | None] = [None] * n
@@ -270,7 +320,8 @@ def collect_rollouts(
                     cut[i] = int(getattr(envs[i], "cut_generations", 0))
                     num_capped += 1
             break
-        step_seeds = rng.integers(0, 2**31 - 1, size=n)  # (B·K,) one draw per env per step, active or not
+        # one draw per env of the whole rollout per step, active or not: (num_global_envs,), this shard's slice
+        step_seeds = rng.integers(0, 2**31 - 1, size=total)[first_env:first_env + n]
         active = [i for i in range(n) if not done[i]]
         contexts = [envs[i].trajectory.token_ids for i in active]
         outputs = policy.act(

@@ -69,6 +69,7 @@ import numpy as np
 import torch
 
 from agents.config import add_dataclass_arguments, coerce_fields, config_field, dataclass_from_args
+from agents.distributed import DataParallel
 from agents.models import ModelStore, default_store
 from agents.rollout import PAD_ROLE
 from envace_gym.types import Role, Task, Trajectory
@@ -310,7 +311,8 @@ def role_weights(role_mask: torch.Tensor, weights: dict[Role, float]) -> torch.T
 
 
 def sft_loss(
-    logprobs: torch.Tensor, role_mask: torch.Tensor, weights: dict[Role, float], normalization: Normalization = "token"
+    logprobs: torch.Tensor, role_mask: torch.Tensor, weights: dict[Role, float], normalization: Normalization = "token",
+    counts: dict[Role, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Weighted token-level cross-entropy on the target roles (implementation detail 2).
 
@@ -320,10 +322,14 @@ def sft_loss(
         weights: loss weight per target role, e.g. ``{Role.ACT: 1.0, Role.REHEARSE: 1.0}``; roles not in it
             carry no loss.
         normalization: ``"token"`` or ``"role"``.
+        counts: each weighted role's token count in the whole batch when these rows are one data-parallel
+            shard of it (summed over the ranks), so the shards' losses and ``loss/<role>`` add up to the
+            whole batch's; None: this batch's own counts.
 
     Returns:
         ``(loss, stats)``: a scalar tensor (0 with a graph when there is no target token), and
-        ``loss/<role>`` (mean ``-log p`` over that role's tokens) and ``tokens/<role>`` for each role in `weights`.
+        ``loss/<role>`` (mean ``-log p`` over that role's tokens) and ``tokens/<role>`` (this batch's) for
+        each role in `weights`.
 
     Raises:
         ValueError: an unknown normalisation, a non-target role in `weights`, or mismatched shapes.
@@ -339,9 +345,9 @@ def sft_loss(
     means: dict[Role, torch.Tensor] = {}
     for role in weights:
         sel = role_mask == int(role)  # (N, T)
-        n = int(sel.sum())
         key = Role(role).name.lower()
-        stats[f"tokens/{key}"] = float(n)
+        stats[f"tokens/{key}"] = float(sel.sum())
+        n = float(sel.sum()) if counts is None else float(counts[role])
         if n:
             means[role] = -(logprobs * sel).sum() / n
             stats[f"loss/{key}"] = float(means[role].detach())
@@ -349,8 +355,8 @@ def sft_loss(
             stats[f"loss/{key}"] = 0.0
     if normalization == "token":
         w = role_weights(role_mask, weights)  # (N, T)
-        total = w.sum()
-        loss = -(w * logprobs).sum() / total if float(total) > 0 else (logprobs * 0.0).sum()
+        total = float(w.sum()) if counts is None else sum(float(weights[r]) * float(counts[r]) for r in weights)
+        loss = -(w * logprobs).sum() / total if total > 0 else (logprobs * 0.0).sum()
     else:
         present = [r for r in means if weights[r] > 0]
         denom = sum(weights[r] for r in present)
@@ -449,6 +455,10 @@ class SFTTrainer:
         log: where progress lines go.
         models: the `agents.models.ModelStore` the tokenizer and starting weights come from (None: the default
             store); the trained model is a fresh copy.
+        parallel: the data-parallel processes (`agents.distributed.DataParallel`; None: from the launcher's
+            environment). With W processes, rank r trains rows r, r + W, ... of each step's batch, the loss
+            divides by the whole batch's token counts and gradients are all-reduced, so every rank applies
+            the step one process would; rank 0 alone writes the run folder.
 
     Attributes:
         model: the trained module (a peft model with ``--lora``).
@@ -465,17 +475,22 @@ class SFTTrainer:
     """
 
     def __init__(self, config: SFTConfig, demos: Sequence[Trajectory] | None = None, log=print,
-                 models: ModelStore | None = None) -> None:
+                 models: ModelStore | None = None, parallel: DataParallel | None = None) -> None:
         from agents.checkpoint import load_newest
-        from agents.logprobs import enable_gradient_checkpointing
+        from agents.logprobs import TokenLogprobs, enable_gradient_checkpointing
         from agents.run_folder import RunLock, check_resume_config, trim_jsonl
         from agents.trainer import _prepare_process, apply_optimizer_settings, make_lr_scheduler
 
         self.config = config
+        self.parallel = parallel = parallel or DataParallel.from_environment()
+        if not parallel.is_main:
+            log = None
         self.run_dir = Path(config.run_dir)
         models = models or default_store()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = RunLock(self.run_dir).acquire()
+        self._lock = None
+        if parallel.is_main:  # rank 0 owns the run folder
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = RunLock(self.run_dir).acquire()
         if config.resume:
             check_resume_config(self.run_dir, config.to_dict(), SFTConfig.RESUME_IGNORES, config.allow_config_change, log)
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
@@ -484,9 +499,11 @@ class SFTTrainer:
         self.weights = {_ROLE_NAMES[r]: (config.act_weight if r == "act" else config.rehearse_weight) for r in config.role_list()}
         if demos is None:
             demos, data_stats = load_sft_data(config, models.tokenizer(config.init or config.model))
-            (self.run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
+            if parallel.is_main:
+                (self.run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
             require_whole_demos(config, data_stats, log=log)
-        base, tokenizer = models.model(config.init or config.model, shared=False), models.tokenizer(config.init or config.model)
+        base = models.model(config.init or config.model, shared=False).to(parallel.device)
+        tokenizer = models.tokenizer(config.init or config.model)
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
@@ -512,6 +529,8 @@ class SFTTrainer:
                     r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                     target_modules=list(config.lora_target_modules), bias="none", task_type="CAUSAL_LM",
                 ))
+        # what the backward runs through: DDP-wrapped (gradients all-reduced) when there are several processes
+        self._logprobs = parallel.wrap(TokenLogprobs(self.model))
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=config.lr, weight_decay=config.weight_decay, betas=(config.adam_beta1, config.adam_beta2)
@@ -532,8 +551,10 @@ class SFTTrainer:
         if self.step:
             apply_optimizer_settings({"model": self.optimizer}, {"model": self.scheduler}, config.lr, config.weight_decay,
                                      (config.adam_beta1, config.adam_beta2))
-        trim_jsonl(self.run_dir / "metrics.jsonl", self.step)
-        (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+        parallel.barrier()  # every rank has read the run folder before rank 0 rewrites parts of it
+        if parallel.is_main:
+            trim_jsonl(self.run_dir / "metrics.jsonl", self.step)
+            (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
 
     def batch_for_step(self, step: int) -> list[int]:
         """The example indices of optimizer step `step` (0-based): epoch ``step // batches_per_epoch``."""
@@ -546,6 +567,7 @@ class SFTTrainer:
         from tqdm.auto import tqdm
 
         history = []
+        progress = progress and self.parallel.is_main
         bar = tqdm(total=self.total_steps, initial=self.step, desc="sft", disable=not progress, unit="step")
         while self.step < self.total_steps:
             m = self.train_step()
@@ -559,21 +581,39 @@ class SFTTrainer:
         return history
 
     def train_step(self) -> dict[str, Any]:
-        """One optimizer step on the step's batch; returns (and logs) its metrics."""
-        from agents.logprobs import token_logprobs
+        """One optimizer step on the step's batch; returns (and logs) its metrics.
 
+        With several processes this rank trains rows ``rank, rank + W, ...`` of the batch (a rank left without
+        a row runs the batch's first row with weight 0, so that every rank takes part in the all-reduce), and
+        the metrics are those of the whole batch.
+        """
         cfg = self.config
+        par = self.parallel
         t0 = time.perf_counter()
-        rows = [self.demos[i] for i in self.batch_for_step(self.step)]
-        input_ids, attention_mask, role_mask = collate(rows, self.pad_id)  # (N, T) each
+        indices = self.batch_for_step(self.step)
+        mine = indices[par.rank::par.world_size]
+        empty_shard = not mine
+        rows = [self.demos[i] for i in (mine or indices[:1])]
+        input_ids, attention_mask, role_mask = collate(rows, self.pad_id)  # (n, T) each
+        if empty_shard:
+            role_mask = torch.full_like(role_mask, PAD_ROLE)  # (1, T): no target token, no gradient
+        device = par.device
+        input_ids, attention_mask, role_mask = input_ids.to(device), attention_mask.to(device), role_mask.to(device)
         self.model.train()
         lr = float(self.scheduler.get_last_lr()[0])
-        logprobs = token_logprobs(self.model, input_ids, attention_mask, chunk_size=cfg.logprob_chunk_size)  # (N, T)
-        loss, stats = sft_loss(logprobs, role_mask.to(logprobs.device), self.weights, cfg.loss_normalization)
+        logprobs = self._logprobs(input_ids, attention_mask, chunk_size=cfg.logprob_chunk_size)  # (n, T)
+        counts = None
+        if par.distributed:
+            roles = list(self.weights)
+            counts = dict(zip(roles, par.sum([int((role_mask == int(r)).sum()) for r in roles])))
+        loss, stats = sft_loss(logprobs, role_mask, self.weights, cfg.loss_normalization, counts=counts)
+        if par.distributed:
+            keys = sorted(stats)
+            stats = dict(zip(keys, par.sum([stats[k] for k in keys])))  # the shards' parts add up
         if not math.isfinite(stats["loss"]):
             raise FloatingPointError(f"non-finite SFT loss at step {self.step}: {stats}")
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * par.world_size).backward()  # DDP averages the ranks' gradients
         params = [p for p in self.model.parameters() if p.requires_grad]
         if cfg.max_grad_norm > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
@@ -583,19 +623,22 @@ class SFTTrainer:
         self.scheduler.step()
         self.step += 1
         dt = time.perf_counter() - t0
-        real = int(attention_mask.sum())
-        n, t = input_ids.shape
+        real = 0 if empty_shard else int(attention_mask.sum())
+        role_tokens = [int(((role_mask == int(_ROLE_NAMES[k])) & attention_mask.bool()).sum()) for k in ("act", "rehearse")]
+        real, act_tokens, rehearse_tokens = (int(v) for v in par.sum([real] + role_tokens))
+        n, t = len(indices), int(max(self.lengths[i] for i in indices))  # the whole batch's rows and padded length
         m: dict[str, Any] = {"step": self.step, "train/loss": stats["loss"], "train/grad_norm": grad_norm, "train/lr": lr}
-        for key in ("act", "rehearse"):
+        for key, tokens in (("act", act_tokens), ("rehearse", rehearse_tokens)):
             m[f"train/loss/{key}"] = stats.get(f"loss/{key}", 0.0)
-            m[f"data/tokens/{key}"] = int(((role_mask == int(_ROLE_NAMES[key])) & attention_mask.bool()).sum())
+            m[f"data/tokens/{key}"] = tokens
         m.update({
             "data/rows": n, "data/seq_len": t, "data/padding_fraction": 1.0 - real / (n * t),
             "perf/tokens_per_s": real / dt if dt else 0.0, "perf/step_s": dt,
         })
         from agents.run_folder import append_jsonl
 
-        append_jsonl(self.run_dir / "metrics.jsonl", [m])
+        if par.is_main:
+            append_jsonl(self.run_dir / "metrics.jsonl", [m])
         return m
 
     def plain_model(self) -> torch.nn.Module:
@@ -608,12 +651,15 @@ class SFTTrainer:
         """Write a checkpoint (`agents.checkpoint` layout; LoRA adds ``adapter/``) and prune old ones."""
         from agents.checkpoint import prune_checkpoints, save_checkpoint
 
-        models = {"model": self.plain_model()}
-        if self.config.lora:
-            models["adapter"] = self.model
-        path = save_checkpoint(self.run_dir, self.step, models, {"model": self.optimizer}, {"model": self.scheduler},
-                               self.tokenizer, self.config.to_dict())
-        prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
+        path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
+        if self.parallel.is_main:  # every rank holds the same weights; the others wait until they are written
+            models = {"model": self.plain_model()}
+            if self.config.lora:
+                models["adapter"] = self.model
+            path = save_checkpoint(self.run_dir, self.step, models, {"model": self.optimizer}, {"model": self.scheduler},
+                                   self.tokenizer, self.config.to_dict())
+            prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
+        self.parallel.barrier()
         return path
 
 
@@ -721,6 +767,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
     """``envace sft``: build the data, train, save; prints the data counts and the last step's metrics."""
     config = sft_config_from_args(args)  # fails fast, before any model loads
     trainer = SFTTrainer(config)
+    if not trainer.parallel.is_main:  # under `accelerate launch`, rank 0 speaks for the run
+        trainer.train(progress=False)
+        return 0
     if trainer.step:
         print(f"[sft] resumed from step {trainer.step} in {config.run_dir}")
     toks = {r: sum(d.tokens_per_role()[r] for d in trainer.demos) for r in ("ACT", "REHEARSE")}

@@ -72,9 +72,10 @@ from agents.budgets import check_task_budgets
 from agents.checkpoint import load_newest, prune_checkpoints, save_checkpoint
 from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
 from agents.config import TrainConfig, _dump_yaml
+from agents.distributed import DataParallel
 from agents.engines import GenerationEngine
-from agents.grpo import LossStats, grpo_loss
-from agents.logprobs import enable_gradient_checkpointing, token_logprobs
+from agents.grpo import LossStats, aggregation_count, grpo_loss
+from agents.logprobs import TokenLogprobs, enable_gradient_checkpointing, token_logprobs
 from agents.models import ModelStore, default_store
 from agents.policy import Policy, PolicyRehearser
 from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_rollouts
@@ -166,6 +167,10 @@ class RoleWiseGRPOTrainer:
             the model); None builds ``config.engine`` (default ``"hf"``) over the loaded model.
         models: the `agents.models.ModelStore` the tokenizer and the starting weights come from (None: the
             default store); the trained model is always a fresh copy, never the store's shared one.
+        parallel: the data-parallel processes of the run (`agents.distributed.DataParallel`; None: read from
+            the launcher's environment, one process without a launcher). With W processes each plays
+            ``batch_tasks / W`` whole groups, gradients are all-reduced so every rank applies the gradient of
+            the whole batch, metrics are computed over all ranks, and only rank 0 writes the run folder.
 
     Attributes:
         policy: the ACT policy (for ``policy="shared"`` also the rehearser's policy).
@@ -174,18 +179,28 @@ class RoleWiseGRPOTrainer:
         run_dir: where checkpoints, ``metrics.jsonl``, ``config.yaml`` and ``tb/`` go.
 
     Raises:
-        ValueError: the suite, categories and split give fewer tasks than ``batch_tasks``, or ``task_ids`` names
-            a task they do not hold.
+        ValueError: the suite, categories and split give fewer tasks than ``batch_tasks``, ``task_ids`` names
+            a task they do not hold, or ``batch_tasks`` does not split evenly over the processes (or leaves a
+            process fewer trajectories than ``num_minibatches``).
         agents.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the selected tasks can be completed
             within ``max_steps_per_turn``, ``max_new_tokens`` and ``max_episode_tokens`` (checked before the
             model loads).
     """
 
     def __init__(self, config: TrainConfig, log=print, engine: GenerationEngine | None = None,
-                 models: ModelStore | None = None) -> None:
+                 models: ModelStore | None = None, parallel: DataParallel | None = None) -> None:
         from envace_gym.suites import make_suite
 
         self.config = config
+        self.parallel = parallel = parallel or DataParallel.from_environment()
+        if not parallel.is_main:
+            log = None
+        self._group_shard = parallel.shard(config.batch_tasks, "tasks per step (--batch-tasks)")
+        local_trajectories = config.trajectories_per_step // parallel.world_size
+        if local_trajectories < config.num_minibatches:
+            raise ValueError(
+                f"each of {parallel.world_size} processes plays {local_trajectories} trajectories, fewer than "
+                f"num_minibatches={config.num_minibatches}; lower --num-minibatches or raise --batch-tasks")
         self.run_dir = Path(config.run_dir)
         models = models or default_store()
         self._store = models
@@ -208,12 +223,14 @@ class RoleWiseGRPOTrainer:
             min_fraction=config.min_solvable_fraction, command="envace train", log=log,
         )
         self.task_pool = all_ids
-        self.run_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
-        self._lock = RunLock(self.run_dir).acquire()
+        self._lock = None
+        if parallel.is_main:  # rank 0 owns the run folder
+            self.run_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
+            self._lock = RunLock(self.run_dir).acquire()
         if config.resume:
             check_resume_config(self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.allow_config_change, log)
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
-        model = models.model(source, shared=False)
+        model = models.model(source, shared=False).to(parallel.device)
         self.tokenizer = tokenizer
         self.policy = self._policy(model, tokenizer, engine)
         self.rehearse_policy = self.policy
@@ -225,6 +242,8 @@ class RoleWiseGRPOTrainer:
         if config.gradient_checkpointing:
             for m in self.models.values():
                 enable_gradient_checkpointing(m)
+        # what the backward runs through: DDP-wrapped (gradients all-reduced) when there are several processes
+        self._logprob_modules = {k: parallel.wrap(TokenLogprobs(m)) for k, m in self.models.items()}
         self.ref_model = None
         if config.beta > 0:
             self.ref_model = copy.deepcopy(self.policy.model).eval()
@@ -244,7 +263,7 @@ class RoleWiseGRPOTrainer:
             for k, o in self.optimizers.items()
         }
         self.env = RehearseVectorEnv(
-            num_envs=config.trajectories_per_step,
+            num_envs=config.trajectories_per_step // parallel.world_size,
             suite=config.suite,
             categories=config.categories,
             split=config.split,
@@ -265,9 +284,11 @@ class RoleWiseGRPOTrainer:
 
                 self.nonfinite_in_a_row.update(trainer_state(ckpt).get("nonfinite_in_a_row", {}))
                 self._apply_optimizer_config()
-        # steps logged after the checkpoint (a run killed before its next save) are redone, not kept twice
-        trim_jsonl(self.run_dir / "metrics.jsonl", self.step)
-        _dump_yaml(config, self.run_dir / "config.yaml")
+        parallel.barrier()  # every rank has read the run folder before rank 0 rewrites parts of it
+        if parallel.is_main:
+            # steps logged after the checkpoint (a run killed before its next save) are redone, not kept twice
+            trim_jsonl(self.run_dir / "metrics.jsonl", self.step)
+            _dump_yaml(config, self.run_dir / "config.yaml")
 
     def _apply_optimizer_config(self) -> None:
         cfg = self.config
@@ -283,6 +304,7 @@ class RoleWiseGRPOTrainer:
 
     def _train(self, progress: bool) -> list[dict[str, Any]]:
         history = []
+        progress = progress and self.parallel.is_main
         bar = tqdm(total=self.config.num_steps, initial=self.step, desc="train", disable=not progress, unit="step")
         while self.step < self.config.num_steps:
             metrics = self.train_step()
@@ -309,7 +331,8 @@ class RoleWiseGRPOTrainer:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
 
     def sample_task_ids(self, step: int) -> list[str]:
         """B distinct task ids for `step`, drawn from a generator seeded by (seed, step)."""
@@ -323,7 +346,8 @@ class RoleWiseGRPOTrainer:
         t0 = time.perf_counter()
         for m in self.models.values():
             m.eval()
-        task_ids = self.sample_task_ids(self.step)
+        first, stop = self._group_shard
+        task_ids = self.sample_task_ids(self.step)[first:stop]  # this rank's groups
         trajectories, rstats = collect_rollouts(
             self.policy,
             self.env,
@@ -334,6 +358,8 @@ class RoleWiseGRPOTrainer:
             seed=int(np.random.default_rng([cfg.seed, self.step, 1]).integers(2**31 - 1)),
             rollout=cfg.rollout,
             invalid_action_penalty=cfg.invalid_action_penalty,
+            first_env=first * cfg.group_size,
+            num_global_envs=cfg.trajectories_per_step,
         )
         batch = build_batch(
             trajectories,
@@ -355,9 +381,18 @@ class RoleWiseGRPOTrainer:
             for s in self.schedulers.values():
                 s.step()
         self.step += 1
-        metrics = self._metrics(trajectories, rstats, batch, train_stats, t1 - t0, t2 - t1)
-        self._log(metrics)
+        view = _StepView.of(trajectories, rstats, batch, self.step_group_offset)
+        if self.parallel.distributed:
+            view = _StepView.concat(self.parallel.gather(view))
+        metrics = self._metrics(view, train_stats, t1 - t0, t2 - t1)
+        if self.parallel.is_main:
+            self._log(metrics)
         return metrics
+
+    @property
+    def step_group_offset(self) -> int:
+        """Global index of this rank's first group in a step (0 with one process)."""
+        return self._group_shard[0]
 
     def _policy(self, model: torch.nn.Module, tokenizer: Any, engine: GenerationEngine | None) -> Policy:
         """A `Policy` over `model` sampling with `engine`, or with ``config.engine`` built over `model`."""
@@ -389,7 +424,8 @@ class RoleWiseGRPOTrainer:
                 gradient (the message says what to change).
         """
         cfg = self.config
-        if cfg.beta == 0 and cfg.entropy_coef == 0 and not bool((batch.advantages[batch.loss_mask] != 0).any()):
+        signal = bool((batch.advantages[batch.loss_mask] != 0).any())
+        if cfg.beta == 0 and cfg.entropy_coef == 0 and not self.parallel.any(signal):  # a decision all ranks share
             return UpdateStats(skipped_update=True)
         for m in self.models.values():
             m.train()
@@ -402,7 +438,7 @@ class RoleWiseGRPOTrainer:
         if "rehearse_model" in self.models:
             targets = [("model", self.policy.model, Role.ACT), ("rehearse_model", self.rehearse_policy.model, Role.REHEARSE)]
         total = cfg.ppo_epochs * cfg.num_minibatches * len(targets)
-        bar = tqdm(total=total, desc="update", leave=False, disable=total <= 1)
+        bar = tqdm(total=total, desc="update", leave=False, disable=total <= 1 or not self.parallel.is_main)
         for _ in range(cfg.ppo_epochs):
             perm = torch.randperm(n, generator=order_rng)
             for mb_rows in torch.tensor_split(perm, cfg.num_minibatches):
@@ -418,6 +454,7 @@ class RoleWiseGRPOTrainer:
                     tokens += int(mb.attention_mask.sum())
                     applied.append(step)
         bar.close()
+        tokens = int(self.parallel.sum([tokens])[0])
         if not applied:
             return UpdateStats(skipped_update=True, skipped_nonfinite=nonfinite)
         means = {k: sum(getattr(s, k) for s, _ in applied) / len(applied) for k in LossStats.__dataclass_fields__}
@@ -432,42 +469,53 @@ class RoleWiseGRPOTrainer:
         the `LossStats` and the gradient norm before clipping, or None for the norm when the loss or the
         clipped gradient norm is not finite, in which case the gradients are dropped and
         ``optimizer.step()`` is not called.
+
+        With several processes `mb` is this rank's share of the minibatch: the loss divides by the count of
+        the whole minibatch (summed over ranks) and is scaled by the world size before ``backward``, whose
+        DDP all-reduce averages it, so every rank applies the whole minibatch's gradient. The decisions
+        (any loss token, finite loss) are taken over all ranks, and the returned statistics are those of
+        the whole minibatch.
         """
         cfg = self.config
-        mask = mb.loss_mask  # (n, T) bool
+        par = self.parallel
+        device = par.device
+        mask = mb.loss_mask.to(device)  # (n, T) bool
         if role is not None:
-            mask = mask & (mb.role_mask == int(role))  # (n, T)
-        if not bool(mask.any()):
+            mask = mask & (mb.role_mask.to(device) == int(role))  # (n, T)
+        if not par.any(bool(mask.any())):
             return None
+        input_ids, attention_mask = mb.input_ids.to(device), mb.attention_mask.to(device)  # (n, T), (n, T)
+        local_tokens = int(mask.sum())
+        count, global_tokens = par.sum([aggregation_count(mask, cfg.aggregation), local_tokens])
         temperature = cfg.temperature if cfg.temperature > 0 else 1.0
+        forward = self._logprob_modules[name]
         if cfg.entropy_coef > 0:
-            logprobs, entropy = token_logprobs(
-                model, mb.input_ids, mb.attention_mask, temperature=temperature,
-                chunk_size=cfg.logprob_chunk_size, return_entropy=True,
-            )  # (n, T), (n, T)
+            logprobs, entropy = forward(input_ids, attention_mask, temperature=temperature,
+                                        chunk_size=cfg.logprob_chunk_size, return_entropy=True)  # (n, T), (n, T)
         else:
-            logprobs = token_logprobs(
-                model, mb.input_ids, mb.attention_mask, temperature=temperature, chunk_size=cfg.logprob_chunk_size
-            )  # (n, T)
+            logprobs = forward(input_ids, attention_mask, temperature=temperature,
+                               chunk_size=cfg.logprob_chunk_size)  # (n, T)
             entropy = None
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref = token_logprobs(
-                    self.ref_model, mb.input_ids, mb.attention_mask, temperature=temperature,
+                    self.ref_model, input_ids, attention_mask, temperature=temperature,
                     chunk_size=cfg.logprob_chunk_size,
                 )  # (n, T)
         loss, stats = grpo_loss(
-            logprobs, mb.old_logprobs, mb.advantages, mask, ref_logprobs=ref, entropy=entropy,
+            logprobs, mb.old_logprobs.to(device), mb.advantages.to(device), mask, ref_logprobs=ref, entropy=entropy,
             clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
-            entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation,
+            entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, count=count if par.distributed else None,
         )
+        if par.distributed:
+            stats = _whole_minibatch_stats(stats, local_tokens, global_tokens, par)
         opt = self.optimizers[name]
         opt.zero_grad(set_to_none=True)
         grad_norm = float("nan")
-        finite = math.isfinite(float(loss.detach()))
+        finite = par.all(math.isfinite(float(loss.detach())))
         if finite:
-            loss.backward()
+            (loss * par.world_size).backward()
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             if cfg.max_grad_norm > 0:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
@@ -492,16 +540,22 @@ class RoleWiseGRPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints and metrics
     def save(self) -> Path:
-        """Write a checkpoint of the current step (see `agents.checkpoint`) and prune old ones."""
-        path = save_checkpoint(
-            self.run_dir, self.step, self.models, self.optimizers, self.schedulers, self.tokenizer, self.config.to_dict(),
-            extra={"nonfinite_in_a_row": dict(self.nonfinite_in_a_row)},
-        )
-        prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
+        """Write a checkpoint of the current step (see `agents.checkpoint`) and prune old ones; returns its
+        folder. With several processes rank 0 writes it (every rank holds the same weights and optimizer
+        state) and the others wait until it is written."""
+        path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
+        if self.parallel.is_main:
+            path = save_checkpoint(
+                self.run_dir, self.step, self.models, self.optimizers, self.schedulers, self.tokenizer,
+                self.config.to_dict(), extra={"nonfinite_in_a_row": dict(self.nonfinite_in_a_row)},
+            )
+            prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
+        self.parallel.barrier()
         return path
 
-    def _metrics(self, trajectories: list[Trajectory], rstats: RolloutStats, batch: RolloutBatch,
-                 train_stats: UpdateStats, rollout_s: float, update_s: float) -> dict[str, Any]:
+    def _metrics(self, view: "_StepView", train_stats: UpdateStats, rollout_s: float,
+                 update_s: float) -> dict[str, Any]:
+        rstats = view.rstats
         rewards = np.asarray(rstats.rewards, dtype=np.float64)
         m: dict[str, Any] = {
             "step": self.step,
@@ -509,9 +563,9 @@ class RoleWiseGRPOTrainer:
             "rollout/reward_std": float(rewards.std()),
             "rollout/verifier_reward_mean": float(np.mean(rstats.verifier_rewards)),
             "rollout/empty_action_rate": float(np.mean([e > 0 for e in rstats.empty_actions])),
-            "rollout/truncated_fraction": float(np.mean([t.truncated for t in trajectories])),
+            "rollout/truncated_fraction": float(np.mean(view.truncated)),
             "rollout/reward_capped_fraction": float(np.mean(rstats.budget_hit)),
-            "rollout/parse_error_rate": _parse_error_rate(trajectories),
+            "rollout/parse_error_rate": view.parse_errors / view.act_messages if view.act_messages else 0.0,
             "rollout/groups_with_reward_variance": _groups_with_variance(rewards, rstats.group_ids),
             "rollout/real_tool_calls": rstats.real_tool_calls,
             "rollout/verifier_replay_calls": rstats.verifier_replay_calls,
@@ -519,20 +573,19 @@ class RoleWiseGRPOTrainer:
         generated = 0
         for role in (Role.ACT, Role.REHEARSE):
             key = role.name.lower()
-            sel = batch.seg_roles == int(role)
-            seg_r = batch.seg_rewards[sel]
-            seg_a = batch.seg_advantages[sel]
-            seg_g = batch.seg_group_ids[sel]
+            sel = view.seg_roles == int(role)
+            seg_r = view.seg_rewards[sel]
+            seg_a = view.seg_advantages[sel]
+            seg_g = view.seg_group_ids[sel]
             m[f"rollout/reward_mean/{key}"] = float(seg_r.mean()) if len(seg_r) else 0.0
-            groups = seg_g.unique()
-            zero = [float(seg_r[seg_g == g].std(unbiased=False)) < 1e-8 for g in groups]
+            zero = [float(seg_r[seg_g == g].std()) < 1e-8 for g in np.unique(seg_g)]
             m[f"rollout/zero_std_groups/{key}"] = float(np.mean(zero)) if zero else 1.0
-            tok = int(((batch.role_mask == int(role)) & batch.loss_mask).sum())
+            tok = view.role_tokens[key]
             m[f"rollout/tokens/{key}"] = tok
             generated += tok
             m[f"train/advantage_mean/{key}"] = float(seg_a.mean()) if len(seg_a) else 0.0
-            m[f"train/advantage_std/{key}"] = float(seg_a.std(unbiased=False)) if len(seg_a) else 0.0
-            m[f"train/advantage_abs/{key}"] = float(seg_a.abs().mean()) if len(seg_a) else 0.0
+            m[f"train/advantage_std/{key}"] = float(seg_a.std()) if len(seg_a) else 0.0
+            m[f"train/advantage_abs/{key}"] = float(np.abs(seg_a).mean()) if len(seg_a) else 0.0
         m.update({f"train/{k}": v for k, v in train_stats.to_metrics().items()})
         m["train/lr"] = float(self.schedulers["model"].get_last_lr()[0])
         step_s = rollout_s + update_s
@@ -557,14 +610,69 @@ class RoleWiseGRPOTrainer:
                     self._writer.add_scalar(k, v, metrics["step"])
 
 
+@dataclass
+class _StepView:
+    """What a step's metrics are computed from: small enough to gather from every rank.
+
+    Segment arrays are ``(S,)`` over the batch's ACT/REHEARSE segments (group ids global); ``truncated`` is
+    per trajectory; ``role_tokens`` maps ``"act"``/``"rehearse"`` to loss tokens.
+    """
+
+    rstats: RolloutStats
+    truncated: list[bool]
+    act_messages: int
+    parse_errors: int
+    seg_roles: np.ndarray
+    seg_rewards: np.ndarray
+    seg_advantages: np.ndarray
+    seg_group_ids: np.ndarray
+    role_tokens: dict[str, int]
+
+    @classmethod
+    def of(cls, trajectories: list[Trajectory], rstats: RolloutStats, batch: RolloutBatch,
+           group_offset: int) -> "_StepView":
+        acts, errors = _parse_error_counts(trajectories)
+        return cls(
+            rstats=rstats, truncated=[bool(t.truncated) for t in trajectories], act_messages=acts, parse_errors=errors,
+            seg_roles=batch.seg_roles.cpu().numpy(), seg_rewards=batch.seg_rewards.double().cpu().numpy(),
+            seg_advantages=batch.seg_advantages.double().cpu().numpy(),
+            seg_group_ids=batch.seg_group_ids.cpu().numpy() + group_offset,
+            role_tokens={role.name.lower(): int(((batch.role_mask == int(role)) & batch.loss_mask).sum())
+                         for role in (Role.ACT, Role.REHEARSE)},
+        )
+
+    @classmethod
+    def concat(cls, views: list["_StepView"]) -> "_StepView":
+        """The views of all ranks (in rank order) as one."""
+        return cls(
+            rstats=RolloutStats.concat([v.rstats for v in views]),
+            truncated=[t for v in views for t in v.truncated],
+            act_messages=sum(v.act_messages for v in views), parse_errors=sum(v.parse_errors for v in views),
+            **{k: np.concatenate([getattr(v, k) for v in views])
+               for k in ("seg_roles", "seg_rewards", "seg_advantages", "seg_group_ids")},
+            role_tokens={k: sum(v.role_tokens[k] for v in views) for k in views[0].role_tokens},
+        )
+
+
+def _whole_minibatch_stats(stats: LossStats, local_tokens: int, global_tokens: float,
+                           parallel: DataParallel) -> LossStats:
+    """`LossStats` of the whole minibatch from this rank's: the loss terms are already divided by the whole
+    minibatch's count, so they add up; the token means are re-weighted by each rank's loss tokens."""
+    sums = ("loss", "pg_loss", "kl", "entropy")
+    means = ("clip_fraction", "approx_kl", "ratio_mean")
+    values = parallel.sum([getattr(stats, k) for k in sums] + [getattr(stats, k) * local_tokens for k in means])
+    total = max(global_tokens, 1.0)
+    return LossStats(**dict(zip(sums, values[:4])), **{k: v / total for k, v in zip(means, values[4:])})
+
+
 def _groups_with_variance(rewards: np.ndarray, group_ids: list[int]) -> int:
     """Groups whose K trajectory rewards are not all equal (the groups that carry a learning signal)."""
     ids = np.asarray(group_ids)
     return int(sum(float(np.ptp(rewards[ids == g])) > 0 for g in np.unique(ids)))
 
 
-def _parse_error_rate(trajectories: list[Trajectory]) -> float:
-    """ACT messages answered with a parse-error observation (a tool message with no call id) / ACT messages."""
+def _parse_error_counts(trajectories: list[Trajectory]) -> tuple[int, int]:
+    """(ACT messages, those answered with a parse-error observation: a tool message with no call id)."""
     acts = errors = 0
     for t in trajectories:
         msgs = t.messages
@@ -575,4 +683,4 @@ def _parse_error_rate(trajectories: list[Trajectory]) -> float:
             nxt = msgs[i + 1] if i + 1 < len(msgs) else None
             if nxt is not None and nxt.role == "tool" and nxt.tool_call_id is None and nxt.content.startswith("Error:"):
                 errors += 1
-    return errors / acts if acts else 0.0
+    return acts, errors

@@ -1,0 +1,112 @@
+"""Data-parallel processes of one training run, as `accelerate launch` (or ``torchrun``) started them.
+
+`DataParallel.from_environment` reads the launcher's environment (``WORLD_SIZE``, ``RANK``, ...). With one
+process it is a no-op object, so a plain ``envace train`` imports and starts nothing extra. With several it
+wraps an `accelerate.Accelerator`: the process group (NCCL on GPUs; gloo on CPU, where the Accelerator is
+built with ``cpu=True`` because Accelerate only starts a CPU process group when told the run is on CPU),
+the device of this rank, reductions (`accelerate.utils.reduce`, `accelerate.utils.gather_object`) and the
+DistributedDataParallel wrapper (`accelerate.Accelerator.prepare_model`), which all-reduces gradients during
+``backward``.
+
+How the trainers use it (`agents.trainer`, `agents.sft`): rank r plays or trains the r-th contiguous shard of
+the global batch (a GRPO group's K trajectories stay on one rank, so the group baselines need no
+communication); every loss divides by the count of the whole batch (`agents.grpo.aggregation_count`, summed
+over ranks) and is multiplied by the world size before ``backward`` (DDP averages gradients over ranks),
+so the all-reduced gradient is the gradient one process would compute on the whole batch; metrics are
+computed on what all ranks gathered; rank 0 alone writes the run folder.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import torch
+
+__all__ = ["DataParallel"]
+
+
+class DataParallel:
+    """This process's place among the data-parallel processes of a run.
+
+    Attributes:
+        rank: this process's index, 0 .. world_size - 1.
+        world_size: number of processes (1: not distributed).
+        is_main: True on rank 0 (the one that writes checkpoints, metrics and logs).
+        device: where this rank's model lives (`torch.device`).
+        accelerator: the `accelerate.Accelerator` when ``world_size > 1``, else None.
+    """
+
+    def __init__(self, accelerator: Any | None = None) -> None:
+        self.accelerator = accelerator
+        if accelerator is None:
+            self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
+        else:
+            self.rank = int(accelerator.process_index)
+            self.world_size = int(accelerator.num_processes)
+            self.device = torch.device(accelerator.device)
+        self.is_main = self.rank == 0
+
+    @classmethod
+    def from_environment(cls) -> "DataParallel":
+        """One process unless a launcher set ``WORLD_SIZE > 1``; then an `accelerate.Accelerator` (CPU and
+        gloo when CUDA is not available)."""
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return cls()
+        from accelerate import Accelerator
+
+        return cls(Accelerator(cpu=not torch.cuda.is_available()))
+
+    @property
+    def distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.world_size > 1
+
+    def shard(self, n: int, what: str = "items") -> tuple[int, int]:
+        """``(start, stop)`` of this rank's contiguous share of ``n`` items.
+
+        Raises:
+            ValueError: ``n`` is not a multiple of the world size (the message names ``what``).
+        """
+        if n % self.world_size:
+            raise ValueError(f"{n} {what} do not split evenly over {self.world_size} processes; "
+                             f"use a multiple of {self.world_size}")
+        size = n // self.world_size
+        return self.rank * size, (self.rank + 1) * size
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """Element-wise sum of ``values`` over all ranks (float64; every rank gets the result)."""
+        if not self.distributed:
+            return [float(v) for v in values]
+        from accelerate.utils import reduce
+
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        return [float(v) for v in reduce(t, reduction="sum").cpu()]
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is True on at least one (a decision all ranks must share)."""
+        return self.sum([float(bool(flag))])[0] > 0
+
+    def all(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is True on all of them."""
+        return self.sum([float(bool(flag))])[0] == self.world_size
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        if not self.distributed:
+            return [obj]
+        from accelerate.utils import gather_object
+
+        return list(gather_object([obj]))
+
+    def barrier(self) -> None:
+        """Wait until every rank reaches this point."""
+        if self.distributed:
+            self.accelerator.wait_for_everyone()
+
+    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` for the backward pass: DDP-wrapped when distributed (gradients all-reduced, averaged over
+        ranks, during ``backward``), else ``module`` itself. Its parameters are the same tensors."""
+        if not self.distributed:
+            return module
+        return self.accelerator.prepare_model(module)
