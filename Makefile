@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   the main job: the EnvACE recipe on the EnvACE-Lab world with the embedded default (smollm2-lab)
-#   make test   the test suite
+#   make test   the test suite (the default run: every test not marked slow)
+# make test-slow runs the tests marked slow (CI runs both).
 # make demo-bfcl runs the same pipeline on real BFCL tasks with SmolLM2-135M-Instruct.
 # Both create (or reuse) the virtual environment in .venv.
 PYTHON ?= python3
@@ -14,7 +15,7 @@ export BFCL_PROJECT_ROOT ?= $(or $(ENVACE_CACHE),$(HOME)/.cache/envace_gym)/bfcl
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv demo demo-bfcl test test-fast clean
+.PHONY: venv demo demo-bfcl test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,10 +36,10 @@ demo-bfcl: $(STAMP)
 	$(PY) -m agents.cli pipeline
 
 test: $(STAMP)
-	$(PY) -m pytest -q
-
-test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV)

@@ -199,6 +199,7 @@ class TrainConfig:
     beta: float = _f(0.0, "KL coefficient to a frozen reference model (k3 estimator); 0 loads no reference")
     entropy_coef: float = _f(0.0, "entropy bonus coefficient")
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = _f("token-mean", "how per-token losses are averaged")
+    importance_sampling_cap: float = _f(0.0, "truncated importance sampling (TIS) between trainer and engine: before the update the trainer recomputes the batch's logprobs, the clipped ratio is taken against them, and each token's loss is weighted by min(pi_trainer / pi_engine, cap) (Yao et al., 2025); 0: off (the ratio is taken against the engine's recorded logprobs)")
     ppo_epochs: int = _f(1, "passes over each rollout batch")
     num_minibatches: int = _f(1, "optimizer steps per epoch; the B*K trajectory rows must split into whole minibatches")
 
@@ -215,6 +216,7 @@ class TrainConfig:
     # --- Parameters that control memory ---------------------------------------------------------------
     logprob_chunk_size: int = _f(512, "positions per chunk through the LM head when recomputing logprobs")
     gradient_checkpointing: bool = _f(True, "recompute activations layer by layer in the backward pass: about 30% slower, but without it CPU attention keeps every layer's (rows, heads, T, T) probabilities (SmolLM2, 2 rows x 4k tokens: ~36 GB)")
+    dtype: Literal["float32", "bfloat16"] = _f("float32", "dtype of the trained weights (and of generation); logprobs and the loss are computed in float32 either way. bfloat16 halves weight memory but AdamW updates below bfloat16's resolution (about 0.4% of a weight) are lost, so lr 1e-6 needs float32 weights")
 
     # --- Computed at run time (not set by hand) -------------------------------------------------------
     trajectories_per_step: int = field(default=0, init=False, metadata={"help": "B*K (computed)", "computed": True})
@@ -261,7 +263,7 @@ class TrainConfig:
 
         if self.algo not in ADVANTAGE_ESTIMATORS:
             fail(f"algo must be one of {list(ADVANTAGE_ESTIMATORS)} (agents.grpo.ADVANTAGE_ESTIMATORS), got {self.algo!r}")
-        for name in ("rollout", "prompt_mode", "policy", "weighting", "aggregation", "lr_schedule"):
+        for name in ("rollout", "prompt_mode", "policy", "weighting", "aggregation", "lr_schedule", "dtype"):
             allowed = typing.get_args(_HINTS[name])
             if getattr(self, name) not in allowed:
                 fail(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
@@ -271,6 +273,9 @@ class TrainConfig:
             fail(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {self.clip_eps_low}, {self.clip_eps_high}")
         if self.beta < 0 or self.entropy_coef < 0 or self.lr <= 0 or self.invalid_action_penalty < 0:
             fail("beta, entropy_coef and invalid_action_penalty must be >= 0 and lr > 0")
+        if self.importance_sampling_cap < 0 or 0 < self.importance_sampling_cap < 1:
+            fail(f"importance_sampling_cap must be 0 (off) or >= 1 (a cap below 1 would shrink on-policy tokens), "
+                 f"got {self.importance_sampling_cap}")
         if self.policy == "per_role" and self.rollout == "real":
             fail("policy=per_role trains a separate REHEARSE model, but rollout=real never rehearses; use policy=shared")
         if not 0 <= self.min_solvable_fraction <= 1:

@@ -664,6 +664,7 @@ def grpo_loss(
     entropy_coef: float = 0.0,
     aggregation: Aggregation = "token-mean",
     count: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The GRPO loss: clipped surrogate + β·KL_k3 − entropy_coef·H, aggregated once (DeepSeekMath eq. 3).
 
@@ -687,6 +688,10 @@ def grpo_loss(
             `aggregation_count`, so the shards' losses (and gradients) add up to the whole batch's. None:
             this batch's own count. The token-mean statistics (clip fraction, approx KL, ratio) stay this
             batch's own.
+        token_weights: ``(N, T)`` floating, a per-token factor on the clipped surrogate (no gradient is
+            taken): truncated importance sampling passes ``min(π_trainer / π_engine, cap)`` (Yao et al., 2025,
+            "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"), correcting for
+            logprobs that differ between the generation engine and the trainer. None: 1.
 
     Returns:
         ``(loss, stats)``: a 0-d loss tensor and its `LossStats` (each term with the loss's aggregation;
@@ -705,7 +710,7 @@ def grpo_loss(
         raise ValueError("beta > 0 needs ref_logprobs (N, T)")
     if entropy_coef > 0.0 and entropy is None:
         raise ValueError("entropy_coef > 0 needs entropy (N, T)")
-    optional = {"ref_logprobs": ref_logprobs, "entropy": entropy}
+    optional = {"ref_logprobs": ref_logprobs, "entropy": entropy, "token_weights": token_weights}
     _check_loss_inputs(
         logprobs=logprobs,
         old_logprobs=old_logprobs,
@@ -716,6 +721,8 @@ def grpo_loss(
     pg_loss, stats = _clipped_surrogate(
         logprobs, old_logprobs.detach(), advantages.detach(), mask, clip_eps_low, clip_eps_high
     )  # (N, T)
+    if token_weights is not None:
+        pg_loss = pg_loss * token_weights.detach()  # (N, T)
     zeros = torch.zeros_like(pg_loss)  # (N, T)
     kl = zeros
     if ref_logprobs is not None:

@@ -42,6 +42,8 @@ Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act,
 | ``train/loss``, ``train/pg_loss``, ``train/kl``, ``train/entropy`` | `agents.grpo.grpo_loss` terms, mean over minibatches |
 | ``train/clip_fraction``, ``train/approx_kl``, ``train/ratio_mean`` | masked token means, mean over the (model, minibatch) targets that had loss tokens |
 | ``train/grad_norm`` | total gradient norm before clipping, mean over those targets |
+| ``train/logprob_mismatch`` | mean over loss tokens of abs(log π_trainer − log π_engine), the trainer's recompute before any optimizer step of the update against the logprobs the engine recorded (`UpdateStats`); null when no forward pass ran |
+| ``train/tis_weight_mean`` | mean truncated importance weight min(π_trainer / π_engine, ``importance_sampling_cap``) over loss tokens; null when TIS is off |
 | ``train/update_targets`` | (model, minibatch) optimizer steps taken and averaged in the ``train/`` means |
 | ``train/skipped_update`` | 1 when no optimizer step was taken: no learning signal (all advantages 0, no KL/entropy term) or no loss token |
 | ``train/skipped_nonfinite`` | optimizer steps dropped because the loss or the clipped gradient was not finite (``max_nonfinite_steps`` in a row stop the run) |
@@ -55,6 +57,7 @@ Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act,
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import time
@@ -97,6 +100,13 @@ class UpdateStats:
         update_targets: how many (model, minibatch) steps were applied.
         skipped_update: True when the batch had no learning signal and no forward pass ran.
         skipped_nonfinite: steps dropped for a non-finite loss or gradient.
+        logprob_mismatch: mean over loss tokens of |log π_trainer − log π_engine|: the trainer's recompute
+            before any optimizer step of this update (the first minibatch of each model, or the whole batch
+            when truncated importance sampling recomputes it) against the logprobs the generation engine
+            recorded. The same weights give both, so it measures numerics (batch shapes, kernels, dtype,
+            another engine). None when no forward pass ran.
+        tis_weight_mean: mean truncated importance weight ``min(π_trainer / π_engine, cap)`` over loss
+            tokens (None when ``importance_sampling_cap`` is 0 or no forward pass ran).
     """
 
     loss: LossStats | None = None
@@ -105,13 +115,16 @@ class UpdateStats:
     update_targets: int = 0
     skipped_update: bool = False
     skipped_nonfinite: int = 0
+    logprob_mismatch: float | None = None
+    tis_weight_mean: float | None = None
 
-    def to_metrics(self) -> dict[str, float]:
+    def to_metrics(self) -> dict[str, float | None]:
         """The ``train/*`` metric values (loss statistics 0 and ``ratio_mean`` 1 when no step was applied)."""
         loss = self.loss.to_dict() if self.loss is not None else {
             "loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0}
         return {**loss, "grad_norm": self.grad_norm, "skipped_update": float(self.skipped_update),
-                "skipped_nonfinite": float(self.skipped_nonfinite), "update_targets": float(self.update_targets)}
+                "skipped_nonfinite": float(self.skipped_nonfinite), "update_targets": float(self.update_targets),
+                "logprob_mismatch": self.logprob_mismatch, "tis_weight_mean": self.tis_weight_mean}
 
 
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup_steps: int, total_steps: int):
@@ -230,7 +243,7 @@ class RoleWiseGRPOTrainer:
         if config.resume:
             check_resume_config(self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.allow_config_change, log)
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
-        model = models.model(source, shared=False).to(parallel.device)
+        model = models.model(source, dtype=getattr(torch, config.dtype), shared=False).to(parallel.device)
         self.tokenizer = tokenizer
         self.policy = self._policy(model, tokenizer, engine)
         self.rehearse_policy = self.policy
@@ -276,6 +289,7 @@ class RoleWiseGRPOTrainer:
         )
         self.step = 0
         self.nonfinite_in_a_row = {name: 0 for name in self.models}
+        self._mismatch, self._unmeasured = [0.0, 0.0], set()  # filled by each update
         self._writer = None
         if config.resume:
             ckpt, self.step = load_newest(self.run_dir, self.models, self.optimizers, self.schedulers, log=log)
@@ -437,14 +451,29 @@ class RoleWiseGRPOTrainer:
         targets = [("model", self.policy.model, None)]
         if "rehearse_model" in self.models:
             targets = [("model", self.policy.model, Role.ACT), ("rehearse_model", self.rehearse_policy.model, Role.REHEARSE)]
+        self._mismatch = [0.0, 0.0]  # Σ |log π_trainer − log π_engine|, tokens
+        self._unmeasured = {name for name, _, _ in targets}
+        tis_weights, tis = None, None
+        if cfg.importance_sampling_cap > 0:
+            trainer_old = self._recompute_logprobs(batch, targets)  # (N, T), before any optimizer step
+            mask = batch.loss_mask
+            self._add_mismatch(trainer_old, batch.old_logprobs, mask)
+            self._unmeasured.clear()
+            ratio = torch.exp(torch.where(mask, trainer_old - batch.old_logprobs, torch.zeros_like(trainer_old)))  # (N, T)
+            tis_weights = ratio.clamp(max=cfg.importance_sampling_cap)  # (N, T), 1 off the loss tokens
+            tis = self.parallel.sum([float(tis_weights[mask].sum()), int(mask.sum())])
+            # the clipped ratio is the trainer's own (π_θ / π_θ_old as the trainer computes them); the weight
+            # corrects for the engine having sampled from a slightly different π_old
+            batch = dataclasses.replace(batch, old_logprobs=trainer_old)
         total = cfg.ppo_epochs * cfg.num_minibatches * len(targets)
         bar = tqdm(total=total, desc="update", leave=False, disable=total <= 1 or not self.parallel.is_main)
         for _ in range(cfg.ppo_epochs):
             perm = torch.randperm(n, generator=order_rng)
             for mb_rows in torch.tensor_split(perm, cfg.num_minibatches):
                 mb = batch.select(mb_rows)
+                mb_weights = tis_weights[mb_rows] if tis_weights is not None else None
                 for name, model, role in targets:
-                    step = self._minibatch_step(name, model, mb, role)
+                    step = self._minibatch_step(name, model, mb, role, mb_weights)
                     bar.update(1)
                     if step is None:  # no loss token for this model in this minibatch
                         continue
@@ -454,21 +483,53 @@ class RoleWiseGRPOTrainer:
                     tokens += int(mb.attention_mask.sum())
                     applied.append(step)
         bar.close()
-        tokens = int(self.parallel.sum([tokens])[0])
+        tokens, diff, measured = self.parallel.sum([tokens, *self._mismatch])
+        tokens = int(tokens)
+        mismatch = diff / measured if measured else None
+        tis_mean = tis[0] / tis[1] if tis and tis[1] else None
         if not applied:
-            return UpdateStats(skipped_update=True, skipped_nonfinite=nonfinite)
+            return UpdateStats(skipped_update=True, skipped_nonfinite=nonfinite, logprob_mismatch=mismatch,
+                               tis_weight_mean=tis_mean)
         means = {k: sum(getattr(s, k) for s, _ in applied) / len(applied) for k in LossStats.__dataclass_fields__}
         return UpdateStats(loss=LossStats(**means), grad_norm=sum(g for _, g in applied) / len(applied),
-                           update_tokens=tokens, update_targets=len(applied), skipped_nonfinite=nonfinite)
+                           update_tokens=tokens, update_targets=len(applied), skipped_nonfinite=nonfinite,
+                           logprob_mismatch=mismatch, tis_weight_mean=tis_mean)
 
-    def _minibatch_step(self, name: str, model: torch.nn.Module, mb: RolloutBatch,
-                        role: Role | None) -> tuple[LossStats, float | None] | None:
+    @torch.no_grad()
+    def _recompute_logprobs(self, batch: RolloutBatch, targets: list) -> torch.Tensor:
+        """The batch's logprobs under the current weights, ``(N, T)`` float32 on the CPU: each role's tokens
+        from the model that trains them, one minibatch of rows at a time."""
+        cfg = self.config
+        device = self.parallel.device
+        temperature = cfg.temperature if cfg.temperature > 0 else 1.0
+        out = torch.zeros_like(batch.old_logprobs)  # (N, T)
+        for rows in torch.tensor_split(torch.arange(batch.num_rows), cfg.num_minibatches):
+            ids, attn = batch.input_ids[rows].to(device), batch.attention_mask[rows].to(device)  # (n, T)
+            for _, model, role in targets:
+                lp = token_logprobs(model, ids, attn, temperature=temperature,
+                                    chunk_size=cfg.logprob_chunk_size).float().cpu()  # (n, T)
+                if role is None:
+                    out[rows] = lp
+                else:
+                    sel = batch.role_mask[rows] == int(role)  # (n, T)
+                    out[rows] = torch.where(sel, lp, out[rows])
+        return out
+
+    def _add_mismatch(self, trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor) -> None:
+        """Add |trainer − engine| over the ``(n, T)`` loss tokens `mask` to this update's mismatch sums."""
+        diff = (trainer.detach().float().cpu() - engine.float().cpu()).abs()[mask.cpu()]
+        self._mismatch[0] += float(diff.sum())
+        self._mismatch[1] += int(diff.numel())
+
+    def _minibatch_step(self, name: str, model: torch.nn.Module, mb: RolloutBatch, role: Role | None,
+                        tis_weights: torch.Tensor | None = None) -> tuple[LossStats, float | None] | None:
         """One optimizer step of `model` on the loss tokens of `mb` (of `role` only, when given).
 
         Returns None when there is no such token (nothing is computed). Otherwise ``(stats, grad_norm)``:
         the `LossStats` and the gradient norm before clipping, or None for the norm when the loss or the
         clipped gradient norm is not finite, in which case the gradients are dropped and
-        ``optimizer.step()`` is not called.
+        ``optimizer.step()`` is not called. ``tis_weights`` ``(n, T)``: truncated importance weights on the
+        clipped surrogate (`agents.grpo.grpo_loss`).
 
         With several processes `mb` is this rank's share of the minibatch: the loss divides by the count of
         the whole minibatch (summed over ranks) and is scaled by the world size before ``backward``, whose
@@ -496,6 +557,9 @@ class RoleWiseGRPOTrainer:
             logprobs = forward(input_ids, attention_mask, temperature=temperature,
                                chunk_size=cfg.logprob_chunk_size)  # (n, T)
             entropy = None
+        if name in self._unmeasured:  # this model's first forward of the update: no optimizer step yet
+            self._unmeasured.discard(name)
+            self._add_mismatch(logprobs, mb.old_logprobs, mask)
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
@@ -507,6 +571,7 @@ class RoleWiseGRPOTrainer:
             logprobs, mb.old_logprobs.to(device), mb.advantages.to(device), mask, ref_logprobs=ref, entropy=entropy,
             clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
             entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, count=count if par.distributed else None,
+            token_weights=tis_weights.to(device) if tis_weights is not None else None,
         )
         if par.distributed:
             stats = _whole_minibatch_stats(stats, local_tokens, global_tokens, par)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -83,6 +84,27 @@ def test_ablations_run_one_step(tmp_path, overrides):
         assert trainer.rehearse_policy.model is not trainer.policy.model
 
 
+def test_logprob_mismatch_is_logged_and_truncated_importance_sampling_keeps_on_policy_steps(tmp_path):
+    """The engine and the trainer agree on the tiny fp32 model (mismatch near 0, weights near 1), so TIS
+    changes the update by float noise only; in bfloat16 the same run still trains."""
+    plain = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "plain"), num_steps=1, **FAST))
+    (m,) = plain.train(progress=False)
+    assert m["train/skipped_update"] == 0.0
+    assert 0.0 <= m["train/logprob_mismatch"] < 1e-3 and m["train/tis_weight_mean"] is None
+    tis = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "tis"), num_steps=1, importance_sampling_cap=2.0, **FAST))
+    (t,) = tis.train(progress=False)
+    assert 0.0 <= t["train/logprob_mismatch"] < 1e-3 and t["train/tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    a, b = _params(plain.policy.model), _params(tis.policy.model)
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    start = _params(RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "start"), num_steps=1, **FAST)).policy.model)
+    assert any(not torch.allclose(start[k], b[k], atol=1e-5) for k in b)  # ...and the update itself is not noise
+    low = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "bf16"), num_steps=1, dtype="bfloat16",
+                                          importance_sampling_cap=2.0, **FAST))
+    assert next(low.policy.model.parameters()).dtype == torch.bfloat16
+    (w,) = low.train(progress=False)
+    assert math.isfinite(w["train/loss"]) and w["train/logprob_mismatch"] is not None
+
+
 @pytest.mark.parametrize(
     "bad, match",
     [
@@ -93,6 +115,8 @@ def test_ablations_run_one_step(tmp_path, overrides):
         (dict(temperature=-1.0), "temperature"),
         (dict(malloc_mmap_threshold_kb=-1), "malloc_mmap_threshold_kb"),
         (dict(malloc_mmap_threshold_kb=40000), "malloc_mmap_threshold_kb"),
+        (dict(importance_sampling_cap=0.5), "importance_sampling_cap"),
+        (dict(dtype="float16"), "dtype must be one of"),
     ],
 )
 def test_bad_configs_fail_fast_with_a_message(bad, match):
