@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,7 @@ class TrainConfig:
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (older ones are deleted)")
     resume: bool = _f(True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)")
     allow_config_change: bool = _f(False, "resume even when result-affecting fields (lr, algo, weighting, ...) differ from the checkpoint's; the new values are used")
+    device: str = _f("auto", "where the model trains and generates: 'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'; under accelerate launch each process takes its own GPU ('cpu' forces CPU processes)")
     threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
     tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")
@@ -216,6 +218,7 @@ class TrainConfig:
     # --- Parameters that control memory ---------------------------------------------------------------
     logprob_chunk_size: int = _f(512, "positions per chunk through the LM head when recomputing logprobs")
     gradient_checkpointing: bool = _f(True, "recompute activations layer by layer in the backward pass: about 30% slower, but without it CPU attention keeps every layer's (rows, heads, T, T) probabilities (SmolLM2, 2 rows x 4k tokens: ~36 GB)")
+    shard_optimizer: bool = _f(False, "ZeRO stage 1 under accelerate launch: each of W processes keeps AdamW's state for 1/W of the weights (torch's ZeroRedundancyOptimizer); no effect with one process")
     dtype: Literal["float32", "bfloat16"] = _f("float32", "dtype of the trained weights (and of generation); logprobs and the loss are computed in float32 either way. bfloat16 halves weight memory but AdamW updates below bfloat16's resolution (about 0.4% of a weight) are lost, so lr 1e-6 needs float32 weights")
 
     # --- Computed at run time (not set by hand) -------------------------------------------------------
@@ -249,6 +252,7 @@ class TrainConfig:
                      "logprob_chunk_size", "keep_checkpoints", "max_nonfinite_steps", "user_max_new_tokens", "user_max_turns"):
             if getattr(self, name) < 1:
                 fail(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_device(self.device, fail)
         if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
             fail(f"malloc_mmap_threshold_kb must be in [0, 32768] (0 keeps glibc's default), got {self.malloc_mmap_threshold_kb}")
         if self.group_size == 1:
@@ -288,9 +292,9 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
-        "run_dir", "num_steps", "save_every", "keep_checkpoints", "resume", "allow_config_change", "threads",
+        "run_dir", "num_steps", "save_every", "keep_checkpoints", "resume", "allow_config_change", "threads", "device",
         "malloc_mmap_threshold_kb", "tensorboard", "min_solvable_fraction", "max_nonfinite_steps",
-        "logprob_chunk_size", "gradient_checkpointing",
+        "logprob_chunk_size", "gradient_checkpointing", "shard_optimizer",
     )
     """Fields that may change between a run and its resume (bookkeeping, memory, speed): every other one
     changes what is trained, so a resume with another value refuses unless ``allow_config_change``."""
@@ -347,6 +351,12 @@ def _load(cls: type, path: str | Path | None, overrides: dict[str, Any]) -> Any:
     if unknown:
         raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(known)}")
     return cls(**{k: v for k, v in values.items() if k not in computed})
+
+
+def check_device(device: str, fail) -> None:
+    """Call ``fail(message)`` unless `device` is 'auto', 'cpu', 'cuda' or 'cuda:N'."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        fail(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:

@@ -37,10 +37,10 @@ class DataParallel:
         accelerator: the `accelerate.Accelerator` when ``world_size > 1``, else None.
     """
 
-    def __init__(self, accelerator: Any | None = None) -> None:
+    def __init__(self, accelerator: Any | None = None, device: str | torch.device = "cpu") -> None:
         self.accelerator = accelerator
         if accelerator is None:
-            self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
+            self.rank, self.world_size, self.device = 0, 1, torch.device(device)
         else:
             self.rank = int(accelerator.process_index)
             self.world_size = int(accelerator.num_processes)
@@ -48,14 +48,25 @@ class DataParallel:
         self.is_main = self.rank == 0
 
     @classmethod
-    def from_environment(cls) -> "DataParallel":
-        """One process unless a launcher set ``WORLD_SIZE > 1``; then an `accelerate.Accelerator` (CPU and
-        gloo when CUDA is not available)."""
+    def from_environment(cls, device: str = "auto") -> "DataParallel":
+        """One process unless a launcher set ``WORLD_SIZE > 1``; then an `accelerate.Accelerator`.
+
+        Args:
+            device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. Under a
+                launcher each process takes the GPU of its local rank (``"cpu"`` or no CUDA: CPU processes
+                over gloo), whatever index is given.
+
+        Raises:
+            ValueError: a CUDA device is asked for where CUDA is not available.
+        """
+        cuda = torch.cuda.is_available()
+        if device.startswith("cuda") and not cuda:
+            raise ValueError(f"device={device!r} but CUDA is not available here; use device 'auto' or 'cpu'")
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            return cls()
+            return cls(device=("cuda" if cuda else "cpu") if device == "auto" else device)
         from accelerate import Accelerator
 
-        return cls(Accelerator(cpu=not torch.cuda.is_available()))
+        return cls(Accelerator(cpu=device == "cpu" or not cuda))
 
     @property
     def distributed(self) -> bool:
@@ -103,6 +114,29 @@ class DataParallel:
         """Wait until every rank reaches this point."""
         if self.distributed:
             self.accelerator.wait_for_everyone()
+
+    def adamw(self, params, *, shard: bool = False, **kwargs: Any) -> torch.optim.Optimizer:
+        """``torch.optim.AdamW(params, **kwargs)``; with ``shard=True`` and several processes,
+        `torch.distributed.optim.ZeroRedundancyOptimizer` over AdamW (ZeRO stage 1, Rajbhandari et al., 2020):
+        each rank keeps the AdamW state of 1/W of the parameters, updates those and broadcasts them, so the
+        optimizer state per rank shrinks W-fold while every rank still holds all weights (which generation
+        needs). Before its state is saved, call `consolidate` on every rank."""
+        if not (shard and self.distributed):
+            return torch.optim.AdamW(params, **kwargs)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(list(params), optimizer_class=torch.optim.AdamW, **kwargs)
+
+    def consolidate(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """Gather the state of sharded optimizers (`adamw` with ``shard=True``) on rank 0, so that its
+        ``state_dict()`` is the whole state (a collective: every rank calls it). Others are left alone."""
+        if not self.distributed:
+            return
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        for opt in optimizers:
+            if isinstance(opt, ZeroRedundancyOptimizer):
+                opt.consolidate_state_dict(to=0)
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         """``module`` for the backward pass: DDP-wrapped when distributed (gradients all-reduced, averaged over

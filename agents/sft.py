@@ -68,7 +68,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 import torch
 
-from agents.config import add_dataclass_arguments, coerce_fields, config_field, dataclass_from_args
+from agents.config import add_dataclass_arguments, check_device, coerce_fields, config_field, dataclass_from_args
 from agents.distributed import DataParallel
 from agents.models import ModelStore, default_store
 from agents.rollout import PAD_ROLE
@@ -109,6 +109,7 @@ class SFTConfig:
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep")
     resume: bool = _f(True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)")
     allow_config_change: bool = _f(False, "resume even when result-affecting fields (lr, data, roles, ...) differ from the checkpoint's; the new values are used")
+    device: str = _f("auto", "where the model trains and generates: 'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'; under accelerate launch each process takes its own GPU ('cpu' forces CPU processes)")
     threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
 
@@ -161,6 +162,7 @@ class SFTConfig:
         coerce_fields(self)
         if not self.model.strip():
             fail("model must name a model ('smollm2-135m', a local folder or 'tiny-random'), got ''")
+        check_device(self.device, fail)
         if self.seed < 0 or self.weight_decay < 0:
             fail(f"seed and weight_decay must be >= 0, got {self.seed}, {self.weight_decay}")
         for name in ("adam_beta1", "adam_beta2"):
@@ -230,7 +232,7 @@ class SFTConfig:
         return dataclasses.asdict(self)
 
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
-        "run_dir", "save_every", "keep_checkpoints", "resume", "allow_config_change", "threads",
+        "run_dir", "save_every", "keep_checkpoints", "resume", "allow_config_change", "threads", "device",
         "malloc_mmap_threshold_kb", "min_solvable_fraction", "logprob_chunk_size", "gradient_checkpointing",
         "max_steps", "num_epochs",
     )
@@ -482,7 +484,7 @@ class SFTTrainer:
         from agents.trainer import _prepare_process, apply_optimizer_settings, make_lr_scheduler
 
         self.config = config
-        self.parallel = parallel = parallel or DataParallel.from_environment()
+        self.parallel = parallel = parallel or DataParallel.from_environment(config.device)
         if not parallel.is_main:
             log = None
         self.run_dir = Path(config.run_dir)

@@ -205,7 +205,7 @@ class RoleWiseGRPOTrainer:
         from envace_gym.suites import make_suite
 
         self.config = config
-        self.parallel = parallel = parallel or DataParallel.from_environment()
+        self.parallel = parallel = parallel or DataParallel.from_environment(config.device)
         if not parallel.is_main:
             log = None
         self._group_shard = parallel.shard(config.batch_tasks, "tasks per step (--batch-tasks)")
@@ -263,8 +263,9 @@ class RoleWiseGRPOTrainer:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.optimizers = {
-            k: torch.optim.AdamW(
+            k: parallel.adamw(
                 m.parameters(),
+                shard=config.shard_optimizer,
                 lr=config.lr,
                 weight_decay=config.weight_decay,
                 betas=(config.adam_beta1, config.adam_beta2),
@@ -609,6 +610,7 @@ class RoleWiseGRPOTrainer:
         folder. With several processes rank 0 writes it (every rank holds the same weights and optimizer
         state) and the others wait until it is written."""
         path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
+        self.parallel.consolidate(list(self.optimizers.values()))
         if self.parallel.is_main:
             path = save_checkpoint(
                 self.run_dir, self.step, self.models, self.optimizers, self.schedulers, self.tokenizer,

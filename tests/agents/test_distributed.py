@@ -44,6 +44,29 @@ def test_one_process_is_a_no_op_and_shards_must_split_evenly():
         two.shard(3, "tasks per step")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is absent")
+def test_asking_for_cuda_without_it_fails_with_a_message():
+    with pytest.raises(ValueError, match="CUDA is not available here; use device 'auto' or 'cpu'"):
+        DataParallel.from_environment("cuda")
+    assert DataParallel.from_environment("auto").device == torch.device("cpu")
+
+
+def test_the_paper_recipe_and_the_shipped_launch_configs_agree():
+    """Every shipped accelerate config splits the recipe's instructions into whole groups per process."""
+    import yaml
+
+    from agents.config import load_config
+
+    recipe = load_config(REPO / "configs" / "recipes" / "envace_qwen3_8b.yaml")
+    assert recipe.shard_optimizer and recipe.dtype == "float32"  # lr 1e-6 needs float32 master weights
+    for path in sorted((REPO / "configs" / "accelerate").glob("*.yaml")):
+        processes = yaml.safe_load(path.read_text())["num_processes"]
+        if "gpu" in path.stem:
+            parallel = DataParallel()
+            parallel.world_size = processes
+            parallel.shard(recipe.batch_tasks, f"tasks per step of the recipe under {path.name}")
+
+
 def _venv(n):
     return gym.make_vec("EnvACE-Rehearse-v0", num_envs=n, vectorization_mode="vector_entry_point", suite="scripted",
                         categories=None, model="tiny-random", max_new_tokens=6, temperature=1.0)
@@ -165,6 +188,17 @@ def test_two_processes_train_what_one_trains_and_resume_exactly(tmp_path):
     resumed = _weights(tmp_path / "resumed", 2)
     assert all(torch.equal(resumed[k], two[k]) for k in two)
     assert [m["rollout/reward_mean"] for m in _metrics(tmp_path / "resumed")] == [m["rollout/reward_mean"] for m in m2]
+
+    # ZeRO stage 1 (each rank keeps half of AdamW's state): the same update, and its consolidated optimizer
+    # state resumes a run
+    _launch(["train", "--run-dir", str(tmp_path / "zero"), "--num-steps", "1", "--shard-optimizer", "true", *GRPO])
+    state = torch.load(tmp_path / "zero" / "checkpoints" / "step_000001" / "optimizer.pt", weights_only=False)
+    whole = torch.load(tmp_path / "one" / "checkpoints" / "step_000001" / "optimizer.pt", weights_only=False)
+    assert len(state["model"]["state"]) == len(whole["model"]["state"])  # rank 0 saved every parameter's state
+    _launch(["train", "--run-dir", str(tmp_path / "zero"), "--num-steps", "2", "--shard-optimizer", "true", *GRPO])
+    zero = _weights(tmp_path / "zero", 2)
+    for k in two:
+        torch.testing.assert_close(zero[k], two[k], atol=5e-5, rtol=0)
 
 
 @pytest.mark.slow

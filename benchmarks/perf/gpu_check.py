@@ -1,0 +1,170 @@
+"""GPU check: role-wise GRPO steps with the Transformers engine on CUDA beside the same steps on CPU.
+
+Run it through ``bash benchmarks/gpu_check.sh`` (one command; under 10 minutes on one GPU). What a stock
+PyTorch GPU machine lacks is carried along: SmolLM2-135M's config and tokenizer (a few MB; the 98 MB GGUF
+and the 538 MB converted weights are not), with random weights built from the config at seed 0 (fine for
+speed and memory, meaningless for reward), and the wheels of the project's pure-Python dependencies the
+trainer imports (gymnasium and its two small dependencies). ``--prepare`` writes both under
+``benchmarks/gpu_assets/`` on a machine that has the project's venv and SmolLM2 cache.
+
+Workload (the same for every setting): EnvACE-Lab train tasks (``ship``, ``relocate``), B instructions x K
+samples, rehearsed rollouts, one optimizer step per batch. Random weights earn no reward, so every
+advantage is 0; a small entropy bonus (``entropy_coef``) makes the update run anyway, with the same forward
+and backward work per token as a step with a learning signal.
+
+Printed per setting (CUDA bfloat16, CUDA float32, CPU float32): generated tokens/s in the rollouts, step,
+rollout and update seconds (mean over the steps after the first, which carries one-time costs), peak GPU
+memory (``torch.cuda.max_memory_allocated``) and the trainer's ``train/logprob_mismatch`` (mean
+abs(log pi_trainer - log pi_engine) over loss tokens); then CUDA's speed-ups over CPU. Where vLLM is
+importable it says so; this version has no vLLM engine, so nothing runs with it.
+
+    python benchmarks/perf/gpu_check.py --prepare            # here: write benchmarks/gpu_assets/
+    bash benchmarks/gpu_check.sh                              # there: prepare if needed, install wheels, run
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ASSETS = REPO / "benchmarks" / "gpu_assets"
+MODEL_ASSETS = ASSETS / "smollm2-135m"
+WHEELS = ASSETS / "wheels"
+WHEEL_PACKAGES = ("gymnasium", "farama-notifications", "cloudpickle")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def prepare() -> None:
+    """Write SmolLM2-135M's config and tokenizer (no weights) and the dependency wheels under ASSETS."""
+    sys.path.insert(0, str(REPO))
+    from agents.models import default_store
+
+    store = default_store()
+    tokenizer = store.tokenizer("smollm2-135m")
+    MODEL_ASSETS.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(MODEL_ASSETS))
+    store.model("smollm2-135m").config.save_pretrained(str(MODEL_ASSETS))  # the config only, no weights
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    pins = [f"{p}=={importlib.metadata.version(p)}" for p in WHEEL_PACKAGES]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(WHEELS), *pins], check=True)
+    sizes = {p.name: p.stat().st_size for p in sorted(ASSETS.rglob("*")) if p.is_file()}
+    print(json.dumps({"assets": str(ASSETS), "files": sizes}, indent=1))
+
+
+def random_model(out: Path) -> Path:
+    """SmolLM2-135M's architecture with random weights (seed 0) and its tokenizer, saved to `out`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(MODEL_ASSETS))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(str(out))
+    for name in TOKENIZER_FILES:
+        if (MODEL_ASSETS / name).is_file():
+            shutil.copy(MODEL_ASSETS / name, out / name)
+    return out
+
+
+def run_setting(model: Path, device: str, dtype: str, args: argparse.Namespace, run_dir: Path) -> dict:
+    """`args.steps` GRPO steps on `device` in `dtype`; the per-step metrics and peak GPU memory."""
+    import torch
+
+    from agents.config import TrainConfig
+    from agents.trainer import RoleWiseGRPOTrainer
+
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    config = TrainConfig(
+        run_dir=str(run_dir), model=str(model), suite="lab", categories=["ship", "relocate"], split="train",
+        batch_tasks=args.batch_tasks, group_size=args.group_size, num_steps=args.steps if device != "cpu" else args.cpu_steps,
+        max_new_tokens=args.max_new_tokens, rehearse_max_new_tokens=args.max_new_tokens, max_steps_per_turn=2,
+        min_solvable_fraction=0.0, entropy_coef=1e-3, lr=1e-6, device=device, dtype=dtype, tensorboard=False,
+        save_every=10_000, threads=args.cpu_threads if device == "cpu" else 0,
+    )
+    t0 = time.perf_counter()
+    trainer = RoleWiseGRPOTrainer(config, log=None)
+    load_s = time.perf_counter() - t0
+    history = trainer.train(progress=False)
+    trainer.close()
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
+    steady = history[1:] or history
+
+    def mean(key):
+        values = [h[key] for h in steady if h.get(key) is not None]
+        return sum(values) / len(values) if values else float("nan")
+
+    return {
+        "setting": f"{device} {dtype}", "steps": len(history), "load_s": load_s,
+        "tokens_per_s": mean("perf/rollout_tokens_per_s"), "step_s": mean("perf/step_s"),
+        "rollout_s": mean("perf/rollout_s"), "update_s": mean("perf/update_s"),
+        "generated_tokens": mean("rollout/tokens/act") + mean("rollout/tokens/rehearse"),
+        "logprob_mismatch": mean("train/logprob_mismatch"), "peak_gpu_gib": peak,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prepare", action="store_true", help="write benchmarks/gpu_assets/ (on a machine with the venv)")
+    parser.add_argument("--steps", type=int, default=4, help="GRPO steps per CUDA setting (the first is not averaged)")
+    parser.add_argument("--cpu-steps", type=int, default=2, help="GRPO steps on CPU")
+    parser.add_argument("--cpu-threads", type=int, default=0, help="torch CPU threads for the CPU setting (0: default)")
+    parser.add_argument("--batch-tasks", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    if args.prepare:
+        prepare()
+        return 0
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    from envace_gym.suites import register_suite
+
+    register_suite("lab", "benchmarks.lab:LabSuite")  # works without `pip install -e .` (no entry points)
+    if not (MODEL_ASSETS / "config.json").is_file():
+        print(f"missing {MODEL_ASSETS}; run `python benchmarks/perf/gpu_check.py --prepare` where the venv is", file=sys.stderr)
+        return 2
+    cuda = torch.cuda.is_available()
+    print(f"torch {torch.__version__}, CUDA {'available: ' + torch.cuda.get_device_name(0) if cuda else 'not available'}")
+    settings = ([("cuda", "bfloat16"), ("cuda", "float32")] if cuda else []) + [("cpu", "float32")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = random_model(Path(tmp) / "smollm2-135m-random")
+        for i, (device, dtype) in enumerate(settings):
+            rows.append(run_setting(model, device, dtype, args, Path(tmp) / f"run{i}"))
+            print(json.dumps(rows[-1]), flush=True)
+    print(f"\nrole-wise GRPO, lab, B={args.batch_tasks} x K={args.group_size}, max_new_tokens={args.max_new_tokens}, "
+          "random-weight SmolLM2-135M (means over the steps after the first)")
+    header = ("setting", "gen tok/s", "step s", "rollout s", "update s", "peak GPU GiB", "logprob mismatch")
+    print(" | ".join(header))
+    for r in rows:
+        print(f"{r['setting']} | {r['tokens_per_s']:.0f} | {r['step_s']:.2f} | {r['rollout_s']:.2f} | {r['update_s']:.2f} | "
+              f"{r['peak_gpu_gib']:.2f} | {r['logprob_mismatch']:.2e}")
+    cpu = rows[-1]
+    for r in rows[:-1]:
+        print(f"{r['setting']} over cpu float32: generation {r['tokens_per_s'] / cpu['tokens_per_s']:.1f}x tokens/s, "
+              f"step {cpu['step_s'] / r['step_s']:.1f}x faster")
+    try:
+        import vllm  # noqa: F401
+
+        print(f"vllm {importlib.metadata.version('vllm')} is importable, but this version has no vLLM engine: nothing ran with it")
+    except ImportError:
+        print("vllm is not importable here: no vLLM rows")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
