@@ -219,7 +219,7 @@ class TrainConfig:
     logprob_chunk_size: int = _f(512, "positions per chunk through the LM head when recomputing logprobs")
     gradient_checkpointing: bool = _f(True, "recompute activations layer by layer in the backward pass: about 30% slower, but without it CPU attention keeps every layer's (rows, heads, T, T) probabilities (SmolLM2, 2 rows x 4k tokens: ~36 GB)")
     shard_optimizer: bool = _f(False, "ZeRO stage 1 under accelerate launch: each of W processes keeps AdamW's state for 1/W of the weights (torch's ZeroRedundancyOptimizer); no effect with one process")
-    dtype: Literal["float32", "bfloat16"] = _f("float32", "dtype of the trained weights (and of generation); logprobs and the loss are computed in float32 either way. bfloat16 halves weight memory but AdamW updates below bfloat16's resolution (about 0.4% of a weight) are lost, so lr 1e-6 needs float32 weights")
+    dtype: Literal["float32", "bfloat16"] = _f("float32", "dtype of the trained weights (and of generation); logprobs and the loss are computed in float32 either way. bfloat16 halves weight memory but AdamW updates smaller than half of bfloat16's spacing (about 0.2% of a weight) round away, so lr 1e-6 needs float32 weights")
 
     # --- Computed at run time (not set by hand) -------------------------------------------------------
     trajectories_per_step: int = field(default=0, init=False, metadata={"help": "B*K (computed)", "computed": True})
