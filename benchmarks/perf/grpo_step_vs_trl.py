@@ -21,6 +21,9 @@ Usage::
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/grpo_step_vs_trl.py --model tiny --smol-path $SMOL --rounds 2
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/grpo_step_vs_trl.py --model smol --smol-path $SMOL --rounds 1
     # one side only (what the orchestrator runs): --impl ours  |  --impl trl --trl-python /tmp/trlvenv/bin/python
+    # multi-turn BFCL episodes, envace-gym (rehearse, real) vs TRL with real tools, all in the project venv:
+    .venv/bin/python benchmarks/perf/grpo_step_vs_trl.py --workload multi-turn --tasks 2 --k 2
+      (benchmarks/perf/multiturn_grpo_vs_trl.py; its docstring has the workload)
 """
 
 from __future__ import annotations
@@ -159,6 +162,14 @@ def _subprocess(cmd: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--workload", choices=["single-turn", "multi-turn"], default="single-turn")
+    known, rest = pre.parse_known_args(argv)
+    if known.workload == "multi-turn":  # BFCL multi-turn episodes: envace-gym rehearse / real vs TRL (real tools)
+        from benchmarks.perf.multiturn_grpo_vs_trl import main as multi_turn
+
+        raise SystemExit(multi_turn(rest))
+    argv = rest
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=["tiny", "smol"], default="tiny")
     ap.add_argument("--smol-path", default=os.environ.get("SMOL_PATH"))
