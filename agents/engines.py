@@ -15,6 +15,8 @@ Registered here:
 * ``"hf-generate"`` (`HFGenerateEngine`): Transformers' own ``model.generate`` on left-padded full contexts
   (its KV cache lives inside one call, so every call re-encodes the whole context); the rollout benchmarks'
   baseline, and the shape of an engine written against another library.
+* ``"vllm"`` (`agents.vllm_engine.VLLMEngine`, EXPERIMENTAL, never run on this project's machines): vLLM in
+  this process, token ids in, prefix caching for the cross-turn KV reuse, weights pushed after every update.
 """
 
 from __future__ import annotations
@@ -172,6 +174,7 @@ _ENGINES: dict[str, str | EngineFactory] = {
     "hf": HFEngine,
     "hf-nocache": lambda model, pad_id: HFEngine(model, pad_id, kv_cache=False),
     "hf-generate": HFGenerateEngine,
+    "vllm": "agents.vllm_engine:make_vllm_engine",  # experimental; vLLM is imported only when built
 }
 
 

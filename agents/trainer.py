@@ -386,6 +386,10 @@ class RoleWiseGRPOTrainer:
             pad_id=self.policy.pad_id,
         )
         t1 = time.perf_counter()
+        for policy in dict.fromkeys((self.policy, self.rehearse_policy)):
+            sleep = getattr(policy.engine, "sleep", None)  # a colocated engine (vLLM) frees its memory for the update
+            if sleep is not None:
+                sleep()
         train_stats = self.update(batch)
         if train_stats.update_targets:
             self.clear_kv_caches()
