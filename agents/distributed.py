@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["DataParallel"]
+__all__ = ["DataParallel", "refuse_launcher"]
 
 
 class DataParallel:
@@ -144,3 +144,14 @@ class DataParallel:
         if not self.distributed:
             return module
         return self.accelerator.prepare_model(module)
+
+
+def refuse_launcher(command: str) -> None:
+    """Raise for a command that runs in one process when a launcher started several.
+
+    Raises:
+        ValueError: ``WORLD_SIZE > 1`` (the message names what to launch instead).
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(f"envace {command} runs in one process (every rank would repeat it); launch "
+                         "`envace train` or `envace sft` with accelerate, and run this command without it")

@@ -515,6 +515,9 @@ def _model_from_args(args: argparse.Namespace) -> str:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """``envace eval``: run `evaluate` and print the summary (and fidelity) tables."""
+    from agents.distributed import refuse_launcher
+
+    refuse_launcher("eval")
     if args.checkpoint and args.model is not NOT_GIVEN:
         raise SystemExit("give --model or --checkpoint, not both")
     if args.checkpoint:

@@ -492,6 +492,9 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """``envace pipeline``."""
+    from agents.distributed import refuse_launcher
+
+    refuse_launcher("pipeline")
     run_pipeline(dataclass_from_args(PipelineConfig, args))
     return 0
 

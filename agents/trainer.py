@@ -431,8 +431,8 @@ class RoleWiseGRPOTrainer:
         optimizer step and is left out of the means. ``update_targets`` counts the targets averaged.
 
         When the batch carries no learning signal (every advantage is 0, e.g. all rewards of every group
-        equal, and ``beta == entropy_coef == 0``), the forward and backward passes are skipped: the loss
-        would be exactly 0 with zero gradients. ``skipped_update`` is then True; AdamW's weight decay
+        equal, and ``beta == entropy_coef == 0``), the forward and backward passes are skipped (unless
+        ``skip_empty_updates`` is False): the loss would be exactly 0 with zero gradients. ``skipped_update`` is then True; AdamW's weight decay
         is not applied on such a step (DAPO-style dynamic sampling drops such groups altogether).
 
         A target whose loss or clipped gradient norm is not finite is not applied (`_minibatch_step`):
@@ -444,7 +444,7 @@ class RoleWiseGRPOTrainer:
         """
         cfg = self.config
         signal = bool((batch.advantages[batch.loss_mask] != 0).any())
-        if cfg.beta == 0 and cfg.entropy_coef == 0 and not self.parallel.any(signal):  # a decision all ranks share
+        if cfg.skip_empty_updates and cfg.beta == 0 and cfg.entropy_coef == 0 and not self.parallel.any(signal):  # all ranks
             return UpdateStats(skipped_update=True)
         for m in self.models.values():
             m.train()

@@ -14,8 +14,8 @@ checkpointing on, ``--threads`` torch threads. Each side runs in a fresh subproc
   every ACT message, the BFCL backends answer, ACT tokens trained through ``env_mask``).
 
 An untrained model earns no reward here, so every advantage is 0: envace-gym skips such an update, TRL
-does not. ``--force-update 1`` (default) adds a 1e-4 entropy bonus on envace-gym's sides so that its
-update runs too (TRL computes the entropy as well, for its logs).
+does not. ``--force-update 1`` (default) sets envace-gym's ``skip_empty_updates`` to false so that its
+update runs too, with the same loss (0) and the same forward and backward work.
 
 The sides sample their own completions, so the work is not forced equal (a multi-turn episode's length
 depends on what the model writes). Printed per side: step, rollout and update seconds, generated and trained
@@ -69,7 +69,7 @@ def run_ours(args, rollout: str) -> dict:
             group_size=args.k, rollout=rollout, max_new_tokens=args.max_new_tokens,
             rehearse_max_new_tokens=args.max_new_tokens, max_steps_per_turn=args.max_steps_per_turn, temperature=1.0,
             lr=1e-6, num_steps=1, seed=args.seed, min_solvable_fraction=0.0, tensorboard=False, threads=args.threads,
-            device="cpu", entropy_coef=1e-4 if args.force_update else 0.0,
+            device="cpu", skip_empty_updates=not args.force_update,
         )
         trainer = RoleWiseGRPOTrainer(config, log=None)
         (m,) = trainer.train(progress=False)
@@ -151,9 +151,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--force-update", type=int, choices=[0, 1], default=1,
-                    help="1: a 1e-4 entropy bonus makes envace-gym's update run even when every advantage is 0 (it "
-                         "skips such batches; TRL runs its forward and backward on every batch), so both sides do "
-                         "the update's work; 0: envace-gym's default")
+                    help="1: envace-gym runs its update even when every advantage is 0 (skip_empty_updates false; "
+                         "by default it skips such batches, TRL runs its forward and backward on every batch), so "
+                         "both sides do the update's work; 0: envace-gym's default")
     args = ap.parse_args(argv)
     if args.side:
         row = run_trl(args) if args.side == "trl" else run_ours(args, args.side)

@@ -67,6 +67,15 @@ def test_the_paper_recipe_and_the_shipped_launch_configs_agree():
             parallel.shard(recipe.batch_tasks, f"tasks per step of the recipe under {path.name}")
 
 
+def test_pipeline_and_eval_refuse_to_run_once_per_rank(monkeypatch, capsys):
+    from agents.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["pipeline", "--model", "tiny-random"]) == 2
+    assert main(["eval", "--model", "tiny-random"]) == 2
+    assert capsys.readouterr().err.count("runs in one process") == 2
+
+
 def _venv(n):
     return gym.make_vec("EnvACE-Rehearse-v0", num_envs=n, vectorization_mode="vector_entry_point", suite="scripted",
                         categories=None, model="tiny-random", max_new_tokens=6, temperature=1.0)

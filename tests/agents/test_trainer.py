@@ -105,6 +105,20 @@ def test_logprob_mismatch_is_logged_and_truncated_importance_sampling_keeps_on_p
     assert math.isfinite(w["train/loss"]) and w["train/logprob_mismatch"] is not None
 
 
+def test_a_batch_without_signal_skips_its_update_unless_told_not_to(tmp_path):
+    """The random model earns no reward on the plain scripted suite: every advantage is 0."""
+    cfg = {**FAST, "suite": "scripted"}
+    (skipped,) = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "a"), num_steps=1, **cfg)).train(progress=False)
+    assert skipped["train/skipped_update"] == 1.0 and skipped["perf/update_tokens_per_s"] == 0.0
+    run = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "b"), num_steps=1, skip_empty_updates=False, **cfg))
+    before = _params(run.policy.model)
+    (ran,) = run.train(progress=False)
+    assert ran["train/skipped_update"] == 0.0 and ran["train/update_targets"] == 1.0 and ran["train/loss"] == 0.0
+    after = _params(run.policy.model)
+    # a zero gradient, but AdamW's decoupled weight decay still moves the weights: the step was taken
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
 @pytest.mark.parametrize(
     "bad, match",
     [
