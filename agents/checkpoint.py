@@ -112,7 +112,9 @@ class CheckpointError(RuntimeError):
 
 def _torch_load(path: Path) -> Any:
     """``torch.load`` with ``weights_only=True``: a tampered file cannot run code. NumPy's array reconstruction
-    is allowed too, for RNG files written before the NumPy state was stored as a tensor."""
+    is allowed too, for RNG files written before the NumPy state was stored as a tensor. Tensors load on the
+    CPU (``load_state_dict`` moves them to the parameters' device), so a checkpoint written on a GPU resumes
+    on any device and no rank piles every state onto the GPU rank 0 saved from."""
     safe = [np.ndarray, np.dtype, type(np.dtype("uint32"))]
     try:
         from numpy.core.multiarray import _reconstruct  # noqa: PLC0415 - numpy < 2 and >= 2 both expose it
@@ -120,7 +122,7 @@ def _torch_load(path: Path) -> Any:
     except ImportError:  # pragma: no cover - depends on the numpy version
         pass
     with torch.serialization.safe_globals(safe):
-        return torch.load(path, weights_only=True)
+        return torch.load(path, weights_only=True, map_location="cpu")
 
 
 def read_checkpoint(folder: str | Path, model_names: Any) -> dict[str, Any]:

@@ -148,6 +148,10 @@ def nested_config_field(cls: type, help: str, **defaults: Any) -> Any:
 _f = config_field
 
 
+DEVICE_HELP = ("where the model trains and generates: 'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or "
+               "'cuda:N'; under accelerate launch each process takes its own GPU ('cpu' forces CPU processes)")
+
+
 @dataclass
 class TrainConfig:
     """Settings of a role-wise GRPO run; see each field's help (``envace train --help``)."""
@@ -162,7 +166,7 @@ class TrainConfig:
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (older ones are deleted)")
     resume: bool = _f(True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)")
     allow_config_change: bool = _f(False, "resume even when result-affecting fields (lr, algo, weighting, ...) differ from the checkpoint's; the new values are used")
-    device: str = _f("auto", "where the model trains and generates: 'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'; under accelerate launch each process takes its own GPU ('cpu' forces CPU processes)")
+    device: str = _f("auto", DEVICE_HELP)
     threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
     tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")

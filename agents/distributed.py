@@ -12,8 +12,10 @@ How the trainers use it (`agents.trainer`, `agents.sft`): rank r plays or trains
 the global batch (a GRPO group's K trajectories stay on one rank, so the group baselines need no
 communication); every loss divides by the count of the whole batch (`agents.grpo.aggregation_count`, summed
 over ranks) and is multiplied by the world size before ``backward`` (DDP averages gradients over ranks),
-so the all-reduced gradient is the gradient one process would compute on the whole batch; metrics are
-computed on what all ranks gathered; rank 0 alone writes the run folder.
+so the all-reduced gradient is the gradient one process would compute on the whole batch (with
+``num_minibatches > 1`` each rank shuffles its own rows into the minibatches, so those differ from a single
+process's); metrics are computed on what all ranks gathered; rank 0 alone writes the run folder, and every
+rank must read it (on several nodes ``run_dir`` is on a shared filesystem).
 """
 
 from __future__ import annotations
@@ -64,9 +66,18 @@ class DataParallel:
             raise ValueError(f"device={device!r} but CUDA is not available here; use device 'auto' or 'cpu'")
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return cls(device=("cuda" if cuda else "cpu") if device == "auto" else device)
-        from accelerate import Accelerator
+        from datetime import timedelta
 
-        return cls(Accelerator(cpu=device == "cpu" or not cuda))
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+        handlers = [
+            # gradients live in DDP's all-reduce buckets instead of in a second full copy beside them
+            DistributedDataParallelKwargs(gradient_as_bucket_view=True),
+            # the other ranks wait in a barrier while rank 0 writes a checkpoint (~100 GB at 8B)
+            InitProcessGroupKwargs(timeout=timedelta(minutes=60)),
+        ]
+        return cls(Accelerator(cpu=device == "cpu" or not cuda, kwargs_handlers=handlers))
 
     @property
     def distributed(self) -> bool:
@@ -109,6 +120,17 @@ class DataParallel:
         from accelerate.utils import gather_object
 
         return list(gather_object([obj]))
+
+    def same_everywhere(self, value: Any, what: str) -> None:
+        """Check that every rank holds the same ``value`` (picklable).
+
+        Raises:
+            RuntimeError: the ranks differ (the message lists each rank's value and names ``what``).
+        """
+        values = self.gather(value)
+        if any(v != values[0] for v in values):
+            raise RuntimeError(f"the processes disagree on {what}: {values} by rank; every rank must read the same "
+                               "run folder (on several nodes, put run_dir on a shared filesystem)")
 
     def barrier(self) -> None:
         """Wait until every rank reaches this point."""

@@ -68,7 +68,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 import torch
 
-from agents.config import add_dataclass_arguments, check_device, coerce_fields, config_field, dataclass_from_args
+from agents.config import DEVICE_HELP, add_dataclass_arguments, check_device, coerce_fields, config_field, dataclass_from_args
 from agents.distributed import DataParallel
 from agents.models import ModelStore, default_store
 from agents.rollout import PAD_ROLE
@@ -109,7 +109,7 @@ class SFTConfig:
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep")
     resume: bool = _f(True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)")
     allow_config_change: bool = _f(False, "resume even when result-affecting fields (lr, data, roles, ...) differ from the checkpoint's; the new values are used")
-    device: str = _f("auto", "where the model trains and generates: 'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'; under accelerate launch each process takes its own GPU ('cpu' forces CPU processes)")
+    device: str = _f("auto", DEVICE_HELP)
     threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
     malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
 
@@ -504,7 +504,7 @@ class SFTTrainer:
             if parallel.is_main:
                 (self.run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
             require_whole_demos(config, data_stats, log=log)
-        base = models.model(config.init or config.model, shared=False).to(parallel.device)
+        base = models.model(config.init or config.model, device=parallel.device, shared=False)
         tokenizer = models.tokenizer(config.init or config.model)
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id
@@ -553,6 +553,7 @@ class SFTTrainer:
         if self.step:
             apply_optimizer_settings({"model": self.optimizer}, {"model": self.scheduler}, config.lr, config.weight_decay,
                                      (config.adam_beta1, config.adam_beta2))
+        parallel.same_everywhere(self.step, "the step to resume from")  # ranks that resumed apart would diverge
         parallel.barrier()  # every rank has read the run folder before rank 0 rewrites parts of it
         if parallel.is_main:
             trim_jsonl(self.run_dir / "metrics.jsonl", self.step)
@@ -653,7 +654,9 @@ class SFTTrainer:
         """Write a checkpoint (`agents.checkpoint` layout; LoRA adds ``adapter/``) and prune old ones."""
         from agents.checkpoint import prune_checkpoints, save_checkpoint
 
-        path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
+        from agents.checkpoint import checkpoint_dir
+
+        path = checkpoint_dir(self.run_dir, self.step)
         if self.parallel.is_main:  # every rank holds the same weights; the others wait until they are written
             models = {"model": self.plain_model()}
             if self.config.lora:

@@ -72,7 +72,7 @@ from tqdm.auto import tqdm
 
 from agents.allocator import set_malloc_mmap_threshold
 from agents.budgets import check_task_budgets
-from agents.checkpoint import load_newest, prune_checkpoints, save_checkpoint
+from agents.checkpoint import checkpoint_dir, load_newest, prune_checkpoints, save_checkpoint
 from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
 from agents.config import TrainConfig, _dump_yaml
 from agents.distributed import DataParallel
@@ -183,7 +183,10 @@ class RoleWiseGRPOTrainer:
         parallel: the data-parallel processes of the run (`agents.distributed.DataParallel`; None: read from
             the launcher's environment, one process without a launcher). With W processes each plays
             ``batch_tasks / W`` whole groups, gradients are all-reduced so every rank applies the gradient of
-            the whole batch, metrics are computed over all ranks, and only rank 0 writes the run folder.
+            the whole batch, metrics are computed over all ranks, and only rank 0 writes the run folder. With
+            ``num_minibatches == 1`` (one optimizer step per epoch, the paper's setting) the update is the
+            one a single process makes on the same batch; with more, each rank shuffles its own rows into the
+            minibatches, so they are not the single process's minibatches.
 
     Attributes:
         policy: the ACT policy (for ``policy="shared"`` also the rehearser's policy).
@@ -243,7 +246,7 @@ class RoleWiseGRPOTrainer:
         if config.resume:
             check_resume_config(self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.allow_config_change, log)
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
-        model = models.model(source, dtype=getattr(torch, config.dtype), shared=False).to(parallel.device)
+        model = models.model(source, dtype=getattr(torch, config.dtype), device=parallel.device, shared=False)
         self.tokenizer = tokenizer
         self.policy = self._policy(model, tokenizer, engine)
         self.rehearse_policy = self.policy
@@ -290,7 +293,7 @@ class RoleWiseGRPOTrainer:
         )
         self.step = 0
         self.nonfinite_in_a_row = {name: 0 for name in self.models}
-        self._mismatch, self._unmeasured = [0.0, 0.0], set()  # filled by each update
+        self._mismatch_sum, self._mismatch_tokens, self._unmeasured = 0.0, 0, set()  # filled by each update
         self._writer = None
         if config.resume:
             ckpt, self.step = load_newest(self.run_dir, self.models, self.optimizers, self.schedulers, log=log)
@@ -299,6 +302,8 @@ class RoleWiseGRPOTrainer:
 
                 self.nonfinite_in_a_row.update(trainer_state(ckpt).get("nonfinite_in_a_row", {}))
                 self._apply_optimizer_config()
+                self.clear_kv_caches()  # an engine holding its own copy of the weights (vLLM) reloads them
+        parallel.same_everywhere(self.step, "the step to resume from")  # ranks that resumed apart would diverge
         parallel.barrier()  # every rank has read the run folder before rank 0 rewrites parts of it
         if parallel.is_main:
             # steps logged after the checkpoint (a run killed before its next save) are redone, not kept twice
@@ -385,6 +390,7 @@ class RoleWiseGRPOTrainer:
             prompt_mode=cfg.prompt_mode,
             pad_id=self.policy.pad_id,
         )
+        self.parallel.barrier()  # the update waits for the slowest rank's rollouts: count that as rollout time
         t1 = time.perf_counter()
         for policy in dict.fromkeys((self.policy, self.rehearse_policy)):
             sleep = getattr(policy.engine, "sleep", None)  # a colocated engine (vLLM) frees its memory for the update
@@ -456,9 +462,9 @@ class RoleWiseGRPOTrainer:
         targets = [("model", self.policy.model, None)]
         if "rehearse_model" in self.models:
             targets = [("model", self.policy.model, Role.ACT), ("rehearse_model", self.rehearse_policy.model, Role.REHEARSE)]
-        self._mismatch = [0.0, 0.0]  # Σ |log π_trainer − log π_engine|, tokens
+        self._mismatch_sum, self._mismatch_tokens = 0.0, 0  # Σ |log π_trainer − log π_engine| over loss tokens
         self._unmeasured = {name for name, _, _ in targets}
-        tis_weights, tis = None, None
+        tis_weights, tis_sum, tis_tokens = None, 0.0, 0.0
         if cfg.importance_sampling_cap > 0:
             trainer_old = self._recompute_logprobs(batch, targets)  # (N, T), before any optimizer step
             mask = batch.loss_mask
@@ -466,7 +472,7 @@ class RoleWiseGRPOTrainer:
             self._unmeasured.clear()
             ratio = torch.exp(torch.where(mask, trainer_old - batch.old_logprobs, torch.zeros_like(trainer_old)))  # (N, T)
             tis_weights = ratio.clamp(max=cfg.importance_sampling_cap)  # (N, T), 1 off the loss tokens
-            tis = self.parallel.sum([float(tis_weights[mask].sum()), int(mask.sum())])
+            tis_sum, tis_tokens = self.parallel.sum([float(tis_weights[mask].sum()), int(mask.sum())])
             # the clipped ratio is the trainer's own (π_θ / π_θ_old as the trainer computes them); the weight
             # corrects for the engine having sampled from a slightly different π_old
             batch = dataclasses.replace(batch, old_logprobs=trainer_old)
@@ -488,10 +494,10 @@ class RoleWiseGRPOTrainer:
                     tokens += int(mb.attention_mask.sum())
                     applied.append(step)
         bar.close()
-        tokens, diff, measured = self.parallel.sum([tokens, *self._mismatch])
+        tokens, diff, measured = self.parallel.sum([tokens, self._mismatch_sum, self._mismatch_tokens])
         tokens = int(tokens)
         mismatch = diff / measured if measured else None
-        tis_mean = tis[0] / tis[1] if tis and tis[1] else None
+        tis_mean = tis_sum / tis_tokens if tis_tokens else None
         if not applied:
             return UpdateStats(skipped_update=True, skipped_nonfinite=nonfinite, logprob_mismatch=mismatch,
                                tis_weight_mean=tis_mean)
@@ -523,8 +529,8 @@ class RoleWiseGRPOTrainer:
     def _add_mismatch(self, trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor) -> None:
         """Add |trainer − engine| over the ``(n, T)`` loss tokens `mask` to this update's mismatch sums."""
         diff = (trainer.detach().float().cpu() - engine.float().cpu()).abs()[mask.cpu()]
-        self._mismatch[0] += float(diff.sum())
-        self._mismatch[1] += int(diff.numel())
+        self._mismatch_sum += float(diff.sum())
+        self._mismatch_tokens += int(diff.numel())
 
     def _minibatch_step(self, name: str, model: torch.nn.Module, mb: RolloutBatch, role: Role | None,
                         tis_weights: torch.Tensor | None = None) -> tuple[LossStats, float | None] | None:
@@ -613,7 +619,7 @@ class RoleWiseGRPOTrainer:
         """Write a checkpoint of the current step (see `agents.checkpoint`) and prune old ones; returns its
         folder. With several processes rank 0 writes it (every rank holds the same weights and optimizer
         state) and the others wait until it is written."""
-        path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
+        path = checkpoint_dir(self.run_dir, self.step)
         self.parallel.consolidate(list(self.optimizers.values()))
         if self.parallel.is_main:
             path = save_checkpoint(

@@ -114,6 +114,11 @@ class EnvACERollout:
 
         from envace_gym.types import GeneratedText, Role
 
+        accelerator = getattr(trainer, "accelerator", None)
+        if accelerator is not None and accelerator.num_processes > 1:
+            # episodes end after different numbers of generate calls on each process, and TRL's generation
+            # can synchronise the processes (vLLM server mode, ZeRO-3 gathers): run the adapter in one process
+            raise RuntimeError("EnvACERollout runs in one process; launch TRL without accelerate's multi-process mode")
         t0 = time.perf_counter()
         tokenizer = trainer.processing_class
         task_ids = []

@@ -143,7 +143,8 @@ def test_sft_shard_losses_add_up_to_the_whole_batch(normalization):
 # ------------------------------------------------------------------------------------------- two processes
 GRPO = ["--model", "tiny-random", "--suite", "scripted-length", "--categories", "--batch-tasks", "2", "--group-size", "2",
         "--max-new-tokens", "6", "--rehearse-max-new-tokens", "6", "--max-steps-per-turn", "2",
-        "--min-solvable-fraction", "0", "--lr", "1e-3", "--tensorboard", "false", "--save-every", "1"]
+        "--min-solvable-fraction", "0", "--lr", "1e-3", "--tensorboard", "false", "--save-every", "1",
+        "--ppo-epochs", "2"]  # the second epoch's ratios differ from 1, so the token-mean statistics are exercised
 
 
 def _free_port() -> int:
@@ -190,6 +191,9 @@ def test_two_processes_train_what_one_trains_and_resume_exactly(tmp_path):
         assert a["step"] == b["step"] and a["rollout/tokens/act"] == b["rollout/tokens/act"]
         assert b["train/loss"] == pytest.approx(a["train/loss"], abs=1e-6)
         assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-4)
+        for key in ("train/approx_kl", "train/ratio_mean", "train/clip_fraction", "train/logprob_mismatch"):
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-7), key
+    assert any(m["train/approx_kl"] > 0 for m in m1)  # the weighting of the ranks' token means was tested
 
     # a 2-process run stopped after step 1 and resumed for step 2 equals the uninterrupted one, bit for bit
     _launch(["train", "--run-dir", str(tmp_path / "resumed"), "--num-steps", "1", *GRPO])

@@ -110,5 +110,12 @@ def test_vllm_engine_records_logprobs_the_trainer_recomputes(tmp_path):
     ids = torch.tensor([[1, 2, 3, 4, *gen.token_ids]], device="cuda")
     lp = token_logprobs(model, ids, torch.ones_like(ids))[0, 4:].float().cpu()
     assert torch.allclose(lp, torch.tensor(gen.logprobs), atol=1e-2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
     engine.weights_updated()
     assert engine.weight_version == 1
+    (again,) = engine.generate([[1, 2, 3, 4]], max_new_tokens=1, temperature=1.0, stop_ids=[2], seeds=[0])
+    ids = torch.tensor([[1, 2, 3, 4, again.token_ids[0]]], device="cuda")
+    pushed = token_logprobs(model, ids, torch.ones_like(ids))[0, 4].float().cpu()
+    assert abs(float(pushed) - again.logprobs[0]) < 1e-2  # vLLM now samples from the perturbed weights

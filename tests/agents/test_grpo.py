@@ -504,3 +504,18 @@ def test_grpo_loss_combines_the_three_terms():
         assert stats.loss == pytest.approx(loss.item()) and stats.pg_loss == pytest.approx(pg.item())
         for name in ("clip_fraction", "approx_kl", "ratio_mean"):
             assert getattr(stats, name) == pytest.approx(getattr(pg_stats, name))
+
+
+def test_token_weights_scale_the_clipped_surrogate_per_token():
+    g = torch.Generator().manual_seed(3)
+    lp = -torch.rand(3, 5, generator=g)
+    old, adv = lp + 0.05 * torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+    mask = torch.rand(3, 5, generator=g) > 0.3
+    plain, _ = grpo_loss(lp, old, adv, mask)
+    doubled, _ = grpo_loss(lp, old, adv, mask, token_weights=torch.full((3, 5), 2.0))
+    torch.testing.assert_close(doubled, 2 * plain)
+    half_rows = torch.ones(3, 5)
+    half_rows[0] = 0.0  # row 0's tokens no longer count toward the surrogate (its mask still counts them)
+    weighted, _ = grpo_loss(lp, old, adv, mask, token_weights=half_rows)
+    rest, _ = grpo_loss(lp, old, adv, mask & (torch.arange(3) > 0).view(3, 1))
+    torch.testing.assert_close(weighted * mask.sum() / mask[1:].sum(), rest)

@@ -98,6 +98,17 @@ def test_logprob_mismatch_is_logged_and_truncated_importance_sampling_keeps_on_p
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     start = _params(RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "start"), num_steps=1, **FAST)).policy.model)
     assert any(not torch.allclose(start[k], b[k], atol=1e-5) for k in b)  # ...and the update itself is not noise
+    # an engine whose logprobs sit 1 nat below the trainer's: every ratio is e > cap, so every weight is the cap
+    from agents.rollout import build_batch, collect_rollouts
+
+    capped = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "cap"), num_steps=1, importance_sampling_cap=2.0, **FAST))
+    cfg = capped.config
+    trajs, stats = collect_rollouts(capped.policy, capped.env, capped.sample_task_ids(0), cfg.group_size,
+                                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=0)
+    batch = build_batch(trajs, stats.group_ids, pad_id=capped.policy.pad_id)
+    batch.old_logprobs = torch.where(batch.loss_mask, batch.old_logprobs - 1.0, batch.old_logprobs)
+    update = capped.update(batch)
+    assert update.tis_weight_mean == pytest.approx(2.0) and update.logprob_mismatch == pytest.approx(1.0, abs=1e-3)
     low = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "bf16"), num_steps=1, dtype="bfloat16",
                                           importance_sampling_cap=2.0, **FAST))
     assert next(low.policy.model.parameters()).dtype == torch.bfloat16
