@@ -14,6 +14,8 @@ ALLOWED = {
     "_version": "torch.Tensor._version, the in-place update counter the prefix KV cache fingerprints",
     "_last_lr": "torch LR schedulers keep the current rate there; restored with the scheduler state",
     "_load_scenario": "bfcl-eval's classes take a task's initial state only there (its own harness calls it)",
+    "_generate_single_turn": "TRL 1.16's GRPOTrainer generates (vLLM or Transformers) only there; the TRL adapter "
+                             "needs TRL's own engine for every ACT message (TRL is pinned)",
 }
 
 
