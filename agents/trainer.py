@@ -406,18 +406,13 @@ class RoleWiseGRPOTrainer:
             for s in self.schedulers.values():
                 s.step()
         self.step += 1
-        view = _StepView.of(trajectories, rstats, batch, self.step_group_offset)
+        view = _StepView.of(trajectories, rstats, batch, first)
         if self.parallel.distributed:
             view = _StepView.concat(self.parallel.gather(view))
         metrics = self._metrics(view, train_stats, t1 - t0, t2 - t1)
         if self.parallel.is_main:
             self._log(metrics)
         return metrics
-
-    @property
-    def step_group_offset(self) -> int:
-        """Global index of this rank's first group in a step (0 with one process)."""
-        return self._group_shard[0]
 
     def _policy(self, model: torch.nn.Module, tokenizer: Any, engine: GenerationEngine | None) -> Policy:
         """A `Policy` over `model` sampling with `engine`, or with ``config.engine`` built over `model`."""
@@ -438,7 +433,8 @@ class RoleWiseGRPOTrainer:
 
         When the batch carries no learning signal (every advantage is 0, e.g. all rewards of every group
         equal, and ``beta == entropy_coef == 0``), the forward and backward passes are skipped (unless
-        ``skip_empty_updates`` is False): the loss would be exactly 0 with zero gradients. ``skipped_update`` is then True; AdamW's weight decay
+        ``skip_empty_updates`` is False): the loss would be exactly 0 with zero gradients.
+        ``skipped_update`` is then True; AdamW's weight decay
         is not applied on such a step (DAPO-style dynamic sampling drops such groups altogether).
 
         A target whose loss or clipped gradient norm is not finite is not applied (`_minibatch_step`):
