@@ -222,6 +222,7 @@ class TrainConfig:
 
     # --- Parameters that control memory ---------------------------------------------------------------
     logprob_chunk_size: int = _f(512, "positions per chunk through the LM head when recomputing logprobs")
+    micro_batch_tokens: int = _f(1024, "padded tokens per forward/backward pass of the update: a minibatch's rows, sorted by length, are packed into micro-batches of at most this many (rows x longest row; a longer row goes alone) whose gradients add up to the minibatch's, so only float rounding changes. Less padding is less work, and a CPU forward without padding skips the attention mask (1024 was fastest on 2 cores for 135M; raise it on a GPU)")
     gradient_checkpointing: bool = _f(True, "recompute activations layer by layer in the backward pass: about 30% slower, but without it CPU attention keeps every layer's (rows, heads, T, T) probabilities (SmolLM2, 2 rows x 4k tokens: ~36 GB)")
     shard_optimizer: bool = _f(False, "ZeRO stage 1 under accelerate launch: each of W processes keeps AdamW's state for 1/W of the weights (torch's ZeroRedundancyOptimizer); no effect with one process")
     dtype: Literal["float32", "bfloat16"] = _f("float32", "dtype of the trained weights (and of generation); logprobs and the loss are computed in float32 either way. bfloat16 halves weight memory but AdamW updates smaller than half of bfloat16's spacing (about 0.2% of a weight) round away, so lr 1e-6 needs float32 weights")
@@ -254,7 +255,8 @@ class TrainConfig:
 
         for name in ("num_steps", "batch_tasks", "group_size", "max_new_tokens", "rehearse_max_new_tokens",
                      "max_steps_per_turn", "ppo_epochs", "num_minibatches", "save_every",
-                     "logprob_chunk_size", "keep_checkpoints", "max_nonfinite_steps", "user_max_new_tokens", "user_max_turns"):
+                     "logprob_chunk_size", "micro_batch_tokens", "keep_checkpoints", "max_nonfinite_steps",
+                     "user_max_new_tokens", "user_max_turns"):
             if getattr(self, name) < 1:
                 fail(f"{name} must be >= 1, got {getattr(self, name)}")
         check_device(self.device, fail)
@@ -299,7 +301,7 @@ class TrainConfig:
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
         "run_dir", "num_steps", "save_every", "keep_checkpoints", "resume", "allow_config_change", "threads", "device",
         "malloc_mmap_threshold_kb", "tensorboard", "min_solvable_fraction", "max_nonfinite_steps",
-        "logprob_chunk_size", "gradient_checkpointing", "shard_optimizer",
+        "logprob_chunk_size", "micro_batch_tokens", "gradient_checkpointing", "shard_optimizer",
     )
     """Fields that may change between a run and its resume (bookkeeping, memory, speed): every other one
     changes what is trained, so a resume with another value refuses unless ``allow_config_change``."""

@@ -20,6 +20,8 @@ rank must read it (on several nodes ``run_dir`` is on a shared filesystem).
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 from typing import Any, Sequence
 
@@ -72,8 +74,10 @@ class DataParallel:
         from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
         handlers = [
-            # gradients live in DDP's all-reduce buckets instead of in a second full copy beside them
-            DistributedDataParallelKwargs(gradient_as_bucket_view=True),
+            # gradients live in DDP's all-reduce buckets instead of in a second full copy beside them; no buffer
+            # broadcast at each forward (the buffers, rotary tables, are the same on every rank), so ranks may run
+            # different numbers of accumulation forwards under no_sync without a collective to pair them
+            DistributedDataParallelKwargs(gradient_as_bucket_view=True, broadcast_buffers=False),
             # the other ranks wait in a barrier while rank 0 writes a checkpoint (~100 GB at 8B)
             InitProcessGroupKwargs(timeout=timedelta(minutes=60)),
         ]
@@ -159,6 +163,14 @@ class DataParallel:
         for opt in optimizers:
             if isinstance(opt, ZeroRedundancyOptimizer):
                 opt.consolidate_state_dict(to=0)
+
+    def no_sync(self, module: torch.nn.Module):
+        """A context in which backward passes through `module` (a `wrap` result) accumulate gradients on this
+        rank only, without DDP's all-reduce (gradient accumulation: the last micro-batch's backward, outside
+        it, all-reduces the sum); a no-op context with one process."""
+        if not self.distributed:
+            return contextlib.nullcontext()
+        return module.no_sync()
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         """``module`` for the backward pass: DDP-wrapped when distributed (gradients all-reduced, averaged over

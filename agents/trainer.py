@@ -56,6 +56,7 @@ Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act,
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -82,6 +83,7 @@ from agents.logprobs import TokenLogprobs, enable_gradient_checkpointing, token_
 from agents.models import ModelStore, default_store
 from agents.policy import Policy, PolicyRehearser
 from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_rollouts
+from agents.sft import bucket_batches
 from envace_gym.envs.rehearse_vector import RehearseVectorEnv
 from envace_gym.types import Role, Trajectory
 
@@ -505,21 +507,23 @@ class RoleWiseGRPOTrainer:
     @torch.no_grad()
     def _recompute_logprobs(self, batch: RolloutBatch, targets: list) -> torch.Tensor:
         """The batch's logprobs under the current weights, ``(N, T)`` float32 on the CPU: each role's tokens
-        from the model that trains them, one minibatch of rows at a time."""
+        from the model that trains them, one micro-batch of rows at a time."""
         cfg = self.config
         device = self.parallel.device
         temperature = cfg.temperature if cfg.temperature > 0 else 1.0
         out = torch.zeros_like(batch.old_logprobs)  # (N, T)
-        for rows in torch.tensor_split(torch.arange(batch.num_rows), cfg.num_minibatches):
-            ids, attn = batch.input_ids[rows].to(device), batch.attention_mask[rows].to(device)  # (n, T)
+        for rows in micro_batches(batch.attention_mask.sum(-1).tolist(), cfg.micro_batch_tokens):
+            width = int(batch.attention_mask[rows].sum(-1).max())
+            ids, attn = batch.input_ids[rows, :width].to(device), batch.attention_mask[rows, :width].to(device)  # (m, t)
             for _, model, role in targets:
                 lp = token_logprobs(model, ids, attn, temperature=temperature,
-                                    chunk_size=cfg.logprob_chunk_size).float().cpu()  # (n, T)
+                                    chunk_size=cfg.logprob_chunk_size).float().cpu()  # (m, t)
+                part = out[rows, :width]  # (m, t)
                 if role is None:
-                    out[rows] = lp
+                    part = lp
                 else:
-                    sel = batch.role_mask[rows] == int(role)  # (n, T)
-                    out[rows] = torch.where(sel, lp, out[rows])
+                    part = torch.where(batch.role_mask[rows, :width] == int(role), lp, part)
+                out[rows, :width] = part
         return out
 
     def _add_mismatch(self, trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor) -> None:
@@ -547,47 +551,70 @@ class RoleWiseGRPOTrainer:
         cfg = self.config
         par = self.parallel
         device = par.device
-        mask = mb.loss_mask.to(device)  # (n, T) bool
+        mask = mb.loss_mask  # (n, T) bool
         if role is not None:
-            mask = mask & (mb.role_mask.to(device) == int(role))  # (n, T)
+            mask = mask & (mb.role_mask == int(role))  # (n, T)
         if not par.any(bool(mask.any())):
             return None
-        input_ids, attention_mask = mb.input_ids.to(device), mb.attention_mask.to(device)  # (n, T), (n, T)
         local_tokens = int(mask.sum())
-        count, global_tokens = par.sum([aggregation_count(mask, cfg.aggregation), local_tokens])
+        count = aggregation_count(mask, cfg.aggregation)
+        global_tokens = local_tokens
+        if par.distributed:
+            count, global_tokens = par.sum([count, local_tokens])
         temperature = cfg.temperature if cfg.temperature > 0 else 1.0
         forward = self._logprob_modules[name]
-        if cfg.entropy_coef > 0:
-            logprobs, entropy = forward(input_ids, attention_mask, temperature=temperature,
-                                        chunk_size=cfg.logprob_chunk_size, return_entropy=True)  # (n, T), (n, T)
-        else:
-            logprobs = forward(input_ids, attention_mask, temperature=temperature,
-                               chunk_size=cfg.logprob_chunk_size)  # (n, T)
-            entropy = None
-        if name in self._unmeasured:  # this model's first forward of the update: no optimizer step yet
-            self._unmeasured.discard(name)
-            self._add_mismatch(logprobs, mb.old_logprobs, mask)
-        ref = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref = token_logprobs(
-                    self.ref_model, input_ids, attention_mask, temperature=temperature,
-                    chunk_size=cfg.logprob_chunk_size,
-                )  # (n, T)
-        loss, stats = grpo_loss(
-            logprobs, mb.old_logprobs.to(device), mb.advantages.to(device), mask, ref_logprobs=ref, entropy=entropy,
-            clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
-            entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, count=count if par.distributed else None,
-            token_weights=tis_weights.to(device) if tis_weights is not None else None,
-        )
-        if par.distributed:
-            stats = _whole_minibatch_stats(stats, local_tokens, global_tokens, par)
         opt = self.optimizers[name]
         opt.zero_grad(set_to_none=True)
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy"), 0.0)
+        token_means = dict.fromkeys(("clip_fraction", "approx_kl", "ratio_mean"), 0.0)
+        loss_finite = True
+        micro = micro_batches(mb.attention_mask.sum(-1).tolist(), cfg.micro_batch_tokens)
+        if not par.distributed:  # a micro-batch without loss tokens adds nothing; ranks all run theirs (DDP syncs)
+            micro = [rows for rows in micro if bool(mask[rows].any())]
+        for i, rows in enumerate(micro):
+            width = int(mb.attention_mask[rows].sum(-1).max())
+            ids = mb.input_ids[rows, :width].to(device)  # (m, t)
+            attn = mb.attention_mask[rows, :width].to(device)  # (m, t)
+            m_mask = mask[rows, :width].to(device)  # (m, t)
+            old = mb.old_logprobs[rows, :width].to(device)  # (m, t)
+            # DDP all-reduces on the last micro-batch's backward only, so every rank syncs exactly once
+            sync = par.no_sync(forward) if i < len(micro) - 1 else contextlib.nullcontext()
+            with sync:
+                if cfg.entropy_coef > 0:
+                    logprobs, entropy = forward(ids, attn, temperature=temperature,
+                                                chunk_size=cfg.logprob_chunk_size, return_entropy=True)  # (m, t) x2
+                else:
+                    logprobs = forward(ids, attn, temperature=temperature, chunk_size=cfg.logprob_chunk_size)  # (m, t)
+                    entropy = None
+                if name in self._unmeasured:  # this model's first forward of the update: no optimizer step yet
+                    self._add_mismatch(logprobs, old, m_mask)
+                ref = None
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        ref = token_logprobs(self.ref_model, ids, attn, temperature=temperature,
+                                             chunk_size=cfg.logprob_chunk_size)  # (m, t)
+                weights = tis_weights[rows, :width].to(device) if tis_weights is not None else None
+                loss, stats = grpo_loss(
+                    logprobs, old, mb.advantages[rows, :width].to(device), m_mask, ref_logprobs=ref, entropy=entropy,
+                    clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
+                    entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, count=count, token_weights=weights,
+                )
+                # a non-finite loss still runs its backward (every rank must join the all-reduce); its non-finite
+                # gradient is then caught by the norm below and not applied
+                loss_finite = loss_finite and math.isfinite(float(loss.detach()))
+                (loss * par.world_size).backward()
+            share = int(m_mask.sum()) / max(local_tokens, 1)
+            for k in sums:
+                sums[k] += getattr(stats, k)
+            for k in token_means:
+                token_means[k] += getattr(stats, k) * share
+        self._unmeasured.discard(name)
+        stats = LossStats(**sums, **token_means)
+        if par.distributed:
+            stats = _whole_minibatch_stats(stats, local_tokens, global_tokens, par)
         grad_norm = float("nan")
-        finite = par.all(math.isfinite(float(loss.detach())))
+        finite = par.all(loss_finite)
         if finite:
-            (loss * par.world_size).backward()
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             if cfg.max_grad_norm > 0:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
@@ -725,6 +752,14 @@ class _StepView:
                for k in ("seg_roles", "seg_rewards", "seg_advantages", "seg_group_ids")},
             role_tokens={k: sum(v.role_tokens[k] for v in views) for k in views[0].role_tokens},
         )
+
+
+def micro_batches(lengths: list[int], max_tokens: int) -> list[torch.Tensor]:
+    """Rows packed for the update's forward/backward passes: index tensors ``(m,) int64`` into `lengths`
+    (each row's real tokens), rows of similar length together, at most `max_tokens` padded tokens (rows x
+    longest row) each, a longer row alone; every row appears once (`agents.sft.bucket_batches`)."""
+    return [torch.tensor(rows, dtype=torch.long)
+            for rows in bucket_batches(lengths, max_tokens, max(len(lengths), 1), seed=0, epoch=0)]
 
 
 def _whole_minibatch_stats(stats: LossStats, local_tokens: int, global_tokens: float,

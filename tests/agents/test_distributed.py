@@ -213,6 +213,13 @@ def test_two_processes_train_what_one_trains_and_resume_exactly(tmp_path):
     for k in two:
         torch.testing.assert_close(zero[k], two[k], atol=5e-5, rtol=0)
 
+    # one row per forward/backward pass: each rank accumulates its micro-batches without DDP's all-reduce and
+    # syncs on the last; the same update
+    _launch(["train", "--run-dir", str(tmp_path / "micro"), "--num-steps", "2", "--micro-batch-tokens", "1", *GRPO])
+    micro = _weights(tmp_path / "micro", 2)
+    for k in one:
+        torch.testing.assert_close(micro[k], one[k], atol=5e-5, rtol=0)
+
 
 @pytest.mark.slow
 def test_two_processes_fine_tune_what_one_fine_tunes(tmp_path):

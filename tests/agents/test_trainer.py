@@ -116,6 +116,37 @@ def test_logprob_mismatch_is_logged_and_truncated_importance_sampling_keeps_on_p
     assert math.isfinite(w["train/loss"]) and w["train/logprob_mismatch"] is not None
 
 
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batches_add_up_to_the_whole_minibatch_update(tmp_path, aggregation):
+    """One row per forward/backward pass (micro_batch_tokens=1) applies the gradient of the whole minibatch in
+    one pass: same weights and loss statistics up to float rounding, also with the KL and entropy terms."""
+    cfg = dict(FAST, aggregation=aggregation, beta=0.1, entropy_coef=0.01, skip_empty_updates=False)
+    runs = {}
+    for name, tokens in (("whole", 10**6), ("rows", 1)):
+        trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / name), num_steps=1, micro_batch_tokens=tokens, **cfg))
+        (metrics,) = trainer.train(progress=False)
+        runs[name] = (metrics, _params(trainer.policy.model))
+    (whole, w), (rows, r) = runs["whole"], runs["rows"]
+    assert whole["train/update_targets"] == rows["train/update_targets"] == 1.0
+    for key in ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/ratio_mean", "train/grad_norm"):
+        assert rows[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
+    assert all(torch.allclose(w[k], r[k], atol=1e-6) for k in w)
+    start = _params(RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "start"), num_steps=1, **cfg)).policy.model)
+    assert any(not torch.allclose(start[k], r[k], atol=1e-5) for k in r)  # the step itself moved the weights
+
+
+def test_micro_batches_pack_rows_of_similar_length_within_the_budget():
+    from agents.trainer import micro_batches
+
+    lengths = [500, 120, 480, 130, 900, 125]
+    batches = micro_batches(lengths, 1000)
+    assert sorted(int(i) for b in batches for i in b) == list(range(6))
+    for b in batches:
+        rows = b.tolist()
+        assert len(rows) == 1 or len(rows) * max(lengths[i] for i in rows) <= 1000
+    assert {tuple(sorted(b.tolist())) for b in batches} == {(1, 3, 5), (0, 2), (4,)}
+
+
 def test_a_batch_without_signal_skips_its_update_unless_told_not_to(tmp_path):
     """The random model earns no reward on the plain scripted suite: every advantage is 0."""
     cfg = {**FAST, "suite": "scripted"}
