@@ -11,6 +11,15 @@ default) -> `agents.logprobs.token_logprobs` (chunked LM head, never the full (N
 no extra old-logprob forward) -> backward -> grad-norm clip 1.0 -> AdamW. TRL: its own script, unchanged, in a
 separate virtual environment (TRL is not a project dependency).
 
+Equal work: by default every completion on both sides is exactly 64 tokens (ours samples with no stop id;
+TRL's script gets ``--full-length``, i.e. ``min_new_tokens=64``), the prompts are the same workload rows
+(TRL's prompt lengths are counted from the rows its script reports per step, through the tokenizer's chat
+template), and the summary prints time per generated token (generate phase) and per trained token (loss
+forward + backward + optimizer, over the real prompt + completion tokens) beside the per-step ratios. It
+refuses to print a ratio (``step_ratio_ours_over_trl: null`` and ``refused``) when the two sides' generated
+or trained token counts differ by more than 5%, which ``--natural-length`` (stop at end of message) usually
+causes.
+
 Each run is a fresh subprocess (so peak RSS is per implementation); runs alternate ours/TRL ``--rounds``
 times and the ratio is of the medians over rounds of each run's median step.
 
@@ -96,8 +105,11 @@ def run_ours(args) -> dict:
                    for r in batch_rows for _ in range(K)]
         t = time.perf_counter()
         model.eval()
-        gens = policy.generate(prompts, max_new_tokens=MAX_NEW, temperature=1.0,
-                               seeds=[args.seed * 1000 + step * 10 + i for i in range(len(prompts))])
+        seeds = [args.seed * 1000 + step * 10 + i for i in range(len(prompts))]
+        if args.full_length:  # no stop id: every completion is MAX_NEW tokens, as TRL's min_new_tokens makes its own
+            gens = policy.engine.generate(prompts, max_new_tokens=MAX_NEW, temperature=1.0, stop_ids=[], seeds=seeds)
+        else:
+            gens = policy.generate(prompts, max_new_tokens=MAX_NEW, temperature=1.0, seeds=seeds)
         model.train()
         clock.add("generate", time.perf_counter() - t)
         t = time.perf_counter()
@@ -132,7 +144,8 @@ def run_ours(args) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         clock.add("optim", time.perf_counter() - t)
-        rec = clock.end(global_step=step + 1, mean_completion_len=sum(len(g.token_ids) for g in gens) / n)
+        rec = clock.end(global_step=step + 1, mean_completion_len=sum(len(g.token_ids) for g in gens) / n,
+                        mean_prompt_len=sum(len(p) for p in prompts) / n)
         print("STEP " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}), flush=True)
     measured = [r for r in clock.steps if r["global_step"] > args.warmup]
     return {
@@ -141,6 +154,7 @@ def run_ours(args) -> dict:
         "step_s": anchor.summarize([r["step"] for r in measured]),
         "phase_s": {p: anchor.summarize([r[p] for r in measured]) for p in anchor.PHASES},
         "mean_completion_len": anchor.summarize([r["mean_completion_len"] for r in measured]),
+        "mean_prompt_len": anchor.summarize([r["mean_prompt_len"] for r in measured]),
         "peak_rss_mib": anchor.peak_rss_mib(),
         "torch_threads": torch.get_num_threads(),
     }
@@ -180,6 +194,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--natural-length", dest="full_length", action="store_false",
+                    help="let completions stop at the end-of-message id (the two sides then sample different "
+                         "lengths and no step ratio is printed); default: every completion is exactly 64 tokens")
     args = ap.parse_args(argv)
     bench_dir = _bench_dir()
     if not args.smol_path:
@@ -191,8 +208,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     common = ["--model", args.model, "--smol-path", args.smol_path, "--max-steps", str(args.max_steps),
               "--warmup", str(args.warmup), "--threads", str(args.threads), "--seed", str(args.seed)]
-    ours_cmd = [sys.executable, os.path.abspath(__file__), "--impl", "ours", *common]
-    trl_cmd = [args.trl_python, os.path.join(bench_dir, "trl_grpo_step.py"), *common]
+    length = ["--full-length"] if args.full_length else []
+    ours_cmd = [sys.executable, os.path.abspath(__file__), "--impl", "ours", *common,
+                *([] if args.full_length else ["--natural-length"])]
+    trl_cmd = [args.trl_python, os.path.join(bench_dir, "trl_grpo_step.py"), *common, *length]
     if args.impl == "trl":
         print(json.dumps(_subprocess(trl_cmd)), flush=True)
         return
@@ -206,15 +225,55 @@ def main(argv: list[str] | None = None) -> None:
                   f"completion len {res['mean_completion_len'].get('median')}", flush=True)
     med = {k: statistics.median(x["step_s"]["median"] for x in v) for k, v in runs.items()}
     gen = {k: statistics.median(x["phase_s"]["generate"]["median"] for x in v) for k, v in runs.items()}
+    update = {k: statistics.median(sum(x["phase_s"][p]["median"] for p in ("loss_fwd", "backward", "optim")) for x in v)
+              for k, v in runs.items()}
     rss = {k: max(x["peak_rss_mib"] for x in v) for k, v in runs.items()}
-    print(json.dumps({
-        "model": args.model, "rounds": args.rounds,
-        "median_step_s": med, "median_generate_s": gen, "peak_rss_mib": rss,
-        "step_ratio_ours_over_trl": round(med["ours"] / med["trl"], 3),
-        "generate_ratio_ours_over_trl": round(gen["ours"] / gen["trl"], 3),
+    rows = K * PROMPTS_PER_STEP
+    completion = {k: statistics.median(x["mean_completion_len"]["median"] for x in v) for k, v in runs.items()}
+    prompt = {"ours": statistics.median(x["mean_prompt_len"]["median"] for x in runs["ours"]),
+              "trl": _trl_prompt_len(args.smol_path, runs["trl"], args.warmup)}
+    generated = {k: rows * completion[k] for k in runs}  # tokens sampled per step
+    trained = {k: rows * (prompt[k] + completion[k]) for k in runs}  # real tokens through fwd + bwd per step
+    gap = {"generated": abs(generated["ours"] / generated["trl"] - 1), "trained": abs(trained["ours"] / trained["trl"] - 1)}
+    equal = all(g <= 0.05 for g in gap.values())
+    summary = {
+        "model": args.model, "rounds": args.rounds, "full_length": args.full_length,
+        "median_step_s": med, "median_generate_s": gen, "median_update_s": update, "peak_rss_mib": rss,
+        "generated_tokens_per_step": generated, "trained_tokens_per_step": trained,
+        "token_gap": {k: round(v, 3) for k, v in gap.items()},
+        "generate_ms_per_generated_token": {k: round(1e3 * gen[k] / generated[k], 2) for k in runs},
+        "update_ms_per_trained_token": {k: round(1e3 * update[k] / trained[k], 3) for k in runs},
         "rss_ratio_ours_over_trl": round(rss["ours"] / rss["trl"], 3),
-        "targets": {"step_ratio<=0.8": med["ours"] / med["trl"] <= 0.8, "rss_not_higher": rss["ours"] <= rss["trl"]},
-    }), flush=True)
+    }
+    if equal:
+        summary["step_ratio_ours_over_trl"] = round(med["ours"] / med["trl"], 3)
+        summary["generate_ratio_ours_over_trl"] = round(gen["ours"] / gen["trl"], 3)
+        summary["update_ratio_ours_over_trl"] = round(update["ours"] / update["trl"], 3)
+    else:
+        summary["step_ratio_ours_over_trl"] = None
+        summary["refused"] = (f"the two sides did different work (generated tokens differ by {gap['generated']:.1%}, "
+                              f"trained tokens by {gap['trained']:.1%}; the limit is 5%): compare the per-token times")
+    print(json.dumps(summary), flush=True)
+
+
+def _trl_prompt_len(smol_path: str, trl_runs: list[dict], warmup: int) -> float:
+    """Mean prompt tokens of the rows TRL trained on in its measured steps: the prompts its script reports
+    per step (``step_prompt_idx``; TRL's sampler orders the rows itself) through the tokenizer's chat template
+    with the generation prompt, as TRL encodes them (its script reports only completion lengths)."""
+    from transformers import AutoTokenizer
+
+    import trl_grpo_step as anchor
+
+    tokenizer = AutoTokenizer.from_pretrained(smol_path)
+    rows = anchor.build_rows()
+    lens = []
+    for run in trl_runs:
+        for step in run["step_prompt_idx"][warmup:]:
+            for i in step:
+                ids = tokenizer.apply_chat_template(rows[i]["prompt"], add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+                lens.extend([len(ids)] * K)
+    return sum(lens) / len(lens)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ backend differs:
   ``model.generate(do_sample=True, ...)`` (HF's own KV cache inside a call, the whole context re-encoded at
   every call), logprobs from ``output_logits``.
 
-Samples differ between the two (different RNG use), so the wall time per generated token is printed next
-to the totals. Runs alternate ``--rounds`` times in this one process; the ratio is of the medians.
+Equal work: by default neither side stops at an end-of-message id (`FixedLength`), so every generated
+segment is exactly ``--new`` tokens; samples still differ (different RNG use), so a segment that parses as a
+tool call on one side may not on the other, which changes the episode. The wall-time ratio is printed only
+when the two sides generated within 5% of the same tokens; the time per generated token always is. Runs alternate ``--rounds`` times in this one process; the ratio is of the medians.
 
 Usage::
 
@@ -35,19 +37,31 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from agents.engines import HFGenerateEngine  # noqa: E402
+from agents.engines import HFEngine, HFGenerateEngine  # noqa: E402
 from agents.policy import Policy, load_policy  # noqa: E402
 from agents.rollout import collect_rollouts  # noqa: E402
 from benchmarks.perf.rollout_tokens import ScriptedFirstCall, make_venv, pick_tasks, scripts_for  # noqa: E402
 
 
-def run(kind: str, model_name: str, tasks, k: int, turns: int, new: int, seed: int) -> dict:
+class FixedLength:
+    """An engine that ignores end-of-message ids, so every generated segment is exactly ``max_new_tokens``
+    long on both sides (the same work whatever each side samples); everything else is the wrapped engine's."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+    def generate(self, contexts, *, max_new_tokens, temperature, stop_ids, seeds=None, use_cache=True):
+        return self.engine.generate(contexts, max_new_tokens=max_new_tokens, temperature=temperature, stop_ids=[],
+                                    seeds=seeds, use_cache=use_cache)
+
+
+def run(kind: str, model_name: str, tasks, k: int, turns: int, new: int, seed: int, full_length: bool = True) -> dict:
     base = load_policy(model_name)
-    if kind == "ours":
-        policy = Policy(base.model, base.tokenizer, kv_cache=True)
-        policy.kv_cache.clear()
-    else:
-        policy = Policy(base.model, base.tokenizer, engine=HFGenerateEngine(base.model, base.pad_id))
+    engine = HFEngine(base.model, base.pad_id, kv_cache=True) if kind == "ours" else HFGenerateEngine(base.model, base.pad_id)
+    policy = Policy(base.model, base.tokenizer, engine=FixedLength(engine) if full_length else engine)
     venv = make_venv(policy, "inline", len(tasks) * k, new, tasks)
     actor = ScriptedFirstCall(policy, venv, scripts_for(tasks))
     t0 = time.perf_counter()
@@ -69,6 +83,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--natural-length", dest="full_length", action="store_false",
+                    help="let segments stop at the end-of-message id (the sides then do different work and no "
+                         "ratio is printed); default: every generated segment is exactly --new tokens")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     tasks = pick_tasks(args.tasks)
@@ -76,16 +93,23 @@ def main(argv: list[str] | None = None) -> dict:
     res = {"ours": [], "hf": []}
     for r in range(args.rounds):
         for kind in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
-            out = run(kind, args.model, tasks, args.k, args.turns, args.new, args.seed + r)
+            out = run(kind, args.model, tasks, args.k, args.turns, args.new, args.seed + r, args.full_length)
             res[kind].append(out)
             print(f"round {r} {kind:4s} wall {out['wall_s']:8.2f}s  generated {out['generated_tokens']:6d}  "
                   f"s/token {out['s_per_token']:.4f}  traj_len {out['traj_len_mean']:.0f}", flush=True)
     wall = {k: statistics.median(x["wall_s"] for x in v) for k, v in res.items()}
     per_tok = {k: statistics.median(x["s_per_token"] for x in v) for k, v in res.items()}
-    ratios = {"wall_hf_over_ours": round(wall["hf"] / wall["ours"], 2),
-              "per_token_hf_over_ours": round(per_tok["hf"] / per_tok["ours"], 2)}
+    tokens = {k: statistics.median(x["generated_tokens"] for x in v) for k, v in res.items()}
+    gap = abs(tokens["ours"] / max(tokens["hf"], 1) - 1)
+    ratios = {"per_token_hf_over_ours": round(per_tok["hf"] / per_tok["ours"], 2)}
+    if gap <= 0.05:
+        ratios["wall_hf_over_ours"] = round(wall["hf"] / wall["ours"], 2)
+    else:
+        ratios["wall_hf_over_ours"] = None
+        ratios["refused"] = f"generated tokens differ by {gap:.1%} (limit 5%): compare s/token"
     print(json.dumps({"model": args.model, "tasks": [t.id for t in tasks], "k": args.k, "turns": args.turns,
-                      "new": args.new, "wall_s": wall, "ratios": ratios}), flush=True)
+                      "new": args.new, "full_length": args.full_length, "generated_tokens": tokens,
+                      "wall_s": wall, "ratios": ratios}), flush=True)
     return ratios
 
 
