@@ -12,7 +12,8 @@ One training step, in the order of the algorithm box:
    at generation, optional k3 KL to a frozen reference, optional entropy bonus), AdamW with grad clipping;
    an optimizer step whose loss or clipped gradient is not finite is dropped and counted, and
    ``max_nonfinite_steps`` of them in a row stop the run;
-5. the prefix KV caches are cleared (the weights changed; `RoleWiseGRPOTrainer.clear_kv_caches`);
+5. the prefix KV caches are cleared, before an update that will train (so its activations get that memory)
+   and after it (the weights changed; `RoleWiseGRPOTrainer.clear_kv_caches`);
 6. metrics to ``metrics.jsonl`` and TensorBoard, a checkpoint every ``save_every`` steps.
 
 Before any model loads, the trainer checks that at least ``min_solvable_fraction`` of the selected tasks can
@@ -398,6 +399,10 @@ class RoleWiseGRPOTrainer:
             sleep = getattr(policy.engine, "sleep", None)  # a colocated engine (vLLM) frees its memory for the update
             if sleep is not None:
                 sleep()
+        if not self._skips_update(batch):
+            for policy in dict.fromkeys((self.policy, self.rehearse_policy)):
+                if policy.kv_cache is not None:  # the weights are about to change: its entries are stale anyway,
+                    policy.kv_cache.clear()  # and the update's activations get their memory
         train_stats = self.update(batch)
         if train_stats.update_targets:
             self.clear_kv_caches()
@@ -426,6 +431,13 @@ class RoleWiseGRPOTrainer:
         for policy in dict.fromkeys((self.policy, self.rehearse_policy)):
             policy.engine.weights_updated()
 
+    def _skips_update(self, batch: RolloutBatch) -> bool:
+        """True when `update` would skip `batch`: ``skip_empty_updates``, no KL or entropy term, and no loss
+        token with a non-zero advantage on any rank (a collective: every rank calls it)."""
+        cfg = self.config
+        signal = bool((batch.advantages[batch.loss_mask] != 0).any())
+        return cfg.skip_empty_updates and cfg.beta == 0 and cfg.entropy_coef == 0 and not self.parallel.any(signal)
+
     def update(self, batch: RolloutBatch) -> UpdateStats:
         """``ppo_epochs`` x ``num_minibatches`` optimizer steps on `batch`; returns their `UpdateStats`.
 
@@ -447,8 +459,7 @@ class RoleWiseGRPOTrainer:
                 gradient (the message says what to change).
         """
         cfg = self.config
-        signal = bool((batch.advantages[batch.loss_mask] != 0).any())
-        if cfg.skip_empty_updates and cfg.beta == 0 and cfg.entropy_coef == 0 and not self.parallel.any(signal):  # all ranks
+        if self._skips_update(batch):
             return UpdateStats(skipped_update=True)
         for m in self.models.values():
             m.train()
@@ -542,9 +553,13 @@ class RoleWiseGRPOTrainer:
         ``optimizer.step()`` is not called. ``tis_weights`` ``(n, T)``: truncated importance weights on the
         clipped surrogate (`agents.grpo.grpo_loss`).
 
+        The rows run in length-packed micro-batches of at most ``micro_batch_tokens`` padded tokens
+        (`micro_batches`); each micro-batch's loss divides by the count of the whole minibatch, so their
+        gradients accumulate into the minibatch's before the one optimizer step.
+
         With several processes `mb` is this rank's share of the minibatch: the loss divides by the count of
         the whole minibatch (summed over ranks) and is scaled by the world size before ``backward``, whose
-        DDP all-reduce averages it, so every rank applies the whole minibatch's gradient. The decisions
+        DDP all-reduce (on the last micro-batch only; the others run under ``no_sync``) averages it, so every rank applies the whole minibatch's gradient. The decisions
         (any loss token, finite loss) are taken over all ranks, and the returned statistics are those of
         the whole minibatch.
         """
@@ -599,8 +614,8 @@ class RoleWiseGRPOTrainer:
                     clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
                     entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, count=count, token_weights=weights,
                 )
-                # a non-finite loss still runs its backward (every rank must join the all-reduce); its non-finite
-                # gradient is then caught by the norm below and not applied
+                # a non-finite loss still runs its backward (every rank must join the all-reduce); the step is then
+                # dropped on every rank through par.all(loss_finite) below
                 loss_finite = loss_finite and math.isfinite(float(loss.detach()))
                 (loss * par.world_size).backward()
             share = int(m_mask.sum()) / max(local_tokens, 1)

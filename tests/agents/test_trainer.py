@@ -229,7 +229,11 @@ def test_prefix_kv_is_cleared_after_a_fused_adamw_step(tmp_path):
     trainer.schedulers["model"] = torch.optim.lr_scheduler.LambdaLR(trainer.optimizers["model"], lambda s: 1.0)
     versions = [p._version for p in model.parameters()]
     before = _params(model)
+    entries_during_update = []
+    update = trainer.update
+    trainer.update = lambda batch: (entries_during_update.append(len(trainer.policy.kv_cache)), update(batch))[1]
     trainer.train_step()
+    assert entries_during_update == [0]  # the rollouts' KV is dropped before an update that trains (its memory)
     assert [p._version for p in model.parameters()] == versions  # the fingerprint alone would miss this update
     assert any(not torch.equal(before[k], v) for k, v in _params(model).items())
     assert len(trainer.policy.kv_cache) == 0
