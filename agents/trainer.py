@@ -559,9 +559,9 @@ class RoleWiseGRPOTrainer:
 
         With several processes `mb` is this rank's share of the minibatch: the loss divides by the count of
         the whole minibatch (summed over ranks) and is scaled by the world size before ``backward``, whose
-        DDP all-reduce (on the last micro-batch only; the others run under ``no_sync``) averages it, so every rank applies the whole minibatch's gradient. The decisions
-        (any loss token, finite loss) are taken over all ranks, and the returned statistics are those of
-        the whole minibatch.
+        DDP all-reduce (on the last micro-batch only; the others run under ``no_sync``) averages it, so every
+        rank applies the whole minibatch's gradient. The decisions (any loss token, finite loss) are taken
+        over all ranks, and the returned statistics are those of the whole minibatch.
         """
         cfg = self.config
         par = self.parallel
