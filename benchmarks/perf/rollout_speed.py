@@ -11,8 +11,10 @@ backend differs:
   ``model.generate(do_sample=True, ...)`` (HF's own KV cache inside a call, the whole context re-encoded at
   every call), logprobs from ``output_logits``.
 
-Equal work: by default neither side stops at an end-of-message id (`FixedLength`), so every generated
-segment is exactly ``--new`` tokens; samples still differ (different RNG use), so a segment that parses as a
+Equal work: by default neither side is given an end-of-message id (`FixedLength`), so our engine generates
+exactly ``--new`` tokens per segment; Transformers' ``generate`` on the HF side still stops at the model's
+own EOS (an empty ``eos_token_id`` falls back to it: 2,688 against 3,072 tokens measured, so the ratio was
+refused); samples still differ (different RNG use), so a segment that parses as a
 tool call on one side may not on the other, which changes the episode. The wall-time ratio is printed only
 when the two sides generated within 5% of the same tokens; the time per generated token always is. Runs alternate ``--rounds`` times in this one process; the ratio is of the medians.
 
