@@ -12,8 +12,8 @@ One training step, in the order of the algorithm box:
    at generation, optional k3 KL to a frozen reference, optional entropy bonus), AdamW with grad clipping;
    an optimizer step whose loss or clipped gradient is not finite is dropped and counted, and
    ``max_nonfinite_steps`` of them in a row stop the run;
-5. the prefix KV caches are cleared, before an update that will train (so its activations get that memory)
-   and after it (the weights changed; `RoleWiseGRPOTrainer.clear_kv_caches`);
+5. the prefix KV caches are cleared: by an update that trains, before its passes (its activations get that
+   memory), and after it (the weights changed; `RoleWiseGRPOTrainer.clear_kv_caches`);
 6. metrics to ``metrics.jsonl`` and TensorBoard, a checkpoint every ``save_every`` steps.
 
 Before any model loads, the trainer checks that at least ``min_solvable_fraction`` of the selected tasks can
@@ -399,10 +399,6 @@ class RoleWiseGRPOTrainer:
             sleep = getattr(policy.engine, "sleep", None)  # a colocated engine (vLLM) frees its memory for the update
             if sleep is not None:
                 sleep()
-        if not self._skips_update(batch):
-            for policy in dict.fromkeys((self.policy, self.rehearse_policy)):
-                if policy.kv_cache is not None:  # the weights are about to change: its entries are stale anyway,
-                    policy.kv_cache.clear()  # and the update's activations get their memory
         train_stats = self.update(batch)
         if train_stats.update_targets:
             self.clear_kv_caches()
@@ -431,13 +427,6 @@ class RoleWiseGRPOTrainer:
         for policy in dict.fromkeys((self.policy, self.rehearse_policy)):
             policy.engine.weights_updated()
 
-    def _skips_update(self, batch: RolloutBatch) -> bool:
-        """True when `update` would skip `batch`: ``skip_empty_updates``, no KL or entropy term, and no loss
-        token with a non-zero advantage on any rank (a collective: every rank calls it)."""
-        cfg = self.config
-        signal = bool((batch.advantages[batch.loss_mask] != 0).any())
-        return cfg.skip_empty_updates and cfg.beta == 0 and cfg.entropy_coef == 0 and not self.parallel.any(signal)
-
     def update(self, batch: RolloutBatch) -> UpdateStats:
         """``ppo_epochs`` x ``num_minibatches`` optimizer steps on `batch`; returns their `UpdateStats`.
 
@@ -451,6 +440,9 @@ class RoleWiseGRPOTrainer:
         ``skipped_update`` is then True; AdamW's weight decay
         is not applied on such a step (DAPO-style dynamic sampling drops such groups altogether).
 
+        An update that trains first clears the policies' prefix KV caches: their entries are about to be
+        stale, and the passes get their memory.
+
         A target whose loss or clipped gradient norm is not finite is not applied (`_minibatch_step`):
         ``skipped_nonfinite`` counts them; ``max_nonfinite_steps`` such steps in a row raise.
 
@@ -459,8 +451,12 @@ class RoleWiseGRPOTrainer:
                 gradient (the message says what to change).
         """
         cfg = self.config
-        if self._skips_update(batch):
+        signal = bool((batch.advantages[batch.loss_mask] != 0).any())
+        if cfg.skip_empty_updates and cfg.beta == 0 and cfg.entropy_coef == 0 and not self.parallel.any(signal):  # all ranks
             return UpdateStats(skipped_update=True)
+        for policy in dict.fromkeys((self.policy, self.rehearse_policy)):
+            if policy.kv_cache is not None:  # the weights are about to change: its entries are stale anyway,
+                policy.kv_cache.clear()  # and this update's activations get their memory
         for m in self.models.values():
             m.train()
         n = batch.num_rows
@@ -572,10 +568,7 @@ class RoleWiseGRPOTrainer:
         if not par.any(bool(mask.any())):
             return None
         local_tokens = int(mask.sum())
-        count = aggregation_count(mask, cfg.aggregation)
-        global_tokens = local_tokens
-        if par.distributed:
-            count, global_tokens = par.sum([count, local_tokens])
+        count, global_tokens = par.sum([aggregation_count(mask, cfg.aggregation), local_tokens])
         temperature = cfg.temperature if cfg.temperature > 0 else 1.0
         forward = self._logprob_modules[name]
         opt = self.optimizers[name]

@@ -230,10 +230,10 @@ def test_prefix_kv_is_cleared_after_a_fused_adamw_step(tmp_path):
     versions = [p._version for p in model.parameters()]
     before = _params(model)
     entries_during_update = []
-    update = trainer.update
-    trainer.update = lambda batch: (entries_during_update.append(len(trainer.policy.kv_cache)), update(batch))[1]
+    step = trainer._minibatch_step
+    trainer._minibatch_step = lambda *a, **k: (entries_during_update.append(len(trainer.policy.kv_cache)), step(*a, **k))[1]
     trainer.train_step()
-    assert entries_during_update == [0]  # the rollouts' KV is dropped before an update that trains (its memory)
+    assert entries_during_update == [0]  # the rollouts' KV is dropped before an update's passes (its memory)
     assert [p._version for p in model.parameters()] == versions  # the fingerprint alone would miss this update
     assert any(not torch.equal(before[k], v) for k, v in _params(model).items())
     assert len(trainer.policy.kv_cache) == 0
