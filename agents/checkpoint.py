@@ -51,6 +51,8 @@ def save_checkpoint(
     tokenizer: Any,
     config: dict[str, Any],
     extra: dict[str, Any] | None = None,
+    model_state_dicts: dict[str, dict[str, torch.Tensor] | None] | None = None,
+    optimizer_state_dicts: dict[str, dict[str, Any] | None] | None = None,
 ) -> Path:
     """Write a complete checkpoint for `step` atomically; returns its folder.
 
@@ -60,16 +62,23 @@ def save_checkpoint(
         tokenizer: saved beside each model so the folder loads on its own.
         config: the resolved config dict, stored in ``trainer_state.json``.
         extra: more JSON-compatible trainer state, stored there too (`trainer_state` reads it back).
+        model_state_dicts, optimizer_state_dicts: whole states to write instead of a model's or optimizer's
+            own ``state_dict()`` where one is given (not None): sharded (FSDP) weights gathered by
+            `agents.distributed.DataParallel.model_state_dict` and ``optimizer_state_dict``. The optimizer's is
+            then keyed by parameter name; `load_checkpoint` reads either form into either kind of optimizer.
     """
+    model_state_dicts = model_state_dicts or {}
+    optimizer_state_dicts = optimizer_state_dicts or {}
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     for name, model in models.items():
-        model.save_pretrained(tmp / name, safe_serialization=True)
+        state = model_state_dicts.get(name)
+        model.save_pretrained(tmp / name, safe_serialization=True, **({"state_dict": state} if state is not None else {}))
         tokenizer.save_pretrained(tmp / name)
-    torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / "optimizer.pt")
+    torch.save({k: optimizer_state_dicts.get(k) or o.state_dict() for k, o in optimizers.items()}, tmp / "optimizer.pt")
     torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "scheduler.pt")
     name, keys, pos, has_gauss, cached = np.random.get_state()
     numpy_state = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
@@ -173,15 +182,21 @@ def load_checkpoint(
         raise FileNotFoundError(f"{folder} is not a complete checkpoint (no {_STATE})")
     data = read_checkpoint(folder, list(models))
     for name, model in models.items():
-        missing, unexpected = model.load_state_dict(data["models"][name], strict=False)
+        if _is_sharded(model):  # FSDP: each rank keeps its shard of the whole tensors
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            missing, unexpected = set_model_state_dict(
+                model, data["models"][name], options=StateDictOptions(full_state_dict=True, strict=False))
+        else:
+            missing, unexpected = model.load_state_dict(data["models"][name], strict=False)
         unexpected = [k for k in unexpected]
         missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embedding
         if missing or unexpected:
             raise CheckpointError(f"checkpoint {folder / name} does not match the model: missing {missing}, unexpected {unexpected}")
-        if getattr(model.config, "tie_word_embeddings", False):
+        if getattr(model.config, "tie_word_embeddings", False) and not _is_sharded(model):
             model.tie_weights()
     for name, opt in optimizers.items():
-        opt.load_state_dict(data["optimizers"][name])
+        _load_optimizer_state(opt, models.get(name), data["optimizers"][name])
     for name, sched in schedulers.items():
         sched.load_state_dict(data["schedulers"][name])
     rng = data["rng"]
@@ -193,6 +208,39 @@ def load_checkpoint(
     np.random.set_state(numpy_state)
     torch.set_rng_state(rng["torch"])
     return data["step"]
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    """True when `model`'s parameters are FSDP shards (``DTensor``)."""
+    return any(hasattr(p, "full_tensor") for p in model.parameters())
+
+
+def _load_optimizer_state(opt: torch.optim.Optimizer, model: torch.nn.Module | None, state: dict[str, Any]) -> None:
+    """Load `state` into `opt`, whichever form it has: an optimizer's own ``state_dict()`` (keyed by parameter
+    index) or the whole state of sharded weights (keyed by parameter name, as FSDP runs save it), into an
+    optimizer over plain or sharded (FSDP) parameters of `model`. Index and name match through the order of
+    ``opt.param_groups`` and ``model.named_parameters()``."""
+    by_name = any(isinstance(k, str) for k in state.get("state", {})) or any(
+        isinstance(i, str) for g in state.get("param_groups", []) for i in g["params"])
+    sharded = model is not None and _is_sharded(model)
+    if not by_name and not sharded:
+        opt.load_state_dict(state)
+        return
+    if model is None:
+        raise CheckpointError("an optimizer state keyed by parameter name needs its model to be loaded")
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for g in opt.param_groups for p in g["params"]]  # index i is parameter order[i]
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        if not by_name:
+            state = {"state": {order[i]: v for i, v in state["state"].items()},
+                     "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]]}
+        set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True))
+        return
+    index = {n: i for i, n in enumerate(order)}
+    opt.load_state_dict({"state": {index[n]: v for n, v in state["state"].items()},
+                         "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]})
 
 
 def _as_python_state(state: Any) -> tuple:

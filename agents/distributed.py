@@ -16,6 +16,15 @@ so the all-reduced gradient is the gradient one process would compute on the who
 ``num_minibatches > 1`` each rank shuffles its own rows into the minibatches, so those differ from a single
 process's); metrics are computed on what all ranks gathered; rank 0 alone writes the run folder, and every
 rank must read it (on several nodes ``run_dir`` is on a shared filesystem).
+
+Sharded weights (FSDP2). An accelerate config with ``distributed_type: FSDP`` and ``fsdp_version: 2``
+(``configs/accelerate/fsdp_*.yaml``) makes `wrap` shard the weights, gradients and AdamW state over the ranks
+with torch's ``fully_shard`` (each decoder layer, then the whole module), the call Accelerate's own FSDP2 path
+makes, here made by the trainer because Accelerate keeps FSDP off CPU process groups and the one code path
+must run in CI. The launcher's ``fsdp_*`` keys are read through `accelerate.utils.FullyShardedDataParallelPlugin`.
+Generation needs whole weights and ranks decode different numbers of tokens, so rollouts run inside
+`gathered`, which all-gathers every layer once and keeps it whole until the block ends; every forward outside
+it all-gathers layer by layer, so all ranks run the same number of them (`forwards_needed`).
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["DataParallel", "refuse_launcher"]
+__all__ = ["DataParallel", "as_float", "fsdp_plugin_from_environment", "refuse_launcher"]
 
 
 class DataParallel:
@@ -39,10 +48,13 @@ class DataParallel:
         is_main: True on rank 0 (the one that writes checkpoints, metrics and logs).
         device: where this rank's model lives (`torch.device`).
         accelerator: the `accelerate.Accelerator` when ``world_size > 1``, else None.
+        fsdp: the launcher's `accelerate.utils.FullyShardedDataParallelPlugin` when its config asks for FSDP
+            (`wrap` then shards the weights), else None.
     """
 
-    def __init__(self, accelerator: Any | None = None, device: str | torch.device = "cpu") -> None:
+    def __init__(self, accelerator: Any | None = None, device: str | torch.device = "cpu", fsdp: Any | None = None) -> None:
         self.accelerator = accelerator
+        self.fsdp = fsdp
         if accelerator is None:
             self.rank, self.world_size, self.device = 0, 1, torch.device(device)
         else:
@@ -61,7 +73,8 @@ class DataParallel:
                 over gloo), whatever index is given.
 
         Raises:
-            ValueError: a CUDA device is asked for where CUDA is not available.
+            ValueError: a CUDA device is asked for where CUDA is not available, or the launcher's FSDP
+                settings are ones the trainer does not take (`fsdp_plugin_from_environment`).
         """
         cuda = torch.cuda.is_available()
         if device.startswith("cuda") and not cuda:
@@ -81,12 +94,18 @@ class DataParallel:
             # the other ranks wait in a barrier while rank 0 writes a checkpoint (~100 GB at 8B)
             InitProcessGroupKwargs(timeout=timedelta(minutes=60)),
         ]
-        return cls(Accelerator(cpu=device == "cpu" or not cuda, kwargs_handlers=handlers))
+        fsdp = fsdp_plugin_from_environment()
+        return cls(Accelerator(cpu=device == "cpu" or not cuda, kwargs_handlers=handlers), fsdp=fsdp)
 
     @property
     def distributed(self) -> bool:
         """True when more than one process takes part."""
         return self.world_size > 1
+
+    @property
+    def shards_weights(self) -> bool:
+        """True when `wrap` shards the weights over the ranks (FSDP2; several processes)."""
+        return self.fsdp is not None and self.distributed
 
     def shard(self, n: int, what: str = "items") -> tuple[int, int]:
         """``(start, stop)`` of this rank's contiguous share of ``n`` items.
@@ -167,17 +186,148 @@ class DataParallel:
     def no_sync(self, module: torch.nn.Module):
         """A context in which backward passes through `module` (a `wrap` result) accumulate gradients on this
         rank only, without DDP's all-reduce (gradient accumulation: the last micro-batch's backward, outside
-        it, all-reduces the sum); a no-op context with one process."""
-        if not self.distributed:
+        it, all-reduces the sum); a no-op context with one process, and under FSDP, where every backward
+        reduce-scatters into the sharded gradients (which accumulate): deferring it would keep whole
+        unsharded gradients on every rank, the memory FSDP is there to save."""
+        if not self.distributed or self.shards_weights:
             return contextlib.nullcontext()
         return module.no_sync()
 
-    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+    def wrap(self, module: torch.nn.Module, example: tuple | None = None) -> torch.nn.Module:
         """``module`` for the backward pass: DDP-wrapped when distributed (gradients all-reduced, averaged over
-        ranks, during ``backward``), else ``module`` itself. Its parameters are the same tensors."""
+        ranks, during ``backward``), sharded in place with FSDP2 when the launcher asks for it, else
+        ``module`` itself.
+
+        Under FSDP each submodule whose class is named by ``fsdp_transformer_layer_cls_to_wrap`` (default:
+        the Transformers models' ``_no_split_modules``, their decoder layers) is sharded, then ``module``
+        as the root; one forward of `example` (positional arguments) through it makes FSDP take ``module``
+        as the root before generation calls the inner layers directly. Build optimizers after this: the
+        parameters become ``DTensor`` shards.
+
+        Raises:
+            ValueError: FSDP finds no layer of the named classes in ``module``.
+        """
         if not self.distributed:
             return module
-        return self.accelerator.prepare_model(module)
+        if not self.shards_weights:
+            return self.accelerator.prepare_model(module)
+        from torch.distributed.fsdp import fully_shard
+
+        names = set(self.fsdp.transformer_cls_names_to_wrap or ())
+        if not names:
+            for m in module.modules():
+                names.update(getattr(m, "_no_split_modules", None) or ())
+        layers = [m for m in module.modules() if type(m).__name__ in names]
+        if not layers:
+            raise ValueError(f"FSDP found no layer of class {sorted(names)} in {type(module).__name__} to shard; "
+                             "set fsdp_transformer_layer_cls_to_wrap in the accelerate config")
+        options = {"reshard_after_forward": self.fsdp.reshard_after_forward, "offload_policy": self.fsdp.cpu_offload}
+        for layer in layers:
+            fully_shard(layer, **options)
+        fully_shard(module, **options)
+        if example is not None:
+            with torch.no_grad():
+                module(*example)
+        return module
+
+    @contextlib.contextmanager
+    def gathered(self, roots: Sequence[torch.nn.Module]):
+        """A context in which the FSDP-sharded `roots` (`wrap` results) hold whole weights on every rank, so
+        their modules may run any number of forwards, through any inner module, with no collective (a
+        rollout: ranks decode different numbers of tokens). It all-gathers each sharded module on entry
+        (a collective: every rank enters) and frees the whole copies on exit. A no-op unless
+        `shards_weights`."""
+        if not self.shards_weights:
+            yield
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        roots = list(roots)
+        parts = [m for root in roots for m in root.modules() if isinstance(m, FSDPModule)]
+        for m in parts:
+            m.set_reshard_after_forward(False, recurse=False)
+            m.unshard()
+        try:
+            yield
+        finally:
+            for m in parts:
+                m.reshard()
+                # a root keeps its weights whole after its forward, as FSDP sets it up (its backward needs them)
+                if not any(m is root for root in roots):
+                    m.set_reshard_after_forward(bool(self.fsdp.reshard_after_forward), recurse=False)
+
+    def forwards_needed(self, n: int) -> int:
+        """How many forward passes this rank runs when it has `n` to run: `n`, or under FSDP (where each
+        forward and backward all-gathers) the most any rank has, so that every rank joins every collective;
+        the extra passes carry no loss."""
+        if not self.shards_weights:
+            return n
+        return max(int(v) for v in self.gather(int(n)))
+
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """`model`'s whole state dict on the CPU for rank 0 to save: None (take ``model.state_dict()``)
+        unless `shards_weights`; then gathered from the shards (a collective: every rank calls it; ranks
+        other than 0 get an empty dict)."""
+        if not self.shards_weights:
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # a tied weight (the LM head sharing the embedding) is gathered once per name: keep the first name only,
+        # as a plain model's save_pretrained does
+        seen: set[int] = set()
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if id(p) in seen:
+                state.pop(name, None)
+            seen.add(id(p))
+        return state
+
+    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """Like `model_state_dict`, for the optimizer of `model`: whole, keyed by parameter name (the form
+        `torch.distributed.checkpoint.state_dict.get_optimizer_state_dict` gives), on rank 0."""
+        if not self.shards_weights:
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def as_float(value: torch.Tensor) -> float:
+    """A scalar tensor as a float; a sharded ``DTensor`` (an FSDP gradient norm) is made whole first."""
+    if hasattr(value, "full_tensor"):
+        value = value.full_tensor()
+    return float(value)
+
+
+def fsdp_plugin_from_environment() -> Any | None:
+    """The launcher's FSDP settings (`accelerate.utils.FullyShardedDataParallelPlugin`, read from the
+    ``FSDP_*`` variables ``accelerate launch`` sets), or None when its config does not ask for FSDP.
+
+    Raises:
+        ValueError: a setting the trainer does not take: ``fsdp_version`` other than 2, an
+            ``fsdp_auto_wrap_policy`` other than ``TRANSFORMER_BASED_WRAP``, accelerate's
+            ``fsdp_activation_checkpointing`` (the trainer's ``--gradient-checkpointing`` does it), or an FSDP
+            mixed-precision policy (the trainer's ``--dtype`` sets the precision).
+    """
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
+        return None
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin()
+    if os.environ.get("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP").upper() != "TRANSFORMER_BASED_WRAP":
+        raise ValueError(f"fsdp_auto_wrap_policy {os.environ['FSDP_AUTO_WRAP_POLICY']} in the accelerate config: the "
+                         "trainer shards decoder layer by layer; set fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP")
+    if plugin.fsdp_version != 2:
+        raise ValueError(f"fsdp_version {plugin.fsdp_version} in the accelerate config: the trainer shards with "
+                         "FSDP2 (torch's fully_shard); set fsdp_version: 2")
+    if plugin.activation_checkpointing:
+        raise ValueError("fsdp_activation_checkpointing in the accelerate config: the trainer checkpoints the "
+                         "decoder layers itself (--gradient-checkpointing, on by default); set it false")
+    if plugin.mixed_precision_policy is not None:
+        raise ValueError("an FSDP mixed-precision policy in the accelerate config: set mixed_precision 'no' and "
+                         "choose the weights' dtype with --dtype")
+    return plugin
 
 
 def refuse_launcher(command: str) -> None:

@@ -69,7 +69,7 @@ import numpy as np
 import torch
 
 from agents.config import DEVICE_HELP, add_dataclass_arguments, check_device, coerce_fields, config_field, dataclass_from_args
-from agents.distributed import DataParallel
+from agents.distributed import DataParallel, as_float
 from agents.models import ModelStore, default_store
 from agents.rollout import PAD_ROLE
 from envace_gym.types import Role, Task, Trajectory
@@ -498,6 +498,9 @@ class SFTTrainer:
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         if config.lora:
             _require_peft()
+            if parallel.shards_weights:
+                raise ValueError("--lora under an FSDP accelerate config: LoRA trains few weights, so it runs under "
+                                 "DDP (configs/accelerate/cpu_2proc.yaml, ddp_8gpu.yaml); drop --lora or the FSDP config")
         self.weights = {_ROLE_NAMES[r]: (config.act_weight if r == "act" else config.rehearse_weight) for r in config.role_list()}
         if demos is None:
             demos, data_stats = load_sft_data(config, models.tokenizer(config.init or config.model))
@@ -531,8 +534,10 @@ class SFTTrainer:
                     r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                     target_modules=list(config.lora_target_modules), bias="none", task_type="CAUSAL_LM",
                 ))
-        # what the backward runs through: DDP-wrapped (gradients all-reduced) when there are several processes
-        self._logprobs = parallel.wrap(TokenLogprobs(self.model))
+        # what the backward runs through: DDP-wrapped (gradients all-reduced) when there are several processes,
+        # or sharded in place (FSDP)
+        self._logprobs = parallel.wrap(TokenLogprobs(self.model), example=(
+            torch.tensor([[self.pad_id]], device=parallel.device), torch.ones(1, 1, dtype=torch.long, device=parallel.device)))
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=config.lr, weight_decay=config.weight_decay, betas=(config.adam_beta1, config.adam_beta2)
@@ -619,9 +624,9 @@ class SFTTrainer:
         (loss * par.world_size).backward()  # DDP averages the ranks' gradients
         params = [p for p in self.model.parameters() if p.requires_grad]
         if cfg.max_grad_norm > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            grad_norm = as_float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
         else:
-            grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+            grad_norm = as_float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
@@ -657,12 +662,17 @@ class SFTTrainer:
         from agents.checkpoint import checkpoint_dir
 
         path = checkpoint_dir(self.run_dir, self.step)
-        if self.parallel.is_main:  # every rank holds the same weights; the others wait until they are written
+        par = self.parallel
+        model_state = par.model_state_dict(self.model)  # FSDP: gathered from the shards (every rank calls it)
+        optimizer_state = par.optimizer_state_dict(self.model, self.optimizer)
+        if par.is_main:  # every rank holds the same weights (or its shard); the others wait until they are written
             models = {"model": self.plain_model()}
             if self.config.lora:
                 models["adapter"] = self.model
             path = save_checkpoint(self.run_dir, self.step, models, {"model": self.optimizer}, {"model": self.scheduler},
-                                   self.tokenizer, self.config.to_dict())
+                                   self.tokenizer, self.config.to_dict(),
+                                   model_state_dicts={"model": model_state} if model_state is not None else None,
+                                   optimizer_state_dicts={"model": optimizer_state} if optimizer_state is not None else None)
             prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
         self.parallel.barrier()
         return path

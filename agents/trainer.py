@@ -77,7 +77,7 @@ from agents.budgets import check_task_budgets
 from agents.checkpoint import checkpoint_dir, load_newest, prune_checkpoints, save_checkpoint
 from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
 from agents.config import TrainConfig, _dump_yaml
-from agents.distributed import DataParallel
+from agents.distributed import DataParallel, as_float
 from agents.engines import GenerationEngine
 from agents.grpo import LossStats, aggregation_count, grpo_loss
 from agents.logprobs import TokenLogprobs, enable_gradient_checkpointing, token_logprobs
@@ -214,6 +214,12 @@ class RoleWiseGRPOTrainer:
         self.parallel = parallel = parallel or DataParallel.from_environment(config.device)
         if not parallel.is_main:
             log = None
+        if parallel.shards_weights and config.shard_optimizer:
+            raise ValueError("--shard-optimizer (ZeRO stage 1) under an FSDP accelerate config: FSDP already shards "
+                             "AdamW's state over the ranks; drop --shard-optimizer")
+        if parallel.shards_weights and config.engine == "vllm":
+            raise ValueError("--engine vllm under an FSDP accelerate config: vLLM loads whole weights after every "
+                             "update, which sharded weights do not give it; use the hf engine or a DDP config")
         self._group_shard = parallel.shard(config.batch_tasks, "tasks per step (--batch-tasks)")
         local_trajectories = config.trajectories_per_step // parallel.world_size
         if local_trajectories < config.num_minibatches:
@@ -261,13 +267,16 @@ class RoleWiseGRPOTrainer:
         if config.gradient_checkpointing:
             for m in self.models.values():
                 enable_gradient_checkpointing(m)
-        # what the backward runs through: DDP-wrapped (gradients all-reduced) when there are several processes
-        self._logprob_modules = {k: parallel.wrap(TokenLogprobs(m)) for k, m in self.models.items()}
         self.ref_model = None
-        if config.beta > 0:
+        if config.beta > 0:  # copied before FSDP would shard the policy in place
             self.ref_model = copy.deepcopy(self.policy.model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
+        # what the backward runs through: DDP-wrapped (gradients all-reduced) when there are several processes,
+        # or sharded in place (FSDP)
+        example = (torch.tensor([[self.policy.pad_id]], device=parallel.device), torch.ones(1, 1, dtype=torch.long,
+                                                                                           device=parallel.device))
+        self._logprob_modules = {k: parallel.wrap(TokenLogprobs(m), example=example) for k, m in self.models.items()}
         self.optimizers = {
             k: parallel.adamw(
                 m.parameters(),
@@ -371,19 +380,20 @@ class RoleWiseGRPOTrainer:
             m.eval()
         first, stop = self._group_shard
         task_ids = self.sample_task_ids(self.step)[first:stop]  # this rank's groups
-        trajectories, rstats = collect_rollouts(
-            self.policy,
-            self.env,
-            task_ids,
-            cfg.group_size,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            seed=int(np.random.default_rng([cfg.seed, self.step, 1]).integers(2**31 - 1)),
-            rollout=cfg.rollout,
-            invalid_action_penalty=cfg.invalid_action_penalty,
-            first_env=first * cfg.group_size,
-            num_global_envs=cfg.trajectories_per_step,
-        )
+        with self.parallel.gathered(self._logprob_modules.values()):  # whole weights to generate with (FSDP)
+            trajectories, rstats = collect_rollouts(
+                self.policy,
+                self.env,
+                task_ids,
+                cfg.group_size,
+                max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature,
+                seed=int(np.random.default_rng([cfg.seed, self.step, 1]).integers(2**31 - 1)),
+                rollout=cfg.rollout,
+                invalid_action_penalty=cfg.invalid_action_penalty,
+                first_env=first * cfg.group_size,
+                num_global_envs=cfg.trajectories_per_step,
+            )
         batch = build_batch(
             trajectories,
             rstats.group_ids,
@@ -519,12 +529,16 @@ class RoleWiseGRPOTrainer:
         device = self.parallel.device
         temperature = cfg.temperature if cfg.temperature > 0 else 1.0
         out = torch.zeros_like(batch.old_logprobs)  # (N, T)
-        for rows in micro_batches(batch.attention_mask.sum(-1).tolist(), cfg.micro_batch_tokens):
+        micro = micro_batches(batch.attention_mask.sum(-1).tolist(), cfg.micro_batch_tokens)
+        for _ in range(self.parallel.forwards_needed(len(micro)) - len(micro)):  # FSDP: join the other ranks' passes
+            for name, _, _ in targets:
+                _idle_pass(self._logprob_modules[name], batch.input_ids, device)
+        for rows in micro:
             width = int(batch.attention_mask[rows].sum(-1).max())
             ids, attn = batch.input_ids[rows, :width].to(device), batch.attention_mask[rows, :width].to(device)  # (m, t)
-            for _, model, role in targets:
-                lp = token_logprobs(model, ids, attn, temperature=temperature,
-                                    chunk_size=cfg.logprob_chunk_size).float().cpu()  # (m, t)
+            for name, _, role in targets:
+                lp = self._logprob_modules[name](ids, attn, temperature=temperature,
+                                                 chunk_size=cfg.logprob_chunk_size).float().cpu()  # (m, t)
                 part = out[rows, :width]  # (m, t)
                 if role is None:
                     part = lp
@@ -579,14 +593,20 @@ class RoleWiseGRPOTrainer:
         micro = micro_batches(mb.attention_mask.sum(-1).tolist(), cfg.micro_batch_tokens)
         if not par.distributed:  # a micro-batch without loss tokens adds nothing; ranks all run theirs (DDP syncs)
             micro = [rows for rows in micro if bool(mask[rows].any())]
-        for i, rows in enumerate(micro):
+        passes = par.forwards_needed(len(micro))
+        for i in range(passes):
+            # DDP all-reduces on the last pass's backward only, so every rank syncs once (FSDP syncs every pass)
+            sync = par.no_sync(forward) if i < passes - 1 else contextlib.nullcontext()
+            if i >= len(micro):  # FSDP: a pass without loss, so that this rank joins the others' collectives
+                with sync:
+                    (_idle_pass(forward, mb.input_ids, device).sum() * 0).backward()
+                continue
+            rows = micro[i]
             width = int(mb.attention_mask[rows].sum(-1).max())
             ids = mb.input_ids[rows, :width].to(device)  # (m, t)
             attn = mb.attention_mask[rows, :width].to(device)  # (m, t)
             m_mask = mask[rows, :width].to(device)  # (m, t)
             old = mb.old_logprobs[rows, :width].to(device)  # (m, t)
-            # DDP all-reduces on the last micro-batch's backward only, so every rank syncs exactly once
-            sync = par.no_sync(forward) if i < len(micro) - 1 else contextlib.nullcontext()
             with sync:
                 if cfg.entropy_coef > 0:
                     logprobs, entropy = forward(ids, attn, temperature=temperature,
@@ -625,9 +645,9 @@ class RoleWiseGRPOTrainer:
         if finite:
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             if cfg.max_grad_norm > 0:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+                grad_norm = as_float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
             else:
-                grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+                grad_norm = as_float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
             # the total norm is finite exactly when every gradient is (a NaN/inf entry makes it NaN/inf), and
             # clipping scales by a finite factor, so this one number checks the gradients about to be applied
             finite = math.isfinite(grad_norm)
@@ -651,11 +671,15 @@ class RoleWiseGRPOTrainer:
         folder. With several processes rank 0 writes it (every rank holds the same weights and optimizer
         state) and the others wait until it is written."""
         path = checkpoint_dir(self.run_dir, self.step)
-        self.parallel.consolidate(list(self.optimizers.values()))
-        if self.parallel.is_main:
+        par = self.parallel
+        par.consolidate(list(self.optimizers.values()))
+        model_states = {k: par.model_state_dict(m) for k, m in self.models.items()}  # FSDP: gathered from the shards
+        optimizer_states = {k: par.optimizer_state_dict(self.models[k], o) for k, o in self.optimizers.items()}
+        if par.is_main:
             path = save_checkpoint(
                 self.run_dir, self.step, self.models, self.optimizers, self.schedulers, self.tokenizer,
                 self.config.to_dict(), extra={"nonfinite_in_a_row": dict(self.nonfinite_in_a_row)},
+                model_state_dicts=model_states, optimizer_state_dicts=optimizer_states,
             )
             prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
         self.parallel.barrier()
@@ -768,6 +792,14 @@ def micro_batches(lengths: list[int], max_tokens: int) -> list[torch.Tensor]:
     longest row) each, a longer row alone; every row appears once (`agents.sft.bucket_batches`)."""
     return [torch.tensor(rows, dtype=torch.long)
             for rows in bucket_batches(lengths, max_tokens, max(len(lengths), 1), seed=0, epoch=0)]
+
+
+def _idle_pass(forward: torch.nn.Module, input_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A forward of `forward` (a `TokenLogprobs`) over the first two ids of the first row, which runs every
+    layer (one id alone predicts nothing and would skip the model): the pass a rank with fewer micro-batches
+    makes so that it joins every FSDP all-gather of the others. Returns its ``(1, 2)`` logprobs."""
+    ids = input_ids[:1, :2].to(device)  # (1, 2)
+    return forward(ids, torch.ones_like(ids))
 
 
 def _whole_minibatch_stats(stats: LossStats, local_tokens: int, global_tokens: float,

@@ -30,6 +30,7 @@ from envace_gym.types import Role
 
 REPO = Path(__file__).resolve().parents[2]
 ACCELERATE_CONFIG = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
+FSDP_CONFIG = REPO / "configs" / "accelerate" / "fsdp_cpu_2proc.yaml"
 
 
 def test_one_process_is_a_no_op_and_shards_must_split_evenly():
@@ -65,6 +66,53 @@ def test_the_paper_recipe_and_the_shipped_launch_configs_agree():
             parallel = DataParallel()
             parallel.world_size = processes
             parallel.shard(recipe.batch_tasks, f"tasks per step of the recipe under {path.name}")
+
+
+def test_fsdp_settings_come_from_the_launcher_and_unsupported_ones_fail_fast(monkeypatch):
+    from agents.distributed import fsdp_plugin_from_environment
+
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    assert fsdp_plugin_from_environment() is None
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
+    monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP")
+    monkeypatch.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "LlamaDecoderLayer")
+    plugin = fsdp_plugin_from_environment()
+    assert plugin.reshard_after_forward is False and plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+    monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", "SIZE_BASED_WRAP")
+    with pytest.raises(ValueError, match="TRANSFORMER_BASED_WRAP"):
+        fsdp_plugin_from_environment()
+    monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP")
+    monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
+    with pytest.raises(ValueError, match="--gradient-checkpointing"):
+        fsdp_plugin_from_environment()
+    monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "false")
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(ValueError, match="set fsdp_version: 2"):
+        fsdp_plugin_from_environment()
+
+
+def test_an_optimizer_state_keyed_by_name_loads_into_a_plain_optimizer():
+    """What an FSDP run saves (whole state keyed by parameter name) resumes a one-process optimizer."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from agents.checkpoint import _load_optimizer_state
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    by_name = get_optimizer_state_dict(model, opt)
+    assert set(by_name["state"]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
+    fresh = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _load_optimizer_state(fresh, model, by_name)
+    for a, b in zip(opt.state_dict()["state"].values(), fresh.state_dict()["state"].values()):
+        assert all(torch.equal(a[k], b[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
+    plain = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _load_optimizer_state(plain, model, opt.state_dict())  # the index-keyed form still loads as before
+    assert plain.state_dict()["state"].keys() == opt.state_dict()["state"].keys()
 
 
 def test_pipeline_and_eval_refuse_to_run_once_per_rank(monkeypatch, capsys):
@@ -153,10 +201,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(args: list[str]) -> None:
-    """``accelerate launch --config_file configs/accelerate/cpu_2proc.yaml`` of the envace command line."""
+def _launch(args: list[str], config: Path = ACCELERATE_CONFIG) -> None:
+    """``accelerate launch --config_file configs/accelerate/cpu_2proc.yaml`` (or `config`) of the envace
+    command line."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIG),
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
            "--main_process_port", str(_free_port()), str(REPO / "tests" / "fixtures" / "launch_entry.py"), *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -221,8 +270,85 @@ def test_two_processes_train_what_one_trains_and_resume_exactly(tmp_path):
         torch.testing.assert_close(micro[k], one[k], atol=5e-5, rtol=0)
 
 
+def _checkpoint_files(run_dir: Path, step: int) -> tuple[dict[str, torch.Tensor], dict]:
+    folder = run_dir / "checkpoints" / f"step_{step:06d}"
+    return _weights(run_dir, step), torch.load(folder / "optimizer.pt", weights_only=False)
+
+
+def _copy_run(src: Path, dst: Path, step: int) -> None:
+    """`src` as it was when its checkpoint of `step` was the newest (later checkpoints removed)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    for folder in (dst / "checkpoints").iterdir():
+        if folder.name > f"step_{step:06d}":
+            shutil.rmtree(folder)
+
+
 @pytest.mark.slow
-def test_two_processes_fine_tune_what_one_fine_tunes(tmp_path):
+def test_fsdp_shards_train_what_one_process_trains_and_resume_exactly(tmp_path):
+    from agents.cli import main
+
+    # micro-batches of at most 600 tokens: on these rows rank 0 packs its two trajectories into one pass and
+    # rank 1 needs two, so rank 0 runs a pass without loss to join rank 1's all-gathers; the truncated importance
+    # sampling recompute runs its own passes the same way
+    args = [*GRPO, "--micro-batch-tokens", "600", "--importance-sampling-cap", "2"]
+    assert main(["train", "--run-dir", str(tmp_path / "one"), "--num-steps", "2", *args]) == 0
+    _launch(["train", "--run-dir", str(tmp_path / "fsdp"), "--num-steps", "2", *args], FSDP_CONFIG)
+    one, one_opt = _checkpoint_files(tmp_path / "one", 2)
+    fsdp, fsdp_opt = _checkpoint_files(tmp_path / "fsdp", 2)
+    assert sorted(fsdp) == sorted(one)  # whole tensors, the tied LM head saved once, as a plain model saves
+    for k in one:
+        torch.testing.assert_close(fsdp[k], one[k], atol=5e-5, rtol=0)
+    assert any(not torch.equal(_weights(tmp_path / "fsdp", 1)[k], fsdp[k]) for k in fsdp)
+    # the optimizer state is gathered whole, keyed by parameter name
+    assert all(isinstance(k, str) for k in fsdp_opt["model"]["state"])
+    assert len(fsdp_opt["model"]["state"]) == len(one_opt["model"]["state"])
+    for a, b in zip(_metrics(tmp_path / "one"), _metrics(tmp_path / "fsdp")):
+        assert a["rollout/reward_mean"] == b["rollout/reward_mean"]
+        assert b["train/loss"] == pytest.approx(a["train/loss"], abs=1e-6)
+        assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-4)
+
+    # stopped after step 1 and resumed: bit for bit the uninterrupted run
+    _launch(["train", "--run-dir", str(tmp_path / "resumed"), "--num-steps", "1", *args], FSDP_CONFIG)
+    _launch(["train", "--run-dir", str(tmp_path / "resumed"), "--num-steps", "2", *args], FSDP_CONFIG)
+    resumed = _weights(tmp_path / "resumed", 2)
+    assert all(torch.equal(resumed[k], fsdp[k]) for k in fsdp)
+
+    # checkpoints cross over: FSDP resumes a one-process run (optimizer state keyed by index) and one process
+    # resumes an FSDP run (keyed by name); each second step is the one its source would have taken
+    _copy_run(tmp_path / "one", tmp_path / "one_then_fsdp", 1)
+    _launch(["train", "--run-dir", str(tmp_path / "one_then_fsdp"), "--num-steps", "2", *args], FSDP_CONFIG)
+    _copy_run(tmp_path / "fsdp", tmp_path / "fsdp_then_one", 1)
+    assert main(["train", "--run-dir", str(tmp_path / "fsdp_then_one"), "--num-steps", "2", *args]) == 0
+    for crossed in (_weights(tmp_path / "one_then_fsdp", 2), _weights(tmp_path / "fsdp_then_one", 2)):
+        for k in one:
+            torch.testing.assert_close(crossed[k], one[k], atol=5e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_fsdp_trains_per_role_policies_and_refuses_zero_one(tmp_path):
+    from agents.cli import main
+
+    args = [*GRPO, "--policy", "per_role", "--num-steps", "1"]
+    assert main(["train", "--run-dir", str(tmp_path / "one"), *args]) == 0
+    _launch(["train", "--run-dir", str(tmp_path / "fsdp"), *args], FSDP_CONFIG)
+    for name in ("model", "rehearse_model"):
+        folder = lambda run: run / "checkpoints" / "step_000001" / name / "model.safetensors"  # noqa: E731
+        from safetensors.torch import load_file
+
+        one, fsdp = load_file(str(folder(tmp_path / "one"))), load_file(str(folder(tmp_path / "fsdp")))
+        for k in one:
+            torch.testing.assert_close(fsdp[k], one[k], atol=5e-5, rtol=0)
+    _, fsdp_opt = _checkpoint_files(tmp_path / "fsdp", 1)
+    assert all(isinstance(k, str) for opt in fsdp_opt.values() for k in opt["state"])  # both models were sharded
+    with pytest.raises(AssertionError, match="FSDP already shards"):
+        _launch(["train", "--run-dir", str(tmp_path / "zero"), "--shard-optimizer", "true", *GRPO], FSDP_CONFIG)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [ACCELERATE_CONFIG, FSDP_CONFIG], ids=["ddp", "fsdp"])
+def test_two_processes_fine_tune_what_one_fine_tunes(tmp_path, config):
     from agents.cli import main
     from tests.agents.test_sft import _record
 
@@ -231,10 +357,12 @@ def test_two_processes_fine_tune_what_one_fine_tunes(tmp_path):
     args = ["sft", "--model", "tiny-random", "--data", str(data), "--min-reward", "1.0", "--lr", "3e-3", "--max-steps", "2",
             "--save-every", "2"]
     assert main([*args, "--run-dir", str(tmp_path / "one")]) == 0
-    _launch([*args, "--run-dir", str(tmp_path / "two")])
+    _launch([*args, "--run-dir", str(tmp_path / "two")], config)
     one, two = _weights(tmp_path / "one", 2), _weights(tmp_path / "two", 2)
     for k in one:
         torch.testing.assert_close(two[k], one[k], atol=5e-5, rtol=0)
+    sharded_state = all(isinstance(k, str) for k in _checkpoint_files(tmp_path / "two", 2)[1]["model"]["state"])
+    assert sharded_state == (config == FSDP_CONFIG)  # FSDP saves its gathered optimizer state keyed by name
     m1, m2 = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
     assert [m["data/rows"] for m in m2] == [m["data/rows"] for m in m1] == [3, 3]
     assert [m["data/tokens/act"] for m in m2] == [m["data/tokens/act"] for m in m1]
