@@ -71,6 +71,20 @@ def test_cached_and_uncached_hf_engines_sample_the_same_tokens():
         assert [g.token_ids for g in a] == [g.token_ids for g in b]
 
 
+@pytest.mark.parametrize("name", ["hf", "hf-generate"])
+def test_without_stop_ids_every_engine_generates_exactly_max_new_tokens(name):
+    """No stop id means the full budget, even where the model's own EOS is sampled (the equal-work
+    benchmarks rely on it)."""
+    policy = load_policy("tiny-random")
+    engine = make_engine(name, policy.model, policy.pad_id)
+    context = [[1, 2, 3, 4]]
+    first = engine.generate(context, max_new_tokens=1, temperature=0.0, stop_ids=[])[0].token_ids[0]
+    policy.model.generation_config.eos_token_id = first  # greedy decoding now emits the model's EOS at once
+    gen = engine.generate(context, max_new_tokens=5, temperature=0.0, stop_ids=[])[0]
+    assert gen.token_ids[0] == first and len(gen.token_ids) == 5 and not gen.stopped
+    assert len(engine.generate(context, max_new_tokens=5, temperature=0.0, stop_ids=[first])[0].token_ids) == 1
+
+
 def test_an_unknown_engine_fails_fast_with_the_registered_names(tmp_path):
     assert {"hf", "hf-nocache"} <= set(registered_engines())
     with pytest.raises(ValueError, match="engine must be one of"):
