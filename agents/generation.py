@@ -205,18 +205,68 @@ def generate(
         # Row i's fed columns are contiguous: its context in [W - len(context_i), W) (left padding) and its
         # first len_i - 1 generated ids after W (the last sampled id was never fed back).
         kv_cache.stats["fed_tokens"] += sum(max(n - 1, 0) for n in lens)
-        new_entries = []
-        layers = _cache_layers(cache)
-        for i in range(batch):
-            first, end = width0 - len(contexts[i]), width0 + max(lens[i] - 1, 0)
-            ids = contexts[i] + gens[i].token_ids[:-1]
-            keys = [k[i : i + 1, :, first:end].clone() for k, _ in layers]  # each (1, H_kv, L_i, D)
-            values = [v[i : i + 1, :, first:end].clone() for _, v in layers]  # each (1, H_kv, L_i, D)
-            new_entries.append(KVEntry(np.asarray(ids, dtype=np.int64), keys, values))
-        # Only an entry a row continued in full is superseded by that row's new entry.
-        kv_cache.store(new_entries, [s if s is not None and reused[i] == s.num_tokens else None
-                                     for i, s in enumerate(sources)])
+        _store_entries(kv_cache, _cache_layers(cache), contexts, gens, sources, reused, row_to_uniq, width0)
     return gens
+
+
+def _store_entries(
+    kv_cache: PrefixKVCache, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], contexts: Sequence[Sequence[int]],
+    gens: Sequence[Generation], sources: Sequence[KVEntry | None], reused: Sequence[int], row_to_uniq: Sequence[int],
+    width0: int,
+) -> None:
+    """Store each row's processed ids (its context and all its generated ids but the last) in `kv_cache`.
+
+    Row i's fed columns in ``layers`` (per layer ``(B, H_kv, W + N, D)``) are contiguous: its context in
+    ``[W - len(context_i), W)`` (left padding) and its generated ids after ``W``. With
+    ``kv_cache.share_prefixes`` an entry stores only the KV its parent does not hold: a row links to the
+    entry it continued (or, when it alone continued all of that entry, which it then replaces, to that
+    entry's parent), and rows of identical contexts (a group's K copies of a prompt) share one entry of the
+    context, each keeping only its generation. Otherwise every row's entry is whole, and an entry a row
+    continued in full is replaced.
+    """
+    def columns(i: int, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return ([k[i:i + 1, :, start:end].clone() for k, _ in layers],  # each (1, H_kv, end - start, D)
+                [v[i:i + 1, :, start:end].clone() for _, v in layers])
+
+    lens = [len(g.token_ids) for g in gens]
+    if not kv_cache.share_prefixes:
+        entries = []
+        for i, ctx in enumerate(contexts):
+            keys, values = columns(i, width0 - len(ctx), width0 + max(lens[i] - 1, 0))
+            entries.append(KVEntry(np.asarray(list(ctx) + gens[i].token_ids[:-1], dtype=np.int64), keys, values))
+        kv_cache.store(entries, [s if s is not None and reused[i] == s.num_tokens else None
+                                 for i, s in enumerate(sources)])
+        return
+    users: dict[int, set[int]] = {}  # id(source) -> the distinct contexts that continue it
+    for i, src in enumerate(sources):
+        if src is not None and reused[i] > 0:
+            users.setdefault(id(src), set()).add(row_to_uniq[i])
+    replaced = {id(src): src for i, src in enumerate(sources)
+                if kv_cache.replace and src is not None and reused[i] == src.num_tokens and len(users[id(src)]) == 1}
+    rows_of: dict[int, list[int]] = {}
+    for i, u in enumerate(row_to_uniq):
+        rows_of.setdefault(u, []).append(i)
+    entries = []
+    for rows in rows_of.values():
+        i0 = rows[0]
+        src, n = sources[i0], reused[i0]
+        parent, shared = (None, 0) if src is None or n == 0 else (
+            (src.parent, src.prefix_tokens) if id(src) in replaced else (src, n))
+        context = list(contexts[i0])
+        first = width0 - len(context)
+        if len(rows) > 1:  # identical contexts: their KV once, each row's entry its generation only
+            keys, values = columns(i0, first + shared, width0)
+            shared_context = KVEntry(np.asarray(context, dtype=np.int64), keys, values, parent=parent,
+                                     prefix_tokens=shared)
+            entries.append(shared_context)
+            parent, shared = shared_context, len(context)
+        for i in rows:
+            if len(rows) > 1 and lens[i] <= 1:
+                continue  # nothing of its own beyond the shared context
+            keys, values = columns(i, first + shared, width0 + max(lens[i] - 1, 0))
+            entries.append(KVEntry(np.asarray(context + gens[i].token_ids[:-1], dtype=np.int64), keys, values,
+                                   parent=parent, prefix_tokens=shared))
+    kv_cache.store(entries, list(replaced.values()))
 
 
 def _prefill_shared_prefixes(
@@ -250,9 +300,11 @@ def _prefill_shared_prefixes(
         _, cache, _, _, _ = _prefill(model, [prefix], [src], [p], 0, device)
         kv_cache.stats["fed_tokens"] += len(prefix) - p
         kv_cache.stats["shared_prefixes"] += 1
-        # extra=0: each layer's buffer is exactly the prefix, so its keys/values are whole tensors, not views
-        kv_cache.store([KVEntry(np.asarray(prefix, dtype=np.int64), [layer.keys for layer in cache.layers],
-                                [layer.values for layer in cache.layers])])
+        parent, shared = (None, 0) if src is None or p == 0 or not kv_cache.share_prefixes else (src, p)
+        # extra=0: each layer's buffer is exactly the prefix; the part a parent holds is sliced off (a copy)
+        keys = [layer.keys if shared == 0 else layer.keys[:, :, shared:].clone() for layer in cache.layers]
+        values = [layer.values if shared == 0 else layer.values[:, :, shared:].clone() for layer in cache.layers]
+        kv_cache.store([KVEntry(np.asarray(prefix, dtype=np.int64), keys, values, parent=parent, prefix_tokens=shared)])
 
 
 def _prefill(
@@ -289,10 +341,7 @@ def _prefill(
     value_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # (U, H_kv, W+E, D)
     for u, (src, p) in enumerate(zip(sources, reused)):
         if src is not None and p > 0:
-            start = width - lengths[u]
-            for layer in range(n_layers):
-                key_buffers[layer][u, :, start:start + p] = src.keys[layer][0, :, :p]
-                value_buffers[layer][u, :, start:start + p] = src.values[layer][0, :, :p]
+            src.copy_into(key_buffers, value_buffers, u, width - lengths[u], p)
 
     if n_rows == 1 or (len(set(lengths)) == 1 and len(set(reused)) == 1):
         p = reused[0]

@@ -25,8 +25,16 @@ both are handled:
    * ``max_tokens``: total stored tokens over all entries; the least recently used entries go first.
 
 Memory per stored token is ``2 × layers × kv_heads × head_dim × 4`` bytes in float32 (SmolLM2-135M:
-30 × 3 × 64 → 46 KB/token). The K trajectories of a group that share a prompt each hold their own copy
-after their first turn (they diverge from there).
+30 × 3 × 64 → 46 KB/token).
+
+Stored prefixes are shared, not copied (``share_prefixes``, on by default). An entry may hold only the KV
+of its own tokens after a ``parent`` entry's first ``prefix_tokens`` tokens, so the K trajectories of a
+group keep one copy of their common prompt after their first turn (they diverge from there), and their
+later turns keep pointing at it. A row that continued an entry in part links to that entry; a row that
+continued all of it links to that entry's own parent, since the entry itself is replaced (so a chain
+grows with the points where trajectories diverged, not with turns). An evicted entry that is still some
+entry's parent stays in memory until no entry points to it; `PrefixKVCache.num_tokens` counts what is
+held, parents included.
 
 Shared prefixes within one call: `agents.generation.generate` prefills a prefix of at least
 ``min_shared_prefix`` tokens that several rows of the call share (and the cache does not hold yet) once,
@@ -51,22 +59,55 @@ class KVEntry:
 
     Attributes:
         ids: the token ids the model processed, ``(L,)`` int64 numpy array.
-        keys: one tensor per layer, ``(1, H_kv, L, D)`` in the model's dtype.
-        values: one tensor per layer, ``(1, H_kv, L, D)``.
+        keys: one tensor per layer, ``(1, H_kv, L - prefix_tokens, D)`` in the model's dtype: the keys of
+            ``ids[prefix_tokens:]`` (all of them without a parent).
+        values: one tensor per layer, ``(1, H_kv, L - prefix_tokens, D)``.
         last_used: value of the cache's call counter when it was stored or last matched.
+        parent: the entry holding the KV of ``ids[:prefix_tokens]`` (its first ``prefix_tokens`` ids are
+            those), or None.
+        prefix_tokens: how many leading ids `parent` holds (0 without a parent).
+        num_tokens: ``L``.
+        own_tokens: ``L - prefix_tokens``, the tokens whose KV this entry itself stores.
+
+    Raises:
+        ValueError: the KV length is not ``L - prefix_tokens``, or `parent` and ``prefix_tokens`` do not fit
+            (a parent without prefix tokens, more prefix tokens than the parent or the entry has, or a
+            parent whose ids differ on the prefix).
     """
 
     ids: np.ndarray
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     last_used: int = 0
+    parent: "KVEntry | None" = None
+    prefix_tokens: int = 0
     num_tokens: int = field(init=False)
+    own_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.num_tokens = int(self.ids.shape[0])
+        p = self.prefix_tokens = int(self.prefix_tokens)
+        if (self.parent is None) != (p == 0) or p > self.num_tokens or (
+                self.parent is not None and (p > self.parent.num_tokens
+                                             or common_prefix_length(self.parent.ids[:p], self.ids[:p]) < p)):
+            raise ValueError(f"parent of {self.parent.num_tokens if self.parent else 0} tokens cannot hold the first "
+                             f"{p} of {self.num_tokens} ids")
+        self.own_tokens = self.num_tokens - p
         for k, v in zip(self.keys, self.values):
-            if k.shape[2] != self.num_tokens or v.shape[2] != self.num_tokens:
-                raise ValueError(f"KV length {k.shape[2]}/{v.shape[2]} != {self.num_tokens} ids")
+            if k.shape[2] != self.own_tokens or v.shape[2] != self.own_tokens:
+                raise ValueError(f"KV length {k.shape[2]}/{v.shape[2]} != {self.own_tokens} own ids")
+
+    def copy_into(self, key_buffers: Sequence[torch.Tensor], value_buffers: Sequence[torch.Tensor], row: int,
+                  start: int, n: int) -> None:
+        """Write the KV of ``ids[:n]`` into columns ``[start, start + n)`` of row `row` of each layer's
+        buffers ``(B, H_kv, C, D)``, the parents' part from the parents."""
+        p = min(n, self.prefix_tokens)
+        if p > 0:
+            self.parent.copy_into(key_buffers, value_buffers, row, start, p)
+        if n > p:
+            for layer, (k, v) in enumerate(zip(self.keys, self.values)):
+                key_buffers[layer][row, :, start + p:start + n] = k[0, :, :n - p]
+                value_buffers[layer][row, :, start + p:start + n] = v[0, :, :n - p]
 
 
 class PrefixKVCache:
@@ -76,6 +117,8 @@ class PrefixKVCache:
         max_tokens: cap on the total tokens stored over all entries (>= 1); LRU eviction beyond it.
         max_idle_calls: entries not used during this many consecutive `begin_call`s are evicted (>= 1).
         replace: drop an entry once a row that continued all of it stored its extension (True by default).
+        share_prefixes: new entries link to the entry they continue instead of copying its KV (True by
+            default; see the module doc). False stores every entry whole (the measured alternative).
         min_shared_prefix: shortest prefix shared by several rows of one `generate` call that is prefilled
             once for all of them (>= 1; the default 128 skips the short common system-prompt start).
 
@@ -89,7 +132,8 @@ class PrefixKVCache:
     """
 
     def __init__(
-        self, max_tokens: int = 131_072, max_idle_calls: int = 4, replace: bool = True, min_shared_prefix: int = 128
+        self, max_tokens: int = 131_072, max_idle_calls: int = 4, replace: bool = True, min_shared_prefix: int = 128,
+        share_prefixes: bool = True,
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -101,6 +145,7 @@ class PrefixKVCache:
         self.max_idle_calls = int(max_idle_calls)
         self.replace = bool(replace)
         self.min_shared_prefix = int(min_shared_prefix)
+        self.share_prefixes = bool(share_prefixes)
         self._entries: list[KVEntry] = []
         self._clock = 0
         self._fingerprint: tuple | None = None
@@ -116,8 +161,17 @@ class PrefixKVCache:
 
     @property
     def num_tokens(self) -> int:
-        """Total tokens stored over all entries."""
-        return sum(e.num_tokens for e in self._entries)
+        """Tokens whose KV the cache holds: the own tokens of every entry and of every parent they point to,
+        each entry counted once (what its memory is, in tokens)."""
+        seen: set[int] = set()
+        total = 0
+        for e in self._entries:
+            node = e
+            while node is not None and id(node) not in seen:
+                seen.add(id(node))
+                total += node.own_tokens
+                node = node.parent
+        return total
 
     def clear(self) -> None:
         """Drop every entry (e.g. after changing the model outside an in-place parameter update)."""
@@ -174,11 +228,10 @@ class PrefixKVCache:
         for e in entries:
             e.last_used = self._clock
             self._entries.append(e)
-        total = self.num_tokens
-        if total > self.max_tokens:
+        if self.num_tokens > self.max_tokens:
             self._entries.sort(key=lambda e: e.last_used)  # oldest first
-            while self._entries and total > self.max_tokens:
-                total -= self._entries.pop(0).num_tokens
+            while self._entries and self.num_tokens > self.max_tokens:
+                self._entries.pop(0)
                 self.stats["evicted"] += 1
 
 

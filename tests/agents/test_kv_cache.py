@@ -10,6 +10,7 @@ position id or a stale entry changes the logprobs far beyond the 1e-3 tolerance.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
@@ -89,21 +90,22 @@ segment = st.lists(st.integers(0, 4000), min_size=1, max_size=12)
     temperature=st.sampled_from([0.0, 1.0, 0.7]),
     seed=st.integers(0, 2**20),
     min_shared=st.sampled_from([1, 4, 128]),
+    share=st.booleans(),
 )
 # Found by hypothesis: the first sampled difference is 12347 vs 12349, two ids apart in the CDF with no
 # probability between them (a rounding flip, not a bug); see `_assert_same_samples`.
 @example(prompts=[[2191, 1232, 181, 3847, 2830]], group=2,
          turns=[(2, [[0], [1950, 288, 1024, 348], [0], [0], [0], [0]]), (2, [[0]] * 6)],
-         temperature=0.7, seed=42113, min_shared=1)
+         temperature=0.7, seed=42113, min_shared=1, share=True)
 def test_cached_multi_turn_matches_full_recompute_and_uncached(
-    model, prompts, group, turns, temperature, seed, min_shared
+    model, prompts, group, turns, temperature, seed, min_shared, share
 ):
     """Multi-call inline pattern, ragged rows: cached logprobs == recompute; ids == uncached path's ids.
 
     Small ``min_shared`` makes rows that share a prefix (groups after they diverge) go through the
-    shared-prefix prefill too.
+    shared-prefix prefill too; ``share`` stores entries linked to their parents or whole.
     """
-    cache = PrefixKVCache(min_shared_prefix=min_shared)
+    cache = PrefixKVCache(min_shared_prefix=min_shared, share_prefixes=share)
     contexts = [_ids(p) for p in prompts for _ in range(group)]  # K identical prompts per group
     for t, (max_new, templates) in enumerate(turns):
         seeds = [seed + 97 * t + i for i in range(len(contexts))]
@@ -202,6 +204,56 @@ def test_only_an_entry_continued_in_full_is_replaced(model):
     generate(model, [list(stored.ids) + g.token_ids[-1:] + [11]], max_new_tokens=2, temperature=0.0,
              stop_ids=[STOP], pad_id=PAD, kv_cache=cache)
     assert not any(e is stored for e in cache)
+
+
+def _whole_kv(entry: KVEntry) -> list[torch.Tensor]:
+    """Every layer's keys then values of all of `entry`'s ids, rebuilt through its parents."""
+    keys = [torch.zeros(1, k.shape[1], entry.num_tokens, k.shape[3]) for k in entry.keys]
+    values = [torch.zeros_like(k) for k in keys]
+    entry.copy_into(keys, values, 0, 0, entry.num_tokens)
+    return keys + values
+
+
+def test_a_group_keeps_one_copy_of_its_prompt_across_turns(model):
+    """K rows of one prompt: after their first call the cache holds the prompt once and each row's own
+    tokens; after a second call (contexts extended, rows diverged) still so, and every entry's KV, rebuilt
+    through its parents, equals the whole copy the unshared cache stores."""
+    prompt, k = _ids(list(range(40))), 3
+    stored = {}
+    for share in (True, False):
+        cache = PrefixKVCache(share_prefixes=share)
+        contexts = [prompt] * k
+        sizes = []
+        for turn in range(2):
+            gens = generate(model, contexts, max_new_tokens=5, temperature=1.0, stop_ids=[STOP], pad_id=PAD,
+                            seeds=[10 * turn + i for i in range(k)], kv_cache=cache)
+            own = sum(len(c) + len(g.token_ids) - 1 for c, g in zip(contexts, gens))  # every row's fed ids
+            sizes.append((cache.num_tokens, own))
+            contexts = [c + g.token_ids + [7, 8] for c, g in zip(contexts, gens)]
+        stored[share] = ({tuple(e.ids.tolist()): _whole_kv(e) for e in cache}, sizes)
+    (shared, shared_sizes), (whole, whole_sizes) = stored[True], stored[False]
+    for tokens, fed in whole_sizes:
+        assert tokens == fed  # every row holds its whole prefix
+    for tokens, fed in shared_sizes:
+        assert tokens == fed - (k - 1) * len(prompt)  # the prompt once instead of K times
+    rows = [ids for ids in whole]
+    assert rows and all(ids in shared for ids in rows)
+    for ids in rows:
+        for a, b in zip(shared[ids], whole[ids]):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_a_linked_entry_must_fit_its_parent():
+    kv = [torch.zeros(1, 1, 2, 4)]
+    parent = KVEntry(np.asarray([5, 6, 7]), [torch.zeros(1, 1, 3, 4)], [torch.zeros(1, 1, 3, 4)])
+    child = KVEntry(np.asarray([5, 6, 7, 8, 9]), kv, kv, parent=parent, prefix_tokens=3)
+    assert (child.num_tokens, child.own_tokens) == (5, 2)
+    with pytest.raises(ValueError, match="cannot hold the first 3"):
+        KVEntry(np.asarray([5, 6, 1, 8, 9]), kv, kv, parent=parent, prefix_tokens=3)  # other ids on the prefix
+    with pytest.raises(ValueError, match="cannot hold the first 4"):
+        KVEntry(np.asarray([5, 6, 7, 8, 9, 9]), kv, kv, parent=parent, prefix_tokens=4)
+    with pytest.raises(ValueError, match="KV length 2/2 != 1 own ids"):
+        KVEntry(np.asarray([5, 6, 7, 8]), kv, kv, parent=parent, prefix_tokens=3)
 
 
 def test_reserved_layer_writes_in_place_then_falls_back_to_concatenation():
