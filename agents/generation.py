@@ -27,6 +27,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from agents.decode import decode_step, supports_decode_step
 from agents.kv_cache import KVEntry, PrefixKVCache, common_prefix_length
 
 __all__ = ["Generation", "generate"]
@@ -58,6 +59,7 @@ def generate(
     pad_id: int,
     seeds: Sequence[int | None] | None = None,
     kv_cache: PrefixKVCache | None = None,
+    fast_decode: bool = True,
 ) -> list[Generation]:
     """Sample a continuation of every context in one batched decode.
 
@@ -86,6 +88,9 @@ def generate(
         pad_id: id used for left padding (masked out).
         seeds: one seed per row (None: unseeded); same seed and context give the same sample.
         kv_cache: the prefix cache to read and extend (None: no caching, full re-encoding).
+        fast_decode: run each decode step through `agents.decode.decode_step` where the model supports it
+            (`agents.decode.supports_decode_step`; the same numbers without the Transformers module stack);
+            False runs the model's own forward at every step.
 
     Returns:
         B `Generation`s in input order.
@@ -158,8 +163,13 @@ def generate(
     stopped = torch.zeros(batch, dtype=torch.bool)  # (B,)
     pad_fill = torch.full((batch,), pad_id, dtype=torch.long)  # (B,)
     steps = 0
+    lean = fast_decode and supports_decode_step(model)
     for t in range(max_new_tokens):
-        if t > 0:
+        if t > 0 and lean:
+            logits = decode_step(model, next_ids.view(batch, 1).to(device), attention_mask[:, : width0 + t], next_pos,
+                                 cache).float()  # (B, V)
+            next_pos = next_pos + 1
+        elif t > 0:
             out = model(
                 input_ids=next_ids.view(batch, 1).to(device),
                 attention_mask=attention_mask[:, : width0 + t],

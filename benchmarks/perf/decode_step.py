@@ -14,12 +14,15 @@ For each batch size B (rows decoding together) and a context of ``--context`` to
 * **HF forward**: a plain Transformers decode step, ``model(input_ids, cache=cache, use_cache=True,
   logits_to_keep=1)`` with a `transformers.DynamicCache` and greedy ``argmax``;
 * **ours**: a step of `agents.generation.generate` (the engine every rollout uses): sampling with a seeded
-  generator per row and the logprob of each sampled id. Its step time is
+  generator per row and the logprob of each sampled id, each step through `agents.decode.decode_step`
+  (the lean path, without the Transformers module stack). Its step time is
   ``(t(N + 1 new tokens) - t(1 new token)) / N``, so the prefill and the one-off set-up cancel (a primed
   prefix cache makes each prefill one token per row, as in a rollout's later turns); no row stops (no stop
-  id), so every step decodes all B rows.
+  id), so every step decodes all B rows;
+* **ours, model forward**: the same with ``fast_decode=False``, each step through the model's own forward
+  (what the engine did before the lean path).
 
-The three are timed in interleaved rounds (floor, HF, ours, floor, ...; this machine's speed drifts by tens
+The four are timed in interleaved rounds (floor, HF, ours, ..., floor, ...; this machine's speed drifts by tens
 of percent over a minute), and each time is the median of ``--repeats`` rounds after an untimed one (the first
 calls of a shape set up their kernels); each column prints ms per step, tokens/s
 (``B / step``), ``× kernel floor`` and ``% of bandwidth bound`` (bound / step: 100% would be reading at the
@@ -128,7 +131,8 @@ def hf_step(model: torch.nn.Module, contexts: torch.Tensor, steps: int) -> Calla
     return one_run
 
 
-def our_step(model: torch.nn.Module, contexts: list[list[int]], steps: int, pad_id: int) -> Callable[[], float]:
+def our_step(model: torch.nn.Module, contexts: list[list[int]], steps: int, pad_id: int,
+             fast_decode: bool = True) -> Callable[[], float]:
     """A timer of `agents.generation.generate` decode steps: each call returns
     ``(t(steps + 1 new tokens) - t(1 new token)) / steps``, temperature 1, no stop id. A `PrefixKVCache`
     primed with the contexts makes each call's prefill one token per row (as in a rollout's later turns), so
@@ -138,7 +142,7 @@ def our_step(model: torch.nn.Module, contexts: list[list[int]], steps: int, pad_
     def run(new: int) -> float:
         t = time.perf_counter()
         generate(model, contexts, max_new_tokens=new, temperature=1.0, stop_ids=[], pad_id=pad_id,
-                 seeds=list(range(len(contexts))), kv_cache=cache)
+                 seeds=list(range(len(contexts))), kv_cache=cache, fast_decode=fast_decode)
         return time.perf_counter() - t
 
     run(1)  # primes the cache
@@ -184,8 +188,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, vocabulary "
           f"{vocab}; context {args.context} tokens per row; {args.threads} threads; read bandwidth "
           f"{bandwidth / 1e9:.1f} GB/s (torch.sum over {args.bandwidth_mb} MB)")
-    head = (f"{'B':>3} | {'bound ms':>8} {'floor ms':>8} | {'HF ms':>7} {'tok/s':>6} {'x floor':>7} {'% bound':>7} | "
-            f"{'ours ms':>7} {'tok/s':>6} {'x floor':>7} {'% bound':>7} | ours/HF")
+    columns = {"hf": "HF forward", "ours_forward": "ours, model forward", "ours": "ours"}
+    head = f"{'B':>3} | {'bound ms':>8} {'floor ms':>8} | " + " | ".join(
+        f"{label + ' ms':>22} {'tok/s':>6} {'x floor':>7} {'% bound':>7}" for label in columns.values())
     print(head)
     print("-" * len(head))
     rows = []
@@ -195,14 +200,16 @@ def main(argv: list[str] | None = None) -> dict:
         medians = interleaved_medians({
             "floor": kernel_floor(model, b, args.context),
             "hf": hf_step(model, ids, args.steps),
+            "ours_forward": our_step(model, ids.tolist(), args.steps, pad_id, fast_decode=False),
             "ours": our_step(model, ids.tolist(), args.steps, pad_id),
         }, args.repeats)
-        floor, hf, ours = medians["floor"], medians["hf"], medians["ours"]
-        row = dict(batch=b, bound_s=bound, floor_s=floor, hf_s=hf, ours_s=ours, bandwidth_Bps=bandwidth)
+        floor = medians["floor"]
+        row = dict(batch=b, bound_s=bound, floor_s=floor, bandwidth_Bps=bandwidth,
+                   **{f"{k}_s": medians[k] for k in columns})
         rows.append(row)
-        print(f"{b:>3} | {bound * 1e3:>8.1f} {floor * 1e3:>8.1f} | {hf * 1e3:>7.1f} {b / hf:>6.0f} {hf / floor:>7.2f} "
-              f"{100 * bound / hf:>6.0f}% | {ours * 1e3:>7.1f} {b / ours:>6.0f} {ours / floor:>7.2f} "
-              f"{100 * bound / ours:>6.0f}% | {ours / hf:.2f}", flush=True)
+        print(f"{b:>3} | {bound * 1e3:>8.1f} {floor * 1e3:>8.1f} | " + " | ".join(
+            f"{medians[k] * 1e3:>22.1f} {b / medians[k]:>6.0f} {medians[k] / floor:>7.2f} {100 * bound / medians[k]:>6.0f}%"
+            for k in columns), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
