@@ -36,7 +36,6 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 
 from agents.engines import HFEngine  # noqa: E402
-from agents.generation import _kv_geometry  # noqa: E402
 from agents.kv_cache import PrefixKVCache  # noqa: E402
 from agents.policy import Policy, load_policy  # noqa: E402
 from agents.rollout import collect_rollouts  # noqa: E402
@@ -69,8 +68,10 @@ def run(side: str, model_name: str, tasks, k: int, turns: int, new: int, seed: i
                                 seed=seed, max_steps=2 * turns)
     wall = time.perf_counter() - t0
     generated = sum(len(s.token_ids) for t in trajs for s in t.segments if s.logprobs is not None)
-    layers, kv_heads, head_dim, dtype = _kv_geometry(base.model)
-    bytes_per_token = 2 * layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    cfg = base.model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    bytes_per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * base.model.dtype.itemsize  # keys and values
     stored = engine.after_call
     return {"side": side, "wall_s": wall, "generated_tokens": generated, "s_per_token": wall / max(generated, 1),
             "calls": len(stored), "stored_peak_tokens": max(stored), "stored_mean_tokens": statistics.mean(stored),
