@@ -78,7 +78,8 @@ def save_checkpoint(
         state = model_state_dicts.get(name)
         model.save_pretrained(tmp / name, safe_serialization=True, **({"state_dict": state} if state is not None else {}))
         tokenizer.save_pretrained(tmp / name)
-    torch.save({k: optimizer_state_dicts.get(k) or o.state_dict() for k, o in optimizers.items()}, tmp / "optimizer.pt")
+    torch.save({k: optimizer_state_dicts[k] if optimizer_state_dicts.get(k) is not None else o.state_dict()
+                for k, o in optimizers.items()}, tmp / "optimizer.pt")
     torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "scheduler.pt")
     name, keys, pos, has_gauss, cached = np.random.get_state()
     numpy_state = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),

@@ -9,9 +9,11 @@ loop, writing each layer's new key and value into the generation's reserved KV b
 (`agents.generation._ReservedLayer`). Prefill (many ids per row) still runs through the model.
 
 Only plain architectures take this path (`supports_decode_step`): Llama and Qwen3 with SiLU MLPs, no
-biases, full attention in every layer, no tensor-parallel split and no hooks on the model (a hook is
-somebody measuring or changing the forward, which this path would skip). Anything else runs the model's
-own forward, which gives the same numbers up to float rounding.
+biases, full attention in every layer, no tensor-parallel split, every projection a plain `torch.nn.Linear`
+(not a LoRA or quantized layer, whose ``weight`` is not the whole function), and no hooks on the model (a
+hook is somebody measuring or changing the forward, which this path would skip; FSDP's are such hooks, so
+sharded models run their own forward). Anything else runs the model's own forward, which gives the same
+numbers up to float rounding.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 __all__ = ["decode_step", "supports_decode_step"]
 
 _ARCHITECTURES = {"LlamaForCausalLM", "Qwen3ForCausalLM"}
+_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                "mlp.up_proj", "mlp.down_proj")
+# grouped-query SDPA (enable_gqa) arrived in torch 2.5
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
 def supports_decode_step(model: torch.nn.Module) -> bool:
@@ -34,7 +40,10 @@ def supports_decode_step(model: torch.nn.Module) -> bool:
         return False
     if getattr(cfg, "pretraining_tp", 1) != 1 or getattr(cfg, "use_sliding_window", False):
         return False
-    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+    if not _SDPA_GQA or any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+        return False
+    linears = [model.lm_head] + [layer.get_submodule(name) for layer in model.model.layers for name in _PROJECTIONS]
+    if any(type(m) is not torch.nn.Linear for m in linears):
         return False
     return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 

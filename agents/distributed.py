@@ -224,7 +224,9 @@ class DataParallel:
         options = {"reshard_after_forward": self.fsdp.reshard_after_forward, "offload_policy": self.fsdp.cpu_offload}
         for layer in layers:
             fully_shard(layer, **options)
-        fully_shard(module, **options)
+        # the root keeps its weights whole from its forward to its backward, which needs them next (FSDP's
+        # choice for a root when left to it: reshard_after_forward=None)
+        fully_shard(module, **{**options, "reshard_after_forward": None if options["reshard_after_forward"] else False})
         if example is not None:
             with torch.no_grad():
                 module(*example)
@@ -252,9 +254,12 @@ class DataParallel:
         finally:
             for m in parts:
                 m.reshard()
-                # a root keeps its weights whole after its forward, as FSDP sets it up (its backward needs them)
-                if not any(m is root for root in roots):
+                if not any(m is root for root in roots):  # a root keeps its weights whole after its forward (`wrap`)
                     m.set_reshard_after_forward(bool(self.fsdp.reshard_after_forward), recurse=False)
+            for root in roots:
+                # forget the order in which the block ran the layers: FSDP prefetches the next backward's
+                # all-gathers by it, and a rank that ran other layers (or none) here would prefetch others
+                root.reset_iter_state()
 
     def forwards_needed(self, n: int) -> int:
         """How many forward passes this rank runs when it has `n` to run: `n`, or under FSDP (where each
@@ -307,13 +312,28 @@ def fsdp_plugin_from_environment() -> Any | None:
     Raises:
         ValueError: a setting the trainer does not take: ``fsdp_version`` other than 2, an
             ``fsdp_auto_wrap_policy`` other than ``TRANSFORMER_BASED_WRAP``, accelerate's
-            ``fsdp_activation_checkpointing`` (the trainer's ``--gradient-checkpointing`` does it), or an FSDP
-            mixed-precision policy (the trainer's ``--dtype`` sets the precision).
+            ``fsdp_activation_checkpointing`` (the trainer's ``--gradient-checkpointing`` does it), mixed
+            precision (the trainer's ``--dtype`` sets the precision), a state dict type other than
+            ``FULL_STATE_DICT``, ``fsdp_cpu_ram_efficient_loading``; or a torch without the FSDP calls used.
     """
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
         return None
     from accelerate.utils import FullyShardedDataParallelPlugin
 
+    from torch.distributed.fsdp import FSDPModule
+
+    if not hasattr(FSDPModule, "reset_iter_state"):
+        raise ValueError(f"an FSDP accelerate config with torch {torch.__version__}: the trainer's FSDP needs "
+                         "FSDPModule.reset_iter_state (torch 2.13 is the tested version); use a DDP config")
+    if os.environ.get("ACCELERATE_MIXED_PRECISION", "no") != "no":
+        raise ValueError(f"mixed_precision {os.environ['ACCELERATE_MIXED_PRECISION']} in an FSDP accelerate config: "
+                         "set mixed_precision 'no' and choose the weights' dtype with --dtype")
+    if os.environ.get("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT").upper() != "FULL_STATE_DICT":
+        raise ValueError(f"fsdp_state_dict_type {os.environ['FSDP_STATE_DICT_TYPE']} in the accelerate config: "
+                         "checkpoints hold whole tensors, gathered on rank 0; set fsdp_state_dict_type: FULL_STATE_DICT")
+    if os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "false").lower() == "true":
+        raise ValueError("fsdp_cpu_ram_efficient_loading in the accelerate config: every rank loads the model "
+                         "before it is sharded; set it false")
     plugin = FullyShardedDataParallelPlugin()
     if os.environ.get("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP").upper() != "TRANSFORMER_BASED_WRAP":
         raise ValueError(f"fsdp_auto_wrap_policy {os.environ['FSDP_AUTO_WRAP_POLICY']} in the accelerate config: the "

@@ -212,9 +212,15 @@ class PrefixKVCache:
             m = common_prefix_length(e.ids, ctx)
             if m > best_n:
                 best, best_n = e, m
-        if best is not None:
-            best.last_used = self._clock
+        self._touch(best)
         return best, best_n
+
+    def _touch(self, entry: KVEntry | None) -> None:
+        """Stamp `entry` and its parents as used now: a parent stays as long as an entry built on it does, so
+        the oldest entries, which eviction drops first, are ones whose memory dropping them frees."""
+        while entry is not None:
+            entry.last_used = self._clock
+            entry = entry.parent
 
     def store(self, entries: Sequence[KVEntry], sources: Sequence[KVEntry | None] = ()) -> None:
         """Add `entries` (stamped with the current call); drop `sources` when ``replace``; enforce ``max_tokens``.
@@ -226,7 +232,7 @@ class PrefixKVCache:
             gone = {id(s) for s in sources if s is not None}
             self._entries = [e for e in self._entries if id(e) not in gone]
         for e in entries:
-            e.last_used = self._clock
+            self._touch(e)
             self._entries.append(e)
         if self.num_tokens > self.max_tokens:
             self._entries.sort(key=lambda e: e.last_used)  # oldest first

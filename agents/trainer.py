@@ -216,7 +216,7 @@ class RoleWiseGRPOTrainer:
             log = None
         if parallel.shards_weights and config.shard_optimizer:
             raise ValueError("--shard-optimizer (ZeRO stage 1) under an FSDP accelerate config: FSDP already shards "
-                             "AdamW's state over the ranks; drop --shard-optimizer")
+                             "AdamW's state over the ranks; pass --shard-optimizer false")
         if parallel.shards_weights and config.engine == "vllm":
             raise ValueError("--engine vllm under an FSDP accelerate config: vLLM loads whole weights after every "
                              "update, which sharded weights do not give it; use the hf engine or a DDP config")
@@ -570,7 +570,9 @@ class RoleWiseGRPOTrainer:
         With several processes `mb` is this rank's share of the minibatch: the loss divides by the count of
         the whole minibatch (summed over ranks) and is scaled by the world size before ``backward``, whose
         DDP all-reduce (on the last micro-batch only; the others run under ``no_sync``) averages it, so every
-        rank applies the whole minibatch's gradient. The decisions (any loss token, finite loss) are taken
+        rank applies the whole minibatch's gradient. Under FSDP every micro-batch's backward reduce-scatters
+        into the sharded gradients instead, and a rank with fewer micro-batches than another runs passes
+        without loss (`_idle_pass`) until every rank has run as many, since each pass all-gathers. The decisions (any loss token, finite loss) are taken
         over all ranks, and the returned statistics are those of the whole minibatch.
         """
         cfg = self.config
@@ -668,8 +670,9 @@ class RoleWiseGRPOTrainer:
     # ------------------------------------------------------------------ checkpoints and metrics
     def save(self) -> Path:
         """Write a checkpoint of the current step (see `agents.checkpoint`) and prune old ones; returns its
-        folder. With several processes rank 0 writes it (every rank holds the same weights and optimizer
-        state) and the others wait until it is written."""
+        folder. With several processes rank 0 writes it and the others wait until it is written: under DDP
+        every rank holds the same weights and optimizer state; under FSDP every rank first takes part in
+        gathering the whole tensors onto rank 0."""
         path = checkpoint_dir(self.run_dir, self.step)
         par = self.parallel
         par.consolidate(list(self.optimizers.values()))

@@ -19,8 +19,7 @@ For each batch size B (rows decoding together) and a context of ``--context`` to
   ``(t(N + 1 new tokens) - t(1 new token)) / N``, so the prefill and the one-off set-up cancel (a primed
   prefix cache makes each prefill one token per row, as in a rollout's later turns); no row stops (no stop
   id), so every step decodes all B rows;
-* **ours, model forward**: the same with ``fast_decode=False``, each step through the model's own forward
-  (what the engine did before the lean path).
+* **ours, model forward**: the same with ``fast_decode=False``, each step through the model's own forward.
 
 The four are timed in interleaved rounds (floor, HF, ours, ..., floor, ...; this machine's speed drifts by tens
 of percent over a minute), and each time is the median of ``--repeats`` rounds after an untimed one (the first

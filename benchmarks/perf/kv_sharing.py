@@ -28,7 +28,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -38,8 +37,7 @@ import torch  # noqa: E402
 from agents.engines import HFEngine  # noqa: E402
 from agents.kv_cache import PrefixKVCache  # noqa: E402
 from agents.policy import Policy, load_policy  # noqa: E402
-from agents.rollout import collect_rollouts  # noqa: E402
-from benchmarks.perf.rollout_tokens import ScriptedFirstCall, make_venv, pick_tasks, scripts_for  # noqa: E402
+from benchmarks.perf.rollout_tokens import pick_tasks, scripted_inline_rollouts  # noqa: E402
 
 
 class StoredTokens:
@@ -61,13 +59,7 @@ def run(side: str, model_name: str, tasks, k: int, turns: int, new: int, seed: i
     base = load_policy(model_name)
     engine = StoredTokens(HFEngine(base.model, base.pad_id, kv_cache=PrefixKVCache(share_prefixes=side == "shared")))
     policy = Policy(base.model, base.tokenizer, engine=engine)
-    venv = make_venv(policy, "inline", len(tasks) * k, new, tasks)
-    actor = ScriptedFirstCall(policy, venv, scripts_for(tasks))
-    t0 = time.perf_counter()
-    trajs, _ = collect_rollouts(actor, venv, [t.id for t in tasks], k, max_new_tokens=new, temperature=1.0,
-                                seed=seed, max_steps=2 * turns)
-    wall = time.perf_counter() - t0
-    generated = sum(len(s.token_ids) for t in trajs for s in t.segments if s.logprobs is not None)
+    trajs, wall, generated = scripted_inline_rollouts(policy, tasks, k, turns, new, seed)
     cfg = base.model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads

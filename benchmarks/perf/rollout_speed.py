@@ -32,7 +32,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -41,8 +40,7 @@ import torch  # noqa: E402
 
 from agents.engines import HFEngine, HFGenerateEngine  # noqa: E402
 from agents.policy import Policy, load_policy  # noqa: E402
-from agents.rollout import collect_rollouts  # noqa: E402
-from benchmarks.perf.rollout_tokens import ScriptedFirstCall, make_venv, pick_tasks, scripts_for  # noqa: E402
+from benchmarks.perf.rollout_tokens import pick_tasks, scripted_inline_rollouts  # noqa: E402
 
 
 class FixedLength:
@@ -64,13 +62,7 @@ def run(kind: str, model_name: str, tasks, k: int, turns: int, new: int, seed: i
     base = load_policy(model_name)
     engine = HFEngine(base.model, base.pad_id, kv_cache=True) if kind == "ours" else HFGenerateEngine(base.model, base.pad_id)
     policy = Policy(base.model, base.tokenizer, engine=FixedLength(engine) if full_length else engine)
-    venv = make_venv(policy, "inline", len(tasks) * k, new, tasks)
-    actor = ScriptedFirstCall(policy, venv, scripts_for(tasks))
-    t0 = time.perf_counter()
-    trajs, stats = collect_rollouts(actor, venv, [t.id for t in tasks], k, max_new_tokens=new, temperature=1.0,
-                                    seed=seed, max_steps=2 * turns)
-    wall = time.perf_counter() - t0
-    generated = sum(len(s.token_ids) for t in trajs for s in t.segments if s.logprobs is not None)
+    trajs, wall, generated = scripted_inline_rollouts(policy, tasks, k, turns, new, seed)
     return {"kind": kind, "wall_s": wall, "generated_tokens": generated, "s_per_token": wall / max(generated, 1),
             "traj_len_mean": sum(len(t.token_ids) for t in trajs) / len(trajs)}
 

@@ -128,6 +128,20 @@ def make_venv(policy: Policy, prompt_mode: str, n: int, new: int, tasks) -> Any:
     )
 
 
+def scripted_inline_rollouts(policy: Policy, tasks, k: int, turns: int, new: int, seed: int) -> tuple[list, float, int]:
+    """K inline rehearsed rollouts of each of `tasks` with `policy`, the first ACT of every user turn
+    scripted (`ScriptedFirstCall`), at most ``2 × turns`` messages; returns ``(trajectories, wall seconds,
+    generated tokens)`` (tokens of segments with logprobs, i.e. the sampled ones)."""
+    venv = make_venv(policy, "inline", len(tasks) * k, new, tasks)
+    actor = ScriptedFirstCall(policy, venv, scripts_for(tasks))
+    t0 = time.perf_counter()
+    trajs, _ = collect_rollouts(actor, venv, [t.id for t in tasks], k, max_new_tokens=new, temperature=1.0,
+                                seed=seed, max_steps=2 * turns)
+    wall = time.perf_counter() - t0
+    generated = sum(len(s.token_ids) for t in trajs for s in t.segments if s.logprobs is not None)
+    return trajs, wall, generated
+
+
 def run_once(model_name: str, prompt_mode: str, cached: bool, tasks, k: int, new: int, seed: int) -> dict:
     """One rollout of B=len(tasks) × K trajectories; returns token counts per trajectory and wall time."""
     base = load_policy(model_name)

@@ -36,3 +36,9 @@ def test_models_the_lean_step_does_not_cover_run_their_own_forward():
     model.eval()
     model.config.hidden_act = "gelu"
     assert not supports_decode_step(model)
+    model.config.hidden_act = "silu"
+    plain = model.model.layers[1].mlp.up_proj
+    model.model.layers[1].mlp.up_proj = torch.nn.Sequential(plain)  # a wrapped projection (LoRA, quantized, ...)
+    assert not supports_decode_step(model)
+    model.model.layers[1].mlp.up_proj = plain
+    assert supports_decode_step(model)

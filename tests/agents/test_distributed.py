@@ -108,6 +108,7 @@ def test_an_optimizer_state_keyed_by_name_loads_into_a_plain_optimizer():
     assert set(by_name["state"]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
     fresh = torch.optim.AdamW(model.parameters(), lr=1e-2)
     _load_optimizer_state(fresh, model, by_name)
+    assert fresh.state_dict()["state"].keys() == opt.state_dict()["state"].keys()
     for a, b in zip(opt.state_dict()["state"].values(), fresh.state_dict()["state"].values()):
         assert all(torch.equal(a[k], b[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
     plain = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -324,6 +325,19 @@ def test_fsdp_shards_train_what_one_process_trains_and_resume_exactly(tmp_path):
     for crossed in (_weights(tmp_path / "one_then_fsdp", 2), _weights(tmp_path / "fsdp_then_one", 2)):
         for k in one:
             torch.testing.assert_close(crossed[k], one[k], atol=5e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_that_ran_different_forwards_while_gathered_still_train_together():
+    """A rank whose rollouts never ran a model (per-role REHEARSE, no tool call) and one that did must still
+    pair every collective of the next update (FSDP orders its backward prefetches by the forwards it saw)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG),
+           "--main_process_port", str(_free_port()), str(REPO / "tests" / "fixtures" / "fsdp_gathered_entry.py")]
+    # the ranks' collectives time out after 30 s (the script sets it), so a hang ends as a failed launch
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, "the ranks did not train together:\n" + done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("trained")) == ["trained 0", "trained 1"]
 
 
 @pytest.mark.slow
