@@ -230,6 +230,7 @@ class DataParallel:
         if example is not None:
             with torch.no_grad():
                 module(*example)
+            module.reshard()  # the root stays whole after a forward: the optimizer must see the shards
         return module
 
     @contextlib.contextmanager
