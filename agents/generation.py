@@ -165,21 +165,15 @@ def generate(
     steps = 0
     lean = fast_decode and supports_decode_step(model)
     for t in range(max_new_tokens):
-        if t > 0 and lean:
-            logits = decode_step(model, next_ids.view(batch, 1).to(device), attention_mask[:, : width0 + t], next_pos,
-                                 cache).float()  # (B, V)
-            next_pos = next_pos + 1
-        elif t > 0:
-            out = model(
-                input_ids=next_ids.view(batch, 1).to(device),
-                attention_mask=attention_mask[:, : width0 + t],
-                position_ids=next_pos,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            cache = out.cache
-            logits = out.logits[:, -1, :].float()  # (B, V)
+        if t > 0:
+            ids, mask = next_ids.view(batch, 1).to(device), attention_mask[:, : width0 + t]  # (B, 1), (B, W+t)
+            if lean:
+                logits = decode_step(model, ids, mask, next_pos, cache).float()  # (B, V)
+            else:
+                out = model(input_ids=ids, attention_mask=mask, position_ids=next_pos, cache=cache, use_cache=True,
+                            logits_to_keep=1)
+                cache = out.cache
+                logits = out.logits[:, -1, :].float()  # (B, V)
             next_pos = next_pos + 1
         scaled = (logits / temperature if temperature not in (0.0, 1.0) else logits).cpu()  # (B, V)
         # log_softmax at the chosen id only: x_id - max - log(sum exp(x - max)), the same formula as

@@ -227,6 +227,12 @@ class TokenLogprobs(torch.nn.Module):
         super().__init__()
         self.model = model
 
+    @staticmethod
+    def example_inputs(pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The smallest positional inputs of `forward`: ``(input_ids, attention_mask)``, each ``(1, 1)``
+        int64 (one `pad_id`), e.g. the first forward a sharding wrapper needs (`DataParallel.wrap`)."""
+        return (torch.tensor([[int(pad_id)]], device=device), torch.ones(1, 1, dtype=torch.long, device=device))
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
                 chunk_size: int = 512, return_entropy: bool = False):
         """`token_logprobs(self.model, ...)`: ``(N, T)`` float32 logprobs (and entropies)."""

@@ -536,8 +536,8 @@ class SFTTrainer:
                 ))
         # what the backward runs through: DDP-wrapped (gradients all-reduced) when there are several processes,
         # or sharded in place (FSDP)
-        self._logprobs = parallel.wrap(TokenLogprobs(self.model), example=(
-            torch.tensor([[self.pad_id]], device=parallel.device), torch.ones(1, 1, dtype=torch.long, device=parallel.device)))
+        self._logprobs = parallel.wrap(TokenLogprobs(self.model),
+                                       example=TokenLogprobs.example_inputs(self.pad_id, parallel.device))
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=config.lr, weight_decay=config.weight_decay, betas=(config.adam_beta1, config.adam_beta2)

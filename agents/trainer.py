@@ -274,8 +274,7 @@ class RoleWiseGRPOTrainer:
                 p.requires_grad_(False)
         # what the backward runs through: DDP-wrapped (gradients all-reduced) when there are several processes,
         # or sharded in place (FSDP)
-        example = (torch.tensor([[self.policy.pad_id]], device=parallel.device), torch.ones(1, 1, dtype=torch.long,
-                                                                                           device=parallel.device))
+        example = TokenLogprobs.example_inputs(self.policy.pad_id, parallel.device)
         self._logprob_modules = {k: parallel.wrap(TokenLogprobs(m), example=example) for k, m in self.models.items()}
         self.optimizers = {
             k: parallel.adamw(
