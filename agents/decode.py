@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 __all__ = ["decode_step", "supports_decode_step"]
 
@@ -50,10 +49,18 @@ def supports_decode_step(model: torch.nn.Module) -> bool:
 
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     """``norm(x)`` for a Llama/Qwen3 RMSNorm: statistics in float32, scaled by its weight."""
+    if x.dtype == torch.float32:  # one fused kernel instead of six small ops
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * h.to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` (Llama's rotary embedding) in three ops: rolling the last dim by half
+    gives ``cat(x2, x1)``, and `signed_sin` is ``cat(-sin1, sin2)``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
 
 @torch.no_grad()
@@ -75,24 +82,28 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
     inner = model.model
     cfg = model.config
     rows = input_ids.shape[0]
-    hidden = inner.embed_tokens(input_ids)  # (B, 1, H)
+    hidden = inner.embed_tokens(input_ids).view(rows, -1)  # (B, H)
     cos, sin = inner.rotary_emb(hidden, position_ids=position_ids)  # (B, 1, D) each
+    half = cos.shape[-1] // 2
+    cos = cos[:, None]  # (B, 1, 1, D): broadcast over heads
+    signed_sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, None]  # (B, 1, 1, D)
     mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T+1)
     for i, layer in enumerate(inner.layers[: cfg.num_hidden_layers]):
         attn, mlp = layer.self_attn, layer.mlp
-        x = _rms_norm(hidden, layer.input_layernorm)  # (B, 1, H)
-        q = F.linear(x, attn.q_proj.weight).view(rows, 1, -1, attn.head_dim)  # (B, 1, H_q, D)
-        k = F.linear(x, attn.k_proj.weight).view(rows, 1, -1, attn.head_dim)  # (B, 1, H_kv, D)
-        v = F.linear(x, attn.v_proj.weight).view(rows, 1, -1, attn.head_dim).transpose(1, 2)  # (B, H_kv, 1, D)
+        x = _rms_norm(hidden, layer.input_layernorm)  # (B, H)
+        q = F.linear(x, attn.q_proj.weight).view(rows, -1, 1, attn.head_dim)  # (B, H_q, 1, D)
+        k = F.linear(x, attn.k_proj.weight).view(rows, -1, 1, attn.head_dim)  # (B, H_kv, 1, D)
+        v = F.linear(x, attn.v_proj.weight).view(rows, -1, 1, attn.head_dim)  # (B, H_kv, 1, D)
         if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
             q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
-        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (B, H, 1, D) each
+        q, k = _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)  # (B, H, 1, D) each
         keys, values = cache.layers[i].update(k, v)  # (B, H_kv, T+1, D) each
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
                                              enable_gqa=q.shape[1] != keys.shape[1])  # (B, H_q, 1, D)
-        hidden = hidden + F.linear(out.transpose(1, 2).reshape(rows, 1, -1), attn.o_proj.weight)  # (B, 1, H)
+        # the residual add rides in the GEMM (addmm's beta term) instead of a separate op
+        hidden = torch.addmm(hidden, out.reshape(rows, -1), attn.o_proj.weight.t())  # (B, H)
         x = _rms_norm(hidden, layer.post_attention_layernorm)
-        hidden = hidden + F.linear(F.silu(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight),
-                                   mlp.down_proj.weight)  # (B, 1, H)
+        gate = F.silu(F.linear(x, mlp.gate_proj.weight), inplace=True).mul_(F.linear(x, mlp.up_proj.weight))
+        hidden = torch.addmm(hidden, gate, mlp.down_proj.weight.t())  # (B, H)
     hidden = _rms_norm(hidden, inner.norm)
-    return F.linear(hidden[:, -1], model.lm_head.weight)  # (B, V)
+    return F.linear(hidden, model.lm_head.weight)  # (B, V)
