@@ -99,7 +99,8 @@ class UpdateStats:
         loss: the mean over applied (model, minibatch) steps of `agents.grpo.LossStats`; None when no
             step was applied.
         grad_norm: mean gradient norm before clipping over the applied steps (0.0 when none).
-        update_tokens: non-padding tokens of the applied minibatches.
+        update_tokens: non-padding tokens of the rows the applied minibatches' passes ran (rows without
+            signal are left out of them, `RoleWiseGRPOTrainer._minibatch_step`).
         update_targets: how many (model, minibatch) steps were applied.
         skipped_update: True when the batch had no learning signal and no forward pass ran.
         skipped_nonfinite: steps dropped for a non-finite loss or gradient.
@@ -505,7 +506,7 @@ class RoleWiseGRPOTrainer:
                     if step[1] is None:  # not applied: non-finite loss or gradient
                         nonfinite += 1
                         continue
-                    tokens += int(mb.attention_mask.sum())
+                    tokens += self._run_tokens
                     applied.append(step)
         bar.close()
         tokens, diff, measured = self.parallel.sum([tokens, self._mismatch_sum, self._mismatch_tokens])
@@ -556,15 +557,19 @@ class RoleWiseGRPOTrainer:
                         tis_weights: torch.Tensor | None = None) -> tuple[LossStats, float | None] | None:
         """One optimizer step of `model` on the loss tokens of `mb` (of `role` only, when given).
 
-        Returns None when there is no such token (nothing is computed). Otherwise ``(stats, grad_norm)``:
+        Returns None when there is no such token, or (one process, ``skip_empty_updates``, no KL or entropy
+        term) none of them has a non-zero advantage: nothing is computed. Otherwise ``(stats, grad_norm)``:
         the `LossStats` and the gradient norm before clipping, or None for the norm when the loss or the
         clipped gradient norm is not finite, in which case the gradients are dropped and
         ``optimizer.step()`` is not called. ``tis_weights`` ``(n, T)``: truncated importance weights on the
         clipped surrogate (`agents.grpo.grpo_loss`).
 
-        The rows run in length-packed micro-batches of at most ``micro_batch_tokens`` padded tokens
-        (`micro_batches`); each micro-batch's loss divides by the count of the whole minibatch, so their
-        gradients accumulate into the minibatch's before the one optimizer step.
+        Rows whose loss tokens all have a zero advantage are left out of the passes in that case (their loss
+        and gradient are exactly 0; the loss still divides by the whole minibatch's count), and the token
+        means (clip fraction, approximate KL, ratio) are over the rows that ran. The rows run in length-packed
+        micro-batches of at most ``micro_batch_tokens`` padded tokens (`micro_batches`); each micro-batch's
+        loss divides by the count of the whole minibatch, so their gradients accumulate into the minibatch's
+        before the one optimizer step.
 
         With several processes `mb` is this rank's share of the minibatch: the loss divides by the count of
         the whole minibatch (summed over ranks) and is scaled by the world size before ``backward``, whose
@@ -591,9 +596,21 @@ class RoleWiseGRPOTrainer:
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy"), 0.0)
         token_means = dict.fromkeys(("clip_fraction", "approx_kl", "ratio_mean"), 0.0)
         loss_finite = True
-        micro = micro_batches(mb.attention_mask.sum(-1).tolist(), cfg.micro_batch_tokens)
-        if not par.distributed:  # a micro-batch without loss tokens adds nothing; ranks all run theirs (DDP syncs)
-            micro = [rows for rows in micro if bool(mask[rows].any())]
+        if par.distributed:  # ranks all run theirs (DDP syncs on the last pass; FSDP pads with idle passes)
+            keep = torch.ones(mask.shape[0], dtype=torch.bool)
+        elif cfg.skip_empty_updates and cfg.beta == 0 and cfg.entropy_coef == 0:
+            # A row whose loss tokens all have A = 0 adds exactly 0 to the loss and to the gradient (the clipped
+            # surrogate is A x ratio, and there is no KL or entropy term), so only rows with signal run: in a
+            # batch where few groups have reward variance that is most of the update's work.
+            keep = (mask & (mb.advantages != 0)).any(-1)  # (n,) bool
+            if not bool(keep.any()):
+                return None
+        else:
+            keep = mask.any(-1)  # (n,) bool: a row without loss tokens adds nothing
+        kept = keep.nonzero().flatten()  # (k,) int64 row indices into mb
+        micro = [kept[rows] for rows in micro_batches(mb.attention_mask[kept].sum(-1).tolist(), cfg.micro_batch_tokens)]
+        run_tokens = int(mask[kept].sum())  # loss tokens of the rows that run (the token means' weights)
+        self._run_tokens = int(mb.attention_mask[kept].sum())  # what the passes process (perf/update_tokens_per_s)
         passes = par.forwards_needed(len(micro))
         for i in range(passes):
             # DDP all-reduces on the last pass's backward only, so every rank syncs once (FSDP syncs every pass)
@@ -632,7 +649,7 @@ class RoleWiseGRPOTrainer:
                 # dropped on every rank through par.all(loss_finite) below
                 loss_finite = loss_finite and math.isfinite(float(loss.detach()))
                 (loss * par.world_size).backward()
-            share = int(m_mask.sum()) / max(local_tokens, 1)
+            share = int(m_mask.sum()) / max(run_tokens if not par.distributed else local_tokens, 1)
             for k in sums:
                 sums[k] += getattr(stats, k)
             for k in token_means:

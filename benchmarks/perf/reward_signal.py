@@ -56,7 +56,8 @@ def act_messages(trajectory: Any) -> list[tuple[int, int, Any]]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="model name, local HF folder, or tiny-random")
-    parser.add_argument("--categories", nargs="+", default=["multi_turn_base"])
+    parser.add_argument("--suite", default="bfcl", help="task suite registered in envace_gym.suites (bfcl, lab, tau2, ...)")
+    parser.add_argument("--categories", nargs="+", default=None, help="the suite's categories (default: bfcl's multi_turn_base, every category of another suite)")
     parser.add_argument("--split", default="train", choices=["train", "test", "all"])
     parser.add_argument("--tasks", type=int, default=4, help="B: tasks (drawn with --seed from the split)")
     parser.add_argument("--group-size", type=int, default=4, help="K: trajectories per task")
@@ -79,13 +80,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    suite = make_suite("bfcl")
+    suite = make_suite(args.suite)
+    if args.categories is None and args.suite == "bfcl":
+        args.categories = ["multi_turn_base"]
     pool = suite.tasks(args.categories, args.split)
     rng = np.random.default_rng(args.seed)
     chosen = [pool[i] for i in rng.choice(len(pool), size=min(args.tasks, len(pool)), replace=False)]
     policy = load_policy(args.model)
     env = RehearseVectorEnv(
-        num_envs=len(chosen) * args.group_size, suite="bfcl", tasks=chosen,
+        num_envs=len(chosen) * args.group_size, suite=args.suite, tasks=chosen,
         rehearser=PolicyRehearser(policy), max_new_tokens=args.rehearse_max_new_tokens,
         temperature=args.temperature, max_steps_per_turn=args.max_steps_per_turn,
     )
@@ -121,10 +124,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parse_errors += bool(nxt is not None and nxt.role == "tool" and nxt.tool_call_id is None)
     n = len(trajectories)
     lo, hi = wilson(sum(solved), n)
+    per_task = {t.id: int(sum(s for s, g in zip(solved, groups) if g == i)) for i, t in enumerate(chosen)}
     out = {
         "model": args.model, "rollout": args.rollout, "seed": args.seed, "tasks": [t.id for t in chosen],
         "group_size": args.group_size, "trajectories": n, "solved": int(sum(solved)), "solved_ci95": [lo, hi],
-        "groups_with_reward_variance": with_variance,
+        "groups_with_reward_variance": with_variance, "solved_per_task": per_task,
         "turns_checked": turns_checked, "turns_valid": turns_valid,
         "turns_valid_ci95": list(wilson(turns_valid, turns_checked)),
         "first_turns_checked": first_checked, "first_turns_valid": first_valid,
@@ -136,15 +140,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = [
         ("tasks solved (R = 1)", f"{out['solved']}/{n}", f"[{lo:.3f}, {hi:.3f}]"),
         ("groups with reward variance", f"{with_variance}/{len(chosen)}", ""),
-        ("checked user turns that pass BFCL's replay", f"{turns_valid}/{turns_checked}",
-         "[{:.3f}, {:.3f}]".format(*out["turns_valid_ci95"])),
-        ("first user turns that pass", f"{first_valid}/{first_checked}", ""),
+    ]
+    if turns_checked:  # suites whose verifier checks each user turn (BFCL's replay)
+        rows += [
+            ("checked user turns that pass the replay", f"{turns_valid}/{turns_checked}",
+             "[{:.3f}, {:.3f}]".format(*out["turns_valid_ci95"])),
+            ("first user turns that pass", f"{first_valid}/{first_checked}", ""),
+        ]
+    rows += [
         ("ACT calls naming an offered tool", f"{known}/{calls}", ""),
         ("ACT messages answered with a parse error", f"{parse_errors}/{acts}", ""),
         ("truncated trajectories", f"{out['truncated']}/{n}", ""),
     ]
     for name, value, ci in rows:
         print(f"  {name:<44} {value:>10}  {ci}")
+    print("  solved of K per task: " + ", ".join(f"{k} {v}/{args.group_size}" for k, v in per_task.items()))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)

@@ -135,6 +135,30 @@ def test_micro_batches_add_up_to_the_whole_minibatch_update(tmp_path, aggregatio
     assert any(not torch.allclose(start[k], r[k], atol=1e-5) for k in r)  # the step itself moved the weights
 
 
+def test_rows_without_signal_are_left_out_of_the_update_with_the_same_result(tmp_path):
+    """Rows whose every advantage is 0 add exactly nothing to the gradient: leaving them out of the passes
+    (the default) gives the weights that running every row gives, over fewer tokens."""
+    from agents.rollout import build_batch, collect_rollouts
+
+    runs = {}
+    for name, skip in (("pruned", True), ("every_row", False)):
+        trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / name), num_steps=1, skip_empty_updates=skip,
+                                                  **FAST))
+        cfg = trainer.config
+        trajs, stats = collect_rollouts(trainer.policy, trainer.env, trainer.sample_task_ids(0), cfg.group_size,
+                                        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=0)
+        batch = build_batch(trajs, stats.group_ids, pad_id=trainer.policy.pad_id)
+        first_group = torch.tensor([g == stats.group_ids[0] for g in stats.group_ids])  # (N,) bool
+        batch.advantages[first_group] = 0.0  # as if the first group's K rewards had been equal
+        assert bool((batch.advantages[~first_group] != 0).any())
+        runs[name] = (trainer.update(batch), _params(trainer.policy.model))
+    (pruned, p), (every, e) = runs["pruned"], runs["every_row"]
+    assert not pruned.skipped_update and not every.skipped_update
+    assert 0 < pruned.update_tokens < every.update_tokens
+    assert pruned.loss.pg_loss == pytest.approx(every.loss.pg_loss, rel=1e-4, abs=1e-7)
+    assert all(torch.allclose(p[k], e[k], atol=1e-6) for k in p)
+
+
 def test_micro_batches_pack_rows_of_similar_length_within_the_budget():
     from agents.trainer import micro_batches
 
