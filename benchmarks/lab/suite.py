@@ -23,8 +23,11 @@ class LabSuite:
 
     Verification replays the ACT calls of the trajectory, in order, on a fresh backend in the task's initial
     state (the episode's own backend is not read, so a rehearsed episode is scored the same way) and gives
-    R = 1 when the final state equals the state the reference calls reach, and, for ``count`` tasks, the
-    only number in the last reply is the expected one (so "1 or 2" earns nothing); else 0.
+    R = 1 when the final state equals the state the reference calls reach, no replayed call failed (returned
+    ``{"error": ...}``), and, for ``count`` tasks, the only number in the last reply is the expected one (so
+    "1 or 2" earns nothing); else 0. A failed call is a mistake even when it changes nothing: the world's
+    rules make some calls fail so that rehearsing before committing can avoid them, and a policy trained
+    with failed calls for free learns to pad successful episodes with them (GRPO did, on this world).
 
     Args:
         config: the difficulty knobs (`benchmarks.lab.tasks.LabConfig`); register variants as
@@ -88,7 +91,7 @@ class LabSuite:
         state_ok = state == reference_final_state(task)
         answer = task.metadata.get("answer")
         answer_ok = answer is None or (reply is not None and re.findall(r"\d+", reply) == [answer])
-        ok = state_ok and answer_ok
+        ok = state_ok and answer_ok and errors == 0
         return VerifierResult(reward=1.0 if ok else 0.0, valid=ok,
                               details={"state_matches": state_ok, "answer_matches": answer_ok, "failed_calls": errors,
                                        "broken": state["broken"]})

@@ -109,6 +109,18 @@ def test_a_wrong_label_an_unready_box_or_a_full_shelf_costs_the_reward(suite, to
     assert _play(tool_env, roomy.id, [[locate, move]])[0] == 1.0
 
 
+def test_a_failed_call_costs_the_reward_even_when_the_final_state_is_right(suite, tool_env):
+    """Failed calls change nothing, but a policy that pads its episodes with them is not done right."""
+    task = suite.tasks(["relocate"])[0]
+    (calls,) = suite.ground_truth(task)
+    no_shelf = ToolCall("move", {"item": calls[-1].arguments["item"]})  # a missing argument: an error, no change
+    reward, info = _play(tool_env, task.id, [calls + [no_shelf]])
+    assert reward == 0.0 and info["verifier"]["details"] == {
+        "state_matches": True, "answer_matches": True, "failed_calls": 1, "broken": []}
+    assert _play(tool_env, task.id, [[no_shelf] + calls])[0] == 0.0
+    assert _play(tool_env, task.id, [calls])[0] == 1.0
+
+
 def test_a_count_task_is_scored_on_the_number_in_the_reply(suite, tool_env):
     task = suite.tasks(["count"])[0]
     answer = int(task.metadata["answer"])
