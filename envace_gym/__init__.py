@@ -22,7 +22,7 @@ if "EnvACE-Tool-v0" not in registry:
     register(
         id="EnvACE-Tool-v0",
         entry_point="envace_gym.envs.tool_use:ToolUseEnv",
-        kwargs={"suite": "bfcl", "categories": ["multi_turn_base"], "split": "train", "max_steps_per_turn": 20,
+        kwargs={"suite": "bfcl", "categories": None, "split": "train", "max_steps_per_turn": 20,
                 "model": "smollm2-135m"},
         disable_env_checker=False,
     )
@@ -34,7 +34,7 @@ if "EnvACE-Rehearse-v0" not in registry:
         vector_entry_point="envace_gym.envs.rehearse_vector:RehearseVectorEnv",
         kwargs={
             "suite": "bfcl",
-            "categories": ["multi_turn_base"],
+            "categories": None,
             "split": "train",
             "model": "smollm2-135m",
             "prompt_mode": "inline",

@@ -30,6 +30,17 @@ def test_tool_env_makes_with_no_kwargs():
     assert info["task_id"].startswith("multi_turn_base_") and obs
 
 
+def test_another_suite_needs_only_its_name():
+    """The ids default to the suite's own categories, not BFCL's: every lab family, train split."""
+    from benchmarks.lab.tasks import CATEGORIES
+
+    env = gym.make("EnvACE-Tool-v0", suite="lab")
+    assert {t.metadata["category"] for t in env.unwrapped.tasks} == set(CATEGORIES)
+    assert len(env.unwrapped.tasks) == 6 * 96
+    obs, info = env.reset(seed=0)
+    assert info["task_id"].split("_")[0] in {c.split("_")[0] for c in CATEGORIES} and obs
+
+
 @pytest.mark.parametrize("env_id", ENVACE_IDS)
 def test_check_env(env_id):
     env = gym.make(env_id, **TINY.get(env_id, {}))
