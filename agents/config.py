@@ -206,7 +206,7 @@ class TrainConfig:
     entropy_coef: float = _f(0.0, "entropy bonus coefficient")
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = _f("token-mean", "how per-token losses are averaged")
     importance_sampling_cap: float = _f(0.0, "truncated importance sampling (TIS) between trainer and engine: before the update the trainer recomputes the batch's logprobs, the clipped ratio is taken against them, and each token's loss is weighted by min(pi_trainer / pi_engine, cap) (Yao et al., 2025); 0: off (the ratio is taken against the engine's recorded logprobs)")
-    skip_empty_updates: bool = _f(True, "skip the forward and backward passes of a batch in which no loss token has a non-zero advantage (and there is no KL or entropy term): its loss and gradient would be exactly 0; false runs them anyway, e.g. to time an update with the same work as a trainer that never skips")
+    skip_empty_updates: bool = _f(True, "skip the forward and backward passes of a batch in which no loss token has a non-zero advantage (and there is no KL or entropy term): its loss and gradient would be exactly 0; with one process, also leave the rows without a non-zero advantage out of the passes of a batch that trains (same gradient); false runs every row with loss tokens, e.g. to time an update with the same work as a trainer that never skips")
     ppo_epochs: int = _f(1, "passes over each rollout batch")
     num_minibatches: int = _f(1, "optimizer steps per epoch; the B*K trajectory rows must split into whole minibatches")
 

@@ -41,7 +41,7 @@ Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act,
 | ``rollout/verifier_replay_calls`` | calls the verifier replayed on fresh real backends to score the batch (counted apart) |
 | ``train/advantage_mean/ρ``, ``train/advantage_std/ρ``, ``train/advantage_abs/ρ`` | over role-ρ segments |
 | ``train/loss``, ``train/pg_loss``, ``train/kl``, ``train/entropy`` | `agents.grpo.grpo_loss` terms, mean over minibatches |
-| ``train/clip_fraction``, ``train/approx_kl``, ``train/ratio_mean`` | masked token means, mean over the (model, minibatch) targets that had loss tokens |
+| ``train/clip_fraction``, ``train/approx_kl``, ``train/ratio_mean`` | masked token means, mean over the (model, minibatch) targets that had loss tokens; with one process, over the rows with a non-zero advantage (rows without one are left out of the update's passes: `RoleWiseGRPOTrainer._minibatch_step`) |
 | ``train/grad_norm`` | total gradient norm before clipping, mean over those targets |
 | ``train/logprob_mismatch`` | mean over loss tokens of abs(log π_trainer − log π_engine), the trainer's recompute before any optimizer step of the update against the logprobs the engine recorded (`UpdateStats`); null when no forward pass ran |
 | ``train/tis_weight_mean`` | mean truncated importance weight min(π_trainer / π_engine, ``importance_sampling_cap``) over loss tokens; null when TIS is off |
@@ -108,7 +108,8 @@ class UpdateStats:
             before any optimizer step of this update (the first minibatch of each model, or the whole batch
             when truncated importance sampling recomputes it) against the logprobs the generation engine
             recorded. The same weights give both, so it measures numerics (batch shapes, kernels, dtype,
-            another engine). None when no forward pass ran.
+            another engine). With one process and without truncated importance sampling, over the rows
+            with a non-zero advantage (the rows the passes ran). None when no forward pass ran.
         tis_weight_mean: mean truncated importance weight ``min(π_trainer / π_engine, cap)`` over loss
             tokens (None when ``importance_sampling_cap`` is 0 or no forward pass ran).
     """
@@ -478,6 +479,7 @@ class RoleWiseGRPOTrainer:
         if "rehearse_model" in self.models:
             targets = [("model", self.policy.model, Role.ACT), ("rehearse_model", self.rehearse_policy.model, Role.REHEARSE)]
         self._mismatch_sum, self._mismatch_tokens = 0.0, 0  # Σ |log π_trainer − log π_engine| over loss tokens
+        self._run_tokens = 0  # set by each _minibatch_step: the tokens its passes ran
         self._unmeasured = {name for name, _, _ in targets}
         tis_weights, tis_sum, tis_tokens = None, 0.0, 0.0
         if cfg.importance_sampling_cap > 0:
@@ -557,16 +559,17 @@ class RoleWiseGRPOTrainer:
                         tis_weights: torch.Tensor | None = None) -> tuple[LossStats, float | None] | None:
         """One optimizer step of `model` on the loss tokens of `mb` (of `role` only, when given).
 
-        Returns None when there is no such token, or (one process, ``skip_empty_updates``, no KL or entropy
-        term) none of them has a non-zero advantage: nothing is computed. Otherwise ``(stats, grad_norm)``:
+        Returns None when there is no such token (nothing is computed). Otherwise ``(stats, grad_norm)``:
         the `LossStats` and the gradient norm before clipping, or None for the norm when the loss or the
         clipped gradient norm is not finite, in which case the gradients are dropped and
         ``optimizer.step()`` is not called. ``tis_weights`` ``(n, T)``: truncated importance weights on the
         clipped surrogate (`agents.grpo.grpo_loss`).
 
-        Rows whose loss tokens all have a zero advantage are left out of the passes in that case (their loss
-        and gradient are exactly 0; the loss still divides by the whole minibatch's count), and the token
-        means (clip fraction, approximate KL, ratio) are over the rows that ran. The rows run in length-packed
+        With one process, ``skip_empty_updates``, ``beta == 0`` and ``entropy_coef == 0``, rows whose loss
+        tokens all have a zero advantage are left out of the passes: their loss and gradient are exactly 0
+        (the loss still divides by the whole minibatch's count, and the optimizer still steps, on zero
+        gradients when no row is left). The token means (clip fraction, approximate KL, ratio) and the
+        logprob mismatch are then over the rows that ran. The rows run in length-packed
         micro-batches of at most ``micro_batch_tokens`` padded tokens (`micro_batches`); each micro-batch's
         loss divides by the count of the whole minibatch, so their gradients accumulate into the minibatch's
         before the one optimizer step.
@@ -603,8 +606,6 @@ class RoleWiseGRPOTrainer:
             # surrogate is A x ratio, and there is no KL or entropy term), so only rows with signal run: in a
             # batch where few groups have reward variance that is most of the update's work.
             keep = (mask & (mb.advantages != 0)).any(-1)  # (n,) bool
-            if not bool(keep.any()):
-                return None
         else:
             keep = mask.any(-1)  # (n,) bool: a row without loss tokens adds nothing
         kept = keep.nonzero().flatten()  # (k,) int64 row indices into mb
@@ -654,10 +655,15 @@ class RoleWiseGRPOTrainer:
                 sums[k] += getattr(stats, k)
             for k in token_means:
                 token_means[k] += getattr(stats, k) * share
-        self._unmeasured.discard(name)
+        if micro:  # measured on this model's first pass, before its first optimizer step
+            self._unmeasured.discard(name)
         stats = LossStats(**sums, **token_means)
         if par.distributed:
             stats = _whole_minibatch_stats(stats, local_tokens, global_tokens, par)
+        if not micro:  # every row was left out: the gradient is exactly 0, and AdamW still steps on it (weight
+            for p in model.parameters():  # decay and momentum move the weights), as when the passes ran
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
         grad_norm = float("nan")
         finite = par.all(loss_finite)
         if finite:

@@ -22,7 +22,8 @@ far); `describe` names the blocks.
 
 ## Rewards
 0 on every step; on the closing action, or when ``max_steps`` calls run out (truncated), the suite's score of
-the calls made and the reply: 1 when the final state is the reference's (and a ``count`` reply is right).
+the calls made and the reply: 1 when the final state is the reference's, no call failed, and a ``count``
+reply is right.
 
 ## Episode End
 Terminated by a closing action; truncated after ``max_steps`` tool calls.

@@ -6,12 +6,14 @@ does in training (``--rollout rehearse``: the policy rehearses the tools; ``real
 where the reward is lost:
 
 * tasks solved (R = 1) of B·K trajectories, with a Wilson 95% interval, and groups with reward variance;
-* per user turn, BFCL's own replay check (`benchmarks.bfcl.verify.verify_multi_turn`, ``details["turns"]``):
+* per user turn (suites whose verifier checks each turn, as BFCL's does), BFCL's own replay check (`benchmarks.bfcl.verify.verify_multi_turn`, ``details["turns"]``):
   the fraction of checked turns that pass, and of first turns;
 * ACT calls that name a tool the task offers at that turn, parse errors per ACT message, truncations.
 
-Usage (after ``make demo``, on its SFT checkpoint)::
+Usage (after ``make demo``, on its SFT checkpoint; ``make demo-bfcl`` writes ``runs/demo``)::
 
+    .venv/bin/python benchmarks/perf/reward_signal.py --suite lab --model runs/lab/sft/checkpoints/step_000024/model \\
+        --tasks 12 --group-size 4 --max-steps-per-turn 8 --max-new-tokens 48 --rehearse-max-new-tokens 32 --seed 1
     .venv/bin/python benchmarks/perf/reward_signal.py --model runs/demo/sft/checkpoints/step_000008/model \\
         --tasks 4 --group-size 4 --seed 0
 
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="model name, local HF folder, or tiny-random")
     parser.add_argument("--suite", default="bfcl", help="task suite registered in envace_gym.suites (bfcl, lab, tau2, ...)")
-    parser.add_argument("--categories", nargs="+", default=None, help="the suite's categories (default: bfcl's multi_turn_base, every category of another suite)")
+    parser.add_argument("--categories", nargs="+", default=None, help="the suite's categories (default: the suite's default categories; bfcl: multi_turn_base)")
     parser.add_argument("--split", default="train", choices=["train", "test", "all"])
     parser.add_argument("--tasks", type=int, default=4, help="B: tasks (drawn with --seed from the split)")
     parser.add_argument("--group-size", type=int, default=4, help="K: trajectories per task")

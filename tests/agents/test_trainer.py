@@ -135,7 +135,8 @@ def test_micro_batches_add_up_to_the_whole_minibatch_update(tmp_path, aggregatio
     assert any(not torch.allclose(start[k], r[k], atol=1e-5) for k in r)  # the step itself moved the weights
 
 
-def test_rows_without_signal_are_left_out_of_the_update_with_the_same_result(tmp_path):
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-sum"])
+def test_rows_without_signal_are_left_out_of_the_update_with_the_same_result(tmp_path, aggregation):
     """Rows whose every advantage is 0 add exactly nothing to the gradient: leaving them out of the passes
     (the default) gives the weights that running every row gives, over fewer tokens."""
     from agents.rollout import build_batch, collect_rollouts
@@ -143,7 +144,7 @@ def test_rows_without_signal_are_left_out_of_the_update_with_the_same_result(tmp
     runs = {}
     for name, skip in (("pruned", True), ("every_row", False)):
         trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / name), num_steps=1, skip_empty_updates=skip,
-                                                  **FAST))
+                                                  **{**FAST, "aggregation": aggregation}))
         cfg = trainer.config
         trajs, stats = collect_rollouts(trainer.policy, trainer.env, trainer.sample_task_ids(0), cfg.group_size,
                                         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=0)
@@ -156,10 +157,33 @@ def test_rows_without_signal_are_left_out_of_the_update_with_the_same_result(tmp
     assert not pruned.skipped_update and not every.skipped_update
     assert 0 < pruned.update_tokens < every.update_tokens
     assert pruned.loss.pg_loss == pytest.approx(every.loss.pg_loss, rel=1e-4, abs=1e-7)
+    assert pruned.grad_norm == pytest.approx(every.grad_norm, rel=1e-4)  # the same gradient, not just its sign
     assert all(torch.allclose(p[k], e[k], atol=1e-6) for k in p)
 
 
-def test_micro_batches_pack_rows_of_similar_length_within_the_budget():
+def test_a_minibatch_without_signal_still_takes_its_optimizer_step(tmp_path):
+    """With two minibatches, one whose rows all have A = 0 runs no pass but AdamW still steps on a zero gradient
+    (decoupled weight decay moves the weights), exactly as running its rows would."""
+    from agents.rollout import build_batch, collect_rollouts
+
+    weights = {}
+    for name, skip in (("pruned", True), ("every_row", False)):
+        trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / name), num_steps=1, skip_empty_updates=skip,
+                                                  num_minibatches=2, **FAST))
+        cfg = trainer.config
+        trajs, stats = collect_rollouts(trainer.policy, trainer.env, trainer.sample_task_ids(0), cfg.group_size,
+                                        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=0)
+        batch = build_batch(trajs, stats.group_ids, pad_id=trainer.policy.pad_id)
+        batch.advantages[1:] = 0.0  # only row 0 carries signal: one of the two minibatches has none
+        assert bool((batch.advantages[0] != 0).any())
+        update = trainer.update(batch)
+        assert update.update_targets == 2 and not update.skipped_update
+        weights[name] = _params(trainer.policy.model)
+    p, e = weights["pruned"], weights["every_row"]
+    assert all(torch.allclose(p[k], e[k], atol=1e-6) for k in p)
+
+
+
     from agents.trainer import micro_batches
 
     lengths = [500, 120, 480, 130, 900, 125]

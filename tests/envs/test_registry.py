@@ -38,7 +38,9 @@ def test_another_suite_needs_only_its_name():
     assert {t.metadata["category"] for t in env.unwrapped.tasks} == set(CATEGORIES)
     assert len(env.unwrapped.tasks) == 6 * 96
     obs, info = env.reset(seed=0)
-    assert info["task_id"].split("_")[0] in {c.split("_")[0] for c in CATEGORIES} and obs
+    assert env.unwrapped.task.metadata["category"] in CATEGORIES and info["task_id"] == env.unwrapped.task.id and obs
+    rehearse = gym.make("EnvACE-Rehearse-v0", suite="lab", model="tiny-random")
+    assert [t.id for t in rehearse.unwrapped.tasks] == [t.id for t in env.unwrapped.tasks]
 
 
 @pytest.mark.parametrize("env_id", ENVACE_IDS)
