@@ -610,7 +610,7 @@ class RoleWiseGRPOTrainer:
             keep = mask.any(-1)  # (n,) bool: a row without loss tokens adds nothing
         kept = keep.nonzero().flatten()  # (k,) int64 row indices into mb
         micro = [kept[rows] for rows in micro_batches(mb.attention_mask[kept].sum(-1).tolist(), cfg.micro_batch_tokens)]
-        run_tokens = int(mask[kept].sum())  # loss tokens of the rows that run (the token means' weights)
+        run_tokens = int(mask[kept].sum())  # loss tokens of the rows that run (all of them with several processes)
         self._run_tokens = int(mb.attention_mask[kept].sum())  # what the passes process (perf/update_tokens_per_s)
         passes = par.forwards_needed(len(micro))
         for i in range(passes):
@@ -650,7 +650,7 @@ class RoleWiseGRPOTrainer:
                 # dropped on every rank through par.all(loss_finite) below
                 loss_finite = loss_finite and math.isfinite(float(loss.detach()))
                 (loss * par.world_size).backward()
-            share = int(m_mask.sum()) / max(run_tokens if not par.distributed else local_tokens, 1)
+            share = int(m_mask.sum()) / max(run_tokens, 1)
             for k in sums:
                 sums[k] += getattr(stats, k)
             for k in token_means:

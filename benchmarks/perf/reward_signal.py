@@ -6,8 +6,9 @@ does in training (``--rollout rehearse``: the policy rehearses the tools; ``real
 where the reward is lost:
 
 * tasks solved (R = 1) of B·K trajectories, with a Wilson 95% interval, and groups with reward variance;
-* per user turn (suites whose verifier checks each turn, as BFCL's does), BFCL's own replay check (`benchmarks.bfcl.verify.verify_multi_turn`, ``details["turns"]``):
-  the fraction of checked turns that pass, and of first turns;
+* per user turn, for suites whose verifier checks each turn (BFCL's own replay check,
+  `benchmarks.bfcl.verify.verify_multi_turn`, ``details["turns"]``): the fraction of checked turns that
+  pass, and of first turns;
 * ACT calls that name a tool the task offers at that turn, parse errors per ACT message, truncations.
 
 Usage (after ``make demo``, on its SFT checkpoint; ``make demo-bfcl`` writes ``runs/demo``)::
@@ -83,8 +84,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     suite = make_suite(args.suite)
-    if args.categories is None and args.suite == "bfcl":
-        args.categories = ["multi_turn_base"]
     pool = suite.tasks(args.categories, args.split)
     rng = np.random.default_rng(args.seed)
     chosen = [pool[i] for i in rng.choice(len(pool), size=min(args.tasks, len(pool)), replace=False)]
