@@ -21,7 +21,9 @@ backend) before GRPO (the warm start) and after it. The model-free row is sb3-co
 the same test tasks.
 
 Printed per row: test success as mean +- the half-width of a 95% Student-t interval over seeds, the paired
-difference to ``role_grpo`` on the same seeds (same interval), the real tool calls made inside the training
+difference to ``role_grpo`` on the same seeds (same interval; one seed gives no interval and none is printed),
+the test tasks the row solved that ``role_grpo`` did not and the reverse (``tasks +/-``, summed over the
+seeds: the paired view a handful of seeds can still read), the real tool calls made inside the training
 loop and, counted apart, the calls the verifier replayed to score the rollouts (means per seed), and wall
 seconds per seed (training + evaluation). The warm start's row counts the calls of the reference
 solutions of the demonstrations it was given (each executed on the real backend to build them); every arm
@@ -52,7 +54,7 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from benchmarks.perf.lab_sb3_baseline import mean_ci95  # noqa: E402
+from benchmarks.perf.lab_sb3_baseline import mean_ci95, plus_minus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
@@ -107,7 +109,7 @@ def _fidelity(row: dict[str, Any]) -> dict[str, float | None]:
 
 def summarize(values: list[float], reference: list[float] | None = None) -> dict[str, Any]:
     """Mean and 95% half-width of `values` (one per seed), and of the paired differences to `reference`
-    (the mean and half-width are None when nothing was measured)."""
+    (the mean and half-width are None when nothing was measured; the half-width is None for one seed)."""
     if not values:
         return {"values": [], "mean": None, "ci95": None, "n": 0}
     mean, half = mean_ci95(values)
@@ -143,6 +145,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         return stages.evaluate(name, dataclasses.replace(recipe.eval_config(out / name, model), **changes), models)
 
     warm_eval = evaluation("warm_start/eval", warm)
+    warm_eval["task_rewards"] = _task_rewards(out / "warm_start" / "eval")
     warm_fid = evaluation("warm_start/fidelity", warm, fidelity=True)
 
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
@@ -155,6 +158,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                                 json.loads(json.dumps(dataclasses.asdict(config))))
             trained = latest_model(out / name / "grpo")
             row = evaluation(f"{name}/eval", trained)
+            row["task_rewards"] = _task_rewards(out / name / "eval")
             runs[arm].append({"seed": seed, "model": trained, "eval": row, "train": {k: info[k] for k in _TOTALS},
                               "train_s": info["seconds"], "eval_s": stages.timings[f"{name}/eval"]})
 
@@ -170,6 +174,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             stage = f"{name}/ttr_{rehearser}_{mode}_n{n}"
             row = evaluation(stage, r["model"], rehearsal_n=n, rehearsal_mode=mode, rehearser_model=rehearser_model,
                              memory_tokens=args.ttr_memory_tokens, critique_tokens=args.ttr_critique_tokens)
+            row["task_rewards"] = _task_rewards(out / stage)
             rehearsal.setdefault(f"N={n} {mode}, {rehearser} rehearser", []).append(
                 {"seed": r["seed"], "eval": row, "eval_s": stages.timings[stage]})
 
@@ -200,19 +205,39 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     return results
 
 
+def _task_rewards(folder: Path) -> dict[str, float]:
+    """Task id -> reward of the evaluation written to `folder` (its ``episodes.jsonl``)."""
+    lines = (folder / "episodes.jsonl").read_text(encoding="utf-8").splitlines()
+    return {e["task_id"]: float(e["reward"]) for e in map(json.loads, filter(None, lines))}
+
+
+def paired_tasks(rows: list[dict[str, float]], references: list[dict[str, float]]) -> dict[str, int]:
+    """Tasks where a row scored above (``gained``) or below (``lost``) its reference, summed over the seeds
+    (`rows[i]` is paired with `references[i]`: the same seed's per-task rewards, `_task_rewards`)."""
+    gained = lost = tasks = 0
+    for row, ref in zip(rows, references):
+        gained += sum(row[t] > ref[t] for t in ref)
+        lost += sum(row[t] < ref[t] for t in ref)
+        tasks += len(ref)
+    return {"gained": gained, "lost": lost, "tasks": tasks}
+
+
 _TOTALS = ("real_tool_calls", "verifier_replay_calls", "groups_with_reward_variance")
 """The training totals of a GRPO stage (`agents.pipeline.grpo_stage`) that the table reads."""
 
 
 def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, fidelity_after, sb3) -> dict[str, Any]:
     reference = [r["eval"]["accuracy"] for r in runs["role_grpo"]]
+    ref_tasks = [r["eval"]["task_rewards"] for r in runs["role_grpo"]]
     warm_s, warm_calls = warm
     # the warm start's real calls are the reference solutions of its demonstrations, shared by every arm
     rows: list[dict[str, Any]] = [{"row": "warm start (SFT, pre-RL)", "success": summarize([warm_eval["accuracy"]]),
+                                   "paired_tasks": paired_tasks([warm_eval["task_rewards"]] * len(ref_tasks), ref_tasks),
                                    "real_tool_calls": warm_calls, "verifier_replay_calls": 0, "wall_s": warm_s}]
     for arm, rs in runs.items():
         rows.append({
             "row": arm, "success": summarize([r["eval"]["accuracy"] for r in rs], None if arm == "role_grpo" else reference),
+            **({} if arm == "role_grpo" else {"paired_tasks": paired_tasks([r["eval"]["task_rewards"] for r in rs], ref_tasks)}),
             "real_tool_calls": float(np.mean([r["train"]["real_tool_calls"] for r in rs])),
             "verifier_replay_calls": float(np.mean([r["train"]["verifier_replay_calls"] for r in rs])),
             "groups_with_signal": float(np.mean([sum(r["train"]["groups_with_reward_variance"]) for r in rs])),
@@ -220,6 +245,7 @@ def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, fi
         })
     for key, rs in rehearsal.items():
         rows.append({"row": f"role_grpo + TTR {key}", "success": summarize([r["eval"]["accuracy"] for r in rs], reference),
+                     "paired_tasks": paired_tasks([r["eval"]["task_rewards"] for r in rs], ref_tasks),
                      "wall_s": float(np.mean([r["eval_s"] for r in rs]))})
     if sb3:
         rows.append({"row": f"MaskablePPO ({args.sb3_timesteps} steps, real backend)",
@@ -240,19 +266,25 @@ def table(results: dict[str, Any]) -> list[str]:
     lines = [f"EnvACE-Lab ablations: {results['model']}, {results['seeds']} seeds, {results['grpo_steps']} GRPO steps "
              f"(B={results['grpo']['batch_tasks']}, K={results['grpo']['group_size']}), {results['test_tasks']} test tasks, "
              f"success on the real backend, mean +- 95% CI over seeds",
-             f"{'row':<50} {'success':>15} {'vs role_grpo':>15} {'real calls':>10} {'replays':>8} {'seconds':>8}"]
+             f"{'row':<50} {'success':>15} {'vs role_grpo':>15} {'tasks +/-':>9} {'real calls':>10} {'replays':>8} {'seconds':>8}"]
     for row in results["rows"]:
         s = row["success"]
-        diff = f"{s['diff_mean']:+.3f} +- {s['diff_ci95']:.3f}" if "diff_mean" in s else ""
+        success = f"{s['mean']:.3f}" + ("" if s["ci95"] is None else f" +- {s['ci95']:.3f}")
+        diff = "" if "diff_mean" not in s else (
+            f"{s['diff_mean']:+.3f}" + ("" if s["diff_ci95"] is None else f" +- {s['diff_ci95']:.3f}"))
+        paired = f"+{row['paired_tasks']['gained']}/-{row['paired_tasks']['lost']}" if "paired_tasks" in row else ""
         calls = "" if row.get("real_tool_calls") is None else f"{row['real_tool_calls']:.0f}"
         replays = "" if row.get("verifier_replay_calls") is None else f"{row['verifier_replay_calls']:.0f}"
         secs = f"{row['wall_s']:.0f}" if "wall_s" in row else ""
-        lines.append(f"{row['row']:<50} {s['mean']:>7.3f} +- {s['ci95']:.3f} {diff:>15} {calls:>10} {replays:>8} {secs:>8}")
+        lines.append(f"{row['row']:<50} {success:>15} {diff:>15} {paired:>9} {calls:>10} {replays:>8} {secs:>8}")
+    if results["seeds"] < 2:
+        lines.append("one seed: no interval over seeds (the +- is left out); 'tasks +/-' counts the test tasks the "
+                     "row solved that role_grpo did not / that role_grpo solved and the row did not")
     before, after = results["fidelity"]["before"], results["fidelity"]["after"]
     for m in FIDELITY_METRICS:
         b = "n/a" if before[m] is None else f"{before[m]:.3f}"
         a = after[m]
-        lines.append(f"fidelity {m:<21} before GRPO {b:>6}   after {a['mean']:.3f} +- {a['ci95']:.3f}" if a["n"]
+        lines.append(f"fidelity {m:<21} before GRPO {b:>6}   after {plus_minus(a['mean'], a['ci95'])}" if a["n"]
                      else f"fidelity {m:<21} before GRPO {b:>6}   after n/a")
     return lines
 
@@ -267,7 +299,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     rows = results["rows"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 0.35 * len(rows) + 2.5), gridspec_kw={"width_ratios": [3, 1]})
     ys = np.arange(len(rows))[::-1]
-    ax.barh(ys, [r["success"]["mean"] for r in rows], xerr=[r["success"]["ci95"] for r in rows], capsize=3)
+    ax.barh(ys, [r["success"]["mean"] for r in rows], xerr=[r["success"]["ci95"] or 0 for r in rows], capsize=3)
     ax.set_yticks(ys, [r["row"] for r in rows], fontsize=8)
     ax.set_xlim(0, 1)
     ax.set_xlabel(f"test success, real backend ({results['test_tasks']} tasks; mean, 95% CI over {results['seeds']} seeds)")
@@ -275,7 +307,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     xs = np.arange(len(FIDELITY_METRICS))
     bx.bar(xs - 0.2, [before[m] or 0 for m in FIDELITY_METRICS], 0.4, label="before GRPO")
     bx.bar(xs + 0.2, [after[m]["mean"] if after[m]["n"] else 0 for m in FIDELITY_METRICS], 0.4,
-           yerr=[after[m]["ci95"] if after[m]["n"] else 0 for m in FIDELITY_METRICS], capsize=3, label="after GRPO")
+           yerr=[(after[m]["ci95"] or 0) if after[m]["n"] else 0 for m in FIDELITY_METRICS], capsize=3, label="after GRPO")
     bx.set_xticks(xs, ["exact", "structure", "token F1"])
     bx.set_ylim(0, 1)
     bx.set_title("rehearsal fidelity", fontsize=9)

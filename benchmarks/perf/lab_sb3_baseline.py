@@ -31,13 +31,19 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
 """Two-sided 95% quantiles of Student's t by degrees of freedom (standard tables); 1.96 beyond 10."""
 
 
-def mean_ci95(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval (0 for a single value)."""
+def mean_ci95(values: list[float]) -> tuple[float, float | None]:
+    """Mean and the half-width of its 95% Student-t interval; the half-width is None for a single value (one
+    seed gives no interval, and printing 0 would claim certainty)."""
     n = len(values)
     mean = float(np.mean(values))
     if n < 2:
-        return mean, 0.0
+        return mean, None
     return mean, T95.get(n - 1, 1.96) * float(np.std(values, ddof=1)) / math.sqrt(n)
+
+
+def plus_minus(mean: float, half: float | None, spec: str = ".3f") -> str:
+    """``mean +- half``, or ``mean (no interval: 1 seed)`` when `half` is None (`mean_ci95`)."""
+    return f"{mean:{spec}} (no interval: 1 seed)" if half is None else f"{mean:{spec}} +- {half:{spec}}"
 
 
 def run_seed(seed: int, timesteps: int, categories: list[str] | None, limit: int | None = None) -> dict:
@@ -88,8 +94,8 @@ def main(argv: list[str] | None = None) -> dict:
               + " ".join(f"{c}={v:.2f}" for c, v in row["per_category"].items()))
     success, half = mean_ci95([r["test_success"] for r in rows])
     calls, calls_half = mean_ci95([float(r["train_real_calls"]) for r in rows])
-    print(f"MaskablePPO, {args.timesteps} steps, {args.seeds} seeds: test success {success:.3f} +- {half:.3f} (95% CI), "
-          f"real tool calls in training {calls:.0f} +- {calls_half:.0f}")
+    print(f"MaskablePPO, {args.timesteps} steps, {args.seeds} seeds: test success {plus_minus(success, half)} (95% CI), "
+          f"real tool calls in training {plus_minus(calls, calls_half, '.0f')}")
     result = {"timesteps": args.timesteps, "seeds": args.seeds, "rows": rows, "test_success_mean": success,
               "test_success_ci95": half, "train_real_calls_mean": calls}
     if args.out:
