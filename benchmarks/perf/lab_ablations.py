@@ -231,7 +231,10 @@ def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, fi
     ref_tasks = [r["eval"]["task_rewards"] for r in runs["role_grpo"]]
     warm_s, warm_calls = warm
     # the warm start's real calls are the reference solutions of its demonstrations, shared by every arm
-    rows: list[dict[str, Any]] = [{"row": "warm start (SFT, pre-RL)", "success": summarize([warm_eval["accuracy"]]),
+    warm_success = summarize([warm_eval["accuracy"]])  # one model: its difference to each role_grpo seed is paired
+    warm_success.update({k: v for k, v in summarize([warm_eval["accuracy"]] * len(reference), reference).items()
+                         if k.startswith("diff_")})
+    rows: list[dict[str, Any]] = [{"row": "warm start (SFT, pre-RL)", "success": warm_success,
                                    "paired_tasks": paired_tasks([warm_eval["task_rewards"]] * len(ref_tasks), ref_tasks),
                                    "real_tool_calls": warm_calls, "verifier_replay_calls": 0, "wall_s": warm_s}]
     for arm, rs in runs.items():
@@ -277,9 +280,8 @@ def table(results: dict[str, Any]) -> list[str]:
         replays = "" if row.get("verifier_replay_calls") is None else f"{row['verifier_replay_calls']:.0f}"
         secs = f"{row['wall_s']:.0f}" if "wall_s" in row else ""
         lines.append(f"{row['row']:<50} {success:>15} {diff:>15} {paired:>9} {calls:>10} {replays:>8} {secs:>8}")
-    if results["seeds"] < 2:
-        lines.append("one seed: no interval over seeds (the +- is left out); 'tasks +/-' counts the test tasks the "
-                     "row solved that role_grpo did not / that role_grpo solved and the row did not")
+    lines.append("tasks +/-: the test tasks the row solved that role_grpo did not / that role_grpo solved and the row "
+                 "did not, summed over seeds" + ("; one seed: no interval over seeds (no +-)" if results["seeds"] < 2 else ""))
     before, after = results["fidelity"]["before"], results["fidelity"]["after"]
     for m in FIDELITY_METRICS:
         b = "n/a" if before[m] is None else f"{before[m]:.3f}"
@@ -299,7 +301,9 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     rows = results["rows"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 0.35 * len(rows) + 2.5), gridspec_kw={"width_ratios": [3, 1]})
     ys = np.arange(len(rows))[::-1]
-    ax.barh(ys, [r["success"]["mean"] for r in rows], xerr=[r["success"]["ci95"] or 0 for r in rows], capsize=3)
+    nan = float("nan")  # no interval (one seed): no error bar, rather than a zero-width one
+    ax.barh(ys, [r["success"]["mean"] for r in rows], capsize=3,
+            xerr=[nan if r["success"]["ci95"] is None else r["success"]["ci95"] for r in rows])
     ax.set_yticks(ys, [r["row"] for r in rows], fontsize=8)
     ax.set_xlim(0, 1)
     ax.set_xlabel(f"test success, real backend ({results['test_tasks']} tasks; mean, 95% CI over {results['seeds']} seeds)")
@@ -307,7 +311,8 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     xs = np.arange(len(FIDELITY_METRICS))
     bx.bar(xs - 0.2, [before[m] or 0 for m in FIDELITY_METRICS], 0.4, label="before GRPO")
     bx.bar(xs + 0.2, [after[m]["mean"] if after[m]["n"] else 0 for m in FIDELITY_METRICS], 0.4,
-           yerr=[(after[m]["ci95"] or 0) if after[m]["n"] else 0 for m in FIDELITY_METRICS], capsize=3, label="after GRPO")
+           yerr=[nan if not after[m]["n"] or after[m]["ci95"] is None else after[m]["ci95"] for m in FIDELITY_METRICS],
+           capsize=3, label="after GRPO")
     bx.set_xticks(xs, ["exact", "structure", "token F1"])
     bx.set_ylim(0, 1)
     bx.set_title("rehearsal fidelity", fontsize=9)

@@ -38,7 +38,7 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
         s = rows[name]["success"]
         assert s["n"] == 2 and "diff_mean" in s and s["diff_ci95"] >= 0  # paired with role_grpo's two seeds
         paired = rows[name]["paired_tasks"]  # lab rewards are 0/1 and the categories the same size
-        assert paired["tasks"] == 2 * results["test_tasks"]
+        assert paired["tasks"] == 2 * results["test_tasks"]  # (the tiny model solves nothing: the counts are 0 here)
         assert (paired["gained"] - paired["lost"]) / paired["tasks"] == pytest.approx(s["diff_mean"])
     demos = json.loads((out / "warm_start/sft/stage_done.json").read_text())["task_ids"]
     assert rows["warm start (SFT, pre-RL)"]["real_tool_calls"] == sum(  # the references its demonstrations ran
@@ -60,18 +60,19 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
 
 
 def test_paired_task_counts_and_a_single_seed_prints_no_interval():
-    refs = [{"a": 1.0, "b": 0.0, "c": 1.0}, {"a": 0.0, "b": 0.0, "c": 1.0}]
-    rows = [{"a": 1.0, "b": 1.0, "c": 0.0}, {"a": 1.0, "b": 0.0, "c": 1.0}]
-    assert lab_ablations.paired_tasks(rows, refs) == {"gained": 2, "lost": 1, "tasks": 6}
+    refs = [{"a": 0.0, "b": 0.0, "c": 0.0}, {"a": 1.0, "b": 1.0, "c": 1.0}]
+    rows = [{"a": 1.0, "b": 1.0, "c": 0.0}, {"a": 0.0, "b": 0.0, "c": 1.0}]
+    assert lab_ablations.paired_tasks(rows, refs) == {"gained": 2, "lost": 2, "tasks": 6}
+    assert lab_ablations.paired_tasks(rows[::-1], refs) == {"gained": 1, "lost": 1, "tasks": 6}  # seed i with seed i
     one = lab_ablations.summarize([0.5], [0.25])
     assert one["ci95"] is None and one["diff_mean"] == 0.25 and one["diff_ci95"] is None
-    results = {"model": "m", "seeds": 1, "grpo_steps": 8, "grpo": {"batch_tasks": 6, "group_size": 4}, "test_tasks": 3,
+    results = {"model": "m", "seeds": 1, "grpo_steps": 8, "grpo": {"batch_tasks": 6, "group_size": 4}, "test_tasks": 4,
                "rows": [{"row": "role_grpo", "success": lab_ablations.summarize([0.25])},
-                        {"row": "grpo", "success": one, "paired_tasks": {"gained": 2, "lost": 1, "tasks": 3}}],
+                        {"row": "grpo", "success": one, "paired_tasks": {"gained": 2, "lost": 1, "tasks": 4}}],
                "fidelity": {"before": dict.fromkeys(lab_ablations.FIDELITY_METRICS),
                             "after": {m: lab_ablations.summarize([0.5]) for m in lab_ablations.FIDELITY_METRICS}}}
     lines = lab_ablations.table(results)
     grpo = next(line for line in lines if line.startswith("grpo"))
     assert grpo.split() == ["grpo", "0.500", "+0.250", "+2/-1"] and "+-" not in "".join(lines[2:4])
-    assert any(line.startswith("one seed: no interval") for line in lines)
+    assert any(line.startswith("tasks +/-") and "one seed: no interval" in line for line in lines)
     assert "after 0.500 (no interval: 1 seed)" in lines[-1]

@@ -4,9 +4,14 @@ The lab recipe end to end with `smollm2-lab` and nothing replaced: its SFT warm 
 role-wise GRPO stage (rehearsed rollouts, B=6 x K=4, lr 5e-6) for `GRPO_STEPS` steps, both scored greedily on
 the same 48 test tasks (8 per family) against the real backend. The margin comes from the measured spread
 (README, "GRPO at other budgets"): from this warm start, 8 steps gave 0.583 -> 0.646 (+3 of 48 tasks, none
-lost) with GRPO seed 0 and with seed 1; 4 and 6 steps gave +1 to +2. `MIN_GAIN` asks for one task more than
-the warm start solves, two tasks less than either seed gained, so a change in summation order across machines
-does not fail it while a trainer that stops learning (no update, wrong sign, a broken baseline) does.
+lost) with GRPO seed 0 and with seed 1; 4 and 6 steps gave +1 to +2. `MIN_GAINED_MINUS_LOST` asks for one task
+more than the warm start solves, net of any lost, two less than either seed gained; a trainer that stops updating (the gain is then
+exactly 0) or follows the wrong sign (lr 2e-5 already lost 10 tasks) fails it.
+
+What the margin does not cover: GRPO samples at temperature 1, so a machine whose kernels round differently
+(another torch build, AVX-512 instead of AVX2) plays another random draw, not a small perturbation of this one.
+Three draws are measured (seed 0 twice with the same result, seed 1); if this fails on new hardware, run it
+with `GRPO_SEED = 1` before blaming the code, and report both.
 """
 
 from __future__ import annotations
@@ -22,24 +27,34 @@ pytestmark = pytest.mark.slow  # 26 minutes on 2 cores: SFT 4.3 min, 8 GRPO step
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab.yaml"
 GRPO_STEPS = 8
 TASKS_PER_FAMILY = 8
-MIN_GAIN = 1 / 48
+GRPO_SEED = 0
+MIN_GAINED_MINUS_LOST = 1
+"""Test tasks GRPO must solve that the warm start did not, net of those it lost (paired, task by task)."""
 
 
-def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(tmp_path):
+@pytest.fixture
+def two_threads():
     import torch
 
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the measured runs' setting, whatever the machine's core count
+    yield
+    torch.set_num_threads(before)
+
+
+def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(tmp_path, two_threads):
     from agents.config import load_dataclass
     from agents.models import default_store
     from agents.pipeline import PipelineConfig, StageRunner, grpo_stage, latest_model, sft_stage
 
-    torch.set_num_threads(2)
     recipe = load_dataclass(PipelineConfig, str(RECIPE), run_dir=str(tmp_path), threads=2)
     recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=TASKS_PER_FAMILY))
     models = default_store()
     stages = StageRunner(tmp_path)
     stages.stage("sft", lambda folder: sft_stage(recipe, folder, models))
     warm = latest_model(tmp_path / "sft")
-    config = dataclasses.replace(recipe.grpo_config(tmp_path / "grpo", warm), num_steps=GRPO_STEPS, save_every=GRPO_STEPS)
+    config = dataclasses.replace(recipe.grpo_config(tmp_path / "grpo", warm), num_steps=GRPO_STEPS, save_every=GRPO_STEPS,
+                                 seed=GRPO_SEED)
     trained_info = stages.stage("grpo", lambda _: grpo_stage(config, models))
     trained = latest_model(tmp_path / "grpo")
     assert sum(trained_info["groups_with_reward_variance"]) > 0  # some step had advantages to learn from
@@ -58,4 +73,4 @@ def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(tmp_path):
     report = (f"warm start {before['accuracy']:.3f} -> GRPO {after['accuracy']:.3f} on {len(sft)} test tasks; "
               f"gained {gained}, lost {lost}")
     print(report)
-    assert after["accuracy"] - before["accuracy"] >= MIN_GAIN - 1e-9, report
+    assert len(gained) - len(lost) >= MIN_GAINED_MINUS_LOST, report
