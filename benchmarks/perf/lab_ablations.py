@@ -207,8 +207,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
 def _task_rewards(folder: Path) -> dict[str, float]:
     """Task id -> reward of the evaluation written to `folder` (its ``episodes.jsonl``)."""
-    lines = (folder / "episodes.jsonl").read_text(encoding="utf-8").splitlines()
-    return {e["task_id"]: float(e["reward"]) for e in map(json.loads, filter(None, lines))}
+    from agents.run_folder import read_jsonl
+
+    return {e["task_id"]: float(e["reward"]) for e in read_jsonl(folder / "episodes.jsonl")}
 
 
 def paired_tasks(rows: list[dict[str, float]], references: list[dict[str, float]]) -> dict[str, int]:

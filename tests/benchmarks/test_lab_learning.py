@@ -17,7 +17,6 @@ with `GRPO_SEED = 1` before blaming the code, and report both.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
@@ -46,6 +45,7 @@ def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(tmp_path, two
     from agents.config import load_dataclass
     from agents.models import default_store
     from agents.pipeline import PipelineConfig, StageRunner, grpo_stage, latest_model, sft_stage
+    from agents.run_folder import read_jsonl
 
     recipe = load_dataclass(PipelineConfig, str(RECIPE), run_dir=str(tmp_path), threads=2)
     recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=TASKS_PER_FAMILY))
@@ -64,8 +64,7 @@ def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(tmp_path, two
     assert before["n_tasks"] == after["n_tasks"] == 6 * TASKS_PER_FAMILY
 
     def rewards(stage: str) -> dict[str, float]:
-        lines = (tmp_path / stage / "episodes.jsonl").read_text().splitlines()
-        return {e["task_id"]: e["reward"] for e in map(json.loads, lines)}
+        return {e["task_id"]: e["reward"] for e in read_jsonl(tmp_path / stage / "episodes.jsonl")}
 
     sft, grpo = rewards("eval_sft"), rewards("eval_grpo")
     gained = sorted(t for t in sft if grpo[t] > sft[t])
