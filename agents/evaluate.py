@@ -23,6 +23,7 @@ Output folder (``out``):
 | ``episodes.jsonl`` | one line per task: `EPISODE_FIELDS`, appended as each task finishes, rewritten in task order at the end |
 | ``summary.csv`` | one row per category plus ``overall``: `SUMMARY_FIELDS` |
 | ``summary.json`` | ``{"config": {...}, "overall_accuracy": float, "categories": {name: row}}`` |
+| ``transcripts.jsonl`` | one line per task as it finishes (finish order): ``task_id``, the committed ``messages`` (OpenAI chat dicts, the system prompt left out: the suite rebuilds it) and, under test-time rehearsal, ``rehearsals``: per user turn its ``memory``, ``critiques`` and ``attempts`` (`wrappers.TestTimeRehearsal`'s record, token counts included) |
 | ``fidelity_calls.jsonl`` | ``--fidelity``: one line per rehearsed call (`wrappers.RehearsalFidelity` records) |
 | ``fidelity_per_tool.csv``, ``fidelity_per_category.csv`` | ``--fidelity``: `FIDELITY_FIELDS` per group |
 
@@ -301,6 +302,7 @@ def _play(config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: A
                          valid=bool(info.get("verifier", {}).get("valid", False)))
                 # one whole line per finished task, on disk at once: an interrupted eval keeps it and resumes
                 append_jsonl(out / "episodes.jsonl", [_episode_record(tasks[i], s)])
+                append_jsonl(out / "transcripts.jsonl", [_transcript_record(tasks[i], envs[i], s)])
                 if s["fidelity"]:
                     append_jsonl(out / "fidelity_calls.jsonl", s["fidelity"])
                 bar.update(1)
@@ -321,7 +323,7 @@ def _play(config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: A
     return EvalResult(episodes, summary, fidelity_calls)
 
 
-OUTPUT_FILES = ("eval_config.json", "episodes.jsonl", "summary.csv", "summary.json", "fidelity_calls.jsonl",
+OUTPUT_FILES = ("eval_config.json", "episodes.jsonl", "transcripts.jsonl", "summary.csv", "summary.json", "fidelity_calls.jsonl",
                 "fidelity_per_tool.csv", "fidelity_per_category.csv")
 """The files `evaluate` writes (and the only ones it removes from an output folder)."""
 
@@ -366,8 +368,13 @@ def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], l
         warnings.simplefilter("ignore")  # a cut last line is expected after an interruption
         finished = list(read_jsonl(out / "episodes.jsonl")) if (out / "episodes.jsonl").is_file() else []
         fidelity = list(read_jsonl(out / "fidelity_calls.jsonl")) if (out / "fidelity_calls.jsonl").is_file() else []
-    drop_cut_last_line(out / "episodes.jsonl")
-    drop_cut_last_line(out / "fidelity_calls.jsonl")
+    for name in ("episodes.jsonl", "transcripts.jsonl", "fidelity_calls.jsonl"):
+        drop_cut_last_line(out / name)
+    transcripts = out / "transcripts.jsonl"
+    if transcripts.is_file():  # a task cut between its two lines is played again: keep one transcript per task
+        done = {e["task_id"] for e in finished}
+        kept = [t for t in read_jsonl(transcripts) if t["task_id"] in done]
+        transcripts.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in kept), encoding="utf-8")
     return finished, fidelity
 
 
@@ -406,6 +413,13 @@ def _episode_record(task: Any, s: dict[str, Any]) -> dict[str, Any]:
         "fidelity_calls": len(s["fidelity"]),
         "wall_s": round(s["wall_s"], 3),
     }
+
+
+def _transcript_record(task: Any, env: Any, s: dict[str, Any]) -> dict[str, Any]:
+    """What the episode said (``transcripts.jsonl``): the committed messages past the system prompt, and each
+    test-time rehearsal's memory, critiques and attempts, so a score can be read back to its cause."""
+    messages = [m.to_dict() for m in env.unwrapped.trajectory.messages if m.role != "system"]
+    return {"task_id": task.id, "reward": s["reward"], "messages": messages, "rehearsals": s["rehearsals"]}
 
 
 def summarize(episodes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -62,6 +62,15 @@ def test_accuracy_matches_rewards_and_rehearsal_columns(tmp_path):
     assert e0["rehearsal_turns"] == 1 and e1["rehearsal_turns"] == 2 and e1["rehearsal_attempts"] == 2
     assert 0 < e1["memory_tokens"] <= 2 * 32
     assert e0["valid"] is True and e1["valid"] is False and e0["parse_errors"] == 0
+    # transcripts.jsonl: what each episode said, and where each turn's memory went in it
+    transcripts = {t["task_id"]: t for t in map(json.loads, open(tmp_path / "r" / "transcripts.jsonl", encoding="utf-8"))}
+    t1 = transcripts["scripted_1"]
+    assert t1["reward"] == 0.0 and len(t1["rehearsals"]) == 2
+    assert all(m["role"] != "system" for m in t1["messages"])
+    user = [m["content"] for m in t1["messages"] if m["role"] == "user"]
+    assert [r["memory"] for r in t1["rehearsals"]] == [u for u in user if u.startswith("Rehearsal memory")]
+    assert sum(m["role"] == "assistant" for m in t1["messages"]) == e1["steps"]
+    assert len(t1["rehearsals"][0]["attempts"]) == 1 and len(t1["rehearsals"][0]["critiques"]) == 1
 
 
 def test_overall_is_the_unweighted_category_mean():
@@ -131,6 +140,8 @@ def test_an_interrupted_eval_keeps_finished_tasks_and_resumes(tmp_path):
     assert kept == ["scripted_0"]
     with open(out / "episodes.jsonl", "a") as f:  # and a line cut by the interruption
         f.write('{"task_id": "scripted_1", "rew')
+    with open(out / "transcripts.jsonl", "a") as f:  # a transcript whose episode line was lost
+        f.write(json.dumps({"task_id": "scripted_1", "reward": 0.0, "messages": [], "rehearsals": []}) + "\n")
     lines = []
     policy = InterruptAfter()
     result = evaluate(_cfg(out), policy=policy, log=lines.append, progress=False)
@@ -140,6 +151,10 @@ def test_an_interrupted_eval_keeps_finished_tasks_and_resumes(tmp_path):
     timeless = [{k: v for k, v in e.items() if k != "wall_s"} for e in (result.episodes[0], straight.episodes[0])]
     assert timeless[0] == timeless[1] and result.summary[-1]["accuracy"] == straight.summary[-1]["accuracy"]
     assert policy.contexts == straight.episodes[1]["steps"]  # only scripted_1 was played again
+    transcripts = [json.loads(line)["task_id"] for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert sorted(transcripts) == ["scripted_0", "scripted_1"]  # one each, scripted_0's kept from the first run
+    replayed = json.loads((out / "transcripts.jsonl").read_text().splitlines()[-1])
+    assert replayed["messages"]  # the stale scripted_1 line went; the one written now is the real episode
 
 
 def test_an_eval_with_other_settings_refuses_the_folder_unless_overwrite(tmp_path, capsys):
