@@ -301,8 +301,9 @@ def _play(config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: A
                 s.update(reward=float(reward), terminated=bool(terminated), truncated=bool(truncated),
                          valid=bool(info.get("verifier", {}).get("valid", False)))
                 # one whole line per finished task, on disk at once: an interrupted eval keeps it and resumes
-                append_jsonl(out / "episodes.jsonl", [_episode_record(tasks[i], s)])
+                # transcript first: the episode line marks the task done, so a kill between the two replays it
                 append_jsonl(out / "transcripts.jsonl", [_transcript_record(tasks[i], envs[i], s)])
+                append_jsonl(out / "episodes.jsonl", [_episode_record(tasks[i], s)])
                 if s["fidelity"]:
                     append_jsonl(out / "fidelity_calls.jsonl", s["fidelity"])
                 bar.update(1)
@@ -371,10 +372,12 @@ def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], l
     for name in ("episodes.jsonl", "transcripts.jsonl", "fidelity_calls.jsonl"):
         drop_cut_last_line(out / name)
     transcripts = out / "transcripts.jsonl"
-    if transcripts.is_file():  # a task cut between its two lines is played again: keep one transcript per task
+    if transcripts.is_file():  # a task killed after its transcript, before its episode line, is played again
         done = {e["task_id"] for e in finished}
         kept = [t for t in read_jsonl(transcripts) if t["task_id"] in done]
-        transcripts.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in kept), encoding="utf-8")
+        tmp = out / "transcripts.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(t) + "\n" for t in kept), encoding="utf-8")
+        os.replace(tmp, transcripts)
     return finished, fidelity
 
 

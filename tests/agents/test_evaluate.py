@@ -140,7 +140,7 @@ def test_an_interrupted_eval_keeps_finished_tasks_and_resumes(tmp_path):
     assert kept == ["scripted_0"]
     with open(out / "episodes.jsonl", "a") as f:  # and a line cut by the interruption
         f.write('{"task_id": "scripted_1", "rew')
-    with open(out / "transcripts.jsonl", "a") as f:  # a transcript whose episode line was lost
+    with open(out / "transcripts.jsonl", "a") as f:  # killed after scripted_1's transcript, before its episode line
         f.write(json.dumps({"task_id": "scripted_1", "reward": 0.0, "messages": [], "rehearsals": []}) + "\n")
     lines = []
     policy = InterruptAfter()
