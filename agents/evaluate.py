@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from agents.config import NOT_GIVEN, add_dataclass_arguments, config_field, dataclass_from_args, field_default
-from agents.run_folder import append_jsonl, drop_cut_last_line, read_jsonl
+from agents.run_folder import append_jsonl, drop_cut_last_line, filter_jsonl, read_jsonl
 
 _f = config_field
 
@@ -369,15 +369,10 @@ def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], l
         warnings.simplefilter("ignore")  # a cut last line is expected after an interruption
         finished = list(read_jsonl(out / "episodes.jsonl")) if (out / "episodes.jsonl").is_file() else []
         fidelity = list(read_jsonl(out / "fidelity_calls.jsonl")) if (out / "fidelity_calls.jsonl").is_file() else []
-    for name in ("episodes.jsonl", "transcripts.jsonl", "fidelity_calls.jsonl"):
-        drop_cut_last_line(out / name)
-    transcripts = out / "transcripts.jsonl"
-    if transcripts.is_file():  # a task killed after its transcript, before its episode line, is played again
-        done = {e["task_id"] for e in finished}
-        kept = [t for t in read_jsonl(transcripts) if t["task_id"] in done]
-        tmp = out / "transcripts.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(t) + "\n" for t in kept), encoding="utf-8")
-        os.replace(tmp, transcripts)
+    drop_cut_last_line(out / "episodes.jsonl")
+    drop_cut_last_line(out / "fidelity_calls.jsonl")
+    done = {e["task_id"] for e in finished}  # a task killed after its transcript, before its episode line, is played again
+    filter_jsonl(out / "transcripts.jsonl", lambda t: t["task_id"] in done)
     return finished, fidelity
 
 

@@ -18,10 +18,10 @@ import os
 import socket
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 __all__ = [
-    "RunLock", "RunFolderError", "trim_jsonl", "drop_cut_last_line", "changed_fields", "read_jsonl", "append_jsonl", "check_resume_config",
+    "RunLock", "RunFolderError", "filter_jsonl", "trim_jsonl", "drop_cut_last_line", "changed_fields", "read_jsonl", "append_jsonl", "check_resume_config",
 ]
 
 
@@ -146,10 +146,10 @@ def drop_cut_last_line(path: str | Path) -> None:
             path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
 
 
-def trim_jsonl(path: str | Path, max_step: int, key: str = "step") -> int:
-    """Keep only the records with ``record[key] <= max_step`` (and drop a cut last line); returns how many went.
+def filter_jsonl(path: str | Path, keep: Callable[[dict[str, Any]], bool]) -> int:
+    """Keep only the records for which ``keep(record)`` is true (and drop a cut last line); returns how many went.
 
-    The file is rewritten atomically (a temporary file renamed into place).
+    The file is rewritten atomically (a temporary file renamed into place); a missing file is left missing.
     """
     path = Path(path)
     if not path.is_file():
@@ -158,11 +158,19 @@ def trim_jsonl(path: str | Path, max_step: int, key: str = "step") -> int:
         warnings.simplefilter("always")
         records = list(read_jsonl(path))
     raw = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
-    kept = [r for r in records if int(r.get(key, 0)) <= max_step]
+    kept = [r for r in records if keep(r)]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
     os.replace(tmp, path)
     return len(raw) - len(kept)
+
+
+def trim_jsonl(path: str | Path, max_step: int, key: str = "step") -> int:
+    """Keep only the records with ``record[key] <= max_step`` (and drop a cut last line); returns how many went.
+
+    The file is rewritten atomically (a temporary file renamed into place).
+    """
+    return filter_jsonl(path, lambda r: int(r.get(key, 0)) <= max_step)
 
 
 def changed_fields(saved: dict[str, Any], current: dict[str, Any], ignore: Iterable[str]) -> dict[str, tuple[Any, Any]]:
