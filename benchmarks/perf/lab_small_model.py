@@ -23,6 +23,7 @@ The README ("How `smollm2-lab` was chosen") reports what these runs gave.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -110,8 +111,15 @@ def run(args: argparse.Namespace, log=print) -> dict:
                          "choose another --corpus-seed")
     store = default_store()
     tokenizer = store.tokenizer(LAB_MODEL)
+    # a rerun into the same folder reuses its initial model and finished SFT run: only with the same settings
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "limit", "threads")}
+    saved = out / "settings.json"
+    if saved.is_file() and json.loads(saved.read_text()) != settings:
+        raise SystemExit(f"{out} holds a run with other settings ({saved}); use another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(settings, indent=1))
     init = out / "init"
-    if (init / "config.json").is_file():  # a rerun resumes the SFT run below, which needs the same start
+    if (init / "config.json").is_file():
         from transformers import AutoModelForCausalLM
 
         params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(init).parameters())

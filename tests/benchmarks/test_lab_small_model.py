@@ -30,4 +30,6 @@ def test_the_probe_trains_and_scores_a_small_llama(tmp_path):
     assert math.isfinite(report["act_loss"]) and math.isfinite(report["rehearse_loss"])
     assert 0 < report["parameters"] < 1_000_000  # one layer of width 64 over a ~630-token vocabulary
     again = lab_small_model.main(argv)  # a rerun reuses the initial model and the finished SFT run
-    assert again["parameters"] == report["parameters"]
+    assert again["parameters"] == report["parameters"] and again["act_loss"] is None  # no step trained again
+    with pytest.raises(SystemExit, match="other settings"):  # other sizes never reuse that model
+        lab_small_model.main(argv[:-4] + ["--hidden", "128"] + argv[-4:])
