@@ -7,12 +7,13 @@ import csv
 import json
 import re
 
+import gymnasium as gym
 import pytest
 
 import tests.testing_env  # noqa: F401
 from agents.cli import main
 from agents.evaluate import EPISODE_FIELDS, FIDELITY_FIELDS, SUMMARY_FIELDS, EvalConfig, evaluate, summarize
-from tests.wrappers.test_test_time_rehearsal import ScriptedPolicy
+from tests.wrappers.test_test_time_rehearsal import ScriptedPolicy, always
 
 
 def _read_csv(path):
@@ -71,6 +72,28 @@ def test_accuracy_matches_rewards_and_rehearsal_columns(tmp_path):
     assert [r["memory"] for r in t1["rehearsals"]] == [u for u in user if u.startswith("Rehearsal memory")]
     assert sum(m["role"] == "assistant" for m in t1["messages"]) == e1["steps"]
     assert len(t1["rehearsals"][0]["attempts"]) == 1 and len(t1["rehearsals"][0]["critiques"]) == 1
+
+
+def test_transcripts_leave_out_the_system_prompt_and_keep_the_rest(tmp_path):
+    """The lab suite opens every episode with a system prompt (the world's rules and tools); the transcript drops only it."""
+    from agents.evaluate import _transcript_record
+
+    policy = ScriptedPolicy(always("done"))
+    config = EvalConfig(model="tiny-random", suite="lab", categories=["ship"], split="test", limit=1, max_new_tokens=6,
+                        max_steps_per_turn=2, min_solvable_fraction=0.0, out=str(tmp_path / "lab"))
+    evaluate(config, policy=policy, log=None)
+    (t,) = map(json.loads, open(tmp_path / "lab" / "transcripts.jsonl", encoding="utf-8"))
+    assert [m["role"] for m in t["messages"]][:2] == ["user", "assistant"]
+    assert t["messages"][1]["content"] == "done" and t["reward"] == 0.0 and t["rehearsals"] == []
+    # the same record from a live env: its trajectory does hold the system prompt the record leaves out
+    env = gym.make("EnvACE-Tool-v0", suite="lab", model="tiny-random", categories=["ship"], split="test")
+    env.reset(seed=0, options={"task_id": t["task_id"]})
+    env.step("done")
+    full = [m.to_dict() for m in env.unwrapped.trajectory.messages]
+    assert full[0]["role"] == "system" and "You run a warehouse" in full[0]["content"]  # the world's rules
+    record = _transcript_record(env.unwrapped.task, env, {"reward": 0.0, "rehearsals": []})
+    assert record["messages"] == full[1:] == t["messages"][: len(full) - 1]
+    env.close()
 
 
 def test_overall_is_the_unweighted_category_mean():
