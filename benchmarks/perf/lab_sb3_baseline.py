@@ -54,7 +54,11 @@ def run_seed(seed: int, timesteps: int, categories: list[str] | None, limit: int
     train = gym.make("EnvACE-LabDiscrete-v0", categories=categories, split="train").unwrapped
     test = gym.make("EnvACE-LabDiscrete-v0", categories=categories, split="test").unwrapped
     t0 = time.perf_counter()
+    from stable_baselines3.common.logger import Logger
+
     model = MaskablePPO("MlpPolicy", train, seed=seed, n_steps=1024, batch_size=256, verbose=0)
+    # SB3's default logger makes an empty SB3-<time> folder in the temp dir on every learn(); nothing is logged
+    model.set_logger(Logger(folder=None, output_formats=[]))
     model.learn(timesteps)
     train_s = time.perf_counter() - t0
     wins: dict[str, list[float]] = {}

@@ -3,13 +3,14 @@
 Builds a randomly initialised Llama from a config with ``smollm2-lab``'s tokenizer (the lab world's ~630
 tokens; tied embeddings, head size 64, MLP width 3 x hidden), fine-tunes it on real executions of the
 reference solutions of a large generated lab corpus (both roles, `agents.sft.SFTTrainer`), then scores it
-greedily on the standard lab test split against the real backend (`agents.evaluate`), with the recipe's
-evaluation budget. ``--init smollm2-prefix`` starts instead from ``smollm2-lab``'s first ``--layers``
+greedily on the standard lab test split against the real backend (`agents.evaluate`), with the evaluation
+budget of ``configs/recipes/lab.yaml`` (tokens per message, messages per turn). ``--init smollm2-prefix`` starts instead from ``smollm2-lab``'s first ``--layers``
 decoder layers (pretrained weights, the cut vocabulary).
 
 The corpus is the ``lab`` suite's generator with another task seed (``LabConfig(seed=--corpus-seed,
 tasks_per_category=--tasks-per-family)``, registered as suite ``lab-corpus``, split ``all``); the script
-refuses to train when any corpus prompt equals a test-split prompt, so the score is on unseen tasks.
+refuses to train when any corpus task's prompt (the warehouse layout together with the instruction) equals a
+test-split task's, so the score is on unseen tasks. An instruction alone may recur under another layout.
 
 Printed: parameters, SFT seconds and trained tokens/s, the last step's ACT and REHEARSE losses, test success
 per family and overall, parse errors per task and the fraction of ACT steps that made a tool call.
@@ -17,7 +18,7 @@ per family and overall, parse errors per task and the fraction of ACT steps that
     .venv/bin/python benchmarks/perf/lab_small_model.py                         # 0.9M Llama, 6,000 tasks, 1,200 steps (~25 min)
     .venv/bin/python benchmarks/perf/lab_small_model.py --steps 50 --tasks-per-family 20 --limit 1   # a smoke run
 
-The README ("How `smollm2-lab` was chosen") reports what these runs gave.
+The README's paragraph on how ``smollm2-lab`` was chosen reports what the default run gave.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab.yaml"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _prompts(task) -> str:
+    """Everything a task shows the policy: the opening (layout) and every user turn, as one comparable string."""
     return repr([[m.content for m in turn] for turn in task.turns])
 
 
@@ -92,9 +97,10 @@ def build_initial_model(args: argparse.Namespace, folder: Path, tokenizer) -> in
 def run(args: argparse.Namespace, log=print) -> dict:
     import torch
 
+    from agents.config import load_dataclass
     from agents.evaluate import EvalConfig, evaluate
     from agents.models import LAB_MODEL, default_store
-    from agents.pipeline import latest_model
+    from agents.pipeline import PipelineConfig, latest_model
     from agents.sft import SFTConfig, SFTTrainer
     from benchmarks.lab import LabConfig
     from benchmarks.lab.suite import LabSuite
@@ -139,8 +145,10 @@ def run(args: argparse.Namespace, log=print) -> dict:
     tokens = sum(h.get("data/tokens/act", 0) + h.get("data/tokens/rehearse", 0) for h in history)
 
     t0 = time.perf_counter()
+    budget = load_dataclass(PipelineConfig, RECIPE).eval
     evaluation = EvalConfig(model=latest_model(out / "sft"), suite="lab", categories=[], split="test",
-                            limit=args.limit, max_new_tokens=48, max_steps_per_turn=8, temperature=0.0,
+                            limit=args.limit, max_new_tokens=budget.max_new_tokens,
+                            max_steps_per_turn=budget.max_steps_per_turn, temperature=0.0,
                             out=str(out / "eval"), overwrite=True)
     result = evaluate(evaluation, models=store)
     eval_s = time.perf_counter() - t0
