@@ -174,7 +174,7 @@ class TrainConfig:
 
     # --- Parameters that control the tasks ------------------------------------------------------------
     suite: str = _f("bfcl", "task suite registered in envace_gym.suites")
-    categories: list[str] = _f(["multi_turn_base"], "suite categories to train on (tau2: its domains; --domains is the same option)", aliases=("domains",))
+    categories: list[str] | None = _f(None, "suite categories to train on (none given: the suite's default, BFCL's multi_turn_base, every lab family; tau2: its domains, --domains is the same option)", aliases=("domains",))
     split: str = _f("train", "task split: train, test or all (test ids are never used for training by default)")
     task_ids: list[str] = _f([], "train on these task ids only (empty: every task of the categories and split)")
 

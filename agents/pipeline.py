@@ -92,7 +92,7 @@ class PipelineConfig:
     seed: int = _f(0, "seed of every stage")
     threads: int = _f(2, "torch CPU threads (0: torch's default)")
     suite: str = _f("bfcl", "registered suite (envace_gym.suites) of every stage: demonstrations from its reference solutions, GRPO on its tasks, evaluation on its real backends")
-    categories: list[str] = _f(["multi_turn_base"], "suite categories for SFT, GRPO and eval (BFCL: multi-turn categories)")
+    categories: list[str] | None = _f(None, "suite categories for SFT, GRPO and eval (none given: the suite's default, BFCL's multi_turn_base)")
     min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the SFT demonstrations, GRPO tasks or evaluation tasks than this fit their budgets (agents.budgets; checked before any model loads)")
     fidelity: bool = _f(False, "after each evaluation, also play the same tasks rehearsed and score every rehearsed tool output against the real backend (exact / JSON structure / token F1)")
     test_time_rehearsal_n: int = _f(0, "also evaluate the trained policy with test-time rehearsal of this many attempts per turn (eval.rehearsal_mode) on the same tasks (0: skip)")
@@ -146,10 +146,13 @@ class PipelineConfig:
                     hint = _OWNED_HINTS.get(f.name) or (f"set --{top.replace('_', '-')} for every stage" if top else "leave it out")
                     raise ValueError(f"invalid PipelineConfig: the pipeline sets {stage}.{f.name} itself; {hint}")
 
+    def _categories(self) -> list[str] | None:
+        return None if self.categories is None else list(self.categories)
+
     def sft_config(self, out: str | Path, task_ids: list[str]) -> SFTConfig:
         """The SFT stage's config: ``sft`` with the pipeline's fields, training on `task_ids` into `out`."""
         return dataclasses.replace(
-            self.sft, run_dir=str(out), model=self.model, seed=self.seed, data=[self.suite], categories=list(self.categories),
+            self.sft, run_dir=str(out), model=self.model, seed=self.seed, data=[self.suite], categories=self._categories(),
             split="train", task_ids=list(task_ids), threads=self.threads, min_solvable_fraction=self.min_solvable_fraction,
         )
 
@@ -157,14 +160,14 @@ class PipelineConfig:
         """The GRPO stage's config: ``grpo`` with the pipeline's fields, from the model folder `init` into `out`."""
         return dataclasses.replace(
             self.grpo, run_dir=str(out), model=self.model, init=init, seed=self.seed, suite=self.suite,
-            categories=list(self.categories), split="train", threads=self.threads,
+            categories=self._categories(), split="train", threads=self.threads,
             min_solvable_fraction=self.min_solvable_fraction,
         )
 
     def eval_config(self, out: str | Path, model: str) -> EvalConfig:
         """An evaluation stage's config: ``eval`` with the pipeline's fields, of `model`, written to `out`."""
         return dataclasses.replace(
-            self.eval, model=model, suite=self.suite, categories=list(self.categories), split="test", seed=self.seed,
+            self.eval, model=model, suite=self.suite, categories=self._categories(), split="test", seed=self.seed,
             out=str(out), min_solvable_fraction=self.min_solvable_fraction,
         )
 
@@ -222,8 +225,9 @@ class StageRunner:
         if _stage_done(folder):
             info = json.loads((folder / "stage_done.json").read_text())
             stored = info.get("config", {}) if expected is not None else {}
-            if "out" in stored:  # a run folder may have moved: read its paths (out, a checkpoint model) as if here
-                old_run = str(Path(stored["out"]).parents[len(Path(name).parts) - 1])
+            own = next((k for k in ("out", "run_dir") if isinstance(stored.get(k), str)), None)  # the stage's folder
+            if own:  # a run folder may have moved: read its paths (out, a checkpoint model) as if here
+                old_run = str(Path(stored[own]).parents[len(Path(name).parts) - 1])
                 stored = {k: str(self.run) + v[len(old_run):] if isinstance(v, str) and v.startswith(old_run + "/") else v
                           for k, v in stored.items()}
             changed = sorted(k for k in stored if stored[k] != expected.get(k))
@@ -248,10 +252,15 @@ class StageRunner:
     def evaluate(self, name: str, eval_config: EvalConfig, models: ModelStore | None = None) -> dict[str, Any]:
         """Stage `name`: `agents.evaluate.evaluate` with `eval_config` (its ``out`` should be the stage's
         folder); returns the evaluation row (accuracy, tool-call fraction, parse errors, fidelity fields)."""
-        settings = json.loads(json.dumps(dataclasses.asdict(eval_config)))  # as stage_done.json stores them
+        settings = _settings(eval_config)
         info = self.stage(name, lambda out: {"eval": _evaluate(eval_config, out, self.log, models), "config": settings},
                           settings)
         return info["eval"]
+
+
+def _settings(config: Any) -> dict[str, Any]:
+    """A config dataclass as ``stage_done.json`` stores it (JSON types)."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
 
 
 def latest_model(run_dir: str | Path) -> str:
@@ -466,11 +475,16 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
 
     evaluations("base", config.model)
 
-    stages.stage("sft", lambda out: sft_stage(config, out, models, log))
+    # a finished training stage is skipped only if it ran with today's settings (another budget refuses, naming
+    # it, instead of silently reporting the old run); SFT's task ids are derived from those settings, so stored
+    done = run / "sft" / "stage_done.json"
+    sft_ids = json.loads(done.read_text()).get("task_ids", []) if done.is_file() else []
+    stages.stage("sft", lambda out: sft_stage(config, out, models, log), _settings(config.sft_config(run / "sft", sft_ids)))
     sft_model = latest_model(run / "sft")
     evaluations("sft", sft_model)
 
-    stages.stage("grpo", lambda out: grpo_stage(config.grpo_config(out, sft_model), models, log))
+    stages.stage("grpo", lambda out: grpo_stage(config.grpo_config(out, sft_model), models, log),
+                 _settings(config.grpo_config(run / "grpo", sft_model)))
     grpo_model = latest_model(run / "grpo")
     evaluations("grpo", grpo_model)
     if config.test_time_rehearsal_n:

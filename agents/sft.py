@@ -115,7 +115,7 @@ class SFTConfig:
 
     # --- Parameters that control the data -------------------------------------------------------------
     data: list[str] = _f(["bfcl"], "sources: a registered suite name such as 'bfcl' (real executions of its reference solutions) and/or JSONL files from RecordTrajectories(include_tokens=True)")
-    categories: list[str] = _f(["multi_turn_base"], "categories of the suite sources")
+    categories: list[str] | None = _f(None, "categories of the suite sources (none given: each suite's default, BFCL's multi_turn_base)")
     split: str = _f("train", "split of the suite sources: train, test or all")
     task_ids: list[str] = _f([], "only these task ids of the suite sources (empty: every task of the categories and split)")
     max_demos: int = _f(0, "cap on the number of training sequences (0: no cap)")

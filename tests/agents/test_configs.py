@@ -86,3 +86,25 @@ def test_domains_is_another_name_for_the_categories_of_eval_and_train():
     assert config.categories == ["airline", "retail"]
     config = dataclass_from_args(TrainConfig, parser.parse_args(["train", "--suite", "tau2", "--domains", "retail"]))
     assert config.categories == ["retail"]
+
+
+def test_no_categories_means_the_suites_default_in_every_command():
+    """``--suite lab`` alone trains on every lab family (it used to inherit BFCL's multi_turn_base and fail)."""
+    from agents.cli import build_parser
+    from agents.config import dataclass_from_args
+    from agents.pipeline import PipelineConfig
+    from agents.sft import SFTConfig
+    from envace_gym.suites import make_suite
+
+    parser = build_parser()
+    train = dataclass_from_args(TrainConfig, parser.parse_args(["train", "--suite", "lab"]))
+    sft = dataclass_from_args(SFTConfig, parser.parse_args(["sft", "--data", "lab"]))
+    recipe = PipelineConfig(suite="lab")
+    stages = [recipe.sft_config("r/sft", []), recipe.grpo_config("r/grpo", "m"), recipe.eval_config("r/eval", "m")]
+    assert train.categories is sft.categories is None and all(s.categories is None for s in stages)
+    lab = make_suite("lab")
+    families = {t.metadata["category"] for t in lab.tasks(train.categories, "train")}
+    assert families == {"relocate", "ship", "count", "make_room", "ship_two", "full_job"}
+    bfcl = make_suite("bfcl").tasks(TrainConfig().categories, "train")  # BFCL's default is unchanged
+    assert bfcl and {t.metadata["category"] for t in bfcl} == {"multi_turn_base"}
+    assert PipelineConfig(suite="lab", categories=["count"]).grpo_config("r", "m").categories == ["count"]

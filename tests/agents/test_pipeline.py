@@ -30,6 +30,16 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path, c
     assert "eval_grpo" in out and "total" in out
     assert main(["pipeline", "--run-dir", str(run), *ARGS]) == 0
     assert out.count("already done") == 0 and capsys.readouterr().out.count("already done") == 5
+    # another budget on the same folder refuses, naming the field, instead of reporting the old run as its own
+    for stage, option in (("sft", "--sft.lr"), ("grpo", "--grpo.lr")):
+        assert main(["pipeline", "--run-dir", str(run), *ARGS, option, "0.5"]) == 2
+        err = capsys.readouterr().err
+        assert f"{run / stage} was run with other settings (lr)" in err, err
+    # a moved run folder is still the same run: every stage is skipped
+    moved = tmp_path / "moved"
+    run.rename(moved)
+    assert main(["pipeline", "--run-dir", str(moved), *ARGS]) == 0
+    assert capsys.readouterr().out.count("already done") == 5
 
 
 def test_bad_pipeline_config_fails_fast():
