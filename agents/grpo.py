@@ -72,6 +72,7 @@ Implementation details (numbered as in CleanRL's docs):
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -212,6 +213,8 @@ def _baseline_advantages(
     Returns:
         ``(S,) float32`` advantages, 0 for keys with a single trajectory or zero total weight.
     """
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     r = rewards.to(torch.float64)  # (S,)
     _, key_inverse = torch.unique(keys, dim=0, return_inverse=True)  # (S,) key index in [0, K)
     num_keys = int(key_inverse.max()) + 1
@@ -222,7 +225,9 @@ def _baseline_advantages(
     advantages = r - baseline[key_inverse]  # (S,)
     if scale_by_std:
         variance = zeros.index_add(0, key_inverse, weights * advantages**2) / safe_weight_sum  # (K,)
-        advantages = advantages / (variance.sqrt()[key_inverse] + eps)  # (S,)
+        std = variance.sqrt()[key_inverse]  # (S,)
+        # tied rewards (std 0) give A = 0 even with eps = 0, where 0 / 0 would be NaN
+        advantages = torch.where(std > 0, advantages / (std + eps), torch.zeros_like(advantages))  # (S,)
     # Detail 5: a key whose segments come from one trajectory only (or carry no weight) gets 0.
     key_traj = torch.stack([key_inverse, traj_ids.long()], dim=1)  # (S, 2)
     distinct = torch.unique(key_traj, dim=0)  # (U, 2) one row per (key, trajectory)
@@ -259,7 +264,7 @@ def role_wise_advantages(
             segment) or ``"trajectory"`` (w = 1 per trajectory that has the role).
         scale_by_std: divide by the weighted population std of the (q, ρ) rewards plus ``eps`` (off by
             default, as in the reference runs).
-        eps: added to the std when ``scale_by_std``.
+        eps: added to the std when ``scale_by_std`` (>= 0); a (q, ρ) whose rewards are all equal gets 0.
 
     Returns:
         ``(S,) float32`` advantages. A (q, ρ) with segments from a single trajectory gets 0.
@@ -267,7 +272,8 @@ def role_wise_advantages(
     Raises:
         ValueError: inputs are not all 1-D of the same length (the message names the shapes); ``weighting``
             is unknown (the message lists the valid ones); a role is not ACT/REHEARSE; a reward is not
-            finite; ``num_tokens`` is negative; segments of one trajectory disagree on group or reward.
+            finite; ``num_tokens`` is negative; segments of one trajectory disagree on group or reward;
+            ``eps`` is negative or not finite.
         TypeError: ``rewards`` is not floating or an id tensor is not integer.
     """
     weight_fn = _resolve(WEIGHTINGS, weighting, "weighting")

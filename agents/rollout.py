@@ -567,7 +567,8 @@ def build_batch(
     Raises:
         ValueError: no trajectories, ``len(group_ids) != len(trajectories)``, an unknown ``algo`` or
             ``prompt_mode``, a prompt mode that contradicts the trajectories (inline REHEARSE segments in
-            ``separate``, rehearsal rows in ``inline``), or the errors of `agents.grpo` (unknown weighting, ...).
+            ``separate``, rehearsal rows in ``inline``), a generated segment whose logprobs do not match its
+            tokens one to one or that opens its row, or the errors of `agents.grpo` (unknown weighting, ...).
     """
     if not trajectories:
         raise ValueError("build_batch needs at least one trajectory")
@@ -594,6 +595,10 @@ def build_batch(
                 attention_mask[r_idx, pos:end] = 1
                 role_mask[r_idx, pos:end] = int(role)
                 if role in _TRAINABLE and logprobs is not None:
+                    if pos == 0 or len(logprobs) != len(ids):  # position 0 has no logit that predicts it
+                        raise ValueError(f"trajectory {row.traj}: a {Role(role).name} segment of {len(ids)} tokens "
+                                         f"with {len(logprobs)} logprobs at position {pos}; a generated segment "
+                                         "needs one logprob per token and a context before it")
                     old_logprobs[r_idx, pos:end] = torch.tensor(logprobs, dtype=torch.float32)
                     segment_ids[r_idx, pos:end] = len(seg_role)
                     seg_group.append(int(group_ids[row.traj]))

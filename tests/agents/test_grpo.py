@@ -112,6 +112,19 @@ def test_hand_worked_std_scaling():
     torch.testing.assert_close(adv, torch.tensor(expected), atol=1e-6, rtol=0)
 
 
+def test_std_scaling_of_tied_rewards_is_zero_even_without_eps():
+    """Equal rewards in a (q, ρ) leave nothing to scale: A = 0, not 0 / 0 = NaN, whatever eps >= 0."""
+    rewards = torch.tensor([0.5, 0.5, 1.0, 0.0])
+    group_ids, roles = torch.tensor([0, 0, 1, 1]), torch.tensor([1, 1, 1, 1])
+    traj_ids, num_tokens = torch.tensor([0, 1, 2, 3]), torch.tensor([3, 3, 3, 3])
+    for eps in (0.0, 1e-6):
+        adv = role_wise_advantages(rewards, group_ids, roles, traj_ids, num_tokens, scale_by_std=True, eps=eps)
+        torch.testing.assert_close(adv, torch.tensor([0.0, 0.0, 1.0, -1.0]), atol=1e-5, rtol=0)
+    for eps in (-1e-6, float("nan")):
+        with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+            role_wise_advantages(rewards, group_ids, roles, traj_ids, num_tokens, scale_by_std=True, eps=eps)
+
+
 def test_plain_grpo_on_the_hand_group():
     # One baseline per q over trajectories: group 0 b = (1 + 0)/2; group 1 is a group of one;
     # group 2 b = 1/2, so τ4's REH segment now gets +1/2 (its role no longer has a baseline of its own).
@@ -386,6 +399,27 @@ def test_loss_validation():
         grpo_loss(x, x, x, torch.ones(2, 3, dtype=torch.bool), entropy_coef=0.1)
     with pytest.raises(ValueError, match=r"ref_logprobs \(2, 2\)"):
         grpo_loss(x, x, x, torch.ones(2, 3, dtype=torch.bool), ref_logprobs=torch.zeros(2, 2), beta=0.1)
+
+
+def test_clip_ranges_are_checked():
+    x, mask = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
+    for low, high in ((1.0, 0.2), (-0.1, 0.2), (0.2, -0.1)):
+        with pytest.raises(ValueError, match="eps"):
+            grpo_loss(x, x, x, mask, clip_eps_low=low, clip_eps_high=high)
+
+
+def test_only_the_current_logprobs_carry_gradient():
+    """Old, reference logprobs, advantages and importance weights are constants of the loss: a gradient
+    through any of them would train on the data instead of the policy."""
+    torch.manual_seed(0)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    logprobs = (torch.rand(2, 3) - 2).requires_grad_()
+    constants = {name: (torch.rand(2, 3) - 2).requires_grad_() for name in ("old", "ref", "adv", "weights")}
+    loss, _ = grpo_loss(logprobs, constants["old"], constants["adv"], mask, ref_logprobs=constants["ref"],
+                        beta=0.1, token_weights=constants["weights"].abs())
+    loss.backward()
+    assert logprobs.grad is not None and logprobs.grad[mask].abs().sum() > 0
+    assert all(t.grad is None for t in constants.values()), {k: t.grad for k, t in constants.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------

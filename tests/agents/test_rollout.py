@@ -282,6 +282,15 @@ def test_argument_errors(policy, venvs, rollouts):
         build_batch(sep, group_ids_for(B, K), pad_id=0, prompt_mode="inline")
 
 
+def test_a_generated_segment_that_opens_its_row_is_refused():
+    """Position 0 has no logit predicting it, so its token would train on a made-up logprob."""
+    first = Trajectory(task=_TASK, segments=[Segment(Role.ACT, [5, 6], [-0.5, -0.5])], reward=1.0)
+    second = Trajectory(task=_TASK, segments=[Segment(Role.PROMPT, [1]), Segment(Role.ACT, [5, 6], [-0.5, -0.5])], reward=0.0)
+    with pytest.raises(ValueError, match="ACT segment of 2 tokens with 2 logprobs at position 0"):
+        build_batch([first, second], [0, 0], pad_id=0)
+    assert build_batch([second, second], [0, 0], pad_id=0).loss_mask.sum() == 4
+
+
 # ---------------------------------------------------------------------------------------------------------
 # build_batch on synthetic trajectories (no model): hypothesis invariants
 # ---------------------------------------------------------------------------------------------------------
