@@ -197,14 +197,14 @@ class TrainConfig:
 
     # --- Parameters that control the algorithm --------------------------------------------------------
     algo: str = _f("role_grpo", "advantage estimator registered in agents.grpo.ADVANTAGE_ESTIMATORS: 'role_grpo' (one baseline per (group, role)) or 'grpo' (one per group; the ablation)")
-    policy: Literal["shared", "per_role"] = _f("shared", "'shared': one model plays both roles; 'per_role': two models, each trained on its role (ablation)")
+    policy: Literal["shared", "per_role"] = _f("shared", "'shared': one model plays both roles; 'per_role': two models, each trained on its role (ablation; each model also has its own optimizer, its own loss normalisation over its role's tokens and its own max_grad_norm budget)")
     weighting: Literal["turn", "token", "trajectory"] = _f("turn", "baseline weights within (group, role): per segment, per token, or per trajectory")
     scale_by_std: bool = _f(False, "divide advantages by the per-(group, role) std (off, as in the reference runs)")
     clip_eps_low: float = _f(0.2, "epsilon_low of the clipped importance ratio")
     clip_eps_high: float = _f(0.2, "epsilon_high of the clipped importance ratio")
     beta: float = _f(0.0, "KL coefficient to a frozen reference model (k3 estimator); 0 loads no reference")
     entropy_coef: float = _f(0.0, "entropy bonus coefficient")
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = _f("token-mean", "how per-token losses are averaged")
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = _f("token-mean", "how per-token losses are averaged (a seq-mean's sequence is one batch row: the whole trajectory under prompt_mode inline, but under separate each rehearsal is a row of its own, so the two modes weigh the roles differently)")
     importance_sampling_cap: float = _f(0.0, "truncated importance sampling (TIS) between trainer and engine: before the update the trainer recomputes the batch's logprobs, the clipped ratio is taken against them, and each token's loss is weighted by min(pi_trainer / pi_engine, cap) (Yao et al., 2025); 0: off (the ratio is taken against the engine's recorded logprobs)")
     skip_empty_updates: bool = _f(True, "skip the forward and backward passes of a batch in which no loss token has a non-zero advantage (and there is no KL or entropy term): its loss and gradient would be exactly 0; with one process, also leave the rows without a non-zero advantage out of the passes of a batch that trains (same gradient); false runs every row with loss tokens, e.g. to time an update with the same work as a trainer that never skips")
     ppo_epochs: int = _f(1, "passes over each rollout batch")
