@@ -332,7 +332,7 @@ def demonstration_env(tokenizer: Any, suite: str, **kwargs: Any) -> Any:
 def build_demonstrations(
     tokenizer: Any,
     suite: str = "bfcl",
-    categories: Sequence[str] | None = ("multi_turn_base",),
+    categories: Sequence[str] | None = None,
     split: str = "train",
     *,
     task_ids: Sequence[str] | None = None,

@@ -213,8 +213,6 @@ def _baseline_advantages(
     Returns:
         ``(S,) float32`` advantages, 0 for keys with a single trajectory or zero total weight.
     """
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     r = rewards.to(torch.float64)  # (S,)
     _, key_inverse = torch.unique(keys, dim=0, return_inverse=True)  # (S,) key index in [0, K)
     num_keys = int(key_inverse.max()) + 1
@@ -226,8 +224,13 @@ def _baseline_advantages(
     if scale_by_std:
         variance = zeros.index_add(0, key_inverse, weights * advantages**2) / safe_weight_sum  # (K,)
         std = variance.sqrt()[key_inverse]  # (S,)
-        # tied rewards (std 0) give A = 0 even with eps = 0, where 0 / 0 would be NaN
-        advantages = torch.where(std > 0, advantages / (std + eps), torch.zeros_like(advantages))  # (S,)
+        # Equal rewards leave nothing to scale: A = 0. Tested on the rewards themselves, since the weighted
+        # mean of equal rewards can differ from them by rounding (0.1 three times), which std + 0 would
+        # blow up to +-1; std == 0 also covers weight-free segments, where eps = 0 would give 0 / 0.
+        highest = zeros.scatter_reduce(0, key_inverse, r, "amax", include_self=False)  # (K,)
+        lowest = zeros.scatter_reduce(0, key_inverse, r, "amin", include_self=False)  # (K,)
+        flat = (highest == lowest)[key_inverse] | (std == 0)  # (S,)
+        advantages = torch.where(flat, torch.zeros_like(advantages), advantages / torch.where(flat, 1.0, std + eps))  # (S,)
     # Detail 5: a key whose segments come from one trajectory only (or carry no weight) gets 0.
     key_traj = torch.stack([key_inverse, traj_ids.long()], dim=1)  # (S, 2)
     distinct = torch.unique(key_traj, dim=0)  # (U, 2) one row per (key, trajectory)
@@ -277,6 +280,8 @@ def role_wise_advantages(
         TypeError: ``rewards`` is not floating or an id tensor is not integer.
     """
     weight_fn = _resolve(WEIGHTINGS, weighting, "weighting")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     _check_segments(rewards, group_ids, roles, traj_ids, num_tokens)
     if rewards.numel() == 0:
         return torch.zeros(0, dtype=torch.float32, device=rewards.device)  # (0,)
@@ -303,14 +308,14 @@ def grpo_advantages(
         group_ids: ``(S,)`` integer, the instruction q of each row.
         traj_ids: ``(S,)`` integer, the trajectory of each row.
         scale_by_std: divide by the population std of the group's trajectory rewards plus ``eps``.
-        eps: added to the std when ``scale_by_std``.
+        eps: added to the std when ``scale_by_std`` (>= 0); a group whose rewards are all equal gets 0.
 
     Returns:
         ``(S,) float32`` advantages; a group of one trajectory gets 0.
 
     Raises:
         ValueError: shapes differ (named), a reward is not finite, rows of one trajectory disagree on
-            group or reward.
+            group or reward, ``eps`` is negative or not finite.
         TypeError: ``rewards`` is not floating or an id tensor is not integer.
     """
     roles = torch.full_like(group_ids, int(Role.ACT))  # (S,) one pseudo-role: one baseline per q

@@ -36,7 +36,7 @@ import time
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from agents.config import (
     TrainConfig, add_dataclass_arguments, config_field, dataclass_from_args, field_default, nested_config_field,
@@ -45,7 +45,7 @@ from agents.evaluate import EvalConfig
 from agents.models import ModelStore, default_store
 from agents.sft import SFTConfig
 
-__all__ = ["PipelineConfig", "run_pipeline", "StageRunner", "latest_model", "sft_stage", "grpo_stage", "register_pipeline_parser", "STAGES", "REHEARSAL_STAGE", "stage_rows", "stage_table"]
+__all__ = ["PipelineConfig", "run_pipeline", "StageRunner", "latest_model", "sft_stage", "grpo_stage", "register_pipeline_parser", "STAGES", "REHEARSAL_STAGE", "stage_rows", "stage_table", "stage_settings", "stage_ignores"]
 
 _f = config_field
 STAGES = ("eval_base", "sft", "eval_sft", "grpo", "eval_grpo")
@@ -208,7 +208,7 @@ class StageRunner:
         self.evals: dict[str, dict[str, Any]] = {}
         self.configs: dict[str, dict[str, Any]] = {}
 
-    def stage(self, name: str, fn, expected: dict[str, Any] | None = None) -> dict[str, Any]:
+    def stage(self, name: str, fn, expected: dict[str, Any] | None = None, ignore: Sequence[str] = ()) -> dict[str, Any]:
         """Run ``fn(folder)`` unless stage `name` is done; returns its info (``fn``'s dict plus ``seconds``).
 
         Args:
@@ -216,21 +216,21 @@ class StageRunner:
             fn: folder -> dict (JSON-compatible) or None; an ``"eval"`` entry is the stage's evaluation row,
                 a ``"config"`` entry the settings it ran with.
             expected: the settings a finished stage must have run with to be skipped (None: not checked).
+                Paths inside the run folder it ran in are read as if that folder were ``run`` (a run folder
+                may move); fields it did not store are not compared.
+            ignore: fields of `expected` that may differ (speed, memory, bookkeeping).
 
         Raises:
             ValueError: the stage finished with other settings than `expected` (the message names them).
         """
+        from agents.run_folder import changed_fields
+
         folder = self.run / name
         folder.mkdir(parents=True, exist_ok=True)
         if _stage_done(folder):
             info = json.loads((folder / "stage_done.json").read_text())
-            stored = info.get("config", {}) if expected is not None else {}
-            own = next((k for k in ("out", "run_dir") if isinstance(stored.get(k), str)), None)  # the stage's folder
-            if own:  # a run folder may have moved: read its paths (out, a checkpoint model) as if here
-                old_run = str(Path(stored[own]).parents[len(Path(name).parts) - 1])
-                stored = {k: str(self.run) + v[len(old_run):] if isinstance(v, str) and v.startswith(old_run + "/") else v
-                          for k, v in stored.items()}
-            changed = sorted(k for k in stored if stored[k] != expected.get(k))
+            stored = self._here(name, info.get("config", {})) if expected is not None else {}
+            changed = sorted(changed_fields(stored, expected or {}, ignore))
             if changed:
                 raise ValueError(f"{folder} was run with other settings ({', '.join(changed)}); use another run folder, "
                                  f"or delete that folder to run the stage again")
@@ -249,16 +249,38 @@ class StageRunner:
             self.configs[name] = info["config"]
         return info
 
+    def _here(self, name: str, stored: dict[str, Any]) -> dict[str, Any]:
+        """`stored` settings of stage `name` with the paths under the run folder they were written in (found
+        from the stage's own folder, ``out`` or ``run_dir``) moved under ``run``."""
+        own = next((stored[k] for k in ("out", "run_dir") if isinstance(stored.get(k), str)), None)
+        stage = Path(name).parts
+        if own is None or Path(own).parts[-len(stage):] != stage or len(Path(own).parts) == len(stage):
+            return stored  # no stage folder to learn the old run folder from (or it was ".": nothing to strip)
+        old = Path(own).parts[: -len(stage)]
+
+        def moved(value: Any) -> Any:
+            if not isinstance(value, str) or Path(value).parts[: len(old)] != old:
+                return value
+            return str(Path(self.run, *Path(value).parts[len(old):]))
+
+        return {k: moved(v) for k, v in stored.items()}
+
     def evaluate(self, name: str, eval_config: EvalConfig, models: ModelStore | None = None) -> dict[str, Any]:
         """Stage `name`: `agents.evaluate.evaluate` with `eval_config` (its ``out`` should be the stage's
         folder); returns the evaluation row (accuracy, tool-call fraction, parse errors, fidelity fields)."""
-        settings = _settings(eval_config)
+        settings = stage_settings(eval_config)
         info = self.stage(name, lambda out: {"eval": _evaluate(eval_config, out, self.log, models), "config": settings},
-                          settings)
+                          settings, ignore=("min_solvable_fraction", "overwrite"))
         return info["eval"]
 
 
-def _settings(config: Any) -> dict[str, Any]:
+def stage_ignores(config_class: Any) -> tuple[str, ...]:
+    """The fields a trainer may resume with changed (``RESUME_IGNORES``) less its length: a finished stage's
+    step or epoch count is part of what it produced."""
+    return tuple(f for f in config_class.RESUME_IGNORES if f not in ("num_steps", "max_steps", "num_epochs"))
+
+
+def stage_settings(config: Any) -> dict[str, Any]:
     """A config dataclass as ``stage_done.json`` stores it (JSON types)."""
     return json.loads(json.dumps(dataclasses.asdict(config)))
 
@@ -475,16 +497,18 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
 
     evaluations("base", config.model)
 
-    # a finished training stage is skipped only if it ran with today's settings (another budget refuses, naming
-    # it, instead of silently reporting the old run); SFT's task ids are derived from those settings, so stored
+    # A finished training stage is skipped only if it ran with today's settings: another budget refuses, naming
+    # the field, instead of reporting the old run as the new one. SFT's task ids follow from its other settings
+    # (the suite, categories, max_demos, max_seq_len, the tokenizer), so the stored ones stand in for them.
     done = run / "sft" / "stage_done.json"
     sft_ids = json.loads(done.read_text()).get("task_ids", []) if done.is_file() else []
-    stages.stage("sft", lambda out: sft_stage(config, out, models, log), _settings(config.sft_config(run / "sft", sft_ids)))
+    stages.stage("sft", lambda out: sft_stage(config, out, models, log), stage_settings(config.sft_config(run / "sft", sft_ids)),
+                 ignore=stage_ignores(SFTConfig))
     sft_model = latest_model(run / "sft")
     evaluations("sft", sft_model)
 
     stages.stage("grpo", lambda out: grpo_stage(config.grpo_config(out, sft_model), models, log),
-                 _settings(config.grpo_config(run / "grpo", sft_model)))
+                 stage_settings(config.grpo_config(run / "grpo", sft_model)), ignore=stage_ignores(TrainConfig))
     grpo_model = latest_model(run / "grpo")
     evaluations("grpo", grpo_model)
     if config.test_time_rehearsal_n:

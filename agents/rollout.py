@@ -596,7 +596,7 @@ def build_batch(
                 role_mask[r_idx, pos:end] = int(role)
                 if role in _TRAINABLE and logprobs is not None:
                     if pos == 0 or len(logprobs) != len(ids):  # position 0 has no logit that predicts it
-                        raise ValueError(f"trajectory {row.traj}: a {Role(role).name} segment of {len(ids)} tokens "
+                        raise ValueError(f"trajectory {row.traj} (batch row {r_idx}): a {Role(role).name} segment of {len(ids)} tokens "
                                          f"with {len(logprobs)} logprobs at position {pos}; a generated segment "
                                          "needs one logprob per token and a context before it")
                     old_logprobs[r_idx, pos:end] = torch.tensor(logprobs, dtype=torch.float32)

@@ -238,7 +238,7 @@ class RoleWiseGRPOTrainer:
         if config.task_ids:
             missing = sorted(set(config.task_ids) - set(all_ids))
             if missing:
-                raise ValueError(f"task_ids not in {config.suite}/{config.categories}/{config.split}: {missing[:5]}")
+                raise ValueError(f"task_ids not in {config.suite}/{config.categories or 'default categories'}/{config.split}: {missing[:5]}")
             keep = set(config.task_ids)
             tasks = [t for t in tasks if t.id in keep]
             all_ids = list(config.task_ids)

@@ -124,9 +124,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     """Run (or resume) every stage and return the results (also written to ``<out>/results.json``)."""
     import torch
 
-    from agents.config import load_dataclass
+    from agents.config import TrainConfig, load_dataclass
     from agents.models import default_store
-    from agents.pipeline import PipelineConfig, StageRunner, grpo_stage, latest_model, sft_stage
+    from agents.pipeline import PipelineConfig, StageRunner, grpo_stage, latest_model, sft_stage, stage_ignores, stage_settings
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             config = dataclasses.replace(recipe.grpo_config(out / name / "grpo", warm), seed=seed, num_steps=steps,
                                          save_every=steps, **ARMS[arm])
             info = stages.stage(f"{name}/grpo", lambda _, config=config: grpo_stage(config, models, log),
-                                json.loads(json.dumps(dataclasses.asdict(config))))
+                                stage_settings(config), ignore=stage_ignores(TrainConfig))
             trained = latest_model(out / name / "grpo")
             row = evaluation(f"{name}/eval", trained)
             row["task_rewards"] = _task_rewards(out / name / "eval")

@@ -120,9 +120,18 @@ def test_std_scaling_of_tied_rewards_is_zero_even_without_eps():
     for eps in (0.0, 1e-6):
         adv = role_wise_advantages(rewards, group_ids, roles, traj_ids, num_tokens, scale_by_std=True, eps=eps)
         torch.testing.assert_close(adv, torch.tensor([0.0, 0.0, 1.0, -1.0]), atol=1e-5, rtol=0)
+    # 0.1 three times: the weighted mean differs from 0.1 by rounding, a std of ~1e-17 that eps = 0 cannot absorb
+    tenth = torch.tensor([0.1, 0.1, 0.1])
+    three = torch.tensor([0, 1, 2])
+    for weighting in ("turn", "token", "trajectory"):
+        adv = role_wise_advantages(tenth, torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.long), three,
+                                   torch.tensor([1, 2, 3]), weighting=weighting, scale_by_std=True, eps=0.0)
+        assert adv.eq(0).all(), (weighting, adv)
     for eps in (-1e-6, float("nan")):
         with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
             role_wise_advantages(rewards, group_ids, roles, traj_ids, num_tokens, scale_by_std=True, eps=eps)
+        with pytest.raises(ValueError, match="eps must be a finite number >= 0"):  # checked before any input
+            role_wise_advantages(rewards[:0], group_ids[:0], roles[:0], traj_ids[:0], num_tokens[:0], eps=eps)
 
 
 def test_plain_grpo_on_the_hand_group():
@@ -403,8 +412,10 @@ def test_loss_validation():
 
 def test_clip_ranges_are_checked():
     x, mask = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
-    for low, high in ((1.0, 0.2), (-0.1, 0.2), (0.2, -0.1)):
-        with pytest.raises(ValueError, match="eps"):
+    for low, high, message in ((1.0, 0.2, r"clip_eps_low must be in \[0, 1\), got 1.0"),
+                               (-0.1, 0.2, r"clip_eps_low must be in \[0, 1\), got -0.1"),
+                               (0.2, -0.1, r"clip_eps_high must be >= 0, got -0.1")):
+        with pytest.raises(ValueError, match=message):
             grpo_loss(x, x, x, mask, clip_eps_low=low, clip_eps_high=high)
 
 

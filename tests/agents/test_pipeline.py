@@ -151,3 +151,36 @@ def test_the_lab_recipe_loads_and_its_budgets_leave_the_tasks_winnable(no_model_
     lines = []
     budgets = check_budgets(config, log=lines.append)
     assert budgets and lines
+
+
+def test_a_finished_stage_is_skipped_only_with_its_settings_wherever_the_run_folder_is(tmp_path, monkeypatch):
+    """StageRunner compares the settings a stage ran with, its own paths read as if the run folder were here:
+    relative or absolute, moved, or "."; fields in `ignore` may differ, others refuse, naming the field."""
+    from pathlib import Path
+
+    from agents.pipeline import StageRunner
+
+    def settings(run):
+        run = Path(run)  # as the pipeline builds its stage configs: run / "name"
+        return {"run_dir": str(run / "train/grpo"), "init": str(run / "sft/checkpoints/step_1/model"), "model": "smollm2-lab",
+                "lr": 1e-5, "threads": 2, "elsewhere": "runs/ax/model"}  # starts like runs/a, is not in it
+
+    def run_stage(run, ignore=("threads",), **changes):
+        calls = []
+        expected = {**settings(run), **changes}
+        StageRunner(run, log=lambda *_: None).stage("train/grpo", lambda _: calls.append(1) or {"config": expected},
+                                                   expected, ignore)
+        return len(calls)
+
+    monkeypatch.chdir(tmp_path)
+    assert run_stage("runs/a") == 1  # runs once, relative
+    assert run_stage("runs/a") == 0 and run_stage(str(tmp_path / "runs/a")) == 0  # absolute: the same folder
+    assert run_stage("runs/a", threads=1) == 0  # an ignored field
+    with pytest.raises(ValueError, match=r"was run with other settings \(lr\)"):
+        run_stage("runs/a", lr=2e-5)
+    (tmp_path / "runs/a").rename(tmp_path / "moved")
+    assert run_stage("moved") == 0  # its own paths follow it; "elsewhere" is not rewritten to "movedx/model"
+    with pytest.raises(ValueError, match=r"other settings \(init\)"):
+        run_stage("moved", init="moved/sft/checkpoints/step_2/model")
+    monkeypatch.chdir(tmp_path / "moved")
+    assert run_stage(".") == 0  # the run folder is the working directory
