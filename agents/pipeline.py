@@ -176,10 +176,6 @@ class PipelineConfig:
         return dataclasses.asdict(self)
 
 
-def _stage_done(folder: Path) -> bool:
-    return (folder / "stage_done.json").is_file()
-
-
 def _mark_done(folder: Path, info: dict[str, Any]) -> None:
     (folder / "stage_done.json").write_text(json.dumps(info, indent=1))
 
@@ -227,8 +223,8 @@ class StageRunner:
 
         folder = self.run / name
         folder.mkdir(parents=True, exist_ok=True)
-        if _stage_done(folder):
-            info = json.loads((folder / "stage_done.json").read_text())
+        info = self.finished(name)
+        if info is not None:
             stored = self._here(name, info.get("config", {})) if expected is not None else {}
             changed = sorted(changed_fields(stored, expected or {}, ignore))
             if changed:
@@ -248,6 +244,11 @@ class StageRunner:
         if "config" in info:
             self.configs[name] = info["config"]
         return info
+
+    def finished(self, name: str) -> dict[str, Any] | None:
+        """What stage `name` returned when it finished (its ``stage_done.json``), or None if it has not."""
+        done = self.run / name / "stage_done.json"
+        return json.loads(done.read_text()) if done.is_file() else None
 
     def _here(self, name: str, stored: dict[str, Any]) -> dict[str, Any]:
         """`stored` settings of stage `name` with the paths under the run folder they were written in (found
@@ -500,8 +501,7 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     # A finished training stage is skipped only if it ran with today's settings: another budget refuses, naming
     # the field, instead of reporting the old run as the new one. SFT's task ids follow from its other settings
     # (the suite, categories, max_demos, max_seq_len, the tokenizer), so the stored ones stand in for them.
-    done = run / "sft" / "stage_done.json"
-    sft_ids = json.loads(done.read_text()).get("task_ids", []) if done.is_file() else []
+    sft_ids = (stages.finished("sft") or {}).get("task_ids", [])
     stages.stage("sft", lambda out: sft_stage(config, out, models, log), stage_settings(config.sft_config(run / "sft", sft_ids)),
                  ignore=stage_ignores(SFTConfig))
     sft_model = latest_model(run / "sft")
