@@ -43,9 +43,10 @@ from agents.config import (
 )
 from agents.evaluate import EvalConfig
 from agents.models import ModelStore, default_store
+from agents.run_folder import read_jsonl
 from agents.sft import SFTConfig
 
-__all__ = ["PipelineConfig", "run_pipeline", "StageRunner", "latest_model", "sft_stage", "grpo_stage", "register_pipeline_parser", "STAGES", "REHEARSAL_STAGE", "stage_rows", "stage_table", "stage_settings", "stage_ignores"]
+__all__ = ["PipelineConfig", "run_pipeline", "StageRunner", "latest_model", "sft_stage", "grpo_stage", "register_pipeline_parser", "STAGES", "REHEARSAL_STAGE", "stage_rows", "stage_table", "same_task_row", "SAME_TASKS_ROW", "stage_settings", "stage_ignores"]
 
 _f = config_field
 STAGES = ("eval_base", "sft", "eval_sft", "grpo", "eval_grpo")
@@ -96,6 +97,7 @@ class PipelineConfig:
     min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the SFT demonstrations, GRPO tasks or evaluation tasks than this fit their budgets (agents.budgets; checked before any model loads)")
     fidelity: bool = _f(False, "after each evaluation, also play the same tasks rehearsed and score every rehearsed tool output against the real backend (exact / JSON structure / token F1)")
     test_time_rehearsal_n: int = _f(0, "also evaluate the trained policy with test-time rehearsal of this many attempts per turn (eval.rehearsal_mode) on the same tasks (0: skip)")
+    test_time_rehearsal_limit: int | None = _f(None, "tasks per category in the test-time rehearsal evaluation: the first this many of the evaluations' own (none: all of them); the table then adds the plain evaluation scored on the same tasks")
     sft: SFTConfig = nested_config_field(
         SFTConfig, "the SFT warm start (envace sft's options)",
         max_steps=8, max_demos=16, max_seq_len=3584, overflow="drop", batch_tokens=3584, max_batch_rows=1, lr=1e-4,
@@ -131,6 +133,10 @@ class PipelineConfig:
         if self.seed < 0 or self.threads < 0 or self.test_time_rehearsal_n < 0:
             raise ValueError(f"invalid PipelineConfig: seed, threads and test_time_rehearsal_n must be >= 0, got "
                              f"{self.seed}, {self.threads}, {self.test_time_rehearsal_n}")
+        limit = self.test_time_rehearsal_limit
+        if limit is not None and not (1 <= limit and (self.eval.limit is None or limit <= self.eval.limit)):
+            raise ValueError(f"invalid PipelineConfig: test_time_rehearsal_limit must be None or between 1 and eval.limit "
+                             f"({self.eval.limit}) so its tasks are some of the evaluations' own, got {limit}")
         if not 0 <= self.min_solvable_fraction <= 1:
             raise ValueError(f"invalid PipelineConfig: min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
         from envace_gym.suites import registered_suites
@@ -336,8 +342,6 @@ def grpo_stage(grpo_config: TrainConfig, models: ModelStore, log=print) -> dict[
         history = trainer.train()
     finally:
         trainer.close()
-    from agents.run_folder import read_jsonl
-
     every = list(read_jsonl(Path(grpo_config.run_dir) / "metrics.jsonl"))  # a resumed run's earlier steps too
     groups = [h["rollout/groups_with_reward_variance"] for h in every]
     log(f"[pipeline] grpo: groups with non-zero reward variance per step: {groups} (of {grpo_config.batch_tasks} per step)")
@@ -405,13 +409,39 @@ def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None
     return row
 
 
-def stage_rows(evals: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+SAME_TASKS_ROW = "grpo, same tasks"
+"""The `stage_rows` label of the plain evaluation scored on the test-time rehearsal stage's tasks only."""
+
+
+def same_task_row(plain: str | Path, rehearsed: str | Path) -> dict[str, Any]:
+    """The plain evaluation in folder `plain` scored on the tasks of the evaluation in `rehearsed` only (its
+    ``episodes.jsonl``), so a test-time rehearsal stage on fewer tasks is compared on equal tasks; the
+    ``overall`` row of `agents.evaluate.summarize` (unweighted category means, BFCL's rule).
+
+    Raises:
+        ValueError: some task of `rehearsed` is not in `plain`.
+    """
+    from agents.evaluate import summarize
+
+    wanted = {e["task_id"] for e in read_jsonl(Path(rehearsed) / "episodes.jsonl")}
+    episodes = [e for e in read_jsonl(Path(plain) / "episodes.jsonl") if e["task_id"] in wanted]
+    missing = wanted - {e["task_id"] for e in episodes}
+    if missing:
+        raise ValueError(f"{plain} did not play the tasks {sorted(missing)} of {rehearsed}")
+    overall = summarize(episodes)[-1]
+    return {k: v for k, v in overall.items() if k != "category"}
+
+
+def stage_rows(evals: dict[str, dict[str, Any]], same_tasks: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """One row per evaluated model (``base``, ``sft``, ``grpo``, and ``grpo+rehearsal`` when that stage ran):
-    the real-backend evaluation's fields, plus the ``fidelity_*`` fields of its fidelity stage, if any."""
+    the real-backend evaluation's fields, plus the ``fidelity_*`` fields of its fidelity stage, if any.
+    `same_tasks` (`same_task_row`), when given, is put before ``grpo+rehearsal`` as `SAME_TASKS_ROW`."""
     rows: dict[str, dict[str, Any]] = {}
     for name, row in evals.items():
         if name.startswith("eval_"):
             label = "grpo+rehearsal" if name == REHEARSAL_STAGE else name[len("eval_"):]
+            if label == "grpo+rehearsal" and same_tasks is not None:
+                rows[SAME_TASKS_ROW] = dict(same_tasks)
             rows.setdefault(label, {}).update(row)
     for name, row in evals.items():
         if name.startswith("fidelity_") and name[len("fidelity_"):] in rows:
@@ -422,17 +452,18 @@ def stage_rows(evals: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def stage_table(rows: dict[str, dict[str, Any]], timings: dict[str, float]) -> list[str]:
     """The printed summary: accuracy on real backends, tool-call fraction and fidelity per evaluated model."""
-    lines = [f"{'model':<15} {'accuracy':>9} {'tool calls':>10} {'parse err':>9} {'fid exact':>9} "
+    lines = [f"{'model':<16} {'accuracy':>9} {'tool calls':>10} {'parse err':>9} {'fid exact':>9} "
              f"{'fid struct':>10} {'fid F1':>7} {'seconds':>8}"]
     for label, row in rows.items():
-        stages = [REHEARSAL_STAGE] if label == "grpo+rehearsal" else [f"eval_{label}", f"fidelity_{label}"]
+        stages = ([REHEARSAL_STAGE] if label == "grpo+rehearsal" else [] if label == SAME_TASKS_ROW
+                  else [f"eval_{label}", f"fidelity_{label}"])
         fid = ["" if f"fidelity_{m}" not in row else "n/a" if row[f"fidelity_{m}"] is None else f"{row[f'fidelity_{m}']:.3f}"
                for m in ("exact_match", "json_structure_match", "token_f1")]
-        lines.append(f"{label:<15} {row['accuracy']:>9.3f} {row['tool_call_fraction']:>10.3f} "
+        lines.append(f"{label:<16} {row['accuracy']:>9.3f} {row['tool_call_fraction']:>10.3f} "
                      f"{row['parse_errors_per_task']:>9.2f} {fid[0]:>9} {fid[1]:>10} {fid[2]:>7} "
                      f"{sum(timings.get(s, 0.0) for s in stages):>8.0f}")
     for name in ("sft", "grpo"):
-        lines.append(f"{name + ' (training)':<15} {'':>9} {'':>10} {'':>9} {'':>9} {'':>10} {'':>7} {timings.get(name, 0.0):>8.0f}")
+        lines.append(f"{name + ' (training)':<16} {'':>9} {'':>10} {'':>9} {'':>9} {'':>10} {'':>7} {timings.get(name, 0.0):>8.0f}")
     return lines
 
 
@@ -511,18 +542,23 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
                  stage_settings(config.grpo_config(run / "grpo", sft_model)), ignore=stage_ignores(TrainConfig))
     grpo_model = latest_model(run / "grpo")
     evaluations("grpo", grpo_model)
+    same_tasks = None
     if config.test_time_rehearsal_n:
-        evaluate_stage(REHEARSAL_STAGE, grpo_model, rehearsal_n=config.test_time_rehearsal_n)
+        limit = {} if config.test_time_rehearsal_limit is None else {"limit": config.test_time_rehearsal_limit}
+        evaluate_stage(REHEARSAL_STAGE, grpo_model, rehearsal_n=config.test_time_rehearsal_n, **limit)
+        if limit:
+            same_tasks = same_task_row(run / "eval_grpo", run / REHEARSAL_STAGE)
 
     evals, timings = stages.evals, stages.timings
+    rows = stage_rows(evals, same_tasks)
     plots = [str(p) for p in report(run / "grpo")]
-    plots.append(str(plot_stages(stage_rows(evals), run / "plots" / "stages.png")))
+    plots.append(str(plot_stages(rows, run / "plots" / "stages.png")))
     summary = {"config": config.to_dict(), "stage_configs": stages.configs, "budgets": budgets, "evals": evals,
-               "seconds": timings, "plots": plots,
+               "rows": rows, "seconds": timings, "plots": plots,
                "total_seconds": sum(timings.values())}
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
     log("")
-    for line in stage_table(stage_rows(evals), timings):
+    for line in stage_table(rows, timings):
         log(line)
     log(f"[pipeline] total {summary['total_seconds'] / 60:.1f} min; plots: {', '.join(plots)}")
     return summary

@@ -66,9 +66,11 @@ def test_masks_hide_absent_items_but_not_mistakes(env):
 
 def test_maskable_ppo_trains_on_the_real_backend_and_its_calls_are_counted():
     from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.logger import Logger
 
     env = gym.make("EnvACE-LabDiscrete-v0", categories=["ship"]).unwrapped
     model = MaskablePPO("MlpPolicy", env, seed=0, n_steps=128, batch_size=64, n_epochs=1, verbose=0)
+    model.set_logger(Logger(folder=None, output_formats=[]))  # the default makes an empty folder in the temp dir
     model.learn(256)
     assert 0 < env.real_calls <= 256  # every call the agent made went to a real backend, closings excluded
     obs, _ = env.reset(seed=0)
