@@ -13,7 +13,9 @@ SFT and GRPO trainers resume from their newest checkpoints):
 5. ``eval_grpo/``: the trained policy, same tasks;
 6. with ``fidelity``, a ``fidelity_<model>/`` stage after each evaluation: the same tasks played rehearsed, every
    rehearsed tool output scored against a shadow real backend; with ``test_time_rehearsal_n`` > 0,
-   ``eval_grpo_rehearsal/``: the trained policy with test-time rehearsal on the same tasks;
+   ``eval_grpo_rehearsal/``: the trained policy with test-time rehearsal on the same tasks (or, with
+   ``test_time_rehearsal_limit``, the first of them in each category, beside a table row that scores
+   ``eval_grpo`` on those tasks only);
 7. ``plots/stages.png`` (accuracy, the fraction of ACT steps that parse as tool calls and, where measured, exact
    rehearsal fidelity, per model) and ``grpo/plots/`` (training curves, `agents.plots.report`); ``summary.json``
    and a printed table (`stage_table`).
@@ -46,7 +48,7 @@ from agents.models import ModelStore, default_store
 from agents.run_folder import read_jsonl
 from agents.sft import SFTConfig
 
-__all__ = ["PipelineConfig", "run_pipeline", "StageRunner", "latest_model", "sft_stage", "grpo_stage", "register_pipeline_parser", "STAGES", "REHEARSAL_STAGE", "stage_rows", "stage_table", "same_task_row", "SAME_TASKS_ROW", "stage_settings", "stage_ignores"]
+__all__ = ["PipelineConfig", "run_pipeline", "StageRunner", "latest_model", "sft_stage", "grpo_stage", "register_pipeline_parser", "STAGES", "REHEARSAL_STAGE", "stage_rows", "stage_table", "same_tasks_row", "SAME_TASKS_ROW", "stage_settings", "stage_ignores"]
 
 _f = config_field
 STAGES = ("eval_base", "sft", "eval_sft", "grpo", "eval_grpo")
@@ -96,8 +98,8 @@ class PipelineConfig:
     categories: list[str] | None = _f(None, "suite categories for SFT, GRPO and eval (none given: the suite's default, BFCL's multi_turn_base)")
     min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the SFT demonstrations, GRPO tasks or evaluation tasks than this fit their budgets (agents.budgets; checked before any model loads)")
     fidelity: bool = _f(False, "after each evaluation, also play the same tasks rehearsed and score every rehearsed tool output against the real backend (exact / JSON structure / token F1)")
-    test_time_rehearsal_n: int = _f(0, "also evaluate the trained policy with test-time rehearsal of this many attempts per turn (eval.rehearsal_mode) on the same tasks (0: skip)")
-    test_time_rehearsal_limit: int | None = _f(None, "tasks per category in the test-time rehearsal evaluation: the first this many of the evaluations' own (none: all of them); the table then adds the plain evaluation scored on the same tasks")
+    test_time_rehearsal_n: int = _f(0, "also evaluate the trained policy with test-time rehearsal of this many attempts per turn (eval.rehearsal_mode) on the same tasks, or the first test_time_rehearsal_limit of each category (0: skip)")
+    test_time_rehearsal_limit: int | None = _f(None, "tasks per category in the test-time rehearsal evaluation: the first this many of the evaluations' own (none: all of them); below eval.limit, the table adds the plain evaluation scored on those tasks")
     sft: SFTConfig = nested_config_field(
         SFTConfig, "the SFT warm start (envace sft's options)",
         max_steps=8, max_demos=16, max_seq_len=3584, overflow="drop", batch_tokens=3584, max_batch_rows=1, lr=1e-4,
@@ -134,9 +136,14 @@ class PipelineConfig:
             raise ValueError(f"invalid PipelineConfig: seed, threads and test_time_rehearsal_n must be >= 0, got "
                              f"{self.seed}, {self.threads}, {self.test_time_rehearsal_n}")
         limit = self.test_time_rehearsal_limit
-        if limit is not None and not (1 <= limit and (self.eval.limit is None or limit <= self.eval.limit)):
-            raise ValueError(f"invalid PipelineConfig: test_time_rehearsal_limit must be None or between 1 and eval.limit "
-                             f"({self.eval.limit}) so its tasks are some of the evaluations' own, got {limit}")
+        if limit is not None:
+            if limit < 1 or (self.eval.limit is not None and limit > self.eval.limit):
+                bound = ">= 1" if self.eval.limit is None else f"between 1 and eval.limit ({self.eval.limit})"
+                raise ValueError(f"invalid PipelineConfig: test_time_rehearsal_limit must be {bound} so its tasks are "
+                                 f"some of the evaluations' own, got {limit}")
+            if not self.test_time_rehearsal_n:
+                raise ValueError("invalid PipelineConfig: test_time_rehearsal_limit sizes the test-time rehearsal "
+                                 "evaluation, which runs only with --test-time-rehearsal-n N > 0; set it or leave the limit out")
         if not 0 <= self.min_solvable_fraction <= 1:
             raise ValueError(f"invalid PipelineConfig: min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
         from envace_gym.suites import registered_suites
@@ -354,7 +361,8 @@ def grpo_stage(grpo_config: TrainConfig, models: ModelStore, log=print) -> dict[
 def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None = None) -> dict[str, Any]:
     """The solvable fractions of the GRPO and evaluation tasks under the pipeline's budgets, before any model loads.
 
-    Returns ``{"grpo": report, "eval": report}`` as dicts (`agents.budgets.BudgetReport.to_dict`).
+    Returns ``{"grpo": report, "eval": report}`` as dicts (`agents.budgets.BudgetReport.to_dict`), and
+    `REHEARSAL_STAGE`'s report when ``test_time_rehearsal_limit`` plays it on fewer tasks.
 
     Raises:
         agents.budgets.BudgetError: a stage's fraction is below ``min_solvable_fraction`` (the message names the
@@ -378,13 +386,20 @@ def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None =
                "max_episode_tokens": "--grpo.max-episode-tokens"}, log=log,
     )
     ev = config.eval_config("unused", config.model)
-    ev = check_task_budgets(
-        select_tasks(ev), config.suite, tokenizer,
-        max_steps_per_turn=ev.max_steps_per_turn, max_new_tokens=ev.max_new_tokens, max_episode_tokens=None,
-        min_fraction=config.min_solvable_fraction, command="envace pipeline (eval stages, test split)",
-        names={"max_steps_per_turn": "--eval.max-steps-per-turn", "max_new_tokens": "--eval.max-new-tokens"}, log=log,
-    )
-    return {"grpo": grpo.to_dict(), "eval": ev.to_dict()}
+    reports = {"grpo": grpo.to_dict()}
+    limits = {"eval": ev.limit}
+    if config.test_time_rehearsal_n and config.test_time_rehearsal_limit is not None:
+        # a subset can fall below the fraction that the whole set clears; refuse now, not after training
+        limits[REHEARSAL_STAGE] = config.test_time_rehearsal_limit
+    for name, limit in limits.items():
+        reports[name] = check_task_budgets(
+            select_tasks(dataclasses.replace(ev, limit=limit)), config.suite, tokenizer,
+            max_steps_per_turn=ev.max_steps_per_turn, max_new_tokens=ev.max_new_tokens, max_episode_tokens=None,
+            min_fraction=config.min_solvable_fraction,
+            command=f"envace pipeline ({'eval stages' if name == 'eval' else name}, test split)",
+            names={"max_steps_per_turn": "--eval.max-steps-per-turn", "max_new_tokens": "--eval.max-new-tokens"}, log=log,
+        ).to_dict()
+    return reports
 
 
 def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None) -> dict[str, Any]:
@@ -413,10 +428,12 @@ SAME_TASKS_ROW = "grpo, same tasks"
 """The `stage_rows` label of the plain evaluation scored on the test-time rehearsal stage's tasks only."""
 
 
-def same_task_row(plain: str | Path, rehearsed: str | Path) -> dict[str, Any]:
+def same_tasks_row(plain: str | Path, rehearsed: str | Path) -> dict[str, Any]:
     """The plain evaluation in folder `plain` scored on the tasks of the evaluation in `rehearsed` only (its
-    ``episodes.jsonl``), so a test-time rehearsal stage on fewer tasks is compared on equal tasks; the
-    ``overall`` row of `agents.evaluate.summarize` (unweighted category means, BFCL's rule).
+    ``episodes.jsonl``), so a test-time rehearsal stage on fewer tasks is compared on equal tasks: the
+    ``overall`` row of `agents.evaluate.summarize` (unweighted category means, BFCL's rule) with the keys of an
+    evaluation stage's row. Equal tasks, not equal sampling: an episode's seed is its index in its evaluation's
+    task list, which differs between the two at temperature > 0.
 
     Raises:
         ValueError: some task of `rehearsed` is not in `plain`.
@@ -429,13 +446,13 @@ def same_task_row(plain: str | Path, rehearsed: str | Path) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{plain} did not play the tasks {sorted(missing)} of {rehearsed}")
     overall = summarize(episodes)[-1]
-    return {k: v for k, v in overall.items() if k != "category"}
+    return {k: overall[k] for k in ("accuracy", "tool_call_fraction", "parse_errors_per_task", "n_tasks")}
 
 
 def stage_rows(evals: dict[str, dict[str, Any]], same_tasks: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """One row per evaluated model (``base``, ``sft``, ``grpo``, and ``grpo+rehearsal`` when that stage ran):
     the real-backend evaluation's fields, plus the ``fidelity_*`` fields of its fidelity stage, if any.
-    `same_tasks` (`same_task_row`), when given, is put before ``grpo+rehearsal`` as `SAME_TASKS_ROW`."""
+    `same_tasks` (`same_tasks_row`), when given, is put before ``grpo+rehearsal`` as `SAME_TASKS_ROW`."""
     rows: dict[str, dict[str, Any]] = {}
     for name, row in evals.items():
         if name.startswith("eval_"):
@@ -451,19 +468,22 @@ def stage_rows(evals: dict[str, dict[str, Any]], same_tasks: dict[str, Any] | No
 
 
 def stage_table(rows: dict[str, dict[str, Any]], timings: dict[str, float]) -> list[str]:
-    """The printed summary: accuracy on real backends, tool-call fraction and fidelity per evaluated model."""
-    lines = [f"{'model':<16} {'accuracy':>9} {'tool calls':>10} {'parse err':>9} {'fid exact':>9} "
+    """The printed summary: tasks played, accuracy on real backends, tool-call fraction and fidelity per
+    evaluated model, and the seconds of the stages behind each row (blank for `SAME_TASKS_ROW`, which is
+    computed from another stage's episodes)."""
+    lines = [f"{'model':<16} {'tasks':>5} {'accuracy':>9} {'tool calls':>10} {'parse err':>9} {'fid exact':>9} "
              f"{'fid struct':>10} {'fid F1':>7} {'seconds':>8}"]
     for label, row in rows.items():
         stages = ([REHEARSAL_STAGE] if label == "grpo+rehearsal" else [] if label == SAME_TASKS_ROW
                   else [f"eval_{label}", f"fidelity_{label}"])
         fid = ["" if f"fidelity_{m}" not in row else "n/a" if row[f"fidelity_{m}"] is None else f"{row[f'fidelity_{m}']:.3f}"
                for m in ("exact_match", "json_structure_match", "token_f1")]
-        lines.append(f"{label:<16} {row['accuracy']:>9.3f} {row['tool_call_fraction']:>10.3f} "
-                     f"{row['parse_errors_per_task']:>9.2f} {fid[0]:>9} {fid[1]:>10} {fid[2]:>7} "
-                     f"{sum(timings.get(s, 0.0) for s in stages):>8.0f}")
+        seconds = f"{sum(timings.get(s, 0.0) for s in stages):.0f}" if stages else ""
+        lines.append(f"{label:<16} {row.get('n_tasks', ''):>5} {row['accuracy']:>9.3f} {row['tool_call_fraction']:>10.3f} "
+                     f"{row['parse_errors_per_task']:>9.2f} {fid[0]:>9} {fid[1]:>10} {fid[2]:>7} {seconds:>8}")
     for name in ("sft", "grpo"):
-        lines.append(f"{name + ' (training)':<16} {'':>9} {'':>10} {'':>9} {'':>9} {'':>10} {'':>7} {timings.get(name, 0.0):>8.0f}")
+        lines.append(f"{name + ' (training)':<16} {'':>5} {'':>9} {'':>10} {'':>9} {'':>9} {'':>10} {'':>7} "
+                     f"{timings.get(name, 0.0):>8.0f}")
     return lines
 
 
@@ -546,8 +566,8 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     if config.test_time_rehearsal_n:
         limit = {} if config.test_time_rehearsal_limit is None else {"limit": config.test_time_rehearsal_limit}
         evaluate_stage(REHEARSAL_STAGE, grpo_model, rehearsal_n=config.test_time_rehearsal_n, **limit)
-        if limit:
-            same_tasks = same_task_row(run / "eval_grpo", run / REHEARSAL_STAGE)
+        if limit and (config.eval.limit is None or config.test_time_rehearsal_limit < config.eval.limit):
+            same_tasks = same_tasks_row(run / "eval_grpo", run / REHEARSAL_STAGE)
 
     evals, timings = stages.evals, stages.timings
     rows = stage_rows(evals, same_tasks)

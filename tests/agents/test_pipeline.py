@@ -9,7 +9,7 @@ import pytest
 from agents.cli import build_parser, main
 from agents.config import dataclass_from_args, load_dataclass
 from agents.pipeline import (
-    REHEARSAL_STAGE, SAME_TASKS_ROW, PipelineConfig, run_pipeline, same_task_row, stage_rows, stage_table,
+    REHEARSAL_STAGE, SAME_TASKS_ROW, PipelineConfig, run_pipeline, same_tasks_row, stage_rows, stage_table,
 )
 
 ARGS = ["--model", "tiny-random", "--sft.max-steps", "1", "--sft.max-demos", "1", "--grpo.num-steps", "1",
@@ -61,11 +61,13 @@ def test_bad_pipeline_config_fails_fast():
         PipelineConfig(eval={"rehearsal_n": 2})
     with pytest.raises(ValueError, match="test_time_rehearsal_n must be >= 0"):
         PipelineConfig(test_time_rehearsal_n=-1)
-    with pytest.raises(ValueError, match=r"test_time_rehearsal_limit must be None or between 1 and eval.limit \(4\)"):
-        PipelineConfig(test_time_rehearsal_limit=5)  # more tasks than the plain evaluations play
-    with pytest.raises(ValueError, match="test_time_rehearsal_limit must be"):
-        PipelineConfig(test_time_rehearsal_limit=0)
-    assert PipelineConfig(test_time_rehearsal_limit=5, eval={"limit": None}).test_time_rehearsal_limit == 5
+    with pytest.raises(ValueError, match=r"test_time_rehearsal_limit must be between 1 and eval.limit \(4\)"):
+        PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=5)  # more than the evaluations play
+    with pytest.raises(ValueError, match="test_time_rehearsal_limit must be >= 1"):
+        PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=0, eval={"limit": None})
+    with pytest.raises(ValueError, match="runs only with --test-time-rehearsal-n N > 0"):
+        PipelineConfig(test_time_rehearsal_limit=1)
+    assert PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=5, eval={"limit": None}).test_time_rehearsal_limit == 5
 
 
 def test_stage_configs_compose_from_options_and_yaml(tmp_path):
@@ -107,33 +109,37 @@ def test_pipeline_adds_fidelity_and_test_time_rehearsal_stages(tmp_path, capsys)
     run = tmp_path / "lab"
     lab = ["--suite", "lab", "--categories", "ship", "--fidelity", "true", "--test-time-rehearsal-limit", "1",
            "--test-time-rehearsal-n", "1"]
-    assert main(["pipeline", "--run-dir", str(run), *ARGS, *lab]) == 0
+    assert main(["pipeline", "--run-dir", str(run), *ARGS, "--eval.limit", "2", *lab]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["evals"]) == {"eval_base", "fidelity_base", "eval_sft", "fidelity_sft", "eval_grpo",
                                      "fidelity_grpo", REHEARSAL_STAGE}
     assert summary["stage_configs"][REHEARSAL_STAGE]["rehearsal_n"] == 1
     assert summary["stage_configs"]["fidelity_sft"]["fidelity"] is True
+    assert summary["stage_configs"][REHEARSAL_STAGE]["limit"] == 1 and summary["stage_configs"]["eval_grpo"]["limit"] == 2
+    assert set(summary["budgets"]) == {"grpo", "eval", REHEARSAL_STAGE}
     rows = summary["rows"]
     assert list(rows) == ["base", "sft", "grpo", SAME_TASKS_ROW, "grpo+rehearsal"]
-    assert rows[SAME_TASKS_ROW]["n_tasks"] == 1 and rows[SAME_TASKS_ROW]["accuracy"] == rows["grpo"]["accuracy"]
+    assert rows["grpo"]["n_tasks"] == 2 and rows[SAME_TASKS_ROW]["n_tasks"] == rows["grpo+rehearsal"]["n_tasks"] == 1
+    plain = [json.loads(line) for line in open(run / "eval_grpo" / "episodes.jsonl", encoding="utf-8")]
+    assert rows[SAME_TASKS_ROW]["accuracy"] == plain[0]["reward"]  # the first task of the two
     assert rows["grpo"]["fidelity_calls"] == len((run / "fidelity_grpo" / "fidelity_calls.jsonl").read_text().splitlines())
     out = capsys.readouterr().out
     assert "grpo+rehearsal" in out and "fid exact" in out
     changed = dataclass_from_args(PipelineConfig, build_parser().parse_args(
-        ["pipeline", "--run-dir", str(run), *ARGS, *lab[:-1], "2"]))  # test_time_rehearsal_n 1 -> 2
+        ["pipeline", "--run-dir", str(run), *ARGS, "--eval.limit", "2", *lab[:-1], "2"]))  # test_time_rehearsal_n 1 -> 2
     with pytest.raises(ValueError, match="eval_grpo_rehearsal was run with other settings .*rehearsal_n"):
         run_pipeline(changed)
 
 
 def test_stage_rows_merge_fidelity_and_the_table_marks_what_was_not_measured():
     evals = {
-        "eval_base": {"accuracy": 0.25, "tool_call_fraction": 0.0, "parse_errors_per_task": 1.0},
+        "eval_base": {"accuracy": 0.25, "tool_call_fraction": 0.0, "parse_errors_per_task": 1.0, "n_tasks": 4},
         "fidelity_base": {"accuracy": 0.0, "fidelity_exact_match": None, "fidelity_json_structure_match": None,
                           "fidelity_token_f1": None, "fidelity_calls": 0},
-        "eval_grpo": {"accuracy": 0.5, "tool_call_fraction": 0.75, "parse_errors_per_task": 0.0},
+        "eval_grpo": {"accuracy": 0.5, "tool_call_fraction": 0.75, "parse_errors_per_task": 0.0, "n_tasks": 4},
         "fidelity_grpo": {"accuracy": 0.4, "fidelity_exact_match": 0.6, "fidelity_json_structure_match": 0.8,
                           "fidelity_token_f1": 0.9, "fidelity_calls": 10},
-        REHEARSAL_STAGE: {"accuracy": 0.75, "tool_call_fraction": 0.5, "parse_errors_per_task": 0.0},
+        REHEARSAL_STAGE: {"accuracy": 0.75, "tool_call_fraction": 0.5, "parse_errors_per_task": 0.0, "n_tasks": 4},
     }
     rows = stage_rows(evals)
     assert list(rows) == ["base", "grpo", "grpo+rehearsal"]
@@ -141,9 +147,9 @@ def test_stage_rows_merge_fidelity_and_the_table_marks_what_was_not_measured():
     assert rows["grpo"]["fidelity_exact_match"] == 0.6 and "fidelity_exact_match" not in rows["grpo+rehearsal"]
     lines = stage_table(rows, {"eval_grpo": 30.0, "fidelity_grpo": 12.0, REHEARSAL_STAGE: 7.0, "grpo": 100.0})
     by_model = {line[:16].strip(): line[16:].split() for line in lines[1:]}
-    assert by_model["base"][3:6] == ["n/a", "n/a", "n/a"]  # fidelity stage ran, nothing to score
-    assert by_model["grpo"][3:] == ["0.600", "0.800", "0.900", "42"]  # eval + fidelity seconds
-    assert by_model["grpo+rehearsal"] == ["0.750", "0.500", "0.00", "7"]  # no fidelity stage: blank
+    assert by_model["base"][4:7] == ["n/a", "n/a", "n/a"]  # fidelity stage ran, nothing to score
+    assert by_model["grpo"][4:] == ["0.600", "0.800", "0.900", "42"]  # eval + fidelity seconds
+    assert by_model["grpo+rehearsal"] == ["4", "0.750", "0.500", "0.00", "7"]  # no fidelity stage: blank
     assert by_model["grpo (training)"] == ["100"]
 
 
@@ -158,18 +164,19 @@ def test_a_rehearsal_stage_on_fewer_tasks_is_compared_with_the_plain_evaluation_
                              (rehearsed, [episode("a_0", "a", 0.0), episode("b_0", "b", 1.0)])):
         folder.mkdir()
         (folder / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
-    row = same_task_row(plain, rehearsed)
+    row = same_tasks_row(plain, rehearsed)
     assert row["n_tasks"] == 2 and row["accuracy"] == 1.0  # a_0 and b_0 solved; all four tasks: 0.5
     (rehearsed / "episodes.jsonl").write_text(json.dumps(episode("a_1", "a", 0.0)) + "\n")
-    assert same_task_row(plain, rehearsed)["accuracy"] == 0.0
+    assert same_tasks_row(plain, rehearsed)["accuracy"] == 0.0
     evals = {"eval_grpo": {"accuracy": 0.5, "tool_call_fraction": 1.0, "parse_errors_per_task": 0.0},
              REHEARSAL_STAGE: {"accuracy": 0.0, "tool_call_fraction": 1.0, "parse_errors_per_task": 0.0}}
     rows = stage_rows(evals, row)
     assert list(rows) == ["grpo", SAME_TASKS_ROW, "grpo+rehearsal"]
-    assert any(line.startswith(SAME_TASKS_ROW) and "1.000" in line for line in stage_table(rows, {}))
+    line = next(line for line in stage_table(rows, {REHEARSAL_STAGE: 9.0}) if line.startswith(SAME_TASKS_ROW))
+    assert line[16:].split() == ["2", "1.000", "1.000", "0.00"]  # its seconds are another stage's: blank
     (rehearsed / "episodes.jsonl").write_text(json.dumps(episode("c_0", "c", 0.0)) + "\n")
     with pytest.raises(ValueError, match=r"did not play the tasks \['c_0'\]"):
-        same_task_row(plain, rehearsed)
+        same_tasks_row(plain, rehearsed)
 
 
 @pytest.mark.slow  # builds smollm2-lab's tokenizer on a fresh cache (~45 s)
