@@ -159,6 +159,14 @@ class PipelineConfig:
                     hint = _OWNED_HINTS.get(f.name) or (f"set --{top.replace('_', '-')} for every stage" if top else "leave it out")
                     raise ValueError(f"invalid PipelineConfig: the pipeline sets {stage}.{f.name} itself; {hint}")
 
+    def rehearsal_subset_limit(self) -> int | None:
+        """``test_time_rehearsal_limit`` when the test-time rehearsal stage runs on fewer tasks per category
+        than the other evaluations, else None (it plays all of theirs, or does not run)."""
+        limit = self.test_time_rehearsal_limit
+        if self.test_time_rehearsal_n and limit is not None and (self.eval.limit is None or limit < self.eval.limit):
+            return limit
+        return None
+
     def _categories(self) -> list[str] | None:
         return None if self.categories is None else list(self.categories)
 
@@ -362,7 +370,7 @@ def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None =
     """The solvable fractions of the GRPO and evaluation tasks under the pipeline's budgets, before any model loads.
 
     Returns ``{"grpo": report, "eval": report}`` as dicts (`agents.budgets.BudgetReport.to_dict`), and
-    `REHEARSAL_STAGE`'s report when ``test_time_rehearsal_limit`` plays it on fewer tasks.
+    `REHEARSAL_STAGE`'s report when it plays fewer tasks (`PipelineConfig.rehearsal_subset_limit`).
 
     Raises:
         agents.budgets.BudgetError: a stage's fraction is below ``min_solvable_fraction`` (the message names the
@@ -388,9 +396,9 @@ def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None =
     ev = config.eval_config("unused", config.model)
     reports = {"grpo": grpo.to_dict()}
     limits = {"eval": ev.limit}
-    if config.test_time_rehearsal_n and config.test_time_rehearsal_limit is not None:
+    if config.rehearsal_subset_limit() is not None:
         # a subset can fall below the fraction that the whole set clears; refuse now, not after training
-        limits[REHEARSAL_STAGE] = config.test_time_rehearsal_limit
+        limits[REHEARSAL_STAGE] = config.rehearsal_subset_limit()
     for name, limit in limits.items():
         reports[name] = check_task_budgets(
             select_tasks(dataclasses.replace(ev, limit=limit)), config.suite, tokenizer,
@@ -402,13 +410,17 @@ def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None =
     return reports
 
 
+def _overall_row(overall: dict[str, Any]) -> dict[str, Any]:
+    """An evaluation stage's row from the ``overall`` row of `agents.evaluate.summarize`."""
+    return {"accuracy": float(overall["accuracy"]), "tool_call_fraction": float(overall["tool_call_fraction"]),
+            "parse_errors_per_task": float(overall["parse_errors_per_task"]), "n_tasks": int(overall["n_tasks"])}
+
+
 def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None) -> dict[str, Any]:
     from agents.evaluate import evaluate, fidelity_tables
 
     result = evaluate(eval_config, log=None, progress=True, models=models)
-    overall = result.summary[-1]
-    row = {"accuracy": float(overall["accuracy"]), "tool_call_fraction": float(overall["tool_call_fraction"]),
-           "parse_errors_per_task": float(overall["parse_errors_per_task"]), "n_tasks": len(result.episodes)}
+    row = _overall_row(result.summary[-1])
     if eval_config.fidelity:
         every = fidelity_tables(result.fidelity_calls)["tool"][-1]
         n_calls = int(every["n_calls"])  # no rehearsed call: the metrics are undefined (None), not 0
@@ -445,8 +457,7 @@ def same_tasks_row(plain: str | Path, rehearsed: str | Path) -> dict[str, Any]:
     missing = wanted - {e["task_id"] for e in episodes}
     if missing:
         raise ValueError(f"{plain} did not play the tasks {sorted(missing)} of {rehearsed}")
-    overall = summarize(episodes)[-1]
-    return {k: overall[k] for k in ("accuracy", "tool_call_fraction", "parse_errors_per_task", "n_tasks")}
+    return _overall_row(summarize(episodes)[-1])
 
 
 def stage_rows(evals: dict[str, dict[str, Any]], same_tasks: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -564,9 +575,10 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     evaluations("grpo", grpo_model)
     same_tasks = None
     if config.test_time_rehearsal_n:
-        limit = {} if config.test_time_rehearsal_limit is None else {"limit": config.test_time_rehearsal_limit}
-        evaluate_stage(REHEARSAL_STAGE, grpo_model, rehearsal_n=config.test_time_rehearsal_n, **limit)
-        if limit and (config.eval.limit is None or config.test_time_rehearsal_limit < config.eval.limit):
+        subset = config.rehearsal_subset_limit()
+        evaluate_stage(REHEARSAL_STAGE, grpo_model, rehearsal_n=config.test_time_rehearsal_n,
+                       **({} if subset is None else {"limit": subset}))
+        if subset is not None:
             same_tasks = same_tasks_row(run / "eval_grpo", run / REHEARSAL_STAGE)
 
     evals, timings = stages.evals, stages.timings

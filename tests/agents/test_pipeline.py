@@ -67,7 +67,10 @@ def test_bad_pipeline_config_fails_fast():
         PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=0, eval={"limit": None})
     with pytest.raises(ValueError, match="runs only with --test-time-rehearsal-n N > 0"):
         PipelineConfig(test_time_rehearsal_limit=1)
-    assert PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=5, eval={"limit": None}).test_time_rehearsal_limit == 5
+    assert PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=5, eval={"limit": None}).rehearsal_subset_limit() == 5
+    assert PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=3).rehearsal_subset_limit() == 3  # eval.limit 4
+    assert PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=4).rehearsal_subset_limit() is None  # all 4
+    assert PipelineConfig(test_time_rehearsal_n=1).rehearsal_subset_limit() is None
 
 
 def test_stage_configs_compose_from_options_and_yaml(tmp_path):
