@@ -343,7 +343,7 @@ def lab_model_dir(cache_root: Path | None = None) -> Path:
 
     from benchmarks.lab import LabConfig
 
-    recipe = json.dumps([_LAB_MODEL_VERSION, LAB_CHAT_TEMPLATE, LAB_MODEL_LAYERS, dataclasses.asdict(LabConfig())])
+    recipe = json.dumps([_LAB_MODEL_VERSION, LAB_CHAT_TEMPLATE, LAB_MODEL_LAYERS, dataclasses.asdict(LabConfig(rules="stated"))])
     return (cache_root or cache_dir()) / "models" / f"{LAB_MODEL}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
 
 
@@ -385,7 +385,7 @@ def _cut_lab_tokenizer(source: Path) -> tuple[PreTrainedTokenizerBase, list[int]
 
     smollm2 = AutoTokenizer.from_pretrained(source)
     smollm2.chat_template = LAB_CHAT_TEMPLATE
-    demos, _ = build_demonstrations(smollm2, "lab", None, "train", max_tokens=None)
+    demos, _ = build_demonstrations(smollm2, "lab-stated", None, "train", max_tokens=None)
     spec = json.loads(smollm2.backend_tokenizer.to_str())
     vocab: dict[str, int] = spec["model"]["vocab"]
     token_of = {i: t for t, i in vocab.items()}

@@ -48,5 +48,5 @@ if "EnvACE-LabDiscrete-v0" not in registry:
     register(
         id="EnvACE-LabDiscrete-v0",
         entry_point="benchmarks.lab.discrete:LabDiscreteEnv",
-        kwargs={"suite": "lab", "split": "train", "max_steps": 8},
+        kwargs={"suite": "lab-stated", "split": "train", "max_steps": 8},
     )

@@ -33,7 +33,7 @@ Terminated by a closing action; truncated after ``max_steps`` tool calls.
 ``verifier`` (the suite's details). The attribute ``real_calls`` counts every call since the env was made.
 
 ## Arguments
-* ``suite`` (str): a registered lab suite (``"lab"``, or a `LabConfig` variant).
+* ``suite`` (str): a registered stated-rules lab suite (``"lab-stated"``, the default, or a `LabConfig(rules="stated")` variant).
 * ``categories``, ``split``: as `LabSuite.tasks`.
 * ``max_steps`` (int): tool calls per episode; default 8 (``full_job`` needs 6).
 * ``max_boxes`` (int): the highest box label an action can name; default 3.
@@ -68,7 +68,7 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, suite: str = "lab", categories: Sequence[str] | None = None, split: str = "train",
+    def __init__(self, suite: str = "lab-stated", categories: Sequence[str] | None = None, split: str = "train",
                  max_steps: int = 8, max_boxes: int = 3) -> None:
         if max_steps < 1 or max_boxes < 1:
             raise ValueError(f"max_steps and max_boxes must be >= 1, got {max_steps}, {max_boxes}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from envace_gym.suites import VerifierResult
 from envace_gym.types import Task, ToolCall, Trajectory
@@ -11,15 +11,21 @@ from envace_gym.types import Task, ToolCall, Trajectory
 from benchmarks.lab.tasks import CATEGORIES, LabConfig, make_task, reference_final_state
 from benchmarks.lab.world import LabBackend, Warehouse
 
-__all__ = ["LabSuite"]
+__all__ = ["LabSuite", "stated_suite"]
 
 
 class LabSuite:
     """The ``lab`` suite: a warehouse tool world small enough to learn on 2 CPU cores (`benchmarks.lab`).
 
-    Categories: ``relocate``, ``ship``, ``count``, ``make_room``, ``ship_two``, ``full_job``
-    (`benchmarks.lab.tasks`); all of them by default. Splits: the first tasks of each category are ``train``,
-    the last ``config.num_test`` are ``test``.
+    The world's rules are ``config.rules``: ``hidden`` (v1, the default; registered as ``lab``) or ``stated``
+    (registered as ``lab-stated``, `stated_suite`).
+
+    Categories (`categories`): hidden rules ``relocate``, ``ship``, ``fill``, ``make_room``, ``ship_two``,
+    ``full_job`` (`benchmarks.lab.hidden`); stated rules ``count`` instead of ``fill``
+    (`benchmarks.lab.tasks`); all of them by default. Splits, hidden rules: ``test`` is the fixed test split
+    (``config.test_tasks`` per category), ``train`` the first ``config.tasks_per_category`` tasks of the
+    unlimited train stream (`train_stream` for more). Stated rules: the first tasks of each category are
+    ``train``, the last ``config.num_test`` are ``test``.
 
     Verification replays the ACT calls of the trajectory, in order, on a fresh backend in the task's initial
     state (the episode's own backend is not read, so a rehearsed episode is scored the same way) and gives
@@ -35,12 +41,43 @@ class LabSuite:
     """
 
     name = "lab"
-    categories = CATEGORIES
+    categories = CATEGORIES  # the stated world's; an instance holds its own rules' families
 
     def __init__(self, config: LabConfig | None = None) -> None:
         self.config = config or LabConfig()
-        self._tasks = {c: [make_task(self.config, c, i) for i in range(self.config.tasks_per_category)]
-                       for c in CATEGORIES}
+        self.categories = self.config.categories
+        if self.config.rules == "hidden":
+            self._tasks = {c: [make_task(self.config, c, i, "train") for i in range(self.config.tasks_per_category)]
+                              + [make_task(self.config, c, i, "test") for i in range(self.config.test_tasks)]
+                           for c in self.categories}
+        else:
+            self._tasks = {c: [make_task(self.config, c, i) for i in range(self.config.tasks_per_category)]
+                           for c in self.categories}
+
+    def train_stream(self, categories: Sequence[str] | None = None, start: int = 0) -> Iterator[Task]:
+        """The hidden-rules train stream from index `start`, one task of each category in turn, without end
+        (no task in it shares a test task's layout and instruction; `benchmarks.lab.hidden`).
+
+        Raises:
+            ValueError: the suite's rules are stated (its train split is finite), or an unknown category.
+        """
+        if self.config.rules != "hidden":
+            raise ValueError("train_stream needs the hidden rules (LabConfig(rules='hidden')); the stated-rules "
+                             "world has a finite train split: tasks(split='train')")
+        cats = self._categories(categories)
+        index = start
+        while True:
+            for c in cats:
+                yield make_task(self.config, c, index, "train")
+            index += 1
+
+    def _categories(self, categories: Sequence[str] | None) -> list[str]:
+        cats = list(categories) if categories else list(self.categories)
+        unknown = [c for c in cats if c not in self.categories]
+        if unknown:
+            raise ValueError(f"unknown lab categories {unknown} for the {self.config.rules} rules; valid "
+                             f"categories: {', '.join(self.categories)}")
+        return cats
 
     def tasks(self, categories: Sequence[str] | None = None, split: str = "train") -> list[Task]:
         """The tasks of `categories` (None: all) in `split` (``train``, ``test`` or ``all``), category by category.
@@ -50,11 +87,9 @@ class LabSuite:
         """
         if split not in ("train", "test", "all"):
             raise ValueError(f"split must be train, test or all, got {split!r}")
-        cats = list(categories) if categories else list(CATEGORIES)
-        unknown = [c for c in cats if c not in CATEGORIES]
-        if unknown:
-            raise ValueError(f"unknown lab categories {unknown}; valid categories: {', '.join(CATEGORIES)}")
-        n_train = self.config.tasks_per_category - self.config.num_test
+        cats = self._categories(categories)
+        n_train = self.config.tasks_per_category if self.config.rules == "hidden" else \
+            self.config.tasks_per_category - self.config.num_test
         out: list[Task] = []
         for c in cats:
             ts = self._tasks[c]
@@ -95,3 +130,10 @@ class LabSuite:
         return VerifierResult(reward=1.0 if ok else 0.0, valid=ok,
                               details={"state_matches": state_ok, "answer_matches": answer_ok, "failed_calls": errors,
                                        "broken": state["broken"]})
+
+
+def stated_suite() -> LabSuite:
+    """The stated-rules world with the default knobs (registered as suite ``lab-stated``)."""
+    suite = LabSuite(LabConfig(rules="stated"))
+    suite.name = "lab-stated"
+    return suite

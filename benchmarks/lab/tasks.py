@@ -1,5 +1,10 @@
 """Procedural EnvACE-Lab tasks: a warehouse layout, an instruction and its reference calls, from a seed.
 
+`LabConfig.rules` picks the world: ``"hidden"`` (EnvACE-Lab v1, the default: the prompt shows the layout and
+no rule; tasks in `benchmarks.lab.hidden`) or ``"stated"`` (this module's families below, whose rules the
+prompt states, so every task can be solved from the prompt alone; kept because stated against hidden rules
+measures what a world model is worth). The rest of this docstring describes the stated-rules world.
+
 Every task is drawn by ``random.Random(f"{seed}/{category}/{index}")`` (string seeds hash with SHA-512,
 so the same config gives the same tasks on every machine and Python version). The first user turn opens with
 a system message that states the rules (`benchmarks.lab.world.rules_text`) and the shelves
@@ -33,11 +38,13 @@ from typing import Any
 
 from envace_gym.types import Message, Task, ToolCall
 
-from benchmarks.lab.world import DISTRACTOR_TOOLS, DOCKS, TOOLS, LabBackend, Warehouse, layout_text, rules_text
+from benchmarks.lab.world import DISTRACTOR_TOOLS, DOCKS, RULES, TOOLS, LabBackend, Warehouse, layout_text, rules_text
 
-__all__ = ["CATEGORIES", "ITEMS", "LabConfig", "make_task", "reference_final_state"]
+__all__ = ["CATEGORIES", "STATED_CATEGORIES", "ITEMS", "LabConfig", "make_task", "reference_final_state"]
 
-CATEGORIES = ("relocate", "ship", "count", "make_room", "ship_two", "full_job")
+STATED_CATEGORIES = ("relocate", "ship", "count", "make_room", "ship_two", "full_job")
+"""The families of the stated-rules world."""
+CATEGORIES = STATED_CATEGORIES
 ITEMS = ("apple", "bolt", "cable", "drill", "glove", "hammer", "kettle", "lamp", "mirror", "nail", "rope", "saw",
          "tape", "vase", "wrench", "brush", "clock", "fan", "jar", "ladder", "mug", "pipe", "sock", "towel")
 """Item names; each is a few SmolLM2 tokens."""
@@ -48,13 +55,19 @@ class LabConfig:
     """Difficulty knobs of the ``lab`` suite (every field changes the tasks, so a run names its config).
 
     Attributes:
+        rules: ``"hidden"`` (v1, the default; `benchmarks.lab.hidden`) or ``"stated"`` (the families below).
         seed: the task seed.
-        tasks_per_category: tasks drawn per category (>= 2).
-        test_fraction: the last ``round(tasks_per_category * test_fraction)`` tasks of each category are
-            the test split, the others the train split.
+        tasks_per_category: stated rules: tasks drawn per category (>= 2), split by `test_fraction`. Hidden
+            rules: the train tasks `LabSuite.tasks` lists per category (the first of the unlimited stream,
+            `LabSuite.train_stream`).
+        test_fraction: stated rules only: the last ``round(tasks_per_category * test_fraction)`` tasks of each
+            category are the test split, the others the train split.
+        test_tasks: hidden rules only: the fixed test split's tasks per category (>= 1).
         num_shelves: shelves ``A``, ``B``, ... (3 to 26).
-        capacity: items per shelf (>= 2).
-        num_items: items in a layout (>= 4; at most what the shelves hold, leaving room for the tasks).
+        capacity: stated rules only: items per shelf (>= 2); the hidden rules give each shelf its own
+            (`benchmarks.lab.world.HIDDEN_CAPACITIES`).
+        num_items: items in a layout (>= 4; at most what the shelves hold, leaving room for the tasks); the
+            hidden rules draw 4 to `num_items` per layout.
         distractors: also offer ``count_items``, ``inventory`` and ``weigh`` (no task needs them).
         user_turns: 1 (the whole instruction at once) or 2 (multi-part instructions split over two user turns,
             the second after the agent closed the first).
@@ -63,9 +76,11 @@ class LabConfig:
     BFCL's ``[f(a=1)]``); the tool schemas are in the system prompt, as in BFCL.
     """
 
+    rules: str = "hidden"
     seed: int = 0
     tasks_per_category: int = 120
     test_fraction: float = 0.2
+    test_tasks: int = 100
     num_shelves: int = 4
     capacity: int = 3
     num_items: int = 6
@@ -73,6 +88,10 @@ class LabConfig:
     user_turns: int = 1
 
     def __post_init__(self) -> None:
+        if self.rules not in RULES:
+            raise ValueError(f"LabConfig: rules must be one of {RULES}, got {self.rules!r}")
+        if self.test_tasks < 1:
+            raise ValueError(f"LabConfig: test_tasks must be >= 1, got {self.test_tasks}")
         if self.tasks_per_category < 2 or not 0 < self.test_fraction < 1:
             raise ValueError("LabConfig: tasks_per_category must be >= 2 and test_fraction in (0, 1)")
         if self.num_test >= self.tasks_per_category:
@@ -90,7 +109,18 @@ class LabConfig:
     @property
     def num_test(self) -> int:
         """Test tasks per category."""
+        if self.rules == "hidden":
+            return self.test_tasks
         return max(1, round(self.tasks_per_category * self.test_fraction))
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        """The task families of this config's rules."""
+        if self.rules == "hidden":
+            from benchmarks.lab.hidden import HIDDEN_CATEGORIES
+
+            return HIDDEN_CATEGORIES
+        return STATED_CATEGORIES
 
 
 Layout = dict[str, list[str]]
@@ -205,8 +235,11 @@ def _generate(rng: random.Random, category: str, config: LabConfig) -> tuple[Lay
     raise ValueError(f"{config}: 200 layouts in a row did not fit {category!r}; change num_items or capacity")
 
 
-def make_task(config: LabConfig, category: str, index: int) -> Task:
+def make_task(config: LabConfig, category: str, index: int, split: str = "train") -> Task:
     """Task ``f"{category}_{index}"`` of `config` (see the module docstring).
+
+    Hidden rules: `benchmarks.lab.hidden.make_hidden_task` (`split` picks the stream or the fixed test split).
+    Stated rules: the index alone decides the task (`split` is ignored; `LabSuite` splits by index).
 
     The task's metadata holds ``category``, ``initial_state`` (a `Warehouse` dict), ``reference`` (the
     reference calls per user turn, OpenAI dicts), ``answer`` (the expected number in the reply, or None),
@@ -215,6 +248,10 @@ def make_task(config: LabConfig, category: str, index: int) -> Task:
     Raises:
         ValueError: an unknown category.
     """
+    if config.rules == "hidden":
+        from benchmarks.lab.hidden import make_hidden_task
+
+        return make_hidden_task(config, category, index, split)
     rng = random.Random(f"{config.seed}/{category}/{index}")
     shelves, parts, answer, slots = _generate(rng, category, config)
     state = Warehouse(capacity=config.capacity, shelves={s: list(items) for s, items in shelves.items()})

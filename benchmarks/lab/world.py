@@ -20,6 +20,18 @@ Calls that break no rule but cannot run (an unknown item, shelf, box or dock, a 
 shipped twice) return ``{"error": ...}`` and change nothing. Outputs are one-line JSON
 (``json.dumps(..., separators=(", ", ": "))``).
 
+Two rule sets (`Warehouse.rules`), both deterministic functions of the call and the state:
+
+* ``"stated"`` (the variant above, whose rules the prompt states): one ``capacity`` for every shelf, boxes
+  labelled ``box-1``, ``box-2``, ... in packing order.
+* ``"hidden"`` (EnvACE-Lab v1, the default world; the prompt shows the layout and none of these rules): each
+  shelf's capacity follows its letter (`HIDDEN_CAPACITIES`, cycling: A 2, B 3, C 4, D 2, ...), so whether a
+  shelf is full is known only to ``list_shelf`` (``free``) or to a model that has learned the table; a box
+  is labelled from where the item stood and the packing order, ``f"{shelf}{position}-{n}"`` (``"B2-1"``: the
+  second item on shelf B, the first box packed), positions counted from 1 at the time of packing (items
+  after a removed one move up). Tool descriptions say what a tool is for, not what it answers
+  (`HIDDEN_TOOLS`).
+
 The backend does O(capacity x shelves) work per call on validated arguments: nothing a call passes can
 make it loop, allocate or recurse, so it runs in the caller's process without `envace_gym.limits`
 isolation (which costs milliseconds per call; DESIGN.md §3 asks only that a backend cannot hang the env).
@@ -34,9 +46,21 @@ from typing import Any
 
 from envace_gym.types import ToolCall, ToolSpec
 
-__all__ = ["DOCKS", "Warehouse", "LabBackend", "TOOLS", "DISTRACTOR_TOOLS", "rules_text", "layout_text"]
+__all__ = ["DOCKS", "HIDDEN_CAPACITIES", "RULES", "Warehouse", "LabBackend", "TOOLS", "HIDDEN_TOOLS",
+           "DISTRACTOR_TOOLS", "rules_text", "layout_text", "hidden_capacities"]
 
 DOCKS = ("north", "south", "east", "west")
+RULES = ("hidden", "stated")
+"""The lab's rule sets: ``hidden`` (v1, the default: rules learned from outputs) and ``stated`` (in the prompt)."""
+HIDDEN_CAPACITIES = (2, 3, 4)
+"""Shelf capacities of the hidden rules, by letter and cycling: A 2, B 3, C 4, D 2, E 3, ..."""
+
+
+def hidden_capacities(num_shelves: int) -> dict[str, int]:
+    """Shelf letter -> capacity under the hidden rules (`HIDDEN_CAPACITIES`, cycling)."""
+    import string
+
+    return {s: HIDDEN_CAPACITIES[i % len(HIDDEN_CAPACITIES)] for i, s in enumerate(string.ascii_uppercase[:num_shelves])}
 
 
 def _str_param(description: str) -> dict[str, Any]:
@@ -61,6 +85,17 @@ TOOLS = {
                                                        "dock": _str_param("north, south, east or west")},
                       "required": ["box", "dock"]}),
 }
+HIDDEN_TOOLS = {
+    "locate": ToolSpec("locate", "Find an item.", TOOLS["locate"].parameters),
+    "list_shelf": ToolSpec("list_shelf", "Look at a shelf.", TOOLS["list_shelf"].parameters),
+    "move": ToolSpec("move", "Move an item onto another shelf.", TOOLS["move"].parameters),
+    "pack": ToolSpec("pack", "Pack an item into a box.", TOOLS["pack"].parameters),
+    "ship": ToolSpec("ship", "Ship a packed box from a loading dock.",
+                     {"type": "object", "properties": {"box": _str_param("the box label"),
+                                                       "dock": _str_param("north, south, east or west")},
+                      "required": ["box", "dock"]}),
+}
+"""The tools of the hidden-rules world: the same names and arguments, descriptions that state no rule."""
 DISTRACTOR_TOOLS = {
     "count_items": ToolSpec("count_items", "Count the items on a shelf.",
                             {"type": "object", "properties": {"shelf": _str_param("a shelf letter")}, "required": ["shelf"]}),
@@ -79,11 +114,13 @@ class Warehouse:
     """The state: shelf contents in order, packed boxes and shipments.
 
     Attributes:
-        capacity: items a shelf holds at most (>= 1).
+        capacity: items a shelf holds at most (>= 1) under the stated rules; under the hidden rules the
+            largest of `capacities`.
         shelves: shelf letter -> item names, in the order they were put there.
         boxes: box label -> the item packed into it, in packing order.
         shipped: box label -> dock, in shipping order.
         broken: items that fell off a full shelf, in order.
+        rules: ``"stated"`` or ``"hidden"`` (module docstring): decides `capacity_of` and the box labels.
     """
 
     capacity: int
@@ -91,22 +128,46 @@ class Warehouse:
     boxes: dict[str, str] = field(default_factory=dict)
     shipped: dict[str, str] = field(default_factory=dict)
     broken: list[str] = field(default_factory=list)
+    rules: str = "stated"
+
+    def __post_init__(self) -> None:
+        if self.rules not in RULES:
+            raise ValueError(f"Warehouse: rules must be one of {RULES}, got {self.rules!r}")
 
     def shelf_of(self, item: str) -> str | None:
         """The shelf holding `item`, or None."""
         return next((s for s, items in self.shelves.items() if item in items), None)
 
+    def capacity_of(self, shelf: str) -> int:
+        """Items `shelf` holds at most (`hidden_capacities` under the hidden rules)."""
+        if self.rules == "hidden":
+            return hidden_capacities(len(self.shelves))[shelf]
+        return self.capacity
+
+    def next_box(self, item: str) -> str:
+        """The label `pack(item)` gives now (`item` is on a shelf): ``box-<n>`` (stated) or
+        ``<shelf><position>-<n>`` (hidden)."""
+        n = len(self.boxes) + 1
+        if self.rules == "hidden":
+            shelf = self.shelf_of(item)
+            return f"{shelf}{self.shelves[shelf].index(item) + 1}-{n}"
+        return f"box-{n}"
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible state (what `LabBackend.snapshot` encodes)."""
-        return {"capacity": self.capacity, "shelves": self.shelves, "boxes": self.boxes, "shipped": self.shipped,
-                "broken": self.broken}
+        """JSON-compatible state (what `LabBackend.snapshot` encodes); ``rules`` appears only when hidden, so a
+        stated-rules state encodes as it always has."""
+        d = {"capacity": self.capacity, "shelves": self.shelves, "boxes": self.boxes, "shipped": self.shipped,
+             "broken": self.broken}
+        if self.rules != "stated":
+            d["rules"] = self.rules
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Warehouse:
         """Inverse of `to_dict` (deep-copied)."""
         d = copy.deepcopy(d)
         return cls(capacity=int(d["capacity"]), shelves=d["shelves"], boxes=d.get("boxes", {}),
-                   shipped=d.get("shipped", {}), broken=d.get("broken", []))
+                   shipped=d.get("shipped", {}), broken=d.get("broken", []), rules=d.get("rules", "stated"))
 
 
 def rules_text(capacity: int) -> str:
@@ -166,7 +227,7 @@ class LabBackend:
         if shelf not in self.state.shelves:
             return {"error": f"no shelf {shelf!r}"}
         items = self.state.shelves[shelf]
-        return {"shelf": shelf, "items": list(items), "free": self.state.capacity - len(items)}
+        return {"shelf": shelf, "items": list(items), "free": self.state.capacity_of(shelf) - len(items)}
 
     def _tool_move(self, item: str, shelf: str) -> dict[str, Any]:
         source = self.state.shelf_of(item)
@@ -177,7 +238,7 @@ class LabBackend:
         if shelf == source:
             return {"error": f"the {item} is already on shelf {shelf}"}
         self.state.shelves[source].remove(item)
-        if len(self.state.shelves[shelf]) >= self.state.capacity:
+        if len(self.state.shelves[shelf]) >= self.state.capacity_of(shelf):
             self.state.broken.append(item)
             return {"error": f"shelf {shelf} is full: the {item} fell and broke"}
         self.state.shelves[shelf].append(item)
@@ -187,8 +248,8 @@ class LabBackend:
         source = self.state.shelf_of(item)
         if source is None:
             return {"error": f"no item named {item!r} on any shelf"}
+        box = self.state.next_box(item)
         self.state.shelves[source].remove(item)
-        box = f"box-{len(self.state.boxes) + 1}"
         self.state.boxes[box] = item
         return {"item": item, "box": box}
 

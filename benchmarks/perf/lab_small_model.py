@@ -108,9 +108,9 @@ def run(args: argparse.Namespace, log=print) -> dict:
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    corpus = LabSuite(LabConfig(seed=args.corpus_seed, tasks_per_category=args.tasks_per_family))
+    corpus = LabSuite(LabConfig(rules="stated", seed=args.corpus_seed, tasks_per_category=args.tasks_per_family))
     register_suite("lab-corpus", lambda: corpus)
-    test_prompts = {_prompts(t) for t in make_suite("lab").tasks(None, "test")}
+    test_prompts = {_prompts(t) for t in make_suite("lab-stated").tasks(None, "test")}
     shared = [t.id for t in corpus.tasks(None, "all") if _prompts(t) in test_prompts]
     if shared:
         raise SystemExit(f"{len(shared)} corpus tasks have a test-split prompt (e.g. {shared[:3]}); "
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace, log=print) -> dict:
 
     t0 = time.perf_counter()
     budget = load_dataclass(PipelineConfig, RECIPE).eval
-    evaluation = EvalConfig(model=latest_model(out / "sft"), suite="lab", categories=[], split="test",
+    evaluation = EvalConfig(model=latest_model(out / "sft"), suite="lab-stated", categories=[], split="test",
                             limit=args.limit, max_new_tokens=budget.max_new_tokens,
                             max_steps_per_turn=budget.max_steps_per_turn, temperature=0.0,
                             out=str(out / "eval"), overwrite=True)

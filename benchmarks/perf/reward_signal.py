@@ -13,7 +13,7 @@ where the reward is lost:
 
 Usage (after ``make demo``, on its SFT checkpoint; ``make demo-bfcl`` writes ``runs/demo``)::
 
-    .venv/bin/python benchmarks/perf/reward_signal.py --suite lab --model runs/lab/sft/checkpoints/step_000024/model \\
+    .venv/bin/python benchmarks/perf/reward_signal.py --suite lab-stated --model runs/lab/sft/checkpoints/step_000024/model \\
         --tasks 12 --group-size 4 --max-steps-per-turn 8 --max-new-tokens 48 --rehearse-max-new-tokens 32 --seed 1
     .venv/bin/python benchmarks/perf/reward_signal.py --model runs/demo/sft/checkpoints/step_000008/model \\
         --tasks 4 --group-size 4 --seed 0

@@ -104,7 +104,7 @@ def test_no_categories_means_the_suites_default_in_every_command():
     assert train.categories is sft.categories is None and all(s.categories is None for s in stages)
     lab = make_suite("lab")
     families = {t.metadata["category"] for t in lab.tasks(train.categories, "train")}
-    assert families == {"relocate", "ship", "count", "make_room", "ship_two", "full_job"}
+    assert families == {"relocate", "ship", "fill", "make_room", "ship_two", "full_job"}
     bfcl = make_suite("bfcl").tasks(TrainConfig().categories, "train")  # BFCL's default is unchanged
     assert bfcl and {t.metadata["category"] for t in bfcl} == {"multi_turn_base"}
     assert PipelineConfig(suite="lab", categories=["count"]).grpo_config("r", "m").categories == ["count"]

@@ -34,7 +34,7 @@ def test_the_folder_is_built_once_and_is_complete(lab_pair):
 def test_the_cut_tokenizer_splits_unseen_lab_tasks_as_smollm2_does(lab_pair):
     _, tokenizer = lab_pair
     smollm2 = load_tokenizer()
-    demos, _ = build_demonstrations(tokenizer, "lab", None, "test", max_tokens=None)  # the build saw train only
+    demos, _ = build_demonstrations(tokenizer, "lab-stated", None, "test", max_tokens=None)  # the build saw train only
     assert len(demos) > 100
     for demo in demos:
         text = tokenizer.decode(demo.token_ids)
@@ -62,7 +62,7 @@ def test_the_cut_model_gives_smollm2s_logits_on_the_kept_tokens(lab_pair):
 
 def test_lab_prompts_are_short_and_list_the_tools_as_signatures(lab_pair):
     _, tokenizer = lab_pair
-    env = gym.make("EnvACE-Tool-v0", suite="lab", model=LAB_MODEL, categories=["full_job"])
+    env = gym.make("EnvACE-Tool-v0", suite="lab-stated", model=LAB_MODEL, categories=["full_job"])
     env.reset(seed=0)
     trajectory = env.unwrapped.trajectory
     prompt = tokenizer.decode(trajectory.token_ids)

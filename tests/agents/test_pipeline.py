@@ -110,7 +110,7 @@ def test_the_pipeline_runs_on_a_suite_defined_in_tests(tmp_path):
 @pytest.mark.slow
 def test_pipeline_adds_fidelity_and_test_time_rehearsal_stages(tmp_path, capsys):
     run = tmp_path / "lab"
-    lab = ["--suite", "lab", "--categories", "ship", "--fidelity", "true", "--test-time-rehearsal-limit", "1",
+    lab = ["--suite", "lab-stated", "--categories", "ship", "--fidelity", "true", "--test-time-rehearsal-limit", "1",
            "--test-time-rehearsal-n", "1"]
     assert main(["pipeline", "--run-dir", str(run), *ARGS, "--eval.limit", "2", *lab]) == 0
     summary = json.loads((run / "summary.json").read_text())
@@ -190,7 +190,7 @@ def test_the_lab_recipe_loads_and_its_budgets_leave_the_tasks_winnable(no_model_
 
     recipe = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab.yaml"
     config = load_dataclass(PipelineConfig, str(recipe))
-    assert (config.suite, config.model, config.fidelity) == ("lab", "smollm2-lab", True)
+    assert (config.suite, config.model, config.fidelity) == ("lab-stated", "smollm2-lab", True)
     assert config.grpo.group_size > 1 and config.eval.temperature == 0.0
     lines = []
     budgets = check_budgets(config, log=lines.append)

@@ -34,12 +34,12 @@ def _play(env, task_id: str, turns: list[list[ToolCall]], replies: list[str] | N
 
 @pytest.fixture(scope="module")
 def suite():
-    return make_suite("lab")
+    return make_suite("lab-stated")
 
 
 @pytest.fixture(scope="module")
 def tool_env():
-    return gym.make("EnvACE-Tool-v0", suite="lab", categories=None, split="all", max_steps_per_turn=8).unwrapped
+    return gym.make("EnvACE-Tool-v0", suite="lab-stated", categories=None, split="all", max_steps_per_turn=8).unwrapped
 
 
 def test_every_reference_solution_scores_one_through_the_registered_env(suite, tool_env):
@@ -55,9 +55,9 @@ def test_every_reference_solution_scores_one_through_the_registered_env(suite, t
 
 
 def test_tasks_are_a_function_of_the_config_and_the_splits_are_disjoint(suite):
-    again = LabSuite(LabConfig())
+    again = LabSuite(LabConfig(rules="stated"))
     assert [t.to_dict() for t in suite.tasks(None, "all")] == [t.to_dict() for t in again.tasks(None, "all")]
-    other = LabSuite(LabConfig(seed=1))
+    other = LabSuite(LabConfig(rules="stated", seed=1))
     assert [t.turns[0][0].content for t in other.tasks(["relocate"])] != [t.turns[0][0].content for t in suite.tasks(["relocate"])]
     def content(t):
         return json.dumps([[m.content for m in turn] for turn in t.turns])
@@ -132,7 +132,7 @@ def test_a_count_task_is_scored_on_the_number_in_the_reply(suite, tool_env):
 
 
 def test_knobs_change_the_tasks_and_keep_them_solvable(tool_env):
-    register_suite("lab-knobs", lambda: LabSuite(LabConfig(seed=3, tasks_per_category=10, distractors=True,
+    register_suite("lab-knobs", lambda: LabSuite(LabConfig(rules="stated", seed=3, tasks_per_category=10, distractors=True,
                                                            user_turns=2, num_shelves=5, capacity=4, num_items=9)))
     suite = make_suite("lab-knobs")
     tasks = suite.tasks(None, "all")
@@ -145,13 +145,13 @@ def test_knobs_change_the_tasks_and_keep_them_solvable(tool_env):
         replies = [suite.reference_reply(task, t) or "Done." for t in range(len(turns))]
         assert _play(env, task.id, turns, replies)[0] == 1.0, task.id
     with pytest.raises(ValueError, match="num_items"):
-        LabConfig(num_items=30)
+        LabConfig(rules="stated", num_items=30)
     with pytest.raises(ValueError, match="user_turns"):
-        LabConfig(user_turns=3)
+        LabConfig(rules="stated", user_turns=3)
     with pytest.raises(ValueError, match="no train task"):
-        LabConfig(tasks_per_category=3, test_fraction=0.9)
-    for odd in (LabConfig(num_shelves=3, capacity=4, num_items=5, tasks_per_category=40),
-                LabConfig(num_shelves=3, capacity=8, num_items=9, tasks_per_category=40)):
+        LabConfig(rules="stated", tasks_per_category=3, test_fraction=0.9)
+    for odd in (LabConfig(rules="stated", num_shelves=3, capacity=4, num_items=5, tasks_per_category=40),
+                LabConfig(rules="stated", num_shelves=3, capacity=8, num_items=9, tasks_per_category=40)):
         LabSuite(odd)  # every family draws a fitting layout for every config LabConfig accepts
 
 
@@ -189,19 +189,19 @@ def test_the_rehearse_env_vector_env_demonstrations_and_budgets_run_on_lab(smol_
     from agents.budgets import check_task_budgets
     from agents.demonstrations import build_demonstrations
 
-    env = gym.make("EnvACE-Rehearse-v0", suite="lab", categories=["relocate"], model="tiny-random", max_new_tokens=6)
+    env = gym.make("EnvACE-Rehearse-v0", suite="lab-stated", categories=["relocate"], model="tiny-random", max_new_tokens=6)
     obs, info = env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step('<tool_call>{"name": "locate", "arguments": {"item": "x"}}</tool_call>')
     assert len(info["rehearsals"]) == 1 and not (terminated or truncated)
-    venv = gym.make_vec("EnvACE-Rehearse-v0", num_envs=2, vectorization_mode="vector_entry_point", suite="lab",
+    venv = gym.make_vec("EnvACE-Rehearse-v0", num_envs=2, vectorization_mode="vector_entry_point", suite="lab-stated",
                         categories=["ship"], model="tiny-random", max_new_tokens=4)
     venv.reset(seed=0)
     _, _, terminated, _, infos = venv.step(['<tool_call>{"name": "pack", "arguments": {"item": "x"}}</tool_call>', "Done."])
     assert list(terminated) == [False, True] and len(infos["rehearsals"][0]) == 1  # ship has one user turn
-    demos, stats = build_demonstrations(smol_tokenizer, "lab", None, "train", progress=False)
+    demos, stats = build_demonstrations(smol_tokenizer, "lab-stated", None, "train", progress=False)
     assert stats.kept == len(demos) == 6 * 96 and stats.skipped_reward == 0
     assert max(len(d.token_ids) for d in demos) < 1500  # short prompts: what makes the lab fast on a CPU
-    report = check_task_budgets(make_suite("lab").tasks(None, "train"), "lab", smol_tokenizer, max_steps_per_turn=8,
+    report = check_task_budgets(make_suite("lab-stated").tasks(None, "train"), "lab-stated", smol_tokenizer, max_steps_per_turn=8,
                                 max_new_tokens=64, max_episode_tokens=None, min_fraction=0.0, command="test", log=None)
     assert report.fraction == 1.0
 
@@ -210,13 +210,13 @@ def test_fidelity_and_test_time_rehearsal_wrap_a_lab_env_unchanged():
     from agents.policy import load_policy
     from wrappers import RealTools, RehearsalFidelity, TestTimeRehearsal
 
-    env = RehearsalFidelity(gym.make("EnvACE-Rehearse-v0", suite="lab", categories=["ship"], model="tiny-random",
+    env = RehearsalFidelity(gym.make("EnvACE-Rehearse-v0", suite="lab-stated", categories=["ship"], model="tiny-random",
                                      max_new_tokens=6))
     env.reset(seed=0)
     _, _, _, _, info = env.step('<tool_call>{"name": "pack", "arguments": {"item": "x"}}</tool_call>')
     assert len(info["fidelity"]["calls"]) == 1 and info["fidelity"]["episode"]["num_calls"] == 1
     policy = load_policy("tiny-random")
-    ttr = TestTimeRehearsal(RealTools(gym.make("EnvACE-Rehearse-v0", suite="lab", categories=["relocate"],
+    ttr = TestTimeRehearsal(RealTools(gym.make("EnvACE-Rehearse-v0", suite="lab-stated", categories=["relocate"],
                                                model="tiny-random", max_new_tokens=4)),
                             policy, n=1, attempt_max_steps=1, critique_tokens=4)
     _, info = ttr.reset(seed=0)

@@ -12,7 +12,7 @@ from benchmarks.perf import lab_ablations
 from envace_gym.suites import make_suite
 
 RECIPE = {
-    "model": "tiny-random", "suite": "lab", "categories": ["relocate", "count"], "min_solvable_fraction": 0.0,
+    "model": "tiny-random", "suite": "lab-stated", "categories": ["relocate", "count"], "min_solvable_fraction": 0.0,
     "sft": {"max_steps": 1, "max_demos": 2, "max_batch_rows": 1, "gradient_checkpointing": False},
     "grpo": {"num_steps": 1, "batch_tasks": 1, "group_size": 2, "max_new_tokens": 4, "rehearse_max_new_tokens": 4,
              "max_steps_per_turn": 2, "gradient_checkpointing": False},
@@ -42,8 +42,8 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
         assert (paired["gained"] - paired["lost"]) / paired["tasks"] == pytest.approx(s["diff_mean"])
     demos = json.loads((out / "warm_start/sft/stage_done.json").read_text())["task_ids"]
     assert rows["warm start (SFT, pre-RL)"]["real_tool_calls"] == sum(  # the references its demonstrations ran
-        len(turn) for t in make_suite("lab").tasks(RECIPE["categories"], "train") if t.id in demos
-        for turn in make_suite("lab").ground_truth(t))
+        len(turn) for t in make_suite("lab-stated").tasks(RECIPE["categories"], "train") if t.id in demos
+        for turn in make_suite("lab-stated").ground_truth(t))
     for seed in (0, 1):  # the per-seed runs are distinct GRPO runs from the one shared warm start
         config = json.loads((out / f"grpo/seed{seed}/grpo/stage_done.json").read_text())["config"]
         assert config["seed"] == seed and config["algo"] == "grpo" and config["init"].startswith(str(out / "warm_start"))

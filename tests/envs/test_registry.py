@@ -32,11 +32,11 @@ def test_tool_env_makes_with_no_kwargs():
 
 def test_another_suite_needs_only_its_name():
     """The ids default to the suite's own categories, not BFCL's: every lab family, train split."""
-    from benchmarks.lab.tasks import CATEGORIES
+    from benchmarks.lab.hidden import HIDDEN_CATEGORIES as CATEGORIES
 
     env = gym.make("EnvACE-Tool-v0", suite="lab")
     assert {t.metadata["category"] for t in env.unwrapped.tasks} == set(CATEGORIES)
-    assert len(env.unwrapped.tasks) == 6 * 96
+    assert len(env.unwrapped.tasks) == 6 * 120
     obs, info = env.reset(seed=0)
     assert env.unwrapped.task.metadata["category"] in CATEGORIES and info["task_id"] == env.unwrapped.task.id and obs
     rehearse = gym.make("EnvACE-Rehearse-v0", suite="lab", model="tiny-random")

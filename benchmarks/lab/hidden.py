@@ -1,0 +1,309 @@
+"""EnvACE-Lab v1 tasks: the warehouse under hidden rules, whose dynamics a model must learn from tool outputs.
+
+The prompt shows the task's state (the shelves and their items, in order) and the instruction, and no rule:
+not the shelves' capacities, not what breaks, not how box labels are formed (`benchmarks.lab.world`, rules
+``"hidden"``). The rules are fixed across tasks, so they can be learned; the layout varies per task. Every
+family needs a value that only a tool output, or a model that has learned a rule, can give, and a later call
+uses it as an argument (the third column):
+
+| category      | instruction                                                               | value from a rule   |
+|---------------|---------------------------------------------------------------------------|---------------------|
+| ``relocate``  | move X to Y's shelf; if that shelf is full, put X on shelf E              | is Y's shelf full   |
+| ``ship``      | ship A from dock D (pack, then ship the box the pack returned)            | the box label       |
+| ``fill``      | move X, then W, to Y's shelf, as many of the two as it has room for       | free slots          |
+| ``make_room`` | move X to Y's shelf; if it is full, first move W from it to shelf E       | is Y's shelf full   |
+| ``ship_two``  | ship A from D1, then B from D2                                            | two box labels      |
+| ``full_job``  | ``relocate``, then ``ship_two`` of two other items                        | all of the above    |
+
+Mistakes the hidden rules make irreversible: a move onto a full shelf breaks the item for good; shipping a
+box under a wrong label fails (a failed call scores 0). Each branch (full or not; 0, 1 or 2 free slots) is
+drawn with equal probability before the layout, so guessing a branch is right about half or a third of the
+time.
+
+Splits. The test split is fixed: ``test_tasks`` tasks per family, drawn from
+``random.Random(f"{seed}/test/{category}/{index}")``. The train split is an unlimited seeded stream
+(`train_task`, from ``f"{seed}/train/{category}/{index}"``); a train draw whose (layout, instruction) equals a
+test task's is drawn again, so no test pair is ever trained on.
+
+Each family is one program (`solve`) over the prompt's layout and the instruction's slots, with an ``ask``
+function that answers a call: the real backend (the reference solution), a private copy of the world built
+from the prompt (a solver that knows the rules but never reads an output), or a table of the most frequent
+training outputs (a solver that knows no rule). `benchmarks.lab.properties` measures all three.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import string
+from typing import TYPE_CHECKING, Any, Callable
+
+from envace_gym.types import Message, Task, ToolCall
+
+from benchmarks.lab.world import DOCKS, HIDDEN_TOOLS, LabBackend, Warehouse, hidden_capacities, layout_text
+
+if TYPE_CHECKING:
+    from benchmarks.lab.tasks import LabConfig
+
+__all__ = ["HIDDEN_CATEGORIES", "INTRO", "Ask", "solve", "test_task", "train_task", "backend_ask", "make_hidden_task"]
+
+HIDDEN_CATEGORIES = ("relocate", "ship", "fill", "make_room", "ship_two", "full_job")
+INTRO = "You run a warehouse. Use the tools to do the job, then reply with a short sentence and no tool call."
+"""The system prompt's first line under the hidden rules: no rule is stated."""
+
+Layout = dict[str, list[str]]
+Ask = Callable[[ToolCall], dict[str, Any]]
+"""Answers one call with its output as a dict (``{"error": ...}`` for a failed call)."""
+
+
+def backend_ask(backend: LabBackend) -> Ask:
+    """An `Ask` that executes on `backend` (the reference solution's; the calls change its state)."""
+    return lambda call: json.loads(backend.execute(call))
+
+
+def _shelf_of(layout: Layout, item: str) -> str:
+    return next(s for s, items in layout.items() if item in items)
+
+
+def _texts(category: str, slots: dict[str, str]) -> list[str]:
+    """The instruction's parts (one per reference turn when split over two user turns)."""
+    s = slots
+    relocate = (f"Move the {s.get('x')} to the shelf where the {s.get('y')} is. If that shelf is full, put the "
+                f"{s.get('x')} on shelf {s.get('e')}.")
+    if category == "relocate":
+        return [relocate]
+    if category == "ship":
+        return [f"Ship the {s['a']} from the {s['d1']} dock."]
+    if category == "fill":
+        return [f"Move the {s['x']} and then the {s['w']} to the shelf where the {s['y']} is, as many of the two "
+                "as it has room for."]
+    if category == "make_room":
+        return [f"Move the {s['x']} to the shelf where the {s['y']} is. If that shelf is full, first move the "
+                f"{s['w']} from it to shelf {s['e']}."]
+    if category == "ship_two":
+        return [f"Ship the {s['a']} from the {s['d1']} dock.", f"Then ship the {s['b']} from the {s['d2']} dock."]
+    if category == "full_job":
+        return [relocate, f"Then ship the {s['a']} from the {s['d1']} dock, and the {s['b']} from the {s['d2']} dock."]
+    raise ValueError(f"unknown hidden-rules lab category {category!r}; categories: {', '.join(HIDDEN_CATEGORIES)}")
+
+
+def _free(out: dict[str, Any]) -> int:
+    free = out.get("free")
+    return free if isinstance(free, int) else 0
+
+
+def solve(category: str, layout: Layout, slots: dict[str, str], ask: Ask) -> list[list[ToolCall]]:
+    """The family's program: the calls of each instruction part, deciding on what `ask` answers.
+
+    Args:
+        category: a `HIDDEN_CATEGORIES` family.
+        layout: the shelves as the prompt shows them (shelf -> items in order).
+        slots: what the instruction names (``x``, ``y``, ``w``, ``a``, ``b``, ``d1``, ``d2``, ``e``).
+        ask: answers each call in order (`Ask`); an answer without the field a decision reads counts as
+            "no room" / no label.
+
+    Raises:
+        ValueError: an unknown category.
+    """
+    def call(name: str, **arguments: str) -> tuple[ToolCall, dict[str, Any]]:
+        c = ToolCall(name, arguments)
+        return c, ask(c)
+
+    def relocate() -> list[ToolCall]:
+        sy = _shelf_of(layout, slots["y"])
+        look, out = call("list_shelf", shelf=sy)
+        move, _ = call("move", item=slots["x"], shelf=sy if _free(out) > 0 else slots["e"])
+        return [look, move]
+
+    def ship(item: str, dock: str) -> list[ToolCall]:
+        pack, out = call("pack", item=item)
+        box = out.get("box")
+        send, _ = call("ship", box=box if isinstance(box, str) else "", dock=dock)
+        return [pack, send]
+
+    if category == "relocate":
+        return [relocate()]
+    if category == "ship":
+        return [ship(slots["a"], slots["d1"])]
+    if category == "fill":
+        sy = _shelf_of(layout, slots["y"])
+        look, out = call("list_shelf", shelf=sy)
+        calls = [look] + [call("move", item=slots[k], shelf=sy)[0] for k in ("x", "w")[: _free(out)]]
+        return [calls]
+    if category == "make_room":
+        sy = _shelf_of(layout, slots["y"])
+        look, out = call("list_shelf", shelf=sy)
+        calls = [look]
+        if _free(out) == 0:
+            calls.append(call("move", item=slots["w"], shelf=slots["e"])[0])
+        calls.append(call("move", item=slots["x"], shelf=sy)[0])
+        return [calls]
+    if category == "ship_two":
+        return [ship(slots["a"], slots["d1"]), ship(slots["b"], slots["d2"])]
+    if category == "full_job":
+        return [relocate(), ship(slots["a"], slots["d1"]) + ship(slots["b"], slots["d2"])]
+    raise ValueError(f"unknown hidden-rules lab category {category!r}; categories: {', '.join(HIDDEN_CATEGORIES)}")
+
+
+def _layout(rng: random.Random, config: LabConfig) -> tuple[Layout, str]:
+    """A random layout and its empty shelf: 4 to ``num_items`` items spread over the other shelves within
+    their (hidden) capacities."""
+    caps = hidden_capacities(config.num_shelves)
+    empty = rng.choice(list(caps))
+    room = sum(c for s, c in caps.items() if s != empty)
+    items = rng.sample(_items(), rng.randint(4, min(config.num_items, room - 1)))
+    shelves: Layout = {s: [] for s in caps}
+    for item in items:
+        shelves[rng.choice([s for s in caps if s != empty and len(shelves[s]) < caps[s]])].append(item)
+    return shelves, empty
+
+
+def _items() -> tuple[str, ...]:
+    from benchmarks.lab.tasks import ITEMS
+
+    return ITEMS
+
+
+def _draw(rng: random.Random, category: str, config: LabConfig, full: bool, free_target: int
+          ) -> tuple[Layout, dict[str, str]] | None:
+    """One draw of (layout, slots) for `category`, or None when the layout does not fit the branch (`full`: Y's
+    shelf is full; `free_target`: the free slots of Y's shelf in ``fill``)."""
+    caps = hidden_capacities(config.num_shelves)
+    shelves, e = _layout(rng, config)
+    where = {i: s for s, items in shelves.items() for i in items}
+    docks = list(DOCKS)
+    if category in ("relocate", "full_job", "make_room", "fill"):
+        y = rng.choice(list(where))
+        sy = where[y]
+        free = caps[sy] - len(shelves[sy])
+        others = [i for i in where if where[i] != sy]
+        if category == "fill":
+            if free != free_target or len(others) < 2:
+                return None
+            x, w = rng.sample(others, 2)
+            return shelves, {"x": x, "w": w, "y": y}
+        if (free == 0) != full or not others:
+            return None
+        x = rng.choice(others)
+        if category == "make_room":
+            mates = [i for i in shelves[sy] if i != y]
+            if not mates:
+                return None
+            return shelves, {"x": x, "y": y, "w": rng.choice(mates), "e": e}
+        if category == "relocate":
+            return shelves, {"x": x, "y": y, "e": e}
+        rest = [i for i in where if i not in (x, y)]
+        if len(rest) < 2:
+            return None
+        a, b = rng.sample(rest, 2)
+        return shelves, {"x": x, "y": y, "e": e, "a": a, "b": b, "d1": rng.choice(docks), "d2": rng.choice(docks)}
+    if category == "ship":
+        return shelves, {"a": rng.choice(list(where)), "d1": rng.choice(docks)}
+    if category == "ship_two":
+        a, b = rng.sample(list(where), 2)
+        return shelves, {"a": a, "b": b, "d1": rng.choice(docks), "d2": rng.choice(docks)}
+    raise ValueError(f"unknown hidden-rules lab category {category!r}; categories: {', '.join(HIDDEN_CATEGORIES)}")
+
+
+def _generate(seed: str, category: str, config: LabConfig) -> tuple[Layout, dict[str, str]]:
+    rng = random.Random(seed)
+    full, free_target = rng.random() < 0.5, rng.randrange(3)  # the branch first, so each is equally likely
+    for _ in range(500):
+        drawn = _draw(rng, category, config, full, free_target)
+        if drawn is not None:
+            return drawn
+    raise ValueError(f"{config}: 500 layouts in a row did not fit {category!r}; raise num_items")
+
+
+def _key(category: str, layout: Layout, slots: dict[str, str]) -> str:
+    """What a test pair is compared on: the state the prompt shows and the instruction."""
+    return json.dumps([category, layout, _texts(category, slots)])
+
+
+@functools.lru_cache(maxsize=8)
+def _test_keys(config: LabConfig) -> frozenset[str]:
+    return frozenset(_key(c, *_generate(f"{config.seed}/test/{c}/{i}", c, config))
+                     for c in HIDDEN_CATEGORIES for i in range(config.test_tasks))
+
+
+def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -> Task:
+    """Task `index` of `category` in `split` (``"train"``: the stream; ``"test"``: the fixed split); see the
+    module docstring. Metadata as `benchmarks.lab.tasks.make_task` (``answer`` is always None), plus ``split``.
+
+    Raises:
+        ValueError: an unknown category or split, or a test index outside ``[0, config.test_tasks)``.
+    """
+    if split == "test":
+        if not 0 <= index < config.test_tasks:
+            raise ValueError(f"test index {index} outside [0, {config.test_tasks}) (LabConfig.test_tasks)")
+        layout, slots = _generate(f"{config.seed}/test/{category}/{index}", category, config)
+        task_id = f"{category}_test{index}"
+    elif split == "train":
+        if index < 0:
+            raise ValueError(f"train index must be >= 0, got {index}")
+        taken = _test_keys(config)
+        redraw = 0
+        while True:
+            layout, slots = _generate(f"{config.seed}/train/{category}/{index}" + (f"/{redraw}" if redraw else ""),
+                                      category, config)
+            if _key(category, layout, slots) not in taken:
+                break
+            redraw += 1
+        task_id = f"{category}_{index}"
+    else:
+        raise ValueError(f"split must be train or test, got {split!r}")
+    state = Warehouse(capacity=max(hidden_capacities(config.num_shelves).values()),
+                      shelves={s: list(items) for s, items in layout.items()}, rules="hidden")
+    reference = solve(category, layout, slots, backend_ask(LabBackend(state)))
+    texts = _texts(category, slots)
+    parts = list(zip(texts, reference))
+    turns_parts = [parts[:1], parts[1:]] if config.user_turns == 2 and len(parts) > 1 else [parts]
+    system = Message("system", f"{INTRO}\n\n{layout_text(state.shelves)}")
+    turns = []
+    for t, group in enumerate(turns_parts):
+        text = " ".join(p[0] for p in group)
+        if t > 0 and text.startswith("Then "):
+            text = "Now " + text[5].lower() + text[6:]
+        turns.append(([system] if t == 0 else []) + [Message("user", text)])
+    reference_turns = [[c for p in group for c in p[1]] for group in turns_parts]
+    return Task(
+        id=task_id, suite="lab", turns=turns, tools=list(HIDDEN_TOOLS.values()), verifier="lab.final_state",
+        metadata={"category": category, "initial_state": state.to_dict(), "split": split,
+                  "reference": [[c.to_openai() for c in turn] for turn in reference_turns], "answer": None,
+                  "slots": slots, "config": config.__dict__.copy()},
+    )
+
+
+def test_task(config: LabConfig, category: str, index: int) -> Task:
+    """`make_hidden_task(config, category, index, "test")`."""
+    return make_hidden_task(config, category, index, "test")
+
+
+test_task.__test__ = False  # a task maker, not a pytest test
+
+
+def train_task(config: LabConfig, category: str, index: int) -> Task:
+    """`make_hidden_task(config, category, index, "train")`: the stream's `index`-th task of `category`."""
+    return make_hidden_task(config, category, index, "train")
+
+
+def shelves_from_prompt(task: Task) -> Layout:
+    """The layout as the task's system prompt writes it (inverse of `benchmarks.lab.world.layout_text`): what
+    a solver that reads only the prompt knows of the state.
+
+    Raises:
+        ValueError: the prompt holds no layout line.
+    """
+    text = task.turns[0][0].content if task.turns and task.turns[0] else ""
+    line = text.rsplit("\n", 1)[-1]
+    shelves: Layout = {}
+    for part in line.split(". "):
+        part = part.rstrip(".")
+        if not part.startswith("Shelf "):
+            raise ValueError(f"{task.id}: no layout in the system prompt's last line {line!r}")
+        name, _, items = part[len("Shelf "):].partition(": ")
+        shelves[name] = [] if items == "empty" else items.split(", ")
+    if list(shelves) != list(string.ascii_uppercase[: len(shelves)]):
+        raise ValueError(f"{task.id}: shelves {list(shelves)} are not A, B, ... in order")
+    return shelves

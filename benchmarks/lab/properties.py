@@ -1,0 +1,122 @@
+"""The defining properties of the hidden-rules lab world, measured on its test split.
+
+    python -m benchmarks.lab.properties [--train-tasks 2000] [--json out.json]
+
+Three scripted solvers play every test task through its family's program (`benchmarks.lab.hidden.solve`) and
+are scored by the suite's verifier (replay on the real backend):
+
+* reference: the program answered by the real backend (the reference solution). Must be 1.0.
+* rules, no outputs: answered by a private copy of the world built from the layout the prompt *writes* (it
+  knows the rules, never reads a real output). 1.0 shows that the prompt's state and the rules decide every
+  output: nothing is hidden but the rules.
+* no rules: every output-derived value (a box label, the free slots) is the most frequent value that field
+  had at that point of the family's program over the first ``--train-tasks`` train-stream tasks. What a
+  policy that ignores outputs and knows no rule can reach; the issue asks for at most 0.25.
+
+Prints one row per family and the overall fraction; ``--json`` writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from typing import Any
+
+from envace_gym.types import ToolCall
+
+from benchmarks.lab.hidden import Ask, backend_ask, shelves_from_prompt, solve
+from benchmarks.lab.suite import LabSuite
+from benchmarks.lab.tasks import LabConfig
+from benchmarks.lab.world import LabBackend, Warehouse, hidden_capacities
+
+__all__ = ["measure", "most_frequent_outputs", "main"]
+
+
+def _recording(ask: Ask, seen: list[tuple[str, int, dict[str, Any]]]) -> Ask:
+    """`ask`, logging each answer with its tool and that tool's occurrence index in the program."""
+    counts: collections.Counter[str] = collections.Counter()
+
+    def wrapped(call: ToolCall) -> dict[str, Any]:
+        out = ask(call)
+        seen.append((call.name, counts[call.name], out))
+        counts[call.name] += 1
+        return out
+    return wrapped
+
+
+def most_frequent_outputs(suite: LabSuite, train_tasks: int) -> dict[tuple[str, str, int, str], Any]:
+    """(category, tool, occurrence, field) -> that output field's most frequent value over the first
+    `train_tasks` tasks of the train stream (reference programs on the real backend)."""
+    counters: dict[tuple[str, str, int, str], collections.Counter] = collections.defaultdict(collections.Counter)
+    stream = suite.train_stream()
+    for _ in range(train_tasks):
+        task = next(stream)
+        seen: list[tuple[str, int, dict[str, Any]]] = []
+        solve(task.metadata["category"], task.metadata["initial_state"]["shelves"], task.metadata["slots"],
+              _recording(backend_ask(suite.make_backend(task)), seen))
+        for tool, k, out in seen:
+            for name, value in out.items():
+                if isinstance(value, (str, int)):
+                    counters[(task.metadata["category"], tool, k, name)][value] += 1
+    return {key: c.most_common(1)[0][0] for key, c in counters.items()}
+
+
+def _table_ask(category: str, table: dict[tuple[str, str, int, str], Any]) -> Ask:
+    counts: collections.Counter[str] = collections.Counter()
+
+    def ask(call: ToolCall) -> dict[str, Any]:
+        k = counts[call.name]
+        counts[call.name] += 1
+        return {f: v for (c, tool, i, f), v in table.items() if (c, tool, i) == (category, call.name, k)}
+    return ask
+
+
+def measure(config: LabConfig | None = None, train_tasks: int = 2000) -> dict[str, dict[str, float]]:
+    """Success of the three solvers per family and overall: ``{solver: {family or "overall": fraction}}``.
+
+    Raises:
+        ValueError: `config` has stated rules (this measures the hidden world).
+    """
+    config = config or LabConfig()
+    if config.rules != "hidden":
+        raise ValueError("the properties are the hidden-rules world's; pass LabConfig(rules='hidden')")
+    suite = LabSuite(config)
+    table = most_frequent_outputs(suite, train_tasks)
+    scores: dict[str, dict[str, list[float]]] = {s: collections.defaultdict(list)
+                                                  for s in ("reference", "rules_no_outputs", "no_rules")}
+    for task in suite.tasks(None, "test"):
+        category, slots = task.metadata["category"], task.metadata["slots"]
+        prompt_layout = shelves_from_prompt(task)
+        private = LabBackend(Warehouse(capacity=max(hidden_capacities(len(prompt_layout)).values()),
+                                       shelves=prompt_layout, rules="hidden"))
+        asks = {"reference": backend_ask(suite.make_backend(task)), "rules_no_outputs": backend_ask(private),
+                "no_rules": _table_ask(category, table)}
+        for solver, ask in asks.items():
+            calls = [c for turn in solve(category, prompt_layout, slots, ask) for c in turn]
+            reward = suite.score(task, calls, "Done.").reward
+            scores[solver][category].append(reward)
+            scores[solver]["overall"].append(reward)
+    return {s: {k: sum(v) / len(v) for k, v in by.items()} for s, by in scores.items()}
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--train-tasks", type=int, default=2000, help="train-stream tasks for the no-rules table")
+    parser.add_argument("--json", default=None, help="also write the table here")
+    args = parser.parse_args(argv)
+    config = LabConfig()
+    result = measure(config, args.train_tasks)
+    families = list(config.categories) + ["overall"]
+    print(f"hidden-rules lab world, test split ({config.test_tasks} tasks per family), seed {config.seed}")
+    print(f"{'solver':18s}" + "".join(f"{f:>10s}" for f in families))
+    for solver, by in result.items():
+        print(f"{solver:18s}" + "".join(f"{by[f]:10.3f}" for f in families))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
