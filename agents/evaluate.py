@@ -26,6 +26,7 @@ Output folder (``out``):
 | ``transcripts.jsonl`` | one line per task as it finishes (finish order): ``task_id``, the committed ``messages`` (OpenAI chat dicts, the system prompt left out: the suite rebuilds it) and, under test-time rehearsal, ``rehearsals``: per user turn its ``memory``, ``critiques`` and ``attempts`` (`wrappers.TestTimeRehearsal`'s record, token counts included) |
 | ``fidelity_calls.jsonl`` | ``--fidelity``: one line per rehearsed call (`wrappers.RehearsalFidelity` records) |
 | ``fidelity_per_tool.csv``, ``fidelity_per_category.csv`` | ``--fidelity``: `FIDELITY_FIELDS` per group |
+| ``fidelity_per_output.csv`` | ``--fidelity``: the same over calls whose real output is an error, the others, and all |
 
 An interrupted evaluation keeps every finished task; running it again with the same settings plays only the
 others (a cut last line is dropped). Results of an evaluation with other settings in the same folder make
@@ -80,7 +81,8 @@ SUMMARY_FIELDS = ["category", "n_tasks", "accuracy", "valid_rate", "mean_steps",
 """Per-category row; the ``overall`` row holds unweighted means over the categories' rows."""
 
 FIDELITY_FIELDS = ["group", "n_calls", "exact_match", "json_structure_match", "token_f1"]
-"""Fidelity table row: the group (tool or category name, or ``all``), call count, metric means."""
+"""Fidelity table row: the group (tool or category name, ``error`` / ``ordinary`` output, or ``all``), call count,
+metric means."""
 
 
 @dataclass
@@ -325,7 +327,7 @@ def _play(config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: A
 
 
 OUTPUT_FILES = ("eval_config.json", "episodes.jsonl", "transcripts.jsonl", "summary.csv", "summary.json", "fidelity_calls.jsonl",
-                "fidelity_per_tool.csv", "fidelity_per_category.csv")
+                "fidelity_per_tool.csv", "fidelity_per_category.csv", "fidelity_per_output.csv")
 """The files `evaluate` writes (and the only ones it removes from an output folder)."""
 
 _RESUME_IGNORES = ("out", "min_solvable_fraction", "overwrite")
@@ -458,17 +460,22 @@ def summarize(episodes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def fidelity_tables(calls: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Mean fidelity metrics per tool and per category, each table ending with an ``all`` row.
+    """Mean fidelity metrics per tool, per category and per kind of real output, each table ending with an
+    ``all`` row.
 
     Returns:
-        ``{"tool": rows, "category": rows}``, rows with the `FIDELITY_FIELDS` keys (``all`` with zeros and
-        ``n_calls == 0`` when there are no calls).
+        ``{"tool": rows, "category": rows, "output": rows}``, rows with the `FIDELITY_FIELDS` keys (``all``
+        with zeros and ``n_calls == 0`` when there are no calls); ``output`` has an ``error`` and an
+        ``ordinary`` row (`wrappers.fidelity.is_error_output` of the call's ``real``), zeros when empty.
     """
+    from wrappers.fidelity import is_error_output
+
     out = {}
-    for key in ("tool", "category"):
-        groups: dict[str, list[dict[str, Any]]] = {}
+    for key in ("tool", "category", "output"):
+        groups: dict[str, list[dict[str, Any]]] = {"error": [], "ordinary": []} if key == "output" else {}
         for c in calls:
-            groups.setdefault(str(c[key]), []).append(c)
+            name = ("error" if is_error_output(c["real"]) else "ordinary") if key == "output" else str(c[key])
+            groups.setdefault(name, []).append(c)
         groups["all"] = list(calls)
         rows = []
         for name, cs in groups.items():
@@ -502,6 +509,7 @@ def _write(out: Path, config: EvalConfig, episodes, summary, fidelity_calls) -> 
         os.replace(tmp, out / "fidelity_calls.jsonl")
         _write_csv(out / "fidelity_per_tool.csv", FIDELITY_FIELDS, tables["tool"])
         _write_csv(out / "fidelity_per_category.csv", FIDELITY_FIELDS, tables["category"])
+        _write_csv(out / "fidelity_per_output.csv", FIDELITY_FIELDS, tables["output"])
         doc["fidelity"] = tables
     with open(out / "summary.json", "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2)
@@ -545,6 +553,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(format_table(tables["tool"], FIDELITY_FIELDS))
         print("[eval] rehearsal fidelity per category")
         print(format_table(tables["category"], FIDELITY_FIELDS))
+        print("[eval] rehearsal fidelity on error and ordinary real outputs")
+        print(format_table(tables["output"], FIDELITY_FIELDS))
     return 0
 
 

@@ -422,13 +422,20 @@ def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None
     result = evaluate(eval_config, log=None, progress=True, models=models)
     row = _overall_row(result.summary[-1])
     if eval_config.fidelity:
-        every = fidelity_tables(result.fidelity_calls)["tool"][-1]
+        tables = fidelity_tables(result.fidelity_calls)
+        every = tables["tool"][-1]
         n_calls = int(every["n_calls"])  # no rehearsed call: the metrics are undefined (None), not 0
         row.update({f"fidelity_{m}": float(every[m]) if n_calls else None
                     for m in ("exact_match", "json_structure_match", "token_f1")}, fidelity_calls=n_calls)
+        for kind in tables["output"][:2]:  # error, ordinary: a world model may get successes right, errors never
+            row[f"fidelity_{kind['group']}_calls"] = int(kind["n_calls"])
+            row[f"fidelity_{kind['group']}_exact_match"] = float(kind["exact_match"]) if kind["n_calls"] else None
         scores = (f"exact {row['fidelity_exact_match']:.3f}, structure {row['fidelity_json_structure_match']:.3f}, "
                   f"token F1 {row['fidelity_token_f1']:.3f}" if n_calls else "nothing to score")
-        log(f"[pipeline] {out.name}: {n_calls} rehearsed calls: {scores} "
+        split = ", ".join(f"{k} outputs {row[f'fidelity_{k}_calls']} calls, exact "
+                          + ("n/a" if row[f"fidelity_{k}_exact_match"] is None else
+                             f"{row[f'fidelity_{k}_exact_match']:.3f}") for k in ("error", "ordinary"))
+        log(f"[pipeline] {out.name}: {n_calls} rehearsed calls: {scores}; {split} "
             f"(accuracy in the rehearsed world {row['accuracy']:.3f})")
     else:
         log(f"[pipeline] {out.name}: accuracy {row['accuracy']:.3f}, ACT steps parsed as tool calls "

@@ -13,6 +13,11 @@ Three per-call metrics compare a rehearsed response (the policy's REHEARSE text)
   (``string.punctuation``) becomes a space, the articles a/an/the are dropped, the rest is split on
   whitespace; F1 = 2PR/(P+R) over the multiset overlap of the two token lists. Two empty token lists give
   1.0, one empty list 0.0.
+
+Every call is also sorted by its real output (`is_error_output`): an *error* output (the call failed: the
+world model must foresee a mistake) or an *ordinary* one. `fidelity_summary` reports the three metrics over
+all calls and over each kind separately, because a world model that copies the usual shape of a success
+scores well overall while never foreseeing a failure, which is what rehearsing before committing is for.
 """
 
 from __future__ import annotations
@@ -30,10 +35,14 @@ from envace_gym.responders import Rehearsal
 from envace_gym.suites import ToolBackend
 from envace_gym.types import Task, ToolCall
 
-__all__ = ["RehearsalFidelity", "exact_match", "json_structure_match", "token_f1", "fidelity_metrics"]
+__all__ = ["RehearsalFidelity", "exact_match", "json_structure_match", "token_f1", "fidelity_metrics",
+           "is_error_output", "fidelity_summary", "METRICS"]
 
 _PUNCT = re.compile("[" + re.escape(string.punctuation) + "]")
 _ARTICLES = {"a", "an", "the"}
+METRICS = ("exact_match", "json_structure_match", "token_f1")
+"""The per-call metrics, in the order tables show them."""
+_ERROR_PREFIXES = ("Error during execution:", "Error:")
 
 
 def exact_match(rehearsed: str, real: str) -> float:
@@ -103,6 +112,47 @@ def fidelity_metrics(rehearsed: str, real: str) -> dict[str, float]:
     }
 
 
+def is_error_output(text: str) -> bool:
+    """True when a real tool output reports a failed call: a JSON object with an ``"error"`` key (the lab's
+    backend, BFCL's dict results), or a text starting with ``"Error during execution:"`` (BFCL's prefix, and
+    what the responders write for a backend that raised) or ``"Error:"`` (the envs' parse-error message).
+    Never raises."""
+    stripped = text.strip()
+    if stripped.startswith(_ERROR_PREFIXES):
+        return True
+    if not stripped.startswith("{"):
+        return False
+    try:
+        value = json.loads(stripped)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict) and "error" in value
+
+
+def _means(records: list[dict[str, Any]]) -> dict[str, float]:
+    n = len(records)
+    return {key: sum(r[key] for r in records) / n if n else 0.0 for key in METRICS}
+
+
+def fidelity_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means of the metrics over `records` (call records with the `METRICS` keys and ``real``), overall and
+    split by the real output's kind (`is_error_output`).
+
+    Returns:
+        ``{"num_calls": int, "exact_match", "json_structure_match", "token_f1": float, "error": {...},
+        "ordinary": {...}}``; ``error`` and ``ordinary`` hold ``num_calls`` and the three means over their own
+        calls. A mean over no call is 0.0 (read ``num_calls`` to tell it from a measured 0).
+
+    Raises:
+        KeyError: a record lacks ``real`` or a metric.
+    """
+    errors = [r for r in records if is_error_output(r["real"])]
+    ordinary = [r for r in records if not is_error_output(r["real"])]
+    return {"num_calls": len(records), **_means(records),
+            "error": {"num_calls": len(errors), **_means(errors)},
+            "ordinary": {"num_calls": len(ordinary), **_means(ordinary)}}
+
+
 class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
     """Record how close each rehearsed tool response is to the real backend's response to the same call.
 
@@ -118,10 +168,11 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
 
     * ``calls``: list of dicts, one per rehearsed call of this step: ``task_id`` (str), ``category`` (str:
       ``task.metadata["category"]`` or the suite name), ``turn`` (int), ``tool`` (str), ``arguments``
-      (dict), ``rehearsed`` (str), ``real`` (str), ``exact_match``, ``json_structure_match``, ``token_f1``
-      (floats in [0, 1]).
-    * ``episode``: ``num_calls`` (int) and the means of the three metrics over the episode's calls so far
-      (0.0 when there are none).
+      (dict), ``rehearsed`` (str), ``real`` (str), ``real_error`` (bool: `is_error_output` of ``real``),
+      ``exact_match``, ``json_structure_match``, ``token_f1`` (floats in [0, 1]).
+    * ``episode``: `fidelity_summary` of the episode's calls so far: ``num_calls`` (int) and the means of the
+      three metrics (0.0 when there are none), and the same over the calls whose real output is an error
+      (``error``) and over the others (``ordinary``).
 
     ``self.episode_calls`` holds every record of the current episode.
 
@@ -191,6 +242,7 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
                 "arguments": call.arguments,
                 "rehearsed": reh.text,
                 "real": real,
+                "real_error": is_error_output(real),
                 **fidelity_metrics(reh.text, real),
             }
             records.append(record)
@@ -199,8 +251,4 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
         return obs, reward, terminated, truncated, info
 
     def _summary(self, records: list[dict[str, Any]]) -> dict[str, Any]:
-        n = len(self.episode_calls)
-        episode: dict[str, Any] = {"num_calls": n}
-        for key in ("exact_match", "json_structure_match", "token_f1"):
-            episode[key] = sum(r[key] for r in self.episode_calls) / n if n else 0.0
-        return {"calls": records, "episode": episode}
+        return {"calls": records, "episode": fidelity_summary(self.episode_calls)}

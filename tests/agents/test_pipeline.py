@@ -126,8 +126,10 @@ def test_pipeline_adds_fidelity_and_test_time_rehearsal_stages(tmp_path, capsys)
     plain = [json.loads(line) for line in open(run / "eval_grpo" / "episodes.jsonl", encoding="utf-8")]
     assert rows[SAME_TASKS_ROW]["accuracy"] == plain[0]["reward"]  # the first task of the two
     assert rows["grpo"]["fidelity_calls"] == len((run / "fidelity_grpo" / "fidelity_calls.jsonl").read_text().splitlines())
+    grpo = rows["grpo"]
+    assert grpo["fidelity_error_calls"] + grpo["fidelity_ordinary_calls"] == grpo["fidelity_calls"]
     out = capsys.readouterr().out
-    assert "grpo+rehearsal" in out and "fid exact" in out
+    assert "grpo+rehearsal" in out and "fid exact" in out and "error outputs" in out
     changed = dataclass_from_args(PipelineConfig, build_parser().parse_args(
         ["pipeline", "--run-dir", str(run), *ARGS, "--eval.limit", "2", *lab[:-1], "2"]))  # test_time_rehearsal_n 1 -> 2
     with pytest.raises(ValueError, match="eval_grpo_rehearsal was run with other settings .*rehearsal_n"):

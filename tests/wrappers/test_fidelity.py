@@ -1,7 +1,10 @@
 """RehearsalFidelity: the three metrics on hand-made pairs, and per-call records in a wrapped rehearse env whose
-rehearser is scripted (so the expected numbers are computable by hand)."""
+rehearser is scripted (so the expected numbers are computable by hand), overall and split by whether the real
+output is an error."""
 
 from __future__ import annotations
+
+import json
 
 import gymnasium as gym
 import pytest
@@ -11,7 +14,14 @@ import tests.testing_env  # noqa: F401
 from envace_gym.envs.rehearse import RehearseEnv
 from envace_gym.rehearsal import RehearseResponse
 from wrappers import RealTools, RehearsalFidelity
-from wrappers.fidelity import exact_match, fidelity_metrics, json_structure_match, token_f1
+from wrappers.fidelity import (
+    exact_match,
+    fidelity_metrics,
+    fidelity_summary,
+    is_error_output,
+    json_structure_match,
+    token_f1,
+)
 
 
 def test_exact_match():
@@ -86,3 +96,65 @@ def test_rejects_envs_with_real_tools():
         RehearsalFidelity(RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random")))
     with pytest.raises(TypeError):
         RehearsalFidelity(gym.make("EnvACE-Tool-v0", suite="scripted", categories=None))
+
+
+def test_is_error_output():
+    assert is_error_output('{"error": "shelf D is full: the mug fell and broke"}')
+    assert is_error_output(' {"error": "no box \'A1-1\'", "hint": 1}\n')
+    assert is_error_output("Error during execution: 'cd' is not an available function")
+    assert is_error_output("Error: could not parse the tool call")
+    assert not is_error_output('{"shelf": "A", "items": [], "free": 2}')
+    assert not is_error_output('{"errors": 0}') and not is_error_output('["error"]')
+    assert not is_error_output('{"error": ') and not is_error_output("The error is mine") and not is_error_output("")
+
+
+def _record(real, exact, structure, f1):
+    return {"real": real, "exact_match": exact, "json_structure_match": structure, "token_f1": f1}
+
+
+def test_summary_and_tables_split_error_and_ordinary_outputs():
+    from agents.evaluate import FIDELITY_FIELDS, fidelity_tables
+
+    records = [_record('{"error": "no box"}', 1.0, 1.0, 1.0), _record('{"box": "A1-1"}', 0.0, 1.0, 0.5),
+               _record('{"box": "B2-2"}', 0.0, 0.0, 0.25), _record("Error during execution: boom", 0.0, 0.0, 0.0)]
+    for r, tool, cat in zip(records, ["ship", "pack", "pack", "ship"], ["x", "x", "y", "y"]):
+        r.update(tool=tool, category=cat)
+    got = fidelity_summary(records)
+    assert got["num_calls"] == 4 and got["exact_match"] == pytest.approx(0.25)
+    assert got["token_f1"] == pytest.approx(1.75 / 4)
+    assert got["error"] == {"num_calls": 2, "exact_match": 0.5, "json_structure_match": 0.5, "token_f1": 0.5}
+    assert got["ordinary"] == {"num_calls": 2, "exact_match": 0.0, "json_structure_match": 0.5, "token_f1": 0.375}
+    empty = fidelity_summary(records[1:3])
+    assert empty["error"] == {"num_calls": 0, "exact_match": 0.0, "json_structure_match": 0.0, "token_f1": 0.0}
+    rows = {r["group"]: r for r in fidelity_tables(records)["output"]}
+    assert list(rows) == ["error", "ordinary", "all"] and set(rows["error"]) == set(FIDELITY_FIELDS)
+    assert (rows["error"]["n_calls"], rows["error"]["exact_match"]) == (2, 0.5)
+    assert (rows["ordinary"]["n_calls"], rows["ordinary"]["token_f1"]) == (2, 0.375)
+    assert rows["all"]["n_calls"] == 4
+    assert [r["group"] for r in fidelity_tables([])["output"]] == ["error", "ordinary", "all"]
+
+
+def test_wrapped_lab_env_reports_fidelity_on_a_real_error_apart_from_ordinary_outputs(smol_tokenizer):
+    from benchmarks.lab.world import Warehouse
+
+    env = RehearsalFidelity(RehearseEnv(suite="lab", rehearser=FixedRehearser(smol_tokenizer, []), max_new_tokens=48))
+    _, info = env.reset(seed=0, options={"task_id": "relocate_1"})
+    state = Warehouse.from_dict(env.unwrapped.task.metadata["initial_state"])
+    full = next(s for s, items in state.shelves.items() if len(items) >= state.capacity_of(s))
+    item = next(i for s, items in state.shelves.items() if s != full for i in items)
+    broke = f'{{"error": "shelf {full} is full: the {item} fell and broke"}}'
+    # an ordinary output rehearsed wrong (free slots and items), then the break foreseen exactly
+    wrong = json.dumps({"shelf": full, "items": state.shelves[full], "free": 1}, separators=(", ", ": "))
+    env.unwrapped.rehearser.texts = [wrong, broke]
+    _, _, _, _, info = env.step(f'<tool_call>{{"name": "list_shelf", "arguments": {{"shelf": "{full}"}}}}</tool_call>')
+    (look,) = info["fidelity"]["calls"]
+    assert not look["real_error"] and look["exact_match"] == 0.0 and look["json_structure_match"] == 1.0
+    _, _, _, _, info = env.step(
+        f'<tool_call>{{"name": "move", "arguments": {{"item": "{item}", "shelf": "{full}"}}}}</tool_call>')
+    (move,) = info["fidelity"]["calls"]
+    assert move["real"] == broke and move["real_error"] and move["exact_match"] == 1.0
+    episode = info["fidelity"]["episode"]
+    assert (episode["num_calls"], episode["exact_match"]) == (2, 0.5)  # the overall keys as before
+    assert (episode["error"]["num_calls"], episode["error"]["exact_match"]) == (1, 1.0)
+    assert (episode["ordinary"]["num_calls"], episode["ordinary"]["exact_match"]) == (1, 0.0)
+    assert episode["ordinary"]["json_structure_match"] == 1.0
