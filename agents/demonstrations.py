@@ -40,6 +40,35 @@ are None. Tool results are relabelled the same way: the closing template up to i
 generates it when it rehearses inline. The episode's verifier reward (BFCL's state and response checks replaying the ACT
 calls) must be 1.0; otherwise the demonstration is skipped and counted (`DemoStats.skipped_reward`).
 
+## Error demonstrations (``build_demonstrations(..., mutations=k)``)
+
+Reference solutions never fail, so a world model trained on them alone never sees an error output and
+cannot foresee a mistake. With ``mutations=k`` each task whose reference demonstration is kept also gives up
+to ``k`` *error demonstrations*: the same reference solution with one mistaken call played right before one
+reference call, in the same `demonstration_env` (the real backend answers it). The suite proposes the
+mistakes (``Suite.mutations(task, calls, rng) -> [(position, ToolCall)]``, `calls` the reference calls
+flattened over the turns; the lab: a move onto a shelf that is full at that point, a ship of a label no
+box has, a call naming an unknown item); ``k`` of them are drawn with ``random.Random(f"{seed}/{task.id}")``,
+which also seeds the suite's draws, so a seed gives the same demonstrations. The real backend decides what
+each one is (its snapshot before and after the call):
+
+* the output is not an error (`wrappers.fidelity.is_error_output`): not a mistake; skipped and counted
+  (`DemoStats.skipped_mutation`), as is a call at which the episode ends.
+* an error and the state unchanged (a wrong label, an unknown item): the demonstration goes on with the
+  reference call it preceded and ends as the reference one does. Its verifier reward is kept, not required
+  to be 1.0 (the lab's verifier gives 0: a failed call counts against an episode).
+* an error and the state changed (an item broke): nothing can undo it, so the demonstration ends right after
+  the error output, with no further ACT message and no closing message.
+
+The mistaken call is one ACT message of its own (with ``calls_per_message="all"`` the turn's message is
+split around it). Its ACT tokens carry no loss: the policy must not learn to make the mistake. They are
+relabelled `Role.PROMPT`, the role of text the policy reads but did not write (the user turns in the
+middle of a sequence are PROMPT too), so role masks, the SFT loss and stored trajectories need no new role
+(OBSERVATION would say a tool wrote them, TEMPLATE the chat template). Its tool output is a real result
+like any other, so `relabel_for_sft` makes it a REHEARSE target: the world model learns the error. The
+task of an error demonstration is a copy whose ``metadata["mutation"]`` is ``{"position": int, "call":
+OpenAI call dict, "output": str, "breaks": bool}``.
+
 ## Length cap (`cap_length`)
 
 BFCL prompts alone are 3.5k to 7.7k tokens with the SmolLM2 tokenizer (the tool schemas are in the system
@@ -62,7 +91,9 @@ fine-tuning as in Yuan et al., 2023 ("Scaling relationship on learning mathemati
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Sequence
 
@@ -79,6 +110,7 @@ __all__ = [
     "cap_length",
     "build_demonstrations",
     "demonstration_for_task",
+    "error_demonstration",
     "demonstration_env",
     "load_recorded_trajectories",
     "MULTI_TURN_CATEGORIES",
@@ -103,7 +135,7 @@ class DemoStats:
 
     Attributes:
         considered: tasks (or JSONL records) looked at.
-        kept: demonstrations returned.
+        kept: demonstrations returned (error demonstrations included).
         skipped_reward: skipped because the verifier reward was not 1.0 (demos) or below ``min_reward`` (JSONL).
         skipped_no_tokens: JSONL records without a ``trajectory`` (written without ``include_tokens``).
         dropped_length: dropped by the length cap (``overflow="drop"``, or nothing left to train after truncation).
@@ -112,6 +144,10 @@ class DemoStats:
             messages are in ``errors``).
         tokens_per_role: total kept tokens keyed by role name.
         errors: ``"task_id: message"`` of each skipped_error.
+        error_demos: of ``kept``, the error demonstrations (``mutations``; module docstring).
+        error_demos_breaking: of ``error_demos``, those that end at an irreversible error.
+        skipped_mutation: mistakes the suite proposed that could not be played as one: the real backend
+            answered without an error, or the episode ended at the call.
     """
 
     considered: int = 0
@@ -123,6 +159,9 @@ class DemoStats:
     skipped_error: int = 0
     tokens_per_role: dict[str, int] = field(default_factory=lambda: {r.name: 0 for r in Role})
     errors: list[str] = field(default_factory=list)
+    error_demos: int = 0
+    error_demos_breaking: int = 0
+    skipped_mutation: int = 0
 
     def add_tokens(self, traj: Trajectory) -> None:
         """Add `traj`'s tokens to ``tokens_per_role``."""
@@ -276,6 +315,15 @@ def _action(renderer: ChatRenderer, text: str) -> GeneratedText:
     return GeneratedText(text, renderer.content_ids(text) + renderer.generation_end_ids("assistant"), None)
 
 
+def _reference(env: Any, task: Task) -> list[list[ToolCall]]:
+    base = env.unwrapped
+    reference = getattr(base.suite, "ground_truth", None)
+    gt = reference(task) if callable(reference) else None
+    if gt is None:
+        raise ValueError(f"{task.id}: suite {base.suite.name!r} gives no reference solution (Suite.ground_truth)")
+    return gt
+
+
 def demonstration_for_task(env: Any, task: Task, calls_per_message: CallsPerMessage = "one") -> tuple[Trajectory, float]:
     """Play `task`'s reference solution in `env` (`demonstration_env`) and return ``(trajectory, reward)``.
 
@@ -292,30 +340,133 @@ def demonstration_for_task(env: Any, task: Task, calls_per_message: CallsPerMess
         raise ValueError(f"calls_per_message must be 'one' or 'all', got {calls_per_message!r}")
     base = env.unwrapped
     renderer = base.renderer
-    reference = getattr(base.suite, "ground_truth", None)
-    gt = reference(task) if callable(reference) else None
-    if gt is None:
-        raise ValueError(f"{task.id}: suite {base.suite.name!r} gives no reference solution (Suite.ground_truth)")
+    gt = _reference(env, task)
     env.reset(options={"task_id": task.id})
     if task.metadata.get("single_step"):
         calls = [c for turn in gt for c in turn]
         _, reward, terminated, truncated, _ = env.step(_action(renderer, format_tool_calls(calls, "hermes")
                                                                if calls else closing_message(calls)))
         return base.trajectory, float(reward)
-    reward, done = 0.0, False
+    trajectory, reward, _ = _play(env, task, gt, calls_per_message, None)
+    return trajectory, reward
+
+
+def _groups(calls: Sequence[ToolCall], start: int, calls_per_message: CallsPerMessage,
+            cut: int | None) -> list[tuple[int, list[ToolCall]]]:
+    """A turn's ACT messages as ``(flat index of the first call, calls)``; `cut` (a flat index inside the turn)
+    starts a new message, so a mistake can be played right before that call."""
+    if calls_per_message == "one":
+        return [(start + i, [c]) for i, c in enumerate(calls)]
+    bounds = [0] + ([cut - start] if cut is not None and start < cut < start + len(calls) else []) + [len(calls)]
+    return [(start + a, list(calls[a:b])) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _play(env: Any, task: Task, gt: list[list[ToolCall]], calls_per_message: CallsPerMessage,
+          mistake: tuple[int, ToolCall] | None) -> tuple[Trajectory, float, dict[str, Any] | None]:
+    """Play the reference turns of a reset env, with `mistake` ``(flat position, call)`` played right before
+    that reference call. Returns ``(trajectory, reward, played)``; ``played`` is None without a mistake, else
+    ``{"start": token offset of the mistaken ACT message, "output": its real output, "breaks": bool}``."""
+    base = env.unwrapped
+    renderer = base.renderer
+    reward, done, played, start = 0.0, False, None, 0
     for t, calls in enumerate(gt):
-        messages = [[c] for c in calls] if calls_per_message == "one" else ([list(calls)] if calls else [])
-        for group in messages:
+        for first, group in _groups(calls, start, calls_per_message, mistake[0] if mistake else None):
+            if mistake is not None and played is None and first == mistake[0]:
+                played = _play_mistake(env, task, mistake[1])
+                if played["breaks"]:
+                    return base.trajectory, 0.0, played
             _, _, terminated, truncated, _ = env.step(_action(renderer, format_tool_calls(group, "hermes")))
             if terminated or truncated:
                 raise RuntimeError(f"{task.id}: the episode ended during the calls of turn {t}")
+        start += len(calls)
         _, reward, terminated, truncated, _ = env.step(_action(renderer, _closing(base.suite, task, t, calls)))
         done = terminated or truncated
         if done and t + 1 < len(gt):
             raise RuntimeError(f"{task.id}: the episode ended after turn {t} of {len(gt)}")
     if not done:
         raise RuntimeError(f"{task.id}: the episode did not end after the last user turn")
-    return base.trajectory, float(reward)
+    return base.trajectory, float(reward), played
+
+
+class _NotAMistake(ValueError):
+    """The real backend answered a proposed mistake without an error."""
+
+
+def _play_mistake(env: Any, task: Task, call: ToolCall) -> dict[str, Any]:
+    from wrappers.fidelity import is_error_output
+
+    base = env.unwrapped
+    backend = base.backend
+    if backend is None:
+        raise ValueError(f"{task.id}: the env has no real backend to play a mistake on")
+    before = backend.snapshot()
+    start = sum(len(s) for s in base.trajectory.segments)
+    _, _, terminated, truncated, _ = env.step(_action(base.renderer, format_tool_calls([call], "hermes")))
+    output = base.trajectory.messages[-1].content
+    if terminated or truncated:
+        raise RuntimeError(f"{task.id}: the episode ended at the mistaken call {call.name}")
+    if not is_error_output(output):
+        raise _NotAMistake(f"{task.id}: {call.name}({call.arguments}) is not a mistake: the real backend answered "
+                           f"{output[:200]!r}")
+    return {"start": start, "output": output, "breaks": backend.snapshot() != before}
+
+
+def error_demonstration(env: Any, task: Task, position: int, call: ToolCall,
+                        calls_per_message: CallsPerMessage = "one") -> tuple[Trajectory, dict[str, Any]]:
+    """Play `task`'s reference solution in `env` (`demonstration_env`) with the mistaken `call` played right
+    before reference call `position` (module docstring, "Error demonstrations").
+
+    Args:
+        env: a `demonstration_env`.
+        task: a multi-step task of the env's suite.
+        position: index into the reference calls flattened over the turns, ``0 <= position < len(calls)``.
+        call: the mistaken call (one ACT message of its own).
+        calls_per_message: as `demonstration_for_task`.
+
+    Returns:
+        ``(trajectory, mutation)``: the env's trajectory (not relabelled; the mistaken ACT message is still ACT,
+        `build_demonstrations` silences it) and ``{"position", "call", "output", "breaks", "start"}``:
+        ``start`` the token offset where the mistaken ACT message begins, ``output`` its real output,
+        ``breaks`` whether it changed the backend's state (the trajectory then ends after that output).
+
+    Raises:
+        ValueError: an unknown `calls_per_message`, no reference solution, a single-step task, `position` out
+            of range, or the real backend answered `call` without an error (not a mistake).
+        RuntimeError: the episode ended early (as `demonstration_for_task`).
+    """
+    if calls_per_message not in ("one", "all"):
+        raise ValueError(f"calls_per_message must be 'one' or 'all', got {calls_per_message!r}")
+    gt = _reference(env, task)
+    if task.metadata.get("single_step"):
+        raise ValueError(f"{task.id}: a single-step task is one message; it has no place for a mistaken call")
+    n = sum(len(turn) for turn in gt)
+    if not 0 <= position < n:
+        raise ValueError(f"{task.id}: mistake position {position} outside the {n} reference calls")
+    env.reset(options={"task_id": task.id})
+    trajectory, _, played = _play(env, task, gt, calls_per_message, (position, call))
+    assert played is not None  # every position in range is reached before the episode ends
+    return trajectory, {"position": position, "call": call.to_openai(), **played}
+
+
+def _silence_mistake(traj: Trajectory, start: int, mutation: dict[str, Any]) -> Trajectory:
+    """`traj` with the ACT segment that begins at token offset `start` relabelled PROMPT (no loss) and its
+    task a copy whose ``metadata["mutation"]`` is `mutation` (its keys but ``start``).
+
+    Raises:
+        ValueError: no ACT segment begins at `start`.
+    """
+    segments, offset, found = [], 0, False
+    for seg in traj.segments:
+        if offset == start and seg.role == Role.ACT and not found:
+            seg, found = Segment(Role.PROMPT, list(seg.token_ids), None, seg.text), True
+        segments.append(seg)
+        offset += len(seg)
+    if not found:
+        raise ValueError(f"{traj.task.id}: no ACT segment starts at token {start}")
+    meta = {k: v for k, v in mutation.items() if k != "start"}
+    task = dataclasses.replace(traj.task, metadata={**traj.task.metadata, "mutation": meta})
+    return Trajectory(task=task, segments=segments, messages=traj.messages, reward=traj.reward,
+                      terminated=traj.terminated, truncated=traj.truncated, turn_info=traj.turn_info)
 
 
 def demonstration_env(tokenizer: Any, suite: str, **kwargs: Any) -> Any:
@@ -341,11 +492,14 @@ def build_demonstrations(
     overflow: Overflow = "truncate",
     calls_per_message: CallsPerMessage = "one",
     progress: bool = False,
+    mutations: int = 0,
+    seed: int = 0,
 ) -> tuple[list[Trajectory], DemoStats]:
     """Demonstrations from real executions of a suite's reference solutions (module docstring).
 
     Any registered suite with ``ground_truth(task)`` yields demonstrations; a task without one is skipped
-    and counted in ``stats.skipped_error``.
+    and counted in ``stats.skipped_error``. With `mutations`, each kept reference demonstration is followed
+    by up to `mutations` error demonstrations of its task (module docstring, "Error demonstrations").
 
     Args:
         tokenizer: the policy's tokenizer (its chat template renders the prompt and the message pieces).
@@ -358,13 +512,20 @@ def build_demonstrations(
         overflow: ``"truncate"`` or ``"drop"`` (see `cap_length`).
         calls_per_message: ``"one"`` or ``"all"`` calls per ACT message.
         progress: show a tqdm bar.
+        mutations: error demonstrations per task, at most (0: none, the default; the suite must then give
+            ``mutations(task, calls, rng)``). `limit` counts them too.
+        seed: seeds the draw of each task's mistakes (``random.Random(f"{seed}/{task.id}")``).
 
     Returns:
-        ``(demos, stats)``: relabelled trajectories (reward 1.0 each) and the counts of `DemoStats`.
+        ``(demos, stats)``: relabelled trajectories in task order, each task's reference demonstration
+        (reward 1.0) followed by its error demonstrations (``task.metadata["mutation"]`` set; reward as the
+        verifier gave it, 0.0 on the lab, and 0.0 for one that ended at a broken item), and the counts of
+        `DemoStats`.
 
     Raises:
-        ValueError: an unknown suite or category, a task id not in the categories and split, or an
-            invalid `overflow` / `calls_per_message`.
+        ValueError: an unknown suite or category, a task id not in the categories and split, an invalid
+            `overflow` / `calls_per_message`, ``mutations < 0``, `mutations` with a suite that has no
+            ``mutations`` hook, or a hook position outside the task's reference calls.
     """
     from tqdm.auto import tqdm
 
@@ -372,8 +533,15 @@ def build_demonstrations(
         raise ValueError(f"overflow must be 'truncate' or 'drop', got {overflow!r}")
     if calls_per_message not in ("one", "all"):
         raise ValueError(f"calls_per_message must be 'one' or 'all', got {calls_per_message!r}")
+    if isinstance(mutations, bool) or not isinstance(mutations, int) or mutations < 0:
+        raise ValueError(f"mutations must be an int >= 0 (error demonstrations per task), got {mutations!r}")
     env = demonstration_env(tokenizer, suite, categories=None if categories is None else list(categories), split=split)
     base = env.unwrapped
+    propose = getattr(base.suite, "mutations", None)
+    if mutations and not callable(propose):
+        env.close()
+        raise ValueError(f"suite {suite!r} proposes no mistakes (no Suite.mutations(task, calls, rng)); "
+                         "error demonstrations need one")
     pool = {t.id: t for t in base.tasks}
     if task_ids is not None:
         missing = [i for i in task_ids if i not in pool]
@@ -401,8 +569,41 @@ def build_demonstrations(
         capped = stats.cap_and_count(relabel_for_sft(traj, stops), max_tokens, overflow)
         if capped is not None:
             demos.append(capped)
+        if mutations and not task.metadata.get("single_step"):
+            demos += _error_demos(env, task, propose, mutations, seed, calls_per_message, stops, max_tokens,
+                                  overflow, stats, None if limit is None else limit - len(demos))
     env.close()
     return demos, stats
+
+
+def _error_demos(env: Any, task: Task, propose: Any, k: int, seed: int, calls_per_message: CallsPerMessage,
+                 stops: Sequence[int], max_tokens: int | None, overflow: Overflow, stats: DemoStats,
+                 room: int | None) -> list[Trajectory]:
+    """Up to `k` (and at most `room`) relabelled error demonstrations of `task` (module docstring)."""
+    calls = [c for turn in _reference(env, task) for c in turn]
+    rng = random.Random(f"{seed}/{task.id}")
+    proposed = list(propose(task, calls, rng))
+    bad = [p for p, _ in proposed if not 0 <= p < len(calls)]
+    if bad:
+        raise ValueError(f"{task.id}: Suite.mutations gave positions {bad} outside the {len(calls)} reference calls")
+    chosen = sorted(rng.sample(range(len(proposed)), min(k, len(proposed))))
+    out: list[Trajectory] = []
+    for i in chosen:
+        if room is not None and len(out) >= room:
+            break
+        position, call = proposed[i]
+        try:
+            traj, mutation = error_demonstration(env, task, position, call, calls_per_message)
+        except (_NotAMistake, RuntimeError):
+            stats.skipped_mutation += 1
+            continue
+        silenced = _silence_mistake(relabel_for_sft(traj, stops), mutation["start"], mutation)
+        capped = stats.cap_and_count(silenced, max_tokens, overflow)
+        if capped is not None:
+            out.append(capped)
+            stats.error_demos += 1
+            stats.error_demos_breaking += int(mutation["breaks"])
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ class SFTConfig:
 
     # --- Parameters that control the experiment -------------------------------------------------------
     run_dir: str = _f("runs/sft", "folder for checkpoints, metrics.jsonl, config.json and data_stats.json")
-    seed: int = _f(0, "seed of the batch order (per epoch) and of LoRA initialisation")
+    seed: int = _f(0, "seed of the batch order (per epoch), of LoRA initialisation and of the --error-demos draws")
     model: str = _f("smollm2-135m", "model to fine-tune: 'smollm2-135m', a local Hugging Face folder, or 'tiny-random'")
     init: str | None = _f(None, "start from this folder (e.g. a checkpoint's model/) instead of --model")
     save_every: int = _f(50, "save a checkpoint every this many optimizer steps (and at the end)")
@@ -121,6 +121,10 @@ class SFTConfig:
     max_demos: int = _f(0, "cap on the number of training sequences (0: no cap)")
     min_reward: float = _f(1.0, "JSONL sources: keep records with reward >= this (rejection sampling)")
     calls_per_message: Literal["one", "all"] = _f("one", "BFCL demos: one ground-truth call per ACT message, or all of a turn's calls in one")
+    error_demos: int = _f(0, "suite sources: per task, up to this many extra demonstrations with one mistaken call "
+                             "played on the real backend (its ACT tokens carry no loss, its error output is a REHEARSE "
+                             "target; an item that breaks ends the demonstration); drawn from --seed; needs a suite "
+                             "that proposes mistakes (lab); 0: off")
     max_seq_len: int = _f(6144, "length cap in tokens (BFCL prompts alone are 2.9k-7.7k SmolLM2 tokens; 6144 holds 92.7% of the multi_turn_base train demonstrations whole)")
     overflow: Literal["truncate", "drop"] = _f("truncate", "longer sequences: keep the first max_seq_len tokens, or drop them")
     min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the selected demonstrations than this fit max_seq_len whole (a cut one never shows its task completed); checked before the model loads")
@@ -176,15 +180,18 @@ class SFTConfig:
             fail(f"data: no JSONL file at {missing} (give a suite name, one of {suites}, or files written by RecordTrajectories)")
         for source in self.data_suites():
             try:
-                make_suite(source).tasks(self.categories, self.split)
+                suite = make_suite(source)
+                suite.tasks(self.categories, self.split)
             except ValueError as err:
                 fail(f"categories of data source {source!r}: {err}")
+            if self.error_demos and not callable(getattr(suite, "mutations", None)):
+                fail(f"error_demos: suite {source!r} proposes no mistakes (no Suite.mutations); set --error-demos 0")
 
         for name in ("save_every", "keep_checkpoints", "num_epochs", "batch_tokens", "max_batch_rows",
                      "logprob_chunk_size", "max_seq_len", "lora_r"):
             if getattr(self, name) < 1:
                 fail(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "max_demos", "warmup_steps", "threads"):
+        for name in ("max_steps", "max_demos", "warmup_steps", "threads", "error_demos"):
             if getattr(self, name) < 0:
                 fail(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
@@ -390,7 +397,8 @@ def load_sft_data(config: SFTConfig, tokenizer: Any, progress: bool = False) -> 
             got, st = build_demonstrations(
                 tokenizer, source, config.categories, config.split, task_ids=config.task_ids or None,
                 limit=config.max_demos or None, max_tokens=config.max_seq_len, overflow=config.overflow,
-                calls_per_message=config.calls_per_message, progress=progress,
+                calls_per_message=config.calls_per_message, progress=progress, mutations=config.error_demos,
+                seed=config.seed,
             )
         else:
             got, st = load_recorded_trajectories(

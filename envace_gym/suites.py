@@ -27,6 +27,10 @@ Optionally:
 * ``Suite.reference_reply(task, turn) -> str | None``: the closing assistant message of user turn `turn` in
   the reference solution, when the reward reads it (a question the reply must answer); None (or no such
   method) lets the demonstrations close the turn with a fixed template.
+* ``Suite.mutations(task, calls, rng) -> list[tuple[int, ToolCall]]``: mistaken calls, each to be played
+  right before reference call ``calls[position]`` (`calls`: ``ground_truth`` flattened over the turns; `rng`:
+  a seeded ``random.Random``). ``agents.demonstrations.build_demonstrations(mutations=k)`` plays them on the
+  real backend to build error demonstrations (the world model sees failures); a suite without it gives none.
 """
 
 from __future__ import annotations

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Iterator, Sequence
 
 from envace_gym.suites import VerifierResult
 from envace_gym.types import Task, ToolCall, Trajectory
 
-from benchmarks.lab.tasks import CATEGORIES, LabConfig, make_task, reference_final_state
+from benchmarks.lab.tasks import CATEGORIES, ITEMS, LabConfig, make_task, reference_final_state
 from benchmarks.lab.world import LabBackend, Warehouse
 
 __all__ = ["LabSuite", "stated_suite"]
@@ -104,6 +105,52 @@ class LabSuite:
         """The reference calls of each user turn."""
         return [[ToolCall.from_openai(c) for c in turn] for turn in task.metadata["reference"]]
 
+    def mutations(self, task: Task, calls: Sequence[ToolCall], rng: random.Random) -> list[tuple[int, ToolCall]]:
+        """Mistaken calls to play before reference calls, for error demonstrations
+        (`agents.demonstrations.build_demonstrations` with ``mutations``): the world model then sees what a
+        mistake returns. Each candidate is checked against the state the reference reaches just before
+        position ``p`` (the calls are replayed on a fresh backend), so every one of them is a real mistake:
+
+        * before a call naming an item that is on a shelf (``move``, ``pack``, ...): ``move(item, S)`` onto a
+          shelf ``S`` other than the item's own that is full at that point (``Warehouse.capacity_of``): the item
+          breaks, a change no later call undoes. None when no other shelf is full.
+        * before the same call: the call naming an item that is nowhere in the warehouse (not on a shelf, in a
+          box or broken): fails, changes nothing.
+        * before ``ship(box, dock)``: ``ship`` of a label that no packed box has (a neighbouring position or
+          packing count under the hidden rules, the stated rules' ``box-<n>``, or the other way round), so it
+          differs from the real label and cannot ship another box: fails, changes nothing.
+
+        Args:
+            task: a task of this suite.
+            calls: its reference calls flattened over the user turns, in order (`ground_truth`).
+            rng: draws the full shelf, the unknown item and the wrong label (the caller seeds it).
+
+        Returns:
+            ``[(p, call)]``, ``0 <= p < len(calls)``, in order of ``p``: play ``call`` right before ``calls[p]``.
+        """
+        backend = self.make_backend(task)
+        out: list[tuple[int, ToolCall]] = []
+        for p, call in enumerate(calls):
+            state = backend.state
+            item = call.arguments.get("item")
+            here = state.shelf_of(item) if isinstance(item, str) else None
+            if here is not None:
+                full = [s for s, items in state.shelves.items() if s != here and len(items) >= state.capacity_of(s)]
+                if full:
+                    out.append((p, ToolCall("move", {"item": item, "shelf": rng.choice(full)})))
+                known = {i for items in state.shelves.values() for i in items} | set(state.boxes.values()) \
+                    | set(state.broken)
+                unknown = [i for i in ITEMS if i not in known]
+                if unknown:
+                    out.append((p, ToolCall(call.name, {**call.arguments, "item": rng.choice(unknown)})))
+            box = call.arguments.get("box")
+            if call.name == "ship" and isinstance(box, str):
+                wrong = [label for label in _near_labels(box) if label not in state.boxes]
+                if wrong:
+                    out.append((p, ToolCall("ship", {**call.arguments, "box": rng.choice(wrong)})))
+            backend.execute(call)
+        return out
+
     def reference_reply(self, task: Task, turn: int) -> str | None:
         """The reference closing message of the last turn of a ``count`` task (it states the answer); else None."""
         answer = task.metadata.get("answer")
@@ -130,6 +177,21 @@ class LabSuite:
         return VerifierResult(reward=1.0 if ok else 0.0, valid=ok,
                               details={"state_matches": state_ok, "answer_matches": answer_ok, "failed_calls": errors,
                                        "broken": state["broken"]})
+
+
+def _near_labels(label: str) -> list[str]:
+    """Labels a model might write instead of `label`: hidden ``<shelf><position>-<n>`` one position or one
+    count off, or the stated form ``box-<n>``; stated ``box-<n>`` one count off, or a hidden-looking ``A1-<n>``.
+    `label` itself is never among them."""
+    hidden = re.fullmatch(r"([A-Z])(\d+)-(\d+)", label)
+    if hidden:
+        shelf, pos, n = hidden.group(1), int(hidden.group(2)), int(hidden.group(3))
+        near = [f"{shelf}{pos + d}-{n}" for d in (-1, 1) if pos + d >= 1] + [f"{shelf}{pos}-{n + 1}", f"box-{n}"]
+    else:
+        stated = re.fullmatch(r"box-(\d+)", label)
+        n = int(stated.group(1)) if stated else 1
+        near = [f"box-{n + d}" for d in (-1, 1) if n + d >= 1] + [f"A1-{n}"]
+    return [x for x in near if x != label]
 
 
 def stated_suite() -> LabSuite:

@@ -163,3 +163,181 @@ def test_jsonl_malformed_line_raises(tmp_path):
     path.write_text('{"reward": 1.0, "trajectory": {}}\nnot json\n')
     with pytest.raises(ValueError):
         load_recorded_trajectories(path, [2], min_reward=0.0)
+
+
+# --------------------------------------------------------------------------------------- error demonstrations
+# relocate_1: a move onto a full shelf (breaks) and an unknown item; ship_two_0: unknown items and wrong labels;
+# make_room_0: moves onto full shelves. mutations=10 takes every mistake the suite proposes.
+ERROR_TASKS = ["relocate_1", "ship_two_0", "make_room_0"]
+
+
+@pytest.fixture(scope="module")
+def lab_error_demos(smol_tokenizer):
+    demos, stats = build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=ERROR_TASKS, max_tokens=None,
+                                        mutations=10, seed=0)
+    return demos, stats
+
+
+def _spans(demo):
+    """(role, start, end, segment) of each segment, token offsets into the demo."""
+    out, at = [], 0
+    for seg in demo.segments:
+        out.append((seg.role, at, at + len(seg), seg))
+        at += len(seg)
+    return out
+
+
+def _replay(task, calls):
+    """A fresh lab backend after `calls`, and the outputs."""
+    from benchmarks.lab.suite import LabSuite
+
+    backend = LabSuite().make_backend(task)
+    return backend, [backend.execute(c) for c in calls]
+
+
+def test_error_demos_hold_the_real_backends_error_output_and_train_it_but_not_the_mistaken_call(
+        lab_error_demos, smol_tokenizer):
+    import torch
+
+    from agents.sft import collate, role_weights
+    from envace_gym.parsing import format_tool_calls
+    from envace_gym.types import ToolCall
+
+    demos, stats = lab_error_demos
+    errors = [d for d in demos if "mutation" in d.task.metadata]
+    assert stats.error_demos == len(errors) >= 6 and stats.skipped_mutation == 0
+    assert stats.kept == len(demos) == len(ERROR_TASKS) + len(errors)
+    stop = ChatRenderer(smol_tokenizer).stop_token_ids[0]
+    _, _, role_mask = collate(errors, pad_id=0)  # (N, T): what SFTTrainer.train_step feeds sft_loss
+    weights = role_weights(role_mask, {Role.ACT: 1.0, Role.REHEARSE: 1.0})  # (N, T)
+    for row, demo in enumerate(errors):
+        m = demo.task.metadata["mutation"]
+        call = ToolCall.from_openai(m["call"])
+        reference = [c for turn in demo.task.metadata["reference"] for c in turn]
+        # the output is what a fresh real backend answers to the mistake after the reference calls before it
+        backend, _ = _replay(demo.task, [ToolCall.from_openai(c) for c in reference[: m["position"]]])
+        before = backend.snapshot()
+        assert backend.execute(call) == m["output"] and json.loads(m["output"]).keys() == {"error"}
+        assert m["breaks"] == (backend.snapshot() != before)
+        # the mistaken message: one segment, relabelled PROMPT; its tokens carry no loss
+        spans = _spans(demo)
+        (k,) = [i for i, (_, _, _, s) in enumerate(spans) if s.text == format_tool_calls([call], "hermes")]
+        role, a, b, seg = spans[k]
+        assert role == Role.PROMPT and seg.token_ids[-1] == stop and seg.logprobs is None
+        assert set(role_mask[row, a:b].tolist()) == {int(Role.PROMPT)} and float(weights[row, a:b].sum()) == 0.0
+        # the next tool content is the error output as a REHEARSE target (ending with <|im_end|>), with loss
+        role, a, b, seg = next(x for x in spans[k + 1:] if x[0] in (Role.REHEARSE, Role.OBSERVATION))
+        assert role == Role.REHEARSE and smol_tokenizer.decode(seg.token_ids[:-1]) == m["output"]
+        assert bool(torch.all(weights[row, a:b] == 1.0))
+        # the reference ACT messages before the mistake still carry loss
+        assert any(s[0] == Role.ACT for s in spans[:k]) == (m["position"] > 0)
+
+
+def test_a_broken_item_ends_its_demonstration_after_the_error_and_a_failed_call_continues(lab_error_demos):
+    from benchmarks.lab.suite import LabSuite
+    from envace_gym.types import ToolCall
+
+    demos, stats = lab_error_demos
+    errors = [d for d in demos if "mutation" in d.task.metadata]
+    broken = [d for d in errors if d.task.metadata["mutation"]["breaks"]]
+    going_on = [d for d in errors if not d.task.metadata["mutation"]["breaks"]]
+    assert stats.error_demos_breaking == len(broken) >= 2 and len(going_on) >= 4
+    for demo in broken:
+        m = demo.task.metadata["mutation"]
+        call = ToolCall.from_openai(m["call"])
+        reference = [ToolCall.from_openai(c) for turn in demo.task.metadata["reference"] for c in turn]
+        backend, _ = _replay(demo.task, reference[: m["position"]])
+        assert call.name == "move" and call.arguments["shelf"] != backend.state.shelf_of(call.arguments["item"])
+        shelf = call.arguments["shelf"]
+        assert len(backend.state.shelves[shelf]) >= backend.state.capacity_of(shelf)  # full at that point
+        assert "broke" in m["output"]
+        # nothing after the error output: no ACT, no closing message
+        assert demo.messages[-1].role == "tool" and demo.messages[-1].content == m["output"]
+        last = max(i for i, s in enumerate(demo.segments) if s.role != Role.TEMPLATE)
+        assert demo.segments[last].role == Role.REHEARSE and not demo.terminated
+        mistaken = [i for i, s in enumerate(demo.segments) if s.role == Role.PROMPT][-1]
+        assert all(s.role != Role.ACT for s in demo.segments[mistaken:])
+    labels = 0
+    for demo in going_on:
+        m = demo.task.metadata["mutation"]
+        call = ToolCall.from_openai(m["call"])
+        reference = [ToolCall.from_openai(c) for turn in demo.task.metadata["reference"] for c in turn]
+        right = reference[m["position"]]
+        backend, _ = _replay(demo.task, reference[: m["position"]])
+        if call.name == "ship":
+            labels += 1
+            assert right.name == "ship" and call.arguments["box"] != right.arguments["box"]
+            assert right.arguments["box"] in backend.state.boxes and call.arguments["box"] not in backend.state.boxes
+        else:
+            initial = demo.task.metadata["initial_state"]["shelves"]
+            assert call.arguments["item"] not in {i for items in initial.values() for i in items}
+        # the next ACT message is the reference call the mistake preceded, and the episode ends as the reference
+        mistaken = [i for i, s in enumerate(demo.segments) if s.role == Role.PROMPT][-1]
+        nxt = next(s for s in demo.segments[mistaken + 1:] if s.role == Role.ACT)
+        (parsed,) = parse_tool_calls(nxt.text)
+        assert (parsed.name, parsed.arguments) == (right.name, right.arguments)
+        assert demo.terminated
+        result = LabSuite().verify(demo)  # replays the messages' calls, the mistaken one included
+        assert result.details["state_matches"] and result.details["failed_calls"] == 1 and result.reward == 0.0
+    assert labels >= 2
+
+
+def test_reference_demos_are_unchanged_by_mutations_and_draws_follow_the_seed(lab_error_demos, smol_tokenizer):
+    demos, _ = lab_error_demos
+    plain, stats = build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=ERROR_TASKS, max_tokens=None)
+    zero, _ = build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=ERROR_TASKS, max_tokens=None,
+                                   mutations=0, seed=5)
+    assert stats.error_demos == 0 and all("mutation" not in d.task.metadata for d in plain)
+    references = [d for d in demos if "mutation" not in d.task.metadata]
+    for got in (references, zero):
+        assert [(d.task.id, d.token_ids, d.role_mask) for d in got] == \
+            [(d.task.id, d.token_ids, d.role_mask) for d in plain]
+
+    def drawn(seed):
+        got, _ = build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=ERROR_TASKS, max_tokens=None,
+                                      mutations=1, seed=seed)
+        return [(d.task.id, d.task.metadata.get("mutation"), d.token_ids) for d in got]
+
+    first = drawn(0)
+    assert len(first) == 2 * len(ERROR_TASKS) and first == drawn(0)
+    assert any(drawn(s) != first for s in (1, 2, 3))
+
+
+def test_all_calls_per_message_splits_the_turn_around_the_mistake(smol_tokenizer):
+    demos, stats = build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=["ship_two_0"], max_tokens=None,
+                                        mutations=10, calls_per_message="all")
+    (demo,) = [d for d in demos if d.task.metadata.get("mutation", {}).get("position") == 1]
+    acts = [parse_tool_calls(s.text) if "<tool_call>" in s.text else s.text
+            for s in demo.segments if s.role == Role.ACT]
+    reference = demo.task.metadata["reference"][0]
+    assert [[c.name for c in a] for a in acts[:2]] == [["pack"], [c["function"]["name"] for c in reference[1:]]]
+    assert acts[2] == DONE_MESSAGE and len(acts) == 3 and demo.terminated
+
+
+def test_a_proposed_call_that_does_not_fail_is_skipped_and_suites_without_mistakes_refuse(smol_tokenizer, monkeypatch):
+    from benchmarks.lab.suite import LabSuite
+    from envace_gym.types import ToolCall
+
+    with pytest.raises(ValueError, match="proposes no mistakes"):
+        build_demonstrations(smol_tokenizer, "scripted", None, "train", mutations=1)
+    with pytest.raises(ValueError, match="mutations must be"):
+        build_demonstrations(smol_tokenizer, "lab", None, "train", mutations=-1)
+    look = ToolCall("list_shelf", {"shelf": "A"})  # answered without an error: not a mistake
+    monkeypatch.setattr(LabSuite, "mutations", lambda self, task, calls, rng: [(0, look)])
+    demos, stats = build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=["relocate_1"], mutations=1)
+    assert (stats.kept, stats.error_demos, stats.skipped_mutation) == (1, 0, 1) and len(demos) == 1
+    monkeypatch.setattr(LabSuite, "mutations", lambda self, task, calls, rng: [(len(calls), ToolCall("locate", {}))])
+    with pytest.raises(ValueError, match="outside"):
+        build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=["relocate_1"], mutations=1)
+
+
+def test_sft_error_demos_option_reaches_the_demonstrations(smol_tokenizer):
+    from agents.sft import SFTConfig, load_sft_data
+
+    with pytest.raises(ValueError, match="proposes no mistakes"):
+        SFTConfig(data=["scripted"], error_demos=1)
+    with pytest.raises(ValueError, match="error_demos must be >= 0"):
+        SFTConfig(data=["lab"], error_demos=-1)
+    demos, stats = load_sft_data(SFTConfig(data=["lab"], task_ids=["relocate_1"], error_demos=2), smol_tokenizer)
+    assert (stats["lab"]["kept"], stats["lab"]["error_demos"], len(demos)) == (3, 2, 3)
+    assert sum("mutation" in d.task.metadata for d in demos) == 2
