@@ -58,6 +58,7 @@ __all__ = [
     "SMOLLM2_PAD_TOKEN_ID",
     "TINY_MODEL",
     "LAB_MODEL",
+    "LAB_TINY_MODEL",
     "LAB_MODEL_LAYERS",
     "LAB_CHAT_TEMPLATE",
     "ensure_lab_model",
@@ -85,7 +86,10 @@ TINY_MODEL = "tiny-random"
 """`tiny_random_model(seed=0)` with the SmolLM2 tokenizer: for tests and quick checks."""
 LAB_MODEL = "smollm2-lab"
 """SmolLM2-135M-Instruct with its vocabulary cut to the lab world's ~630 tokens (`ensure_lab_model`)."""
-KNOWN_MODELS = (DEFAULT_MODEL, TINY_MODEL, LAB_MODEL)
+LAB_TINY_MODEL = "lab-tiny"
+"""A 0.9M-parameter Llama with a word-level lab tokenizer, untrained (seed 0), for the hidden-rules lab world
+(`agents.lab_tiny`)."""
+KNOWN_MODELS = (DEFAULT_MODEL, TINY_MODEL, LAB_MODEL, LAB_TINY_MODEL)
 """Names `ModelStore.model` resolves besides local folders (no hub downloads happen at run time)."""
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LAB_MODEL_LAYERS = 30
@@ -166,7 +170,8 @@ class ModelStore:
 
     def tokenizer(self, name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
         """The tokenizer of a model: `smollm2-135m` and `tiny-random` (SmolLM2's, from the GGUF, cached as a
-        tokenizer folder), `smollm2-lab` (built with its model, `ensure_lab_model`) or a local Hugging Face folder.
+        tokenizer folder), `smollm2-lab` (built with its model, `ensure_lab_model`), `lab-tiny`
+        (`agents.lab_tiny.ensure_lab_tiny_model`) or a local Hugging Face folder.
 
         Raises:
             FileNotFoundError: see `smollm2_gguf_path`, or the folder does not exist.
@@ -247,8 +252,8 @@ def _read_tokenizer(name_or_path: str, cache_root: Path):
             tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             cached.mkdir(parents=True, exist_ok=True)
             tok.save_pretrained(cached)
-    elif name_or_path == LAB_MODEL:
-        tok = AutoTokenizer.from_pretrained(ensure_lab_model(cache_root))
+    elif name_or_path in (LAB_MODEL, LAB_TINY_MODEL):
+        tok = AutoTokenizer.from_pretrained(_resolve(name_or_path, cache_root))
     else:
         if not Path(name_or_path).is_dir():
             raise FileNotFoundError(f"no model folder at {name_or_path!r} (and it is not {DEFAULT_MODEL!r})")
@@ -455,6 +460,10 @@ def _resolve(name_or_path: str, cache_root: Path) -> Path:
         return ensure_smollm2_converted(cache_root)
     if name_or_path == LAB_MODEL:
         return ensure_lab_model(cache_root)
+    if name_or_path == LAB_TINY_MODEL:
+        from agents.lab_tiny import ensure_lab_tiny_model
+
+        return ensure_lab_tiny_model(cache_root)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["HIDDEN_CATEGORIES", "INTRO", "Ask", "solve", "test_task", "train_task", "backend_ask", "make_hidden_task"]
 
 HIDDEN_CATEGORIES = ("relocate", "ship", "fill", "make_room", "ship_two", "full_job")
-INTRO = "You run a warehouse. Use the tools to do the job, then reply with a short sentence and no tool call."
+INTRO = "You run a warehouse. Use the tools, then reply with no tool call."
 """The system prompt's first line under the hidden rules: no rule is stated."""
 
 Layout = dict[str, list[str]]
