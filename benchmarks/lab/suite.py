@@ -24,7 +24,7 @@ class LabSuite:
     Categories (`categories`): hidden rules ``relocate``, ``ship``, ``fill``, ``make_room``, ``ship_two``,
     ``full_job`` (`benchmarks.lab.hidden`); stated rules ``count`` instead of ``fill``
     (`benchmarks.lab.tasks`); all of them by default. Splits, hidden rules: ``test`` is the fixed test split
-    (``config.test_tasks`` per category), ``train`` the first ``config.tasks_per_category`` tasks of the
+    (``config.test_tasks`` per category), ``train`` the first ``config.train_tasks`` tasks of the
     unlimited train stream (`train_stream` for more). Stated rules: the first tasks of each category are
     ``train``, the last ``config.num_test`` are ``test``.
 
@@ -47,13 +47,20 @@ class LabSuite:
     def __init__(self, config: LabConfig | None = None) -> None:
         self.config = config or LabConfig()
         self.categories = self.config.categories
-        if self.config.rules == "hidden":
-            self._tasks = {c: [make_task(self.config, c, i, "train") for i in range(self.config.tasks_per_category)]
-                              + [make_task(self.config, c, i, "test") for i in range(self.config.test_tasks)]
-                           for c in self.categories}
-        else:
-            self._tasks = {c: [make_task(self.config, c, i) for i in range(self.config.tasks_per_category)]
-                           for c in self.categories}
+        self._tasks: dict[tuple[str, str], list[Task]] = {}  # (category, split) -> tasks, built when first asked for
+
+    def _split(self, category: str, split: str) -> list[Task]:
+        key = (category, split)
+        if key not in self._tasks:
+            cfg = self.config
+            if cfg.rules == "hidden":
+                n = cfg.train_tasks if split == "train" else cfg.test_tasks
+                self._tasks[key] = [make_task(cfg, category, i, split) for i in range(n)]
+            else:
+                n_train = cfg.tasks_per_category - cfg.num_test
+                indices = range(n_train) if split == "train" else range(n_train, cfg.tasks_per_category)
+                self._tasks[key] = [make_task(cfg, category, i) for i in indices]
+        return self._tasks[key]
 
     def train_stream(self, categories: Sequence[str] | None = None, start: int = 0) -> Iterator[Task]:
         """The hidden-rules train stream from index `start`, one task of each category in turn, without end
@@ -88,13 +95,9 @@ class LabSuite:
         """
         if split not in ("train", "test", "all"):
             raise ValueError(f"split must be train, test or all, got {split!r}")
-        cats = self._categories(categories)
-        n_train = self.config.tasks_per_category if self.config.rules == "hidden" else \
-            self.config.tasks_per_category - self.config.num_test
         out: list[Task] = []
-        for c in cats:
-            ts = self._tasks[c]
-            out += ts if split == "all" else ts[:n_train] if split == "train" else ts[n_train:]
+        for c in self._categories(categories):
+            out += [t for s in (("train", "test") if split == "all" else (split,)) for t in self._split(c, s)]
         return out
 
     def make_backend(self, task: Task) -> LabBackend:

@@ -57,11 +57,11 @@ class LabConfig:
     Attributes:
         rules: ``"hidden"`` (v1, the default; `benchmarks.lab.hidden`) or ``"stated"`` (the families below).
         seed: the task seed.
-        tasks_per_category: stated rules: tasks drawn per category (>= 2), split by `test_fraction`. Hidden
-            rules: the train tasks `LabSuite.tasks` lists per category (the first of the unlimited stream,
-            `LabSuite.train_stream`).
+        tasks_per_category: stated rules only: tasks drawn per category (>= 2), split by `test_fraction`.
         test_fraction: stated rules only: the last ``round(tasks_per_category * test_fraction)`` tasks of each
             category are the test split, the others the train split.
+        train_tasks: hidden rules only: the train tasks `LabSuite.tasks` lists per category (>= 1): the first of
+            the unlimited stream (`LabSuite.train_stream`), built when first asked for.
         test_tasks: hidden rules only: the fixed test split's tasks per category (>= 1).
         num_shelves: shelves ``A``, ``B``, ... (3 to 26).
         capacity: stated rules only: items per shelf (>= 2); the hidden rules give each shelf its own
@@ -80,6 +80,7 @@ class LabConfig:
     seed: int = 0
     tasks_per_category: int = 120
     test_fraction: float = 0.2
+    train_tasks: int = 2000
     test_tasks: int = 100
     num_shelves: int = 4
     capacity: int = 3
@@ -90,11 +91,12 @@ class LabConfig:
     def __post_init__(self) -> None:
         if self.rules not in RULES:
             raise ValueError(f"LabConfig: rules must be one of {RULES}, got {self.rules!r}")
-        if self.test_tasks < 1:
-            raise ValueError(f"LabConfig: test_tasks must be >= 1, got {self.test_tasks}")
+        if self.test_tasks < 1 or self.train_tasks < 1:
+            raise ValueError(f"LabConfig: train_tasks and test_tasks must be >= 1, got {self.train_tasks}, "
+                             f"{self.test_tasks}")
         if self.tasks_per_category < 2 or not 0 < self.test_fraction < 1:
             raise ValueError("LabConfig: tasks_per_category must be >= 2 and test_fraction in (0, 1)")
-        if self.num_test >= self.tasks_per_category:
+        if self.rules == "stated" and self.num_test >= self.tasks_per_category:
             raise ValueError(f"LabConfig: test_fraction {self.test_fraction} leaves no train task of "
                              f"{self.tasks_per_category}; lower it or raise tasks_per_category")
         if not 3 <= self.num_shelves <= 26 or self.capacity < 2:
