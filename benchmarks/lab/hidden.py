@@ -49,8 +49,9 @@ if TYPE_CHECKING:
 __all__ = ["HIDDEN_CATEGORIES", "INTRO", "Ask", "solve", "test_task", "train_task", "backend_ask", "make_hidden_task"]
 
 HIDDEN_CATEGORIES = ("relocate", "ship", "fill", "make_room", "ship_two", "full_job")
-INTRO = "You run a warehouse. Use the tools, then reply with no tool call."
-"""The system prompt's first line under the hidden rules: no rule is stated."""
+INTRO = "Warehouse."
+"""The system prompt's first line under the hidden rules: no rule is stated, and nothing a small model must
+read past (the layout follows)."""
 
 Layout = dict[str, list[str]]
 Ask = Callable[[ToolCall], dict[str, Any]]
@@ -259,7 +260,7 @@ def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -
     texts = _texts(category, slots)
     parts = list(zip(texts, reference))
     turns_parts = [parts[:1], parts[1:]] if config.user_turns == 2 and len(parts) > 1 else [parts]
-    system = Message("system", f"{INTRO}\n\n{layout_text(state.shelves)}")
+    system = Message("system", f"{INTRO}\n{layout_text(state.shelves)}")
     turns = []
     for t, group in enumerate(turns_parts):
         text = " ".join(p[0] for p in group)

@@ -1,0 +1,132 @@
+"""`lab-tiny` (`agents.lab_tiny`): the word-level tokenizer made from the lab world, the chat template, the
+Llama built from a config, its cache folder, and that it learns from the world's demonstrations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from agents.lab_tiny import (LAB_TINY_MODEL, LabTinySizes, build_lab_tokenizer, lab_tiny_dir, lab_tiny_model,
+                             lab_vocabulary)
+from benchmarks.lab import LabSuite
+from benchmarks.lab.tasks import ITEMS
+from envace_gym.parsing import format_tool_calls, parse_tool_calls
+from envace_gym.rendering import ChatRenderer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_lab_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return LabSuite()
+
+
+def test_every_test_task_text_round_trips_with_no_unknown_piece(tokenizer, suite):
+    """The vocabulary is made from train-stream texts only, yet covers every test prompt, call and output."""
+    renderer = ChatRenderer(tokenizer)
+    for task in suite.tasks(None, "test")[::7]:
+        backend = suite.make_backend(task)
+        texts = [renderer.render(task.turns[0], task.tools, add_generation_prompt=True)]
+        for call in (c for turn in suite.ground_truth(task) for c in turn):
+            texts += [format_tool_calls([call], "hermes"), backend.execute(call)]
+        for text in texts:
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            assert tokenizer.unk_token_id not in ids, text
+            assert tokenizer.decode(ids) == text
+
+
+def test_an_item_is_one_token_wherever_it_appears(tokenizer):
+    for item in ITEMS:
+        prose = tokenizer.encode(f"Move the {item} to", add_special_tokens=False)
+        call = tokenizer.encode(format_tool_calls([__import__("envace_gym.types", fromlist=["ToolCall"]).ToolCall(
+            "pack", {"item": item})], "hermes"), add_special_tokens=False)
+        (item_id,) = tokenizer.encode(item, add_special_tokens=False)
+        assert item_id in prose and item_id in call
+
+
+def test_tool_call_tags_survive_skipping_special_tokens_and_parse(tokenizer):
+    from envace_gym.types import ToolCall
+
+    text = format_tool_calls([ToolCall("ship", {"box": "B2-1", "dock": "north"})], "hermes")
+    ids = tokenizer.encode(text + "<|end|>", add_special_tokens=False)
+    assert ids[-1] == tokenizer.eos_token_id
+    decoded = tokenizer.decode(ids, skip_special_tokens=True)
+    assert decoded == text and parse_tool_calls(decoded)[0].arguments == {"box": "B2-1", "dock": "north"}
+
+
+def test_the_template_renders_tools_as_names_and_no_hermes_prompt(tokenizer, suite):
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.tools_supported
+    task = suite.tasks(["ship"], "test")[0]
+    text = renderer.render(task.turns[0], task.tools, add_generation_prompt=True)
+    assert "Tools: locate list_shelf move pack ship<|end|>" in text and "<tools>" not in text
+    assert text.endswith("<|assistant|>") and text.startswith("<|system|>")
+    assert len(tokenizer.encode(text, add_special_tokens=False)) < 150
+
+
+def test_saved_and_reloaded_like_any_transformers_tokenizer(tokenizer, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    text = 'Shelf A: apple, bolt.\n<tool_call>\n{"name": "pack", "arguments": {"item": "apple"}}\n</tool_call>'
+    assert again.encode(text, add_special_tokens=False) == tokenizer.encode(text, add_special_tokens=False)
+    assert again.chat_template == tokenizer.chat_template and again.eos_token == "<|end|>"
+
+
+def test_the_vocabulary_is_deterministic_and_closed_early():
+    assert lab_vocabulary(10) == lab_vocabulary(50)  # a small sample of the world already holds every piece
+
+
+def test_model_from_config_is_seeded_and_sized(tokenizer):
+    a = lab_tiny_model(len(tokenizer), tokenizer.eos_token_id, seed=0)
+    b = lab_tiny_model(len(tokenizer), tokenizer.eos_token_id, seed=0)
+    c = lab_tiny_model(len(tokenizer), tokenizer.eos_token_id, seed=1)
+    assert torch.equal(a.model.embed_tokens.weight, b.model.embed_tokens.weight)
+    assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)
+    n = sum(p.numel() for p in a.parameters())
+    assert 0.5e6 < n < 1.5e6 and a.config.tie_word_embeddings and a.config.eos_token_id == tokenizer.eos_token_id
+    with pytest.raises(ValueError, match="divisible"):
+        LabTinySizes(hidden_size=130, num_attention_heads=4)
+
+
+def test_the_named_model_is_built_once_into_the_cache(tmp_path):
+    from agents.models import ModelStore
+
+    store = ModelStore(tmp_path)
+    model, tok = store.model(LAB_TINY_MODEL), store.tokenizer(LAB_TINY_MODEL)
+    folder = lab_tiny_dir(tmp_path)
+    assert (folder / "model.safetensors").is_file() and json.loads((folder / "config.json").read_text())["vocab_size"] == len(tok)
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    ModelStore(tmp_path).model(LAB_TINY_MODEL)
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp  # loaded, not rebuilt
+    assert model.config.vocab_size == len(tok)
+
+
+def test_sft_on_a_few_demonstrations_learns_them(tokenizer):
+    """The model, the template and the demonstrations fit together: 40 steps on 8 demonstrations cut the ACT
+    and REHEARSE loss by more than half."""
+    from agents.demonstrations import build_demonstrations
+    from agents.rollout import Role
+    from agents.sft import collate, role_weights, sft_loss
+    from agents.logprobs import token_logprobs
+
+    demos, _ = build_demonstrations(tokenizer, "lab", None, "train", max_tokens=None, limit=8)
+    model = lab_tiny_model(len(tokenizer), tokenizer.eos_token_id, seed=0).train()
+    ids, mask, roles = collate(demos, tokenizer.pad_token_id)
+    weights = {Role.ACT: 1.0, Role.REHEARSE: 1.0}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        loss, stats = sft_loss(token_logprobs(model, ids, mask), roles, weights)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(stats["loss"])
+    assert role_weights(roles, weights).sum() > 0
+    assert losses[-1] < 0.5 * losses[0], losses
