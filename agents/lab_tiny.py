@@ -62,7 +62,7 @@ LAB_TINY_CHAT_TEMPLATE = (
     "{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt %}<|assistant|>{% endif -%}"
 )
-_VERSION = "v2"  # bump when the build changes in a way the folder hash does not see
+_VERSION = "v3"  # bump when the build changes in a way the folder hash does not see
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,8 @@ Implementation details:
    per REHEARSE token on multi_turn_base, far fewer on long_context, whose file contents are long);
    ``role``: ``loss = sum_r w_r * mean_r(-logprobs) / sum_r w_r`` over the roles present in the batch,
    so each role weighs the same whatever its token count.
+   ``--prompt-weight`` > 0 adds the leading prompt (system and first user message, `leading_prompt_mask`) as
+   a third target of that weight: language-model loss on the prompt, for models trained from scratch.
 3. Batches are built by token budget with length bucketing: sequences are sorted by length and cut
    greedily into batches of at most ``batch_tokens`` padded tokens (rows x longest row) and
    ``max_batch_rows`` rows; a sequence longer than the budget is a batch of its own. The batch order is
@@ -133,6 +135,7 @@ class SFTConfig:
     roles: str = _f("act,rehearse", "comma-separated roles that carry loss: act, rehearse")
     act_weight: float = _f(1.0, "loss weight of ACT tokens")
     rehearse_weight: float = _f(1.0, "loss weight of REHEARSE tokens")
+    prompt_weight: float = _f(0.0, "loss weight of the leading prompt's tokens (system and first user message), for models trained from scratch: predicting the prompt itself (an instruction naming items of the layout) is where a small model learns to copy; 0: off")
     loss_normalization: Literal["token", "role"] = _f("token", "'token': weighted mean over target tokens; 'role': weighted mean of per-role means")
 
     # --- Parameters that control the optimisation -----------------------------------------------------
@@ -196,8 +199,8 @@ class SFTConfig:
                 fail(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
             fail(f"malloc_mmap_threshold_kb must be in [0, 32768] (0 keeps glibc's default), got {self.malloc_mmap_threshold_kb}")
-        if self.lr <= 0 or self.act_weight < 0 or self.rehearse_weight < 0 or self.max_grad_norm < 0:
-            fail("lr must be > 0 and act_weight, rehearse_weight, max_grad_norm >= 0")
+        if self.lr <= 0 or min(self.act_weight, self.rehearse_weight, self.prompt_weight, self.max_grad_norm) < 0:
+            fail("lr must be > 0 and act_weight, rehearse_weight, prompt_weight, max_grad_norm >= 0")
         for name in ("calls_per_message", "overflow", "loss_normalization", "lr_schedule"):
             allowed = typing.get_args(_HINTS[name])
             if getattr(self, name) not in allowed:
@@ -319,9 +322,18 @@ def role_weights(role_mask: torch.Tensor, weights: dict[Role, float]) -> torch.T
     return w
 
 
+def leading_prompt_mask(role_mask: torch.Tensor) -> torch.Tensor:
+    """``(N, T) bool``: the run of PROMPT tokens each row starts with (the system and first user message, up to
+    the template's first assistant opener), position 0 excluded (no logit predicts it). A mistaken call that
+    error demonstrations relabel PROMPT comes after a TEMPLATE opener, so it is never in this run."""
+    leading = torch.cumprod((role_mask == int(Role.PROMPT)).long(), dim=1).bool()  # (N, T)
+    leading[:, 0] = False
+    return leading
+
+
 def sft_loss(
     logprobs: torch.Tensor, role_mask: torch.Tensor, weights: dict[Role, float], normalization: Normalization = "token",
-    counts: dict[Role, float] | None = None,
+    counts: dict[Role, float] | None = None, prompt_weight: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Weighted token-level cross-entropy on the target roles (implementation detail 2).
 
@@ -334,6 +346,8 @@ def sft_loss(
         counts: each weighted role's token count in the whole batch when these rows are one data-parallel
             shard of it (summed over the ranks), so the shards' losses and ``loss/<role>`` add up to the
             whole batch's; None: this batch's own counts.
+        prompt_weight: > 0 adds the leading prompt's tokens (`leading_prompt_mask`) as targets of this weight,
+            like a third role (``loss/prompt``, ``tokens/prompt`` in the stats); not with `counts`.
 
     Returns:
         ``(loss, stats)``: a scalar tensor (0 with a graph when there is no target token), and
@@ -350,8 +364,15 @@ def sft_loss(
     for role in weights:
         if not Role(role).trainable:
             raise ValueError(f"only ACT and REHEARSE tokens carry loss, got a weight for {Role(role).name}")
+    if prompt_weight and counts is not None:
+        raise ValueError("prompt_weight is not supported on data-parallel shards (counts given)")
     stats: dict[str, float] = {}
-    means: dict[Role, torch.Tensor] = {}
+    means: dict[Any, torch.Tensor] = {}
+    prompt = leading_prompt_mask(role_mask) if prompt_weight else None  # (N, T)
+    if prompt is not None:
+        n_prompt = float(prompt.sum())
+        stats["tokens/prompt"] = n_prompt
+        stats["loss/prompt"] = float(-(logprobs * prompt).sum().detach() / n_prompt) if n_prompt else 0.0
     for role in weights:
         sel = role_mask == int(role)  # (N, T)
         key = Role(role).name.lower()
@@ -364,10 +385,16 @@ def sft_loss(
             stats[f"loss/{key}"] = 0.0
     if normalization == "token":
         w = role_weights(role_mask, weights)  # (N, T)
+        if prompt is not None:
+            w = w + prompt_weight * prompt.float()
         total = float(w.sum()) if counts is None else sum(float(weights[r]) * float(counts[r]) for r in weights)
         loss = -(w * logprobs).sum() / total if total > 0 else (logprobs * 0.0).sum()
     else:
         present = [r for r in means if weights[r] > 0]
+        if prompt is not None and float(prompt.sum()):
+            means["prompt"] = -(logprobs * prompt).sum() / float(prompt.sum())
+            weights = {**weights, "prompt": prompt_weight}
+            present.append("prompt")
         denom = sum(weights[r] for r in present)
         loss = sum(weights[r] * means[r] for r in present) / denom if present else (logprobs * 0.0).sum()
     stats["loss"] = float(loss.detach())
@@ -498,6 +525,9 @@ class SFTTrainer:
         self.run_dir = Path(config.run_dir)
         models = models or default_store()
         self._lock = None
+        if parallel.distributed and config.prompt_weight:
+            raise ValueError("prompt_weight > 0 runs in one process only (its token count is not summed over "
+                             "ranks); set --prompt-weight 0 or drop the launcher")
         if parallel.is_main:  # rank 0 owns the run folder
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._lock = RunLock(self.run_dir).acquire()
@@ -622,7 +652,8 @@ class SFTTrainer:
         if par.distributed:
             roles = list(self.weights)
             counts = dict(zip(roles, par.sum([int((role_mask == int(r)).sum()) for r in roles])))
-        loss, stats = sft_loss(logprobs, role_mask, self.weights, cfg.loss_normalization, counts=counts)
+        loss, stats = sft_loss(logprobs, role_mask, self.weights, cfg.loss_normalization, counts=counts,
+                               prompt_weight=cfg.prompt_weight)
         if par.distributed:
             keys = sorted(stats)
             stats = dict(zip(keys, par.sum([stats[k] for k in keys])))  # the shards' parts add up
@@ -647,6 +678,8 @@ class SFTTrainer:
         for key, tokens in (("act", act_tokens), ("rehearse", rehearse_tokens)):
             m[f"train/loss/{key}"] = stats.get(f"loss/{key}", 0.0)
             m[f"data/tokens/{key}"] = tokens
+        if "loss/prompt" in stats:
+            m["train/loss/prompt"] = stats["loss/prompt"]
         m.update({
             "data/rows": n, "data/seq_len": t, "data/padding_fraction": 1.0 - real / (n * t),
             "perf/tokens_per_s": real / dt if dt else 0.0, "perf/step_s": dt,

@@ -1,6 +1,7 @@
 """EnvACE-Lab v1 tasks: the warehouse under hidden rules, whose dynamics a model must learn from tool outputs.
 
-The prompt shows the task's state (the shelves and their items, in order) and the instruction, and no rule:
+The prompt shows the task's state (`hidden_layout_text`: each item with its shelf, in shelf order) and the
+instruction, and no rule:
 not the shelves' capacities, not what breaks, not how box labels are formed (`benchmarks.lab.world`, rules
 ``"hidden"``). The rules are fixed across tasks, so they can be learned; the layout varies per task. Every
 family needs a value that only a tool output, or a model that has learned a rule, can give, and a later call
@@ -41,17 +42,24 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from envace_gym.types import Message, Task, ToolCall
 
-from benchmarks.lab.world import DOCKS, HIDDEN_TOOLS, LabBackend, Warehouse, hidden_capacities, layout_text
+from benchmarks.lab.world import DOCKS, HIDDEN_TOOLS, LabBackend, Warehouse, hidden_capacities
 
 if TYPE_CHECKING:
     from benchmarks.lab.tasks import LabConfig
 
-__all__ = ["HIDDEN_CATEGORIES", "INTRO", "Ask", "solve", "test_task", "train_task", "backend_ask", "make_hidden_task"]
+__all__ = ["HIDDEN_CATEGORIES", "Ask", "solve", "test_task", "train_task", "backend_ask", "make_hidden_task",
+           "hidden_layout_text", "shelves_from_prompt"]
 
 HIDDEN_CATEGORIES = ("relocate", "ship", "fill", "make_room", "ship_two", "full_job")
-INTRO = "Warehouse."
-"""The system prompt's first line under the hidden rules: no rule is stated, and nothing a small model must
-read past (the layout follows)."""
+
+
+def hidden_layout_text(shelves: dict[str, list[str]]) -> str:
+    """The system prompt under the hidden rules: the shelves, then each item with its shelf, shelf by shelf in
+    order, e.g. ``Shelves A B C D. apple A, bolt A, cable C.`` No rule is stated. Item first, so "which
+    shelf holds the Y" is the token after Y (a one-step lookup a small model learns), not the header of the
+    group Y sits in."""
+    placed = ", ".join(f"{item} {s}" for s, items in shelves.items() for item in items)
+    return f"Shelves {' '.join(shelves)}. {placed}."
 
 Layout = dict[str, list[str]]
 Ask = Callable[[ToolCall], dict[str, Any]]
@@ -260,7 +268,7 @@ def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -
     texts = _texts(category, slots)
     parts = list(zip(texts, reference))
     turns_parts = [parts[:1], parts[1:]] if config.user_turns == 2 and len(parts) > 1 else [parts]
-    system = Message("system", f"{INTRO}\n{layout_text(state.shelves)}")
+    system = Message("system", hidden_layout_text(state.shelves))
     turns = []
     for t, group in enumerate(turns_parts):
         text = " ".join(p[0] for p in group)
@@ -290,21 +298,20 @@ def train_task(config: LabConfig, category: str, index: int) -> Task:
 
 
 def shelves_from_prompt(task: Task) -> Layout:
-    """The layout as the task's system prompt writes it (inverse of `benchmarks.lab.world.layout_text`): what
-    a solver that reads only the prompt knows of the state.
+    """The layout as the task's system prompt writes it (inverse of `hidden_layout_text`): what a solver that
+    reads only the prompt knows of the state.
 
     Raises:
-        ValueError: the prompt holds no layout line.
+        ValueError: the system prompt is not a hidden-rules layout.
     """
     text = task.turns[0][0].content if task.turns and task.turns[0] else ""
-    line = text.rsplit("\n", 1)[-1]
-    shelves: Layout = {}
-    for part in line.split(". "):
-        part = part.rstrip(".")
-        if not part.startswith("Shelf "):
-            raise ValueError(f"{task.id}: no layout in the system prompt's last line {line!r}")
-        name, _, items = part[len("Shelf "):].partition(": ")
-        shelves[name] = [] if items == "empty" else items.split(", ")
+    header, _, placed = text.partition(". ")
+    if not header.startswith("Shelves ") or not placed.endswith("."):
+        raise ValueError(f"{task.id}: the system prompt {text!r} is not a hidden-rules layout")
+    shelves: Layout = {s: [] for s in header[len("Shelves "):].split(" ")}
     if list(shelves) != list(string.ascii_uppercase[: len(shelves)]):
         raise ValueError(f"{task.id}: shelves {list(shelves)} are not A, B, ... in order")
+    for entry in placed[:-1].split(", ") if placed != "." else []:
+        item, _, shelf = entry.rpartition(" ")
+        shelves[shelf].append(item)
     return shelves

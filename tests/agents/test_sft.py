@@ -204,3 +204,28 @@ def test_config_validation_and_measurement(tmp_path):
     tasks = tests.testing_env.TASKS
     out = act_parse_rate(policy, tasks, max_new_tokens=4)
     assert out["n"] == 3 and 0.0 <= out["parse_rate"] <= 1.0 and len(out["texts"]) == 3
+
+
+def test_prompt_weight_trains_the_leading_prompt_only():
+    """The leading PROMPT run is a target of weight prompt_weight; TEMPLATE, a later PROMPT span (a mistaken
+    call an error demonstration relabels PROMPT) and position 0 are not."""
+    from agents.sft import leading_prompt_mask
+
+    P, A, R, T = int(Role.PROMPT), int(Role.ACT), int(Role.REHEARSE), int(Role.TEMPLATE)
+    roles = torch.tensor([[P, P, P, T, P, P, T, A, R, -1]])  # (1, 10)
+    assert leading_prompt_mask(roles).tolist() == [[False, True, True] + [False] * 7]
+    logprobs = torch.tensor([[0.0, -1.0, -3.0, -9.0, -9.0, -9.0, -9.0, -2.0, -4.0, 0.0]], requires_grad=True)
+    weights = {Role.ACT: 1.0, Role.REHEARSE: 1.0}
+    plain, stats = sft_loss(logprobs, roles, weights)
+    assert stats["loss"] == pytest.approx(3.0) and "loss/prompt" not in stats
+    loss, stats = sft_loss(logprobs, roles, weights, prompt_weight=0.5)
+    assert stats["loss/prompt"] == pytest.approx(2.0) and stats["tokens/prompt"] == 2
+    assert loss.item() == pytest.approx((2 + 4 + 0.5 * (1 + 3)) / (2 + 0.5 * 2))
+    loss.backward()
+    assert logprobs.grad[0, 1] != 0 and logprobs.grad[0, 4] == 0 and logprobs.grad[0, 3] == 0
+    role_loss, stats = sft_loss(logprobs, roles, weights, "role", prompt_weight=1.0)
+    assert role_loss.item() == pytest.approx((2 + 4 + 2) / 3)
+    with pytest.raises(ValueError, match="data-parallel"):
+        sft_loss(logprobs, roles, weights, counts={Role.ACT: 1, Role.REHEARSE: 1}, prompt_weight=1.0)
+    with pytest.raises(ValueError, match="prompt_weight"):
+        SFTConfig(prompt_weight=-1.0)
