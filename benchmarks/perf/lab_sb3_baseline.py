@@ -27,18 +27,7 @@ import torch  # noqa: E402
 
 import envace_gym  # noqa: E402,F401
 
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-"""Two-sided 95% quantiles of Student's t by degrees of freedom (standard tables); 1.96 beyond 10."""
-
-
-def mean_ci95(values: list[float]) -> tuple[float, float | None]:
-    """Mean and the half-width of its 95% Student-t interval; the half-width is None for a single value (one
-    seed gives no interval, and printing 0 would claim certainty)."""
-    n = len(values)
-    mean = float(np.mean(values))
-    if n < 2:
-        return mean, None
-    return mean, T95.get(n - 1, 1.96) * float(np.std(values, ddof=1)) / math.sqrt(n)
+from benchmarks.stats import mean_ci95  # noqa: E402
 
 
 def plus_minus(mean: float, half: float | None, spec: str = ".3f") -> str:

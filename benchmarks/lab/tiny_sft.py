@@ -1,0 +1,126 @@
+"""How well, how fast and how stably does `lab-tiny` learn the hidden-rules lab world by SFT from scratch?
+
+For each initialisation seed: build `lab-tiny` (`agents.lab_tiny.build_lab_tiny`, the sizes given), train it
+by SFT on real executions of the train stream's reference solutions (`agents.sft.SFTTrainer`; both roles,
+optionally the leading prompt and error demonstrations), then score it greedily on the fixed test split on
+the real backend (`agents.evaluate`). Prints per seed the SFT wall seconds, the last losses and test success
+per family, then the mean over seeds with a 95% t-interval (seeds as the unit), and writes ``results.json``.
+
+    python -m benchmarks.lab.tiny_sft --out runs/lab_tiny_sft                      # 5 seeds, the defaults
+    python -m benchmarks.lab.tiny_sft --seeds 0 --steps 2 --rows 4 --limit 1 --categories ship --out /tmp/x  # smoke
+
+A seed whose evaluation is in ``--out`` with the same settings is read back, not rerun; other settings in the
+same folder are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+EVAL_MAX_NEW_TOKENS = 40
+EVAL_MAX_STEPS_PER_TURN = 8
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="runs/lab_tiny_sft")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="initialisation (and batch-order) seeds")
+    ap.add_argument("--steps", type=int, default=150, help="SFT optimizer steps")
+    ap.add_argument("--rows", type=int, default=64, help="sequences per step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup-steps", type=int, default=20)
+    ap.add_argument("--prompt-weight", type=float, default=1.0, help="SFTConfig.prompt_weight")
+    ap.add_argument("--error-demos", type=int, default=0, help="SFTConfig.error_demos")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--intermediate", type=int, default=384)
+    ap.add_argument("--limit", type=int, default=100, help="test tasks per family (100: the whole test split)")
+    ap.add_argument("--categories", nargs="+", default=None, help="families to train and score (none: all six)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if min(args.steps, args.rows, args.limit) < 1:
+        ap.error("--steps, --rows and --limit must be >= 1")
+    return args
+
+
+def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> dict[str, Any]:
+    from agents.evaluate import EvalConfig, evaluate
+    from agents.lab_tiny import LabTinySizes, build_lab_tiny
+    from agents.models import ModelStore
+    from agents.pipeline import latest_model
+    from agents.sft import SFTConfig, SFTTrainer
+
+    done = folder / "report.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    sizes = LabTinySizes(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         intermediate_size=args.intermediate)
+    init = folder / "init"
+    if not (init / "model.safetensors").is_file():
+        model, tokenizer = build_lab_tiny(sizes, seed)
+        model.save_pretrained(init)
+        tokenizer.save_pretrained(init)
+    store = ModelStore()
+    config = SFTConfig(run_dir=str(folder / "sft"), model=str(init), data=["lab"], categories=args.categories, max_steps=args.steps,
+                       batch_tokens=1 << 20, max_batch_rows=args.rows, max_seq_len=512, lr=args.lr,
+                       lr_schedule="constant", warmup_steps=args.warmup_steps, prompt_weight=args.prompt_weight,
+                       error_demos=args.error_demos, gradient_checkpointing=False, save_every=args.steps,
+                       seed=seed, threads=args.threads, malloc_mmap_threshold_kb=0)
+    t0 = time.perf_counter()
+    history = SFTTrainer(config, models=store, log=None).train(progress=False)
+    sft_s = time.perf_counter() - t0
+    train_s = sum(h["perf/step_s"] for h in history)
+    result = evaluate(EvalConfig(model=latest_model(folder / "sft"), suite="lab", categories=args.categories,
+                                 split="test", limit=args.limit,
+                                 max_new_tokens=EVAL_MAX_NEW_TOKENS, max_steps_per_turn=EVAL_MAX_STEPS_PER_TURN,
+                                 temperature=0.0, out=str(folder / "eval"), overwrite=True),
+                      models=store, log=lambda *a, **k: None, progress=False)
+    last = history[-1] if history else {}
+    report = {"seed": seed, "sft_s": sft_s, "train_steps_s": train_s,
+              "act_loss": last.get("train/loss/act"), "rehearse_loss": last.get("train/loss/rehearse"),
+              "success": {r["category"]: r["accuracy"] for r in result.summary},
+              "test_tasks": result.summary[-1]["n_tasks"]}
+    done.write_text(json.dumps(report, indent=1))
+    log(f"[tiny-sft] seed {seed}: SFT {sft_s:.0f} s (steps {train_s:.0f} s), success "
+        + ", ".join(f"{k} {v:.3f}" for k, v in report["success"].items()))
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    out = Path(args.out)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "seeds", "threads")}
+    saved = out / "settings.json"
+    if saved.is_file() and json.loads(saved.read_text()) != settings:
+        raise SystemExit(f"{out} holds a run with other settings ({saved}); use another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(settings, indent=1))
+    reports = [run_seed(args, seed, out / f"seed_{seed}") for seed in args.seeds]
+    families = list(reports[0]["success"])
+    print(f"lab-tiny SFT from scratch: {args.steps} steps x {args.rows} rows, lr {args.lr}, prompt weight "
+          f"{args.prompt_weight}, error demos {args.error_demos}; greedy test success on "
+          f"{reports[0]['test_tasks']} tasks")
+    print(f"{'seed':>6s}{'sft_s':>8s}" + "".join(f"{f:>10s}" for f in families))
+    for r in reports:
+        print(f"{r['seed']:6d}{r['sft_s']:8.0f}" + "".join(f"{r['success'][f]:10.3f}" for f in families))
+    from benchmarks.stats import mean_ci95
+
+    summary = {f: mean_ci95([r["success"][f] for r in reports]) for f in families}
+    print(f"{'mean':>6s}{statistics.fmean(r['sft_s'] for r in reports):8.0f}"
+          + "".join(f"{summary[f][0]:10.3f}" for f in families))
+    print(f"{'+-95%':>6s}{'':8s}" + "".join(f"{summary[f][1]:10.3f}" if summary[f][1] is not None else f"{'n/a':>10s}"
+                                             for f in families))
+    result = {"settings": settings, "seeds": reports,
+              "mean": {f: {"mean": m, "ci95": h} for f, (m, h) in summary.items()}}
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
