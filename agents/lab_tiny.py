@@ -28,6 +28,7 @@ into ``<cache>/models/lab-tiny-<hash>/`` like the other cached models (`agents.m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -62,7 +63,7 @@ LAB_TINY_CHAT_TEMPLATE = (
     "{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt %}<|assistant|>{% endif -%}"
 )
-_VERSION = "v3"  # bump when the build changes in a way the folder hash does not see
+_VERSION = "v4"  # bump when the build changes in a way the folder hash does not see
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,10 @@ def _world_texts(train_tasks: int) -> Iterable[str]:
         task = next(stream)
         yield from (m.content for turn in task.turns for m in turn)
         backend = suite.make_backend(task)
+        shelves = string.ascii_uppercase[: suite.config.num_shelves]
+        looks = [ToolCall("list_shelf", {"shelf": s}) for s in shelves] + [ToolCall("inventory", {})]
+        looks += [ToolCall("count_items", {"shelf": s}) for s in shelves]
+        yield from (backend.execute(c) for c in looks)  # every shelf as it starts (an empty one included)
         for call in (c for turn in suite.ground_truth(task) for c in turn):
             yield format_tool_calls([call], "hermes")
             yield backend.execute(call)
@@ -134,6 +139,7 @@ def _world_texts(train_tasks: int) -> Iterable[str]:
         for box in list(backend.state.boxes):
             yield backend.execute(ToolCall("ship", {"box": box, "dock": "north"}))
             yield backend.execute(ToolCall("ship", {"box": box, "dock": "north"}))  # shipped twice
+        yield from (backend.execute(c) for c in looks)  # and every shelf emptied
 
 
 def lab_vocabulary(train_tasks: int = 50) -> list[str]:
@@ -147,6 +153,11 @@ def lab_vocabulary(train_tasks: int = 50) -> list[str]:
     return _SPECIAL + _ADDED + [p for p in pieces if p not in _SPECIAL and p not in _ADDED]
 
 
+@functools.lru_cache(maxsize=1)
+def _vocabulary_once() -> tuple[str, ...]:
+    return tuple(lab_vocabulary())
+
+
 def build_lab_tokenizer(vocabulary: list[str] | None = None) -> PreTrainedTokenizerFast:
     """The word-level tokenizer over `vocabulary` (None: `lab_vocabulary()`), with `LAB_TINY_CHAT_TEMPLATE`.
 
@@ -158,7 +169,7 @@ def build_lab_tokenizer(vocabulary: list[str] | None = None) -> PreTrainedTokeni
     from tokenizers import decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocabulary = vocabulary if vocabulary is not None else lab_vocabulary()
+    vocabulary = list(vocabulary) if vocabulary is not None else list(_vocabulary_once())
     tok = tokenizers.Tokenizer(models.WordLevel({p: i for i, p in enumerate(vocabulary)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex(LAB_TINY_PATTERN), behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -192,12 +203,14 @@ def lab_tiny_model(vocab_size: int, eos_token_id: int, sizes: LabTinySizes = Lab
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config.eos_token_id = model.generation_config.pad_token_id = eos_token_id
-    model.generation_config.bos_token_id = None
+    generation = model.generation_config
+    generation.eos_token_id = generation.pad_token_id = eos_token_id
+    generation.bos_token_id = None
     return model.eval()
 
 
-def build_lab_tiny(sizes: LabTinySizes = LabTinySizes(), seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+def build_lab_tiny(sizes: LabTinySizes = LabTinySizes(), seed: int = 0
+                   ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """The untrained model and its tokenizer (`build_lab_tokenizer`, `lab_tiny_model`); save both with
     ``save_pretrained`` into one folder to get a model folder any command accepts."""
     tokenizer = build_lab_tokenizer()
@@ -206,13 +219,15 @@ def build_lab_tiny(sizes: LabTinySizes = LabTinySizes(), seed: int = 0) -> tuple
 
 def lab_tiny_dir(cache_root: Path | None = None) -> Path:
     """The `lab-tiny` cache folder, ``<cache_root>/models/lab-tiny-<hash>`` (None: `agents.models.cache_dir()`);
-    the hash covers the template, the pattern, the default sizes, the default `LabConfig` and the version."""
+    the hash covers the template, the pattern, the default sizes, the default `LabConfig`, the vocabulary itself
+    (`lab_vocabulary`, about 3 s: so a change to the world's texts builds a new folder) and the version."""
     from agents.models import cache_dir
     from benchmarks.lab import LabConfig
 
     recipe = json.dumps([_VERSION, LAB_TINY_CHAT_TEMPLATE, LAB_TINY_PATTERN, dataclasses.asdict(LabTinySizes()),
-                         dataclasses.asdict(LabConfig())])
-    return (cache_root or cache_dir()) / "models" / f"{LAB_TINY_MODEL}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
+                         dataclasses.asdict(LabConfig()), _vocabulary_once()])
+    digest = hashlib.sha256(recipe.encode()).hexdigest()[:10]
+    return (cache_root or cache_dir()) / "models" / f"{LAB_TINY_MODEL}-{digest}"
 
 
 def ensure_lab_tiny_model(cache_root: Path | None = None) -> Path:

@@ -22,12 +22,12 @@ Implementation details:
    here reads the process environment: the ``envace`` command line builds the store from ``$ENVACE_CACHE``.
 4. `smollm2-lab` (`ensure_lab_model`) is built once from the converted SmolLM2 into
    ``cache_dir()/models/smollm2-lab-<hash>/`` (`lab_model_dir`): its first `LAB_MODEL_LAYERS` decoder layers and final norm, and the
-   embedding rows of the tokens the EnvACE-Lab world uses (found by tokenising the lab suite's train-split
-   demonstrations with SmolLM2's tokenizer), under `LAB_CHAT_TEMPLATE`. The cut tokenizer keeps SmolLM2's
+   embedding rows of the tokens the EnvACE-Lab world uses (found by tokenising the stated-rules lab suite's (``lab-stated``)
+   train-split demonstrations with SmolLM2's tokenizer), under `LAB_CHAT_TEMPLATE`. The cut tokenizer keeps SmolLM2's
    pre-tokenizer, its single-byte symbols (235: SmolLM2 has no symbol, and no byte fallback, for 21 rare bytes,
    which both tokenizers drop) and every merge among the kept tokens, so it splits text exactly as SmolLM2 does
    wherever SmolLM2's tokens are kept, and into kept pieces (single bytes at worst) elsewhere. The folder name
-   carries a hash of what decides the build (the template, the layer count, the default `LabConfig`), so a
+   carries a hash of what decides the build (the template, the layer count, `LabConfig(rules="stated")`), so a
    change builds a new folder instead of reusing a stale one.
 5. `tiny_random_model` builds a 2-layer Llama- or Qwen3-style model with SmolLM2's vocabulary and
    special token ids, initialised from ``seed`` inside a forked RNG (the global RNG is untouched).
@@ -355,8 +355,8 @@ def lab_model_dir(cache_root: Path | None = None) -> Path:
 def ensure_lab_model(cache_root: Path | None = None) -> Path:
     """Build the `smollm2-lab` folder once (module docstring, detail 4) and return it.
 
-    Converts SmolLM2 first if needed (`ensure_smollm2_converted`). The build renders the lab suite's
-    train-split demonstrations (`agents.demonstrations.build_demonstrations`, default `benchmarks.lab.LabConfig`)
+    Converts SmolLM2 first if needed (`ensure_smollm2_converted`). The build renders the ``lab-stated`` suite's
+    train-split demonstrations (`agents.demonstrations.build_demonstrations`, `LabConfig(rules="stated")`)
     under `LAB_CHAT_TEMPLATE` with SmolLM2's tokenizer, keeps the ids they use plus the special tokens, the
     single-byte symbols and every merge ancestor of a kept token, checks that the cut tokenizer splits the
     text of every demonstration exactly as SmolLM2 does, and saves the sliced weights. About 15 s; deterministic.

@@ -75,6 +75,9 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
         self.suite = make_suite(suite)
         if not hasattr(self.suite, "score"):
             raise ValueError(f"suite {suite!r} is not a lab suite (it has no score(task, calls, reply))")
+        if self.suite.config.rules != "stated":
+            raise ValueError(f"suite {suite!r} has hidden rules; the discrete twin's actions (box-k labels, one "
+                             "capacity) are the stated world's: pass suite='lab-stated'")
         self.tasks: list[Task] = self.suite.tasks(categories, split)
         config = self.suite.config
         self.shelves = list(string.ascii_uppercase[: config.num_shelves])

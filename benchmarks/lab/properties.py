@@ -47,7 +47,8 @@ def _recording(ask: Ask, seen: list[tuple[str, int, dict[str, Any]]]) -> Ask:
 
 def most_frequent_outputs(suite: LabSuite, train_tasks: int) -> dict[tuple[str, str, int, str], Any]:
     """(category, tool, occurrence, field) -> that output field's most frequent value over the first
-    `train_tasks` tasks of the train stream (reference programs on the real backend)."""
+    `train_tasks` tasks of the train stream, all families together (about `train_tasks` / 6 per family;
+    reference programs on the real backend)."""
     counters: dict[tuple[str, str, int, str], collections.Counter] = collections.defaultdict(collections.Counter)
     stream = suite.train_stream()
     for _ in range(train_tasks):
@@ -102,7 +103,8 @@ def measure(config: LabConfig | None = None, train_tasks: int = 2000) -> dict[st
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--train-tasks", type=int, default=2000, help="train-stream tasks for the no-rules table")
+    parser.add_argument("--train-tasks", type=int, default=2000,
+                        help="train-stream tasks (all families together, in turn) for the no-rules table")
     parser.add_argument("--json", default=None, help="also write the table here")
     args = parser.parse_args(argv)
     config = LabConfig()

@@ -68,7 +68,8 @@ class LabConfig:
             (`benchmarks.lab.world.HIDDEN_CAPACITIES`).
         num_items: items in a layout (>= 4; at most what the shelves hold, leaving room for the tasks); the
             hidden rules draw 4 to `num_items` per layout.
-        distractors: also offer ``count_items``, ``inventory`` and ``weigh`` (no task needs them).
+        distractors: stated rules only: also offer ``count_items``, ``inventory`` and ``weigh`` (no task needs
+            them).
         user_turns: 1 (the whole instruction at once) or 2 (multi-part instructions split over two user turns,
             the second after the agent closed the first).
 
@@ -91,6 +92,8 @@ class LabConfig:
     def __post_init__(self) -> None:
         if self.rules not in RULES:
             raise ValueError(f"LabConfig: rules must be one of {RULES}, got {self.rules!r}")
+        if self.rules == "hidden" and self.distractors:
+            raise ValueError("LabConfig: distractors are a stated-rules knob; set rules='stated' or distractors=False")
         if self.test_tasks < 1 or self.train_tasks < 1:
             raise ValueError(f"LabConfig: train_tasks and test_tasks must be >= 1, got {self.train_tasks}, "
                              f"{self.test_tasks}")

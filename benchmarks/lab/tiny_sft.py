@@ -29,7 +29,8 @@ EVAL_MAX_STEPS_PER_TURN = 8
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/lab_tiny_sft")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="initialisation (and batch-order) seeds")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
+                    help="initialisation (and batch-order) seeds")
     ap.add_argument("--steps", type=int, default=150, help="SFT optimizer steps")
     ap.add_argument("--rows", type=int, default=64, help="sequences per step")
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -67,7 +68,8 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
         model.save_pretrained(init)
         tokenizer.save_pretrained(init)
     store = ModelStore()
-    config = SFTConfig(run_dir=str(folder / "sft"), model=str(init), data=["lab"], categories=args.categories, max_steps=args.steps,
+    config = SFTConfig(run_dir=str(folder / "sft"), model=str(init), data=["lab"], categories=args.categories,
+                       max_steps=args.steps,
                        batch_tokens=1 << 20, max_batch_rows=args.rows, max_seq_len=512, lr=args.lr,
                        lr_schedule="constant", warmup_steps=args.warmup_steps, prompt_weight=args.prompt_weight,
                        error_demos=args.error_demos, gradient_checkpointing=False, save_every=args.steps,

@@ -60,7 +60,8 @@ def hidden_capacities(num_shelves: int) -> dict[str, int]:
     """Shelf letter -> capacity under the hidden rules (`HIDDEN_CAPACITIES`, cycling)."""
     import string
 
-    return {s: HIDDEN_CAPACITIES[i % len(HIDDEN_CAPACITIES)] for i, s in enumerate(string.ascii_uppercase[:num_shelves])}
+    letters = string.ascii_uppercase[:num_shelves]
+    return {s: HIDDEN_CAPACITIES[i % len(HIDDEN_CAPACITIES)] for i, s in enumerate(letters)}
 
 
 def _str_param(description: str) -> dict[str, Any]:
@@ -115,7 +116,7 @@ class Warehouse:
 
     Attributes:
         capacity: items a shelf holds at most (>= 1) under the stated rules; under the hidden rules the
-            largest of `capacities`.
+            largest of `hidden_capacities` (shelves hold their own, `capacity_of`).
         shelves: shelf letter -> item names, in the order they were put there.
         boxes: box label -> the item packed into it, in packing order.
         shipped: box label -> dock, in shipping order.

@@ -86,7 +86,7 @@ def run_setting(model: Path, device: str, dtype: str, args: argparse.Namespace, 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     config = TrainConfig(
-        run_dir=str(run_dir), model=str(model), suite="lab", categories=["ship", "relocate"], split="train",
+        run_dir=str(run_dir), model=str(model), suite="lab-stated", categories=["ship", "relocate"], split="train",
         batch_tasks=args.batch_tasks, group_size=args.group_size, num_steps=args.steps if device != "cpu" else args.cpu_steps,
         max_new_tokens=args.max_new_tokens, rehearse_max_new_tokens=args.max_new_tokens, max_steps_per_turn=2,
         min_solvable_fraction=0.0, skip_empty_updates=False, lr=1e-6, device=device, dtype=dtype, tensorboard=False,
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
 
     from envace_gym.suites import register_suite
 
-    register_suite("lab", "benchmarks.lab:LabSuite")  # works without `pip install -e .` (no entry points)
+    register_suite("lab-stated", "benchmarks.lab.suite:stated_suite")  # works without `pip install -e .` (no entry points)
     if not (MODEL_ASSETS / "config.json").is_file():
         print(f"missing {MODEL_ASSETS}; run `python benchmarks/perf/gpu_check.py --prepare` where the venv is", file=sys.stderr)
         return 2

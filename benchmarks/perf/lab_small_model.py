@@ -7,8 +7,8 @@ greedily on the standard lab test split against the real backend (`agents.evalua
 budget of ``configs/recipes/lab.yaml`` (tokens per message, messages per turn). ``--init smollm2-prefix`` starts instead from ``smollm2-lab``'s first ``--layers``
 decoder layers (pretrained weights, the cut vocabulary).
 
-The corpus is the ``lab`` suite's generator with another task seed (``LabConfig(seed=--corpus-seed,
-tasks_per_category=--tasks-per-family)``, registered as suite ``lab-corpus``, split ``all``); the script
+The corpus is the ``lab-stated`` suite's generator with another task seed (``LabConfig(rules="stated",
+seed=--corpus-seed, tasks_per_category=--tasks-per-family)``, registered as suite ``lab-corpus``, split ``all``); the script
 refuses to train when any corpus task's prompt (the warehouse layout together with the instruction) equals a
 test-split task's, so the score is on unseen tasks. An instruction alone may recur under another layout.
 

@@ -107,4 +107,4 @@ def test_no_categories_means_the_suites_default_in_every_command():
     assert families == {"relocate", "ship", "fill", "make_room", "ship_two", "full_job"}
     bfcl = make_suite("bfcl").tasks(TrainConfig().categories, "train")  # BFCL's default is unchanged
     assert bfcl and {t.metadata["category"] for t in bfcl} == {"multi_turn_base"}
-    assert PipelineConfig(suite="lab", categories=["count"]).grpo_config("r", "m").categories == ["count"]
+    assert PipelineConfig(suite="lab", categories=["fill"]).grpo_config("r", "m").categories == ["fill"]

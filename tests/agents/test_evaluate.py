@@ -79,14 +79,14 @@ def test_transcripts_leave_out_the_system_prompt_and_keep_the_rest(tmp_path):
     from agents.evaluate import _transcript_record
 
     policy = ScriptedPolicy(always("done"))
-    config = EvalConfig(model="tiny-random", suite="lab", categories=["ship"], split="test", limit=1, max_new_tokens=6,
+    config = EvalConfig(model="tiny-random", suite="lab-stated", categories=["ship"], split="test", limit=1, max_new_tokens=6,
                         max_steps_per_turn=2, min_solvable_fraction=0.0, out=str(tmp_path / "lab"))
     evaluate(config, policy=policy, log=None)
     (t,) = map(json.loads, open(tmp_path / "lab" / "transcripts.jsonl", encoding="utf-8"))
     assert [m["role"] for m in t["messages"]][:2] == ["user", "assistant"]
     assert t["messages"][1]["content"] == "done" and t["reward"] == 0.0 and t["rehearsals"] == []
     # the same record from a live env: its trajectory does hold the system prompt the record leaves out
-    env = gym.make("EnvACE-Tool-v0", suite="lab", model="tiny-random", categories=["ship"], split="test")
+    env = gym.make("EnvACE-Tool-v0", suite="lab-stated", model="tiny-random", categories=["ship"], split="test")
     env.reset(seed=0, options={"task_id": t["task_id"]})
     env.step("done")
     full = [m.to_dict() for m in env.unwrapped.trajectory.messages]

@@ -27,13 +27,21 @@ def suite():
 
 
 def test_every_test_task_text_round_trips_with_no_unknown_piece(tokenizer, suite):
-    """The vocabulary is made from train-stream texts only, yet covers every test prompt, call and output."""
+    """The vocabulary is made from train-stream texts only, yet covers every test prompt and reference call, and
+    the output of every tool on every shelf and item of the test states, before and after the reference."""
+    from envace_gym.types import ToolCall
+
     renderer = ChatRenderer(tokenizer)
     for task in suite.tasks(None, "test")[::7]:
         backend = suite.make_backend(task)
         texts = [renderer.render(task.turns[0], task.tools, add_generation_prompt=True)]
+        shelves = list(task.metadata["initial_state"]["shelves"])
+        looks = [ToolCall("list_shelf", {"shelf": s}) for s in shelves]
+        looks += [ToolCall("locate", {"item": i}) for i in ITEMS] + [ToolCall("inventory", {})]
+        texts += [backend.execute(c) for c in looks]
         for call in (c for turn in suite.ground_truth(task) for c in turn):
             texts += [format_tool_calls([call], "hermes"), backend.execute(call)]
+        texts += [backend.execute(c) for c in looks]
         for text in texts:
             ids = tokenizer.encode(text, add_special_tokens=False)
             assert tokenizer.unk_token_id not in ids, text
@@ -101,7 +109,8 @@ def test_the_named_model_is_built_once_into_the_cache(tmp_path):
     store = ModelStore(tmp_path)
     model, tok = store.model(LAB_TINY_MODEL), store.tokenizer(LAB_TINY_MODEL)
     folder = lab_tiny_dir(tmp_path)
-    assert (folder / "model.safetensors").is_file() and json.loads((folder / "config.json").read_text())["vocab_size"] == len(tok)
+    assert (folder / "model.safetensors").is_file()
+    assert json.loads((folder / "config.json").read_text())["vocab_size"] == len(tok)
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     ModelStore(tmp_path).model(LAB_TINY_MODEL)
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp  # loaded, not rebuilt
