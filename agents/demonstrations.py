@@ -43,8 +43,9 @@ calls) must be 1.0; otherwise the demonstration is skipped and counted (`DemoSta
 ## Error demonstrations (``build_demonstrations(..., mutations=k)``)
 
 Reference solutions never fail, so a world model trained on them alone never sees an error output and
-cannot foresee a mistake. With ``mutations=k`` each task whose reference demonstration is kept also gives up
-to ``k`` *error demonstrations*: the same reference solution with one mistaken call played right before one
+cannot foresee a mistake. With ``mutations=k`` each task whose reference solution scores 1 also gives up
+to ``k`` *error demonstrations* (each capped by the same length rule as the reference one, which may drop it
+alone): the same reference solution with one mistaken call played right before one
 reference call, in the same `demonstration_env` (the real backend answers it). The suite proposes the
 mistakes (``Suite.mutations(task, calls, rng) -> [(position, ToolCall)]``, `calls` the reference calls
 flattened over the turns; the lab: a move onto a shelf that is full at that point, a ship of a label no
