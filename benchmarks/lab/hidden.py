@@ -38,14 +38,12 @@ import functools
 import json
 import random
 import string
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from envace_gym.types import Message, Task, ToolCall
 
+from benchmarks.lab.tasks import ITEMS, LabConfig, split_turns
 from benchmarks.lab.world import DOCKS, HIDDEN_TOOLS, LabBackend, Warehouse, hidden_capacities
-
-if TYPE_CHECKING:
-    from benchmarks.lab.tasks import LabConfig
 
 __all__ = ["HIDDEN_CATEGORIES", "Ask", "solve", "test_task", "train_task", "backend_ask", "make_hidden_task",
            "hidden_layout_text", "shelves_from_prompt"]
@@ -161,17 +159,11 @@ def _layout(rng: random.Random, config: LabConfig) -> tuple[Layout, str]:
     caps = hidden_capacities(config.num_shelves)
     empty = rng.choice(list(caps))
     room = sum(c for s, c in caps.items() if s != empty)
-    items = rng.sample(_items(), rng.randint(4, min(config.num_items, room - 1)))
+    items = rng.sample(ITEMS, rng.randint(4, min(config.num_items, room - 1)))
     shelves: Layout = {s: [] for s in caps}
     for item in items:
         shelves[rng.choice([s for s in caps if s != empty and len(shelves[s]) < caps[s]])].append(item)
     return shelves, empty
-
-
-def _items() -> tuple[str, ...]:
-    from benchmarks.lab.tasks import ITEMS
-
-    return ITEMS
 
 
 def _draw(rng: random.Random, category: str, config: LabConfig, full: bool, free_target: int
@@ -265,17 +257,8 @@ def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -
     state = Warehouse(capacity=max(hidden_capacities(config.num_shelves).values()),
                       shelves={s: list(items) for s, items in layout.items()}, rules="hidden")
     reference = solve(category, layout, slots, backend_ask(LabBackend(state)))
-    texts = _texts(category, slots)
-    parts = list(zip(texts, reference))
-    turns_parts = [parts[:1], parts[1:]] if config.user_turns == 2 and len(parts) > 1 else [parts]
     system = Message("system", hidden_layout_text(state.shelves))
-    turns = []
-    for t, group in enumerate(turns_parts):
-        text = " ".join(p[0] for p in group)
-        if t > 0 and text.startswith("Then "):
-            text = "Now " + text[5].lower() + text[6:]
-        turns.append(([system] if t == 0 else []) + [Message("user", text)])
-    reference_turns = [[c for p in group for c in p[1]] for group in turns_parts]
+    turns, reference_turns = split_turns(system, list(zip(_texts(category, slots), reference)), config.user_turns)
     return Task(
         id=task_id, suite="lab", turns=turns, tools=list(HIDDEN_TOOLS.values()), verifier="lab.final_state",
         metadata={"category": category, "initial_state": state.to_dict(), "split": split,

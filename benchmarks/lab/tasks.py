@@ -240,6 +240,20 @@ def _generate(rng: random.Random, category: str, config: LabConfig) -> tuple[Lay
     raise ValueError(f"{config}: 200 layouts in a row did not fit {category!r}; change num_items or capacity")
 
 
+def split_turns(system: Message, parts: Parts, user_turns: int) -> tuple[list[list[Message]], list[list[ToolCall]]]:
+    """The user turns (the system message opening the first) and the reference calls per turn, from the
+    instruction's parts: all parts in one turn, or with ``user_turns == 2`` the first part, then the rest (a
+    second turn's leading "Then" becomes "Now")."""
+    groups = [parts[:1], parts[1:]] if user_turns == 2 and len(parts) > 1 else [parts]
+    turns = []
+    for t, group in enumerate(groups):
+        text = " ".join(p[0] for p in group)
+        if t > 0 and text.startswith("Then "):
+            text = "Now " + text[5].lower() + text[6:]
+        turns.append(([system] if t == 0 else []) + [Message("user", text)])
+    return turns, [[c for p in group for c in p[1]] for group in groups]
+
+
 def make_task(config: LabConfig, category: str, index: int, split: str = "train") -> Task:
     """Task ``f"{category}_{index}"`` of `config` (see the module docstring).
 
@@ -260,18 +274,8 @@ def make_task(config: LabConfig, category: str, index: int, split: str = "train"
     rng = random.Random(f"{config.seed}/{category}/{index}")
     shelves, parts, answer, slots = _generate(rng, category, config)
     state = Warehouse(capacity=config.capacity, shelves={s: list(items) for s, items in shelves.items()})
-    if config.user_turns == 2 and len(parts) > 1:
-        turns_parts = [parts[:1], parts[1:]]
-    else:
-        turns_parts = [parts]
     system = Message("system", f"{rules_text(config.capacity)}\n\n{layout_text(state.shelves)}")
-    turns = []
-    for t, group in enumerate(turns_parts):
-        text = " ".join(p[0] for p in group)
-        if t > 0 and text.startswith("Then "):
-            text = "Now " + text[5].lower() + text[6:]
-        turns.append(([system] if t == 0 else []) + [Message("user", text)])
-    reference = [[c for p in group for c in p[1]] for group in turns_parts]
+    turns, reference = split_turns(system, parts, config.user_turns)
     tools = [TOOLS[n] for n in ("locate", "list_shelf", "move", "pack", "ship")]
     if config.distractors:
         tools += list(DISTRACTOR_TOOLS.values())
