@@ -267,7 +267,8 @@ def role_wise_advantages(
             segment) or ``"trajectory"`` (w = 1 per trajectory that has the role).
         scale_by_std: divide by the weighted population std of the (q, ρ) rewards plus ``eps`` (off by
             default, as in the reference runs).
-        eps: added to the std when ``scale_by_std`` (>= 0); a (q, ρ) whose rewards are all equal gets 0.
+        eps: added to the std when ``scale_by_std`` (>= 0); a (q, ρ) whose rewards are all equal, or
+            whose weighted std is 0 (all weight on one trajectory's segments), gets 0.
 
     Returns:
         ``(S,) float32`` advantages. A (q, ρ) with segments from a single trajectory gets 0.

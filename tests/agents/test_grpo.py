@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agents.grpo import (
@@ -240,6 +240,10 @@ def oracle(segments, weighting, scale_by_std=False, eps=1e-6):
             out.append(0.0)
             continue
         a = r - num / den
+        if scale_by_std and var[(g, ro)] == 0:
+            # Zero weighted std (all weight on one reward): nothing to scale, A = 0, not a / eps.
+            out.append(0.0)
+            continue
         out.append(a / (math.sqrt(var[(g, ro)]) + eps) if scale_by_std else a)
     return out
 
@@ -257,6 +261,8 @@ def segment_weights(segments, weighting):
 
 @HYP
 @given(batches(), st.sampled_from(sorted(WEIGHTINGS)), st.booleans())
+# Token weighting that puts all of a (q, ρ)'s weight on one trajectory: weighted std 0, unequal rewards.
+@example([(0.0, 0, ACT, 101, 0), (0.0, 0, ACT, 102, 0), (1.0, 0, ACT, 103, 1)], "token", True)
 def test_matches_plain_python_oracle(segments, weighting, scale_by_std):
     adv = role_wise_advantages(*seg_tensors(segments), weighting=weighting, scale_by_std=scale_by_std)
     expected = torch.tensor(oracle(segments, weighting, scale_by_std), dtype=torch.float32)
