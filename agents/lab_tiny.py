@@ -6,15 +6,22 @@ the instruction into a call is copying one token, not a sequence of byte-level B
 BPE tokenizers and ~250-token prompts never learned that copy here; a word-level probe learned unstated
 rules in minutes). A lab prompt is ~100 tokens.
 
-The tokenizer (`build_lab_tokenizer`) is a `tokenizers` ``WordLevel`` model whose pre-tokenizer splits text
-into runs of letters, single digits, whitespace runs, and punctuation runs (with at most one leading space),
-``LAB_TINY_PATTERN``; its decoder joins pieces with nothing between them (``Fuse``), so ``decode(encode(t))
-== t`` for any text made of known pieces. The vocabulary is every piece of the texts the world can show or
-be answered with (`lab_vocabulary`: the chat template's words, the train stream's prompts, calls, closing
-messages, outputs and the error outputs of common mistakes), plus every item name, letter and digit; a piece
-outside it is ``[UNK]``. Special tokens: one per role (``<|system|>``, ``<|user|>``, ``<|assistant|>``,
-``<|tool|>``), ``<|end|>`` (end of a message: EOS and padding), ``[UNK]``; the fixed parts of a Hermes call
-(`_ADDED`) are added tokens that are not special (they must survive ``skip_special_tokens``).
+The tokenizer (`build_lab_tokenizer`) is a `tokenizers` ``WordLevel`` model whose pre-tokenizer
+(`lab_tiny_pattern`) splits text so that no space is a token of its own where it can be avoided: the world's
+entities (items, docks, single capital letters: what a call copies from the prompt or an output) are pieces
+that never carry a space, so an item is the same token in prose (``Ship the hammer``) and in a call's JSON
+(``"item": "hammer"``); every other word and punctuation run carries the spaces next to it (``Ship ``, ``the ``,
+`` from ``, ``, ``). Digits are single pieces; a space between two entities stays a piece of its own. Why:
+with every space a token, prose is twice as long and the token before an item is a space (a worse cue for
+the previous-token head a copy needs); in a throwaway plain loop on ship demonstrations (lr 2e-3) with the
+space tokens dropped the copy appeared at about step 175, with them not by step 250. Its decoder joins pieces with nothing between
+them (``Fuse``), so ``decode(encode(t)) == t`` for any text made of known pieces. The vocabulary is every
+piece of the texts the world can show or be answered with (`lab_vocabulary`: the chat template's words, the
+train stream's prompts, calls, closing messages, outputs and the error outputs of common mistakes), plus
+every item name, letter and digit; a piece outside it is ``[UNK]``. Special tokens: one per role
+(``<|system|>``, ``<|user|>``, ``<|assistant|>``, ``<|tool|>``), ``<|end|>`` (end of a message: EOS and
+padding), ``[UNK]``; the fixed parts of a Hermes call (`_ADDED`) are added tokens that are not special (they
+must survive ``skip_special_tokens``).
 
 The chat template (`LAB_TINY_CHAT_TEMPLATE`) writes ``<|role|>content<|end|>`` per message and the tools as one
 line of names in the first system message (``Tools: locate list_shelf move pack ship``); it renders
@@ -38,15 +45,34 @@ from typing import TYPE_CHECKING, Any, Iterable
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-__all__ = ["LAB_TINY_MODEL", "LAB_TINY_PATTERN", "LAB_TINY_CHAT_TEMPLATE", "LabTinySizes", "lab_vocabulary",
+__all__ = ["LAB_TINY_MODEL", "lab_tiny_pattern", "LAB_TINY_CHAT_TEMPLATE", "LabTinySizes", "lab_vocabulary",
            "build_lab_tokenizer", "lab_tiny_model", "lab_tiny_dir", "ensure_lab_tiny_model", "build_lab_tiny"]
 
 logger = logging.getLogger(__name__)
 
 LAB_TINY_MODEL = "lab-tiny"
-LAB_TINY_PATTERN = r" ?[^\w\s]+|[A-Za-z_]+|\d|\s+"
-"""The pre-tokenizer's pieces: punctuation runs (one leading space kept), letter runs (underscores included,
-so ``list_shelf`` is one piece), single digits, whitespace runs."""
+
+
+@functools.lru_cache(maxsize=1)
+def lab_tiny_pattern() -> str:
+    """The pre-tokenizer's regular expression (Oniguruma, as `tokenizers` compiles it), first match wins:
+
+    1. an entity (`benchmarks.lab.tasks.ITEMS`, `benchmarks.lab.world.DOCKS`, or one capital letter) not
+       inside a longer word, without spaces;
+    2. one digit;
+    3. any other run of letters and underscores (``list_shelf`` is one piece), with at most one space on
+       each side;
+    4. a run of punctuation, with at most one space on each side;
+    5. a run of whitespace (what is left: a newline, a space between two entities).
+    """
+    from benchmarks.lab.tasks import ITEMS
+    from benchmarks.lab.world import DOCKS
+
+    names = "|".join(sorted({*ITEMS, *DOCKS}, key=lambda n: (-len(n), n)))
+    entity = rf"(?<![A-Za-z_])(?:{names}|[A-Z])(?![A-Za-z_])"
+    return rf"{entity}|\d| ?(?!{entity})[A-Za-z_]+ ?| ?[^\w\s]+ ?|\s+"
+
+
 _SPECIAL = ["[UNK]", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 _ADDED = ['<tool_call>\n{"name": "', '", "arguments": {"', '"}}\n</tool_call>', '": "', '", "', "<tool_call>",
           "</tool_call>"]
@@ -63,7 +89,7 @@ LAB_TINY_CHAT_TEMPLATE = (
     "{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt %}<|assistant|>{% endif -%}"
 )
-_VERSION = "v4"  # bump when the build changes in a way the folder hash does not see
+_VERSION = "v5"  # bump when the build changes in a way the folder hash does not see
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +119,7 @@ class LabTinySizes:
 def _pieces(texts: Iterable[str]) -> set[str]:
     import tokenizers
 
-    split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(LAB_TINY_PATTERN), behavior="isolated")
+    split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(lab_tiny_pattern()), behavior="isolated")
     return {piece for text in texts for piece, _ in split.pre_tokenize_str(text)}
 
 
@@ -117,6 +143,7 @@ def _world_texts(train_tasks: int) -> Iterable[str]:
     for _ in range(train_tasks * len(suite.categories)):
         task = next(stream)
         yield from (m.content for turn in task.turns for m in turn)
+        yield "Tools:" + "".join(f" {tool.name}" for tool in task.tools)  # the chat template's tools line
         backend = suite.make_backend(task)
         shelves = string.ascii_uppercase[: suite.config.num_shelves]
         looks = [ToolCall("list_shelf", {"shelf": s}) for s in shelves] + [ToolCall("inventory", {})]
@@ -148,8 +175,7 @@ def lab_vocabulary(train_tasks: int = 50) -> list[str]:
     Args:
         train_tasks: train-stream tasks per family whose texts are split (no test task is read).
     """
-    template_words = _pieces(["Tools: \n"])
-    pieces = sorted(_pieces(_world_texts(train_tasks)) | template_words)
+    pieces = sorted(_pieces(_world_texts(train_tasks)))
     return _SPECIAL + _ADDED + [p for p in pieces if p not in _SPECIAL and p not in _ADDED]
 
 
@@ -171,7 +197,7 @@ def build_lab_tokenizer(vocabulary: list[str] | None = None) -> PreTrainedTokeni
 
     vocabulary = list(vocabulary) if vocabulary is not None else list(_vocabulary_once())
     tok = tokenizers.Tokenizer(models.WordLevel({p: i for i, p in enumerate(vocabulary)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex(LAB_TINY_PATTERN), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex(lab_tiny_pattern()), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in _SPECIAL])
     tok.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False) for t in _ADDED])
@@ -224,7 +250,7 @@ def lab_tiny_dir(cache_root: Path | None = None) -> Path:
     from agents.models import cache_dir
     from benchmarks.lab import LabConfig
 
-    recipe = json.dumps([_VERSION, LAB_TINY_CHAT_TEMPLATE, LAB_TINY_PATTERN, dataclasses.asdict(LabTinySizes()),
+    recipe = json.dumps([_VERSION, LAB_TINY_CHAT_TEMPLATE, lab_tiny_pattern(), dataclasses.asdict(LabTinySizes()),
                          dataclasses.asdict(LabConfig()), _vocabulary_once()])
     digest = hashlib.sha256(recipe.encode()).hexdigest()[:10]
     return (cache_root or cache_dir()) / "models" / f"{LAB_TINY_MODEL}-{digest}"

@@ -25,7 +25,10 @@ Implementation details:
    greedily into batches of at most ``batch_tokens`` padded tokens (rows x longest row) and
    ``max_batch_rows`` rows; a sequence longer than the budget is a batch of its own. The batch order is
    shuffled per epoch with a generator seeded by (seed, epoch), so step s always sees the same batch and a
-   resumed run continues exactly. ``data/padding_fraction`` is logged per step.
+   resumed run continues exactly. ``data/padding_fraction`` is logged per step. ``--group-by-length false``
+   instead cuts a fresh per-epoch permutation into batches of one fixed row count (Hugging Face's
+   ``group_by_length=False``): more padding, but every batch mixes lengths and so task families, which a
+   model trained from scratch needs (length-sorted batches of one family each pull it back and forth).
 4. AdamW, gradient clipping, and the GRPO trainer's schedule (`agents.trainer.make_lr_scheduler`: linear
    warmup then constant, linear or cosine decay over the total steps).
 5. LoRA (``--lora``, needs ``pip install envace-gym[lora]``): peft adapters on the attention and MLP
@@ -143,6 +146,8 @@ class SFTConfig:
     max_steps: int = _f(0, "optimizer steps to run (0: num_epochs x batches per epoch)")
     batch_tokens: int = _f(8192, "token budget per batch: rows x padded length (length bucketing)")
     max_batch_rows: int = _f(8, "cap on rows per batch")
+    group_by_length: bool = _f(True, "length-bucketed batches (less padding); off: shuffled batches of "
+                                     "min(max_batch_rows, batch_tokens // longest sequence) rows")
     lr: float = _f(2e-5, "AdamW learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_beta1: float = _f(0.9, "AdamW beta1")
@@ -257,8 +262,12 @@ _HINTS = typing.get_type_hints(SFTConfig)
 # ---------------------------------------------------------------------------------------------------------
 
 
-def bucket_batches(lengths: Sequence[int], batch_tokens: int, max_rows: int, seed: int, epoch: int) -> list[list[int]]:
-    """Length-bucketed batches of example indices (implementation detail 3).
+def bucket_batches(lengths: Sequence[int], batch_tokens: int, max_rows: int, seed: int, epoch: int,
+                   group_by_length: bool = True) -> list[list[int]]:
+    """Length-bucketed batches of example indices (implementation detail 3), or with `group_by_length` False
+    a permutation drawn from ``np.random.default_rng([seed, epoch, 1])`` cut into batches of
+    ``min(max_rows, max(1, batch_tokens // max(lengths)))`` rows (the last may be shorter): the same count
+    every epoch, and each batch a mix of lengths.
 
     Args:
         lengths: ``(E,)`` sequence lengths in tokens.
@@ -275,6 +284,10 @@ def bucket_batches(lengths: Sequence[int], batch_tokens: int, max_rows: int, see
     """
     if batch_tokens < 1 or max_rows < 1:
         raise ValueError(f"batch_tokens and max_rows must be >= 1, got {batch_tokens}, {max_rows}")
+    if not group_by_length:
+        rows = min(max_rows, max(1, batch_tokens // max(lengths, default=1)))
+        shuffled = np.random.default_rng([seed, epoch, 1]).permutation(len(lengths)).tolist()
+        return [shuffled[i: i + rows] for i in range(0, len(shuffled), rows)]
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     batches: list[list[int]] = []
     cur: list[int] = []
@@ -557,7 +570,8 @@ class SFTTrainer:
         if targets == 0:
             raise ValueError(f"no {config.roles} token in any of the {len(self.demos)} sequences; nothing to train")
         self.lengths = [len(d.token_ids) for d in self.demos]
-        self.batches_per_epoch = len(bucket_batches(self.lengths, config.batch_tokens, config.max_batch_rows, config.seed, 0))
+        self.batches_per_epoch = len(bucket_batches(self.lengths, config.batch_tokens, config.max_batch_rows, config.seed, 0,
+                                                    config.group_by_length))
         self.total_steps = config.max_steps or config.num_epochs * self.batches_per_epoch
 
         if config.gradient_checkpointing:
@@ -606,7 +620,8 @@ class SFTTrainer:
         """The example indices of optimizer step `step` (0-based): epoch ``step // batches_per_epoch``."""
         epoch, index = divmod(step, self.batches_per_epoch)
         cfg = self.config
-        return bucket_batches(self.lengths, cfg.batch_tokens, cfg.max_batch_rows, cfg.seed, epoch)[index]
+        return bucket_batches(self.lengths, cfg.batch_tokens, cfg.max_batch_rows, cfg.seed, epoch,
+                              cfg.group_by_length)[index]
 
     def train(self, progress: bool = True) -> list[dict[str, Any]]:
         """Run until ``total_steps`` optimizer steps are done; returns this call's metrics (also logged)."""

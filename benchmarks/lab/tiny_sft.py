@@ -3,8 +3,9 @@
 For each initialisation seed: build `lab-tiny` (`agents.lab_tiny.build_lab_tiny`, the sizes given), train it
 by SFT on real executions of the train stream's reference solutions (`agents.sft.SFTTrainer`; both roles,
 optionally the leading prompt and error demonstrations), then score it greedily on the fixed test split on
-the real backend (`agents.evaluate`). Prints per seed the SFT wall seconds, the last losses and test success
-per family, then the mean over seeds with a 95% t-interval (seeds as the unit), and writes ``results.json``.
+the real backend (`agents.evaluate`), and measure which values it copies (`token_kind_accuracy` on test
+demonstrations: items, docks, shelf letters). Prints per seed the SFT wall seconds, test success per family
+and the copy accuracies, then the mean over seeds with a 95% t-interval (seeds as the unit), and writes ``results.json``.
 
     python -m benchmarks.lab.tiny_sft --out runs/lab_tiny_sft                      # 5 seeds, the defaults
     python -m benchmarks.lab.tiny_sft --seeds 0 --steps 2 --rows 4 --limit 1 --categories ship --out /tmp/x  # smoke
@@ -24,6 +25,8 @@ from typing import Any
 
 EVAL_MAX_NEW_TOKENS = 40
 EVAL_MAX_STEPS_PER_TURN = 8
+PROBE_EVERY = 10
+"""`token_kind_accuracy` reads every PROBE_EVERY-th test demonstration (60 of the 600)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=64, help="sequences per step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup-steps", type=int, default=20)
+    ap.add_argument("--group-by-length", action="store_true",
+                    help="length-bucketed batches (SFTConfig.group_by_length; default here: shuffled batches that "
+                         "mix families)")
     ap.add_argument("--prompt-weight", type=float, default=1.0, help="SFTConfig.prompt_weight")
     ap.add_argument("--error-demos", type=int, default=0, help="SFTConfig.error_demos")
     ap.add_argument("--hidden", type=int, default=128)
@@ -48,6 +54,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if min(args.steps, args.rows, args.limit) < 1:
         ap.error("--steps, --rows and --limit must be >= 1")
     return args
+
+
+def token_kind_accuracy(model: Any, tokenizer: Any, demos: list[Any]) -> dict[str, dict[str, float]]:
+    """Teacher-forced next-token accuracy (greedy argmax equals the demonstration's token) of `model` on `demos`,
+    by role (``act``, ``rehearse``) and by the kind of the target token: ``item`` (`benchmarks.lab.tasks.ITEMS`),
+    ``dock`` (`benchmarks.lab.world.DOCKS`), ``letter`` (one capital letter: a shelf), ``other``. Items, docks
+    and letters are what a call or an output copies from earlier in the sequence (or looks up through a learned
+    rule), so this shows which copies the model has learned: chance for an item is 1/24.
+
+    Returns:
+        ``{role: {kind: accuracy}}``, kinds without a target token left out.
+    """
+    import string
+
+    import torch
+
+    from benchmarks.lab.tasks import ITEMS
+    from benchmarks.lab.world import DOCKS
+    from envace_gym.types import Role
+
+    kinds = {tokenizer.convert_tokens_to_ids(t): k for k, names in
+             (("item", ITEMS), ("dock", DOCKS), ("letter", string.ascii_uppercase)) for t in names}
+    roles = {int(Role.ACT): "act", int(Role.REHEARSE): "rehearse"}
+    hits: dict[tuple[str, str], list[int]] = {}
+    model.eval()
+    with torch.no_grad():
+        for demo in demos:
+            ids = torch.tensor([demo.token_ids])  # (1, T)
+            predicted = model(input_ids=ids).logits[0, :-1].argmax(-1).tolist()  # (T-1,)
+            for t, (target, role) in enumerate(zip(demo.token_ids[1:], demo.role_mask[1:])):
+                if role in roles:
+                    tally = hits.setdefault((roles[role], kinds.get(target, "other")), [0, 0])
+                    tally[0] += predicted[t] == target
+                    tally[1] += 1
+    out: dict[str, dict[str, float]] = {}
+    for (role, kind), (right, n) in sorted(hits.items()):
+        out.setdefault(role, {})[kind] = right / n
+    return out
 
 
 def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> dict[str, Any]:
@@ -70,7 +114,7 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
     store = ModelStore()
     config = SFTConfig(run_dir=str(folder / "sft"), model=str(init), data=["lab"], categories=args.categories,
                        max_steps=args.steps,
-                       batch_tokens=1 << 20, max_batch_rows=args.rows, max_seq_len=512, lr=args.lr,
+                       batch_tokens=1 << 20, max_batch_rows=args.rows, group_by_length=args.group_by_length, max_seq_len=512, lr=args.lr,
                        lr_schedule="constant", warmup_steps=args.warmup_steps, prompt_weight=args.prompt_weight,
                        error_demos=args.error_demos, gradient_checkpointing=False, save_every=args.steps,
                        seed=seed, threads=args.threads, malloc_mmap_threshold_kb=0)
@@ -84,13 +128,23 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
                                  temperature=0.0, out=str(folder / "eval"), overwrite=True),
                       models=store, log=lambda *a, **k: None, progress=False)
     last = history[-1] if history else {}
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agents.demonstrations import build_demonstrations
+
+    trained = latest_model(folder / "sft")
+    tokenizer = AutoTokenizer.from_pretrained(trained)
+    probe, _ = build_demonstrations(tokenizer, "lab", args.categories, "test", max_tokens=None)
+    copies = token_kind_accuracy(AutoModelForCausalLM.from_pretrained(trained), tokenizer, probe[::PROBE_EVERY])
     report = {"seed": seed, "sft_s": sft_s, "train_steps_s": train_s,
               "act_loss": last.get("train/loss/act"), "rehearse_loss": last.get("train/loss/rehearse"),
-              "success": {r["category"]: r["accuracy"] for r in result.summary},
+              "success": {r["category"]: r["accuracy"] for r in result.summary}, "teacher_forced": copies,
               "test_tasks": result.summary[-1]["n_tasks"]}
     done.write_text(json.dumps(report, indent=1))
     log(f"[tiny-sft] seed {seed}: SFT {sft_s:.0f} s (steps {train_s:.0f} s), success "
         + ", ".join(f"{k} {v:.3f}" for k, v in report["success"].items()))
+    log("[tiny-sft] teacher-forced accuracy by target kind: " + "; ".join(
+        f"{role} " + ", ".join(f"{k} {v:.2f}" for k, v in kinds.items()) for role, kinds in copies.items()))
     return report
 
 

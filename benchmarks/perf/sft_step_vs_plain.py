@@ -1,6 +1,6 @@
 """One SFT optimizer step of our trainer against a plain PyTorch loop doing the same work, side by side.
 
-At ``lab-tiny``'s size (0.9M parameters, a 184-token vocabulary) per-op overhead, not FLOPs, bounds a
+At ``lab-tiny``'s size (0.9M parameters, a vocabulary of about 200 tokens) per-op overhead, not FLOPs, bounds a
 step, so what our trainer adds around the model matters. Both sides train a copy of the same model on the
 same batches (the trainer's own length-bucketed batches of hidden-rules lab demonstrations):
 

@@ -57,6 +57,24 @@ def test_an_item_is_one_token_wherever_it_appears(tokenizer):
         assert item_id in prose and item_id in call
 
 
+def test_a_space_is_a_token_only_between_two_entities(tokenizer, suite):
+    """Spaces ride on the words and punctuation next to them, so prose is not twice as long and the token before
+    an item is a word; a bare space piece appears only where two entities meet (``apple A``)."""
+    import string
+
+    from benchmarks.lab.world import DOCKS
+
+    entities = {*ITEMS, *DOCKS, *string.ascii_uppercase}
+    renderer = ChatRenderer(tokenizer)
+    for task in suite.tasks(None, "test")[::50]:
+        text = renderer.render(task.turns[0], task.tools, add_generation_prompt=True)
+        pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode(text, add_special_tokens=False))
+        assert any(p.startswith(" ") or p.endswith(" ") for p in pieces)  # spaces are carried by words
+        for before, piece, after in zip(pieces, pieces[1:], pieces[2:]):
+            if piece == " ":
+                assert before in entities and after in entities, (before, after, text)
+
+
 def test_tool_call_tags_survive_skipping_special_tokens_and_parse(tokenizer):
     from envace_gym.types import ToolCall
 

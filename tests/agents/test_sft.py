@@ -78,6 +78,18 @@ def test_bucket_batches_partition_budget_and_padding():
     assert pad < 0.1  # sorted buckets of similar lengths; random batches of 8 pad about 50-60%
 
 
+def test_shuffled_batches_have_one_row_count_and_mix_lengths_anew_each_epoch():
+    lengths = [10] * 50 + [400] * 50  # two "families" of very different lengths
+    batches = bucket_batches(lengths, batch_tokens=4000, max_rows=16, seed=1, epoch=0, group_by_length=False)
+    assert sorted(i for b in batches for i in b) == list(range(100))
+    assert [len(b) for b in batches] == [10] * 10  # min(16, 4000 // 400) rows, every epoch the same count
+    assert sum(1 for b in batches if {lengths[i] for i in b} == {10, 400}) >= 8
+    again = bucket_batches(lengths, 4000, 16, seed=1, epoch=0, group_by_length=False)
+    assert again == batches and bucket_batches(lengths, 4000, 16, seed=1, epoch=1, group_by_length=False) != batches
+    bucketed = bucket_batches(lengths, 4000, 16, seed=1, epoch=0)
+    assert sum(1 for b in bucketed if len({lengths[i] for i in b}) > 1) <= 1  # only where the sorted order turns
+
+
 def test_few_sft_steps_raise_act_and_rehearse_logprobs(tmp_path, demo):
     trainer = SFTTrainer(_cfg(tmp_path, max_steps=6, save_every=100), demos=[demo])
     before = demo_logprobs(trainer.model, [demo], trainer.pad_id)

@@ -18,6 +18,8 @@ def test_smoke_run_reports_each_seed_and_reads_finished_seeds_back(tmp_path, cap
     result = tiny_sft.main(SMOKE + ["--seeds", "0", "1", "--out", str(out)])
     assert [r["seed"] for r in result["seeds"]] == [0, 1]
     assert all(0.0 <= r["success"]["ship"] <= 1.0 and r["test_tasks"] == 1 for r in result["seeds"])
+    kinds = result["seeds"][0]["teacher_forced"]
+    assert set(kinds) == {"act", "rehearse"} and {"item", "dock", "letter", "other"} <= set(kinds["act"])
     assert (out / "seed_1" / "eval" / "episodes.jsonl").is_file()
     assert json.loads((out / "results.json").read_text())["mean"]["overall"]["ci95"] is not None
     assert "lab-tiny SFT from scratch" in capsys.readouterr().out
@@ -26,6 +28,38 @@ def test_smoke_run_reports_each_seed_and_reads_finished_seeds_back(tmp_path, cap
     assert (out / "seed_0" / "report.json").stat().st_mtime_ns == stamp  # read back, not retrained
     with pytest.raises(SystemExit, match="other settings"):
         tiny_sft.main(SMOKE[:-2] + ["--warmup-steps", "2", "--seeds", "0", "--out", str(out)])
+
+
+def test_token_kind_accuracy_is_one_for_a_model_that_predicts_the_demonstration(tmp_path):
+    """A stand-in model whose logits put the demonstration's own next token first scores 1 on every kind; one
+    that always predicts the end token scores 0 on items."""
+    import torch
+
+    from agents.demonstrations import build_demonstrations
+    from agents.lab_tiny import build_lab_tokenizer
+
+    tokenizer = build_lab_tokenizer()
+    demos, _ = build_demonstrations(tokenizer, "lab", ["ship"], "test", limit=3, max_tokens=None)
+    vocab = len(tokenizer)
+
+    class Oracle(torch.nn.Module):
+        def __init__(self, next_of):
+            super().__init__()
+            self.next_of = next_of
+
+        def forward(self, input_ids):
+            ids = input_ids[0].tolist()
+            logits = torch.zeros(1, len(ids), vocab)
+            for t in range(len(ids)):
+                logits[0, t, self.next_of(ids, t)] = 1.0
+            return type("Out", (), {"logits": logits})()
+
+    by_sequence = {tuple(d.token_ids): d.token_ids for d in demos}
+    perfect = tiny_sft.token_kind_accuracy(
+        Oracle(lambda ids, t: by_sequence[tuple(ids)][min(t + 1, len(ids) - 1)]), tokenizer, demos)
+    assert all(v == 1.0 for kinds in perfect.values() for v in kinds.values()) and "item" in perfect["act"]
+    eos = tiny_sft.token_kind_accuracy(Oracle(lambda ids, t: tokenizer.eos_token_id), tokenizer, demos)
+    assert eos["act"]["item"] == 0.0 and eos["rehearse"]["dock"] == 0.0
 
 
 def test_mean_ci95_matches_the_t_table():
