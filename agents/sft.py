@@ -147,7 +147,7 @@ class SFTConfig:
     batch_tokens: int = _f(8192, "token budget per batch: rows x padded length (length bucketing)")
     max_batch_rows: int = _f(8, "cap on rows per batch")
     group_by_length: bool = _f(True, "length-bucketed batches (less padding); off: shuffled batches of "
-                                     "min(max_batch_rows, batch_tokens // longest sequence) rows")
+                                     "min(max_batch_rows, max(1, batch_tokens // longest sequence)) rows")
     lr: float = _f(2e-5, "AdamW learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_beta1: float = _f(0.9, "AdamW beta1")
@@ -273,11 +273,14 @@ def bucket_batches(lengths: Sequence[int], batch_tokens: int, max_rows: int, see
         lengths: ``(E,)`` sequence lengths in tokens.
         batch_tokens: budget of padded tokens per batch (rows x the batch's longest length).
         max_rows: cap on rows per batch.
-        seed, epoch: the batch order is a permutation drawn from ``np.random.default_rng([seed, epoch])``.
+        seed, epoch: bucketed, the batch order is a permutation drawn from ``np.random.default_rng([seed,
+            epoch])``; shuffled, the examples' order is (above).
+        group_by_length: True: length buckets; False: shuffled batches of one row count.
 
     Returns:
-        The batches: lists of indices into `lengths`, each sorted by length; every index appears once.
-        The partition itself does not depend on (seed, epoch), only the order of the batches does.
+        The batches: lists of indices into `lengths`; every index appears once. Bucketed, each batch is sorted
+        by length and the partition does not depend on (seed, epoch), only the order of the batches does;
+        shuffled, both do.
 
     Raises:
         ValueError: ``batch_tokens < 1`` or ``max_rows < 1``.

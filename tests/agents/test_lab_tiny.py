@@ -64,15 +64,20 @@ def test_a_space_is_a_token_only_between_two_entities(tokenizer, suite):
 
     from benchmarks.lab.world import DOCKS
 
-    entities = {*ITEMS, *DOCKS, *string.ascii_uppercase}
+    entities = {*ITEMS, *DOCKS, *string.ascii_uppercase, *string.digits}
     renderer = ChatRenderer(tokenizer)
     for task in suite.tasks(None, "test")[::50]:
-        text = renderer.render(task.turns[0], task.tools, add_generation_prompt=True)
-        pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode(text, add_special_tokens=False))
-        assert any(p.startswith(" ") or p.endswith(" ") for p in pieces)  # spaces are carried by words
-        for before, piece, after in zip(pieces, pieces[1:], pieces[2:]):
-            if piece == " ":
-                assert before in entities and after in entities, (before, after, text)
+        backend = suite.make_backend(task)
+        texts = [renderer.render(task.turns[0], task.tools, add_generation_prompt=True)]
+        for call in (c for turn in suite.ground_truth(task) for c in turn):
+            texts += [format_tool_calls([call], "hermes"), backend.execute(call)]
+        for text in texts:
+            pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode(text, add_special_tokens=False))
+            for before, piece, after in zip(pieces, pieces[1:], pieces[2:]):
+                if piece == " ":
+                    assert before in entities and after in entities, (before, after, text)
+        words = tokenizer.convert_ids_to_tokens(tokenizer.encode(texts[0], add_special_tokens=False))
+        assert {"Ship ", "Move "} & set(words) and "the " in words  # an instruction's words carry their spaces
 
 
 def test_tool_call_tags_survive_skipping_special_tokens_and_parse(tokenizer):

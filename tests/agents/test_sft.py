@@ -90,6 +90,18 @@ def test_shuffled_batches_have_one_row_count_and_mix_lengths_anew_each_epoch():
     assert sum(1 for b in bucketed if len({lengths[i] for i in b}) > 1) <= 1  # only where the sorted order turns
 
 
+def test_the_trainer_draws_shuffled_batches_when_asked(tmp_path, demo):
+    demos = [demo] * 10
+    lengths = [len(d.token_ids) for d in demos]
+    trainer = SFTTrainer(_cfg(tmp_path, group_by_length=False, max_batch_rows=4, batch_tokens=1 << 20), demos=demos)
+    assert trainer.batches_per_epoch == 3  # ceil(10 / 4)
+    for step in (0, 4):  # epochs 0 and 1
+        expected = bucket_batches(lengths, 1 << 20, 4, seed=trainer.config.seed, epoch=step // 3, group_by_length=False)
+        assert trainer.batch_for_step(step) == expected[step % 3]
+    buckets = ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9])  # what length bucketing cuts equal lengths into
+    assert any(trainer.batch_for_step(s) not in buckets for s in range(6))
+
+
 def test_few_sft_steps_raise_act_and_rehearse_logprobs(tmp_path, demo):
     trainer = SFTTrainer(_cfg(tmp_path, max_steps=6, save_every=100), demos=[demo])
     before = demo_logprobs(trainer.model, [demo], trainer.pad_id)
