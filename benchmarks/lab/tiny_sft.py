@@ -37,6 +37,8 @@ PROBE_EVERY = 10
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from agents.config import _bool
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/lab_tiny_sft")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
@@ -45,9 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=16, help="sequences per step")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup-steps", type=int, default=20)
-    ap.add_argument("--group-by-length", action="store_true",
-                    help="length-bucketed batches (SFTConfig.group_by_length; default here: shuffled batches that "
-                         "mix families)")
+    ap.add_argument("--group-by-length", nargs="?", const=True, default=False, type=_bool, metavar="BOOL",
+                    help="length-bucketed batches, as envace sft's --group-by-length (default here: false, shuffled "
+                         "batches that mix families)")
     ap.add_argument("--prompt-weight", type=float, default=0.0, help="SFTConfig.prompt_weight")
     ap.add_argument("--error-demos", type=int, default=0, help="SFTConfig.error_demos")
     ap.add_argument("--hidden", type=int, default=128)
