@@ -105,11 +105,13 @@ def token_kind_accuracy(model: Any, tokenizer: Any, demos: list[Any]) -> dict[st
 
 
 def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> dict[str, Any]:
+    from agents.demonstrations import build_demonstrations
     from agents.evaluate import EvalConfig, evaluate
     from agents.lab_tiny import LabTinySizes, build_lab_tiny
     from agents.models import ModelStore
     from agents.pipeline import latest_model
     from agents.sft import SFTConfig, SFTTrainer
+    from benchmarks.lab.hidden import HIDDEN_CATEGORIES
 
     done = folder / "report.json"
     if done.is_file():
@@ -124,7 +126,8 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
     store = ModelStore()
     config = SFTConfig(run_dir=str(folder / "sft"), model=str(init), data=["lab"], categories=args.categories,
                        max_steps=args.steps,
-                       batch_tokens=1 << 20, max_batch_rows=args.rows, group_by_length=args.group_by_length, max_seq_len=512, lr=args.lr,
+                       batch_tokens=1 << 20, max_batch_rows=args.rows, group_by_length=args.group_by_length,
+                       max_seq_len=512, lr=args.lr,
                        lr_schedule="constant", warmup_steps=args.warmup_steps, prompt_weight=args.prompt_weight,
                        error_demos=args.error_demos, gradient_checkpointing=False, save_every=args.steps,
                        seed=seed, threads=args.threads, malloc_mmap_threshold_kb=0)
@@ -132,23 +135,17 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
     history = SFTTrainer(config, models=store, log=None).train(progress=False)
     sft_s = time.perf_counter() - t0
     train_s = sum(h["perf/step_s"] for h in history)
-    result = evaluate(EvalConfig(model=latest_model(folder / "sft"), suite="lab", categories=args.categories,
+    trained = latest_model(folder / "sft")
+    result = evaluate(EvalConfig(model=trained, suite="lab", categories=args.categories,
                                  split="test", limit=args.limit,
                                  max_new_tokens=EVAL_MAX_NEW_TOKENS, max_steps_per_turn=EVAL_MAX_STEPS_PER_TURN,
                                  temperature=0.0, out=str(folder / "eval"), overwrite=True),
                       models=store, log=lambda *a, **k: None, progress=False)
     last = history[-1] if history else {}
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agents.demonstrations import build_demonstrations
-
-    trained = latest_model(folder / "sft")
-    tokenizer = AutoTokenizer.from_pretrained(trained)
-    from benchmarks.lab.hidden import HIDDEN_CATEGORIES
-
+    tokenizer = store.tokenizer(trained)
     probed = [f"{c}_test{i}" for c in args.categories or HIDDEN_CATEGORIES for i in range(0, args.limit, PROBE_EVERY)]
     probe, _ = build_demonstrations(tokenizer, "lab", args.categories, "test", task_ids=probed, max_tokens=None)
-    copies = token_kind_accuracy(AutoModelForCausalLM.from_pretrained(trained), tokenizer, probe)
+    copies = token_kind_accuracy(store.model(trained), tokenizer, probe)
     report = {"seed": seed, "sft_s": sft_s, "train_steps_s": train_s,
               "act_loss": last.get("train/loss/act"), "rehearse_loss": last.get("train/loss/rehearse"),
               "success": {r["category"]: r["accuracy"] for r in result.summary}, "teacher_forced": copies,
