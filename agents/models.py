@@ -87,7 +87,7 @@ TINY_MODEL = "tiny-random"
 LAB_MODEL = "smollm2-lab"
 """SmolLM2-135M-Instruct with its vocabulary cut to the lab world's ~630 tokens (`ensure_lab_model`)."""
 LAB_TINY_MODEL = "lab-tiny"
-"""A 0.9M-parameter Llama with a word-level lab tokenizer, untrained (seed 0), for the hidden-rules lab world
+"""A 0.9M-parameter Llama with a word- and phrase-level lab tokenizer, untrained (seed 0), for the hidden-rules lab world
 (`agents.lab_tiny`)."""
 KNOWN_MODELS = (DEFAULT_MODEL, TINY_MODEL, LAB_MODEL, LAB_TINY_MODEL)
 """Names `ModelStore.model` resolves besides local folders (no hub downloads happen at run time)."""

@@ -1,4 +1,4 @@
-"""`lab-tiny` (`agents.lab_tiny`): the word-level tokenizer made from the lab world, the chat template, the
+"""`lab-tiny` (`agents.lab_tiny`): the phrase-level tokenizer made from the lab world, the chat template, the
 Llama built from a config, its cache folder, and that it learns from the world's demonstrations."""
 
 from __future__ import annotations
@@ -77,7 +77,22 @@ def test_a_space_is_a_token_only_between_two_entities(tokenizer, suite):
                 if piece == " ":
                     assert before in entities and after in entities, (before, after, text)
         words = tokenizer.convert_ids_to_tokens(tokenizer.encode(texts[0], add_special_tokens=False))
-        assert {"Ship ", "Move "} & set(words) and "the " in words  # an instruction's words carry their spaces
+        assert {"Ship the ", "Move the "} & set(words)  # the text between two entities is one phrase
+
+
+def test_the_token_before_an_item_names_its_part_in_the_instruction(tokenizer):
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode(
+        "Move the lamp to the shelf where the drill is. If that shelf is full, put the lamp on shelf B.",
+        add_special_tokens=False))
+    assert pieces == ["Move the ", "lamp", " to the shelf where the ", "drill", " is. If that shelf is full, put the ",
+                      "lamp", " on shelf ", "B", "."]
+
+
+def test_text_no_phrase_covers_falls_back_to_known_words(tokenizer):
+    text = "Move the shelf where the lamp is, then ship the jar."  # the world's words in an order it never writes
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.unk_token_id not in ids and tokenizer.decode(ids) == text
+    assert "then " in tokenizer.convert_ids_to_tokens(ids)
 
 
 def test_tool_call_tags_survive_skipping_special_tokens_and_parse(tokenizer):
@@ -162,3 +177,33 @@ def test_sft_on_a_few_demonstrations_learns_them(tokenizer):
         losses.append(stats["loss"])
     assert role_weights(roles, weights).sum() > 0
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_a_value_follows_the_same_key_token_in_a_call_and_in_its_output(tokenizer, suite):
+    """An output repeats a call's value after the same token (``item": "``), so one token of context finds it."""
+    from envace_gym.types import ToolCall
+
+    task = suite.tasks(["ship"], "test")[0]
+    backend = suite.make_backend(task)
+    item = task.metadata["initial_state"]["shelves"]
+    item = next(i for shelf in item.values() for i in shelf)
+    call = format_tool_calls([ToolCall("pack", {"item": item})], "hermes")
+    pieces = [tokenizer.convert_ids_to_tokens(tokenizer.encode(t, add_special_tokens=False))
+              for t in (call, backend.execute(ToolCall("pack", {"item": item})))]
+    for seq in pieces:
+        assert seq[seq.index(item) - 1] == 'item": "', seq
+
+
+def test_mimetic_init_starts_every_attention_layer_as_a_copy(tokenizer):
+    from agents.lab_tiny import MIMETIC_QK, MIMETIC_VO
+
+    model = lab_tiny_model(len(tokenizer), tokenizer.eos_token_id, seed=3)
+    eye = torch.eye(model.config.hidden_size)
+    for layer in model.model.layers:
+        a = layer.self_attn
+        torch.testing.assert_close(a.o_proj.weight @ a.v_proj.weight, MIMETIC_VO * eye, atol=1e-5, rtol=0)
+        torch.testing.assert_close(a.q_proj.weight.T @ a.k_proj.weight, MIMETIC_QK * eye, atol=1e-5, rtol=0)
+    plain = lab_tiny_model(len(tokenizer), tokenizer.eos_token_id, LabTinySizes(mimetic_init=False), seed=3)
+    a = plain.model.layers[0].self_attn
+    assert not torch.allclose(a.o_proj.weight @ a.v_proj.weight, MIMETIC_VO * eye, atol=0.1)
+    torch.testing.assert_close(plain.model.embed_tokens.weight, model.model.embed_tokens.weight)  # same draw otherwise
