@@ -181,7 +181,7 @@ class TrainConfig:
     # --- Parameters that control the rollouts ---------------------------------------------------------
     batch_tasks: int = _f(2, "B: instructions per step")
     group_size: int = _f(4, "K: trajectories sampled per instruction (the GRPO group); K = 1 makes every advantage 0")
-    rollout: Literal["rehearse", "real"] = _f("rehearse", "'rehearse': the policy simulates the tools (EnvACE); 'real': real backends (ablation)")
+    rollout: Literal["rehearse", "real", "null"] = _f("rehearse", "'rehearse': the policy simulates the tools (EnvACE); 'real': real backends (ablation); 'null': every call answered with the same uninformative text (the null-rehearser control)")
     prompt_mode: Literal["inline", "separate"] = _f("inline", "rehearsal prompt: 'inline' continues the trajectory; 'separate' uses a simulator prompt and its own row")
     max_new_tokens: int = _f(128, "cap on tokens per ACT message (the longest BFCL multi_turn_base ground-truth call is 114 SmolLM2 tokens in Hermes format)")
     rehearse_max_new_tokens: int = _f(64, "cap on tokens per rehearsed tool response")
@@ -287,8 +287,9 @@ class TrainConfig:
         if self.importance_sampling_cap < 0 or 0 < self.importance_sampling_cap < 1:
             fail(f"importance_sampling_cap must be 0 (off) or >= 1 (a cap below 1 would shrink on-policy tokens), "
                  f"got {self.importance_sampling_cap}")
-        if self.policy == "per_role" and self.rollout == "real":
-            fail("policy=per_role trains a separate REHEARSE model, but rollout=real never rehearses; use policy=shared")
+        if self.policy == "per_role" and self.rollout != "rehearse":
+            fail(f"policy=per_role trains a separate REHEARSE model, but rollout={self.rollout} never rehearses; "
+                 f"use policy=shared")
         if not 0 <= self.min_solvable_fraction <= 1:
             fail(f"min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
         if self.split not in ("train", "test", "all"):

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol, Sequence, get_args
 
 import numpy as np
 import torch
 
 from agents.grpo import AdvantageEstimator, Weighting, advantage_estimator, segment_advantages_to_tokens
-from envace_gym.responders import RealBackend, Rehearsal
+from envace_gym.responders import ConstantResponse, RealBackend, Rehearsal
 from envace_gym.types import Role, Trajectory, TurnInfo
 
 __all__ = [
@@ -44,7 +44,7 @@ PAD_ROLE = -1
 
 RowKind = Literal["trajectory", "rehearsal"]
 PromptMode = Literal["inline", "separate"]
-RolloutMode = Literal["rehearse", "real"]
+RolloutMode = Literal["rehearse", "real", "null"]
 
 _TRAINABLE = (Role.ACT, Role.REHEARSE)
 
@@ -102,7 +102,7 @@ class RolloutStats:
         cut_generations: generated messages per trajectory that reached their ``max_new_tokens``.
         budget_hit: per trajectory, whether it was truncated or had a cut generation.
         mean_tokens: mean token-sequence length.
-        rollout: ``"rehearse"`` or ``"real"``.
+        rollout: ``"rehearse"``, ``"real"`` or ``"null"``.
         real_tool_calls: calls answered by a real backend while the rollouts were played (every parsed ACT
             call for ``rollout="real"``; 0 for ``"rehearse"``, where the REHEARSE role answers them).
         verifier_replay_calls: the parsed ACT calls of every terminated trajectory (a truncated one is not
@@ -237,7 +237,9 @@ def collect_rollouts(
         rollout: ``"rehearse"`` (EnvACE: tool calls answered by the policy's REHEARSE role) or ``"real"``
             (the real-environment ablation: each env gets the responder ``RealBackend()``, its suite's backend
             before the reset, as `wrappers.RealTools` does; tool outputs are OBSERVATION segments, no loss).
-            ``"rehearse"`` sets ``Rehearsal(env.rehearser)`` (both override what was set before).
+            ``"rehearse"`` sets ``Rehearsal(env.rehearser)``; ``"null"`` (the null-rehearser control) sets
+            `envace_gym.responders.ConstantResponse`: every call is answered with the same uninformative text,
+            an OBSERVATION segment (all three override what was set before).
         max_steps_per_turn: when given, sets each env's ``max_steps_per_turn`` (ACT messages per user turn
             before truncation); None keeps the env's.
         max_steps: cap on vector steps (a safety net, off by default); envs still running then are marked
@@ -269,8 +271,8 @@ def collect_rollouts(
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if invalid_action_penalty < 0:
         raise ValueError(f"invalid_action_penalty must be >= 0, got {invalid_action_penalty}")
-    if rollout not in ("rehearse", "real"):
-        raise ValueError(f"rollout must be 'rehearse' or 'real', got {rollout!r}")
+    if rollout not in get_args(RolloutMode):
+        raise ValueError(f"rollout must be one of {get_args(RolloutMode)}, got {rollout!r}")
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be None or >= 1, got {max_steps}")
     base = getattr(vector_env, "unwrapped", vector_env)
@@ -291,7 +293,8 @@ def collect_rollouts(
             stacklevel=2,
         )
     for env in envs:
-        env.set_responder(RealBackend() if rollout == "real" else Rehearsal(env.rehearser))
+        env.set_responder(RealBackend() if rollout == "real" else ConstantResponse() if rollout == "null"
+                          else Rehearsal(env.rehearser))
         if max_steps_per_turn is not None:
             env.max_steps_per_turn = max_steps_per_turn
 

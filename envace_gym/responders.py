@@ -21,7 +21,8 @@ from envace_gym.rehearsal import Rehearser
 from envace_gym.suites import ToolBackend
 from envace_gym.types import Task, ToolCall, Trajectory
 
-__all__ = ["ToolResponder", "RealBackend", "RecordedResponses", "Rehearsal", "Responder"]
+__all__ = ["ToolResponder", "RealBackend", "RecordedResponses", "ConstantResponse", "NULL_TOOL_OUTPUT", "Rehearsal",
+           "Responder"]
 
 
 @runtime_checkable
@@ -135,6 +136,39 @@ class RecordedResponses:
         twin = RecordedResponses(self.responses)
         twin.position = self.position
         return twin
+
+
+NULL_TOOL_OUTPUT = "{}"
+"""What `ConstantResponse` answers by default: an empty JSON object, which carries no information about the call."""
+
+
+class ConstantResponse:
+    """Answers every call with the same text: the null-rehearser control (a world model that knows nothing).
+
+    If a policy trained on rollouts answered this way matches one trained on its own rehearsals, what the
+    rehearsals say is not what helps it. The episode has no tool state: the verifier replays the calls, as for
+    a rehearsed episode.
+
+    Args:
+        text: the answer to every call (default `NULL_TOOL_OUTPUT`).
+    """
+
+    def __init__(self, text: str = NULL_TOOL_OUTPUT) -> None:
+        self.text = str(text)
+
+    def start(self, task: Task) -> None:
+        """Nothing to prepare."""
+
+    def respond(self, call: ToolCall) -> str:
+        return self.text
+
+    @property
+    def backend(self) -> ToolBackend | None:
+        """None: no tool state (the verifier replays the calls)."""
+        return None
+
+    def fork(self) -> ConstantResponse:
+        return ConstantResponse(self.text)
 
 
 class Rehearsal:

@@ -7,9 +7,11 @@ the same test-split tasks against the real backend (greedy, as the recipe's eval
 | arm | what changes (DESIGN.md §1; the paper's ablations) |
 |---|---|
 | ``role_grpo`` | EnvACE: one shared policy, rehearsed rollouts, one baseline per (group, role) |
+| ``role_grpo_token`` | the same with the baseline's weights per token instead of per turn (``weighting=token``) |
 | ``grpo`` | plain GRPO: one baseline per group for both roles (``algo=grpo``) |
 | ``per_role`` | two models, each trained on its role (``policy=per_role``) |
 | ``real_rollouts`` | tool calls answered by the real backend during training (``rollout=real``) |
+| ``null_rehearser`` | every tool call answered with the same uninformative text (``rollout=null``): if it matches ``role_grpo``, the world model is not what helps |
 
 Then, on every ``role_grpo`` policy: test-time rehearsal with N attempts per user turn (``--ttr-n``,
 ``--ttr-sequential-n``, ``--base-rehearser-n``): ``parallel`` and ``sequential``, with the trained policy as
@@ -61,9 +63,11 @@ RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
 
 ARMS: dict[str, dict[str, Any]] = {
     "role_grpo": {},
+    "role_grpo_token": {"weighting": "token"},
     "grpo": {"algo": "grpo"},
     "per_role": {"policy": "per_role"},
     "real_rollouts": {"rollout": "real"},
+    "null_rehearser": {"rollout": "null"},
 }
 """Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (``role_grpo`` is the recipe)."""
 

@@ -4,7 +4,7 @@ Builds a randomly initialised Llama from a config with ``smollm2-lab``'s tokeniz
 tokens; tied embeddings, head size 64, MLP width 3 x hidden), fine-tunes it on real executions of the
 reference solutions of a large generated lab corpus (both roles, `agents.sft.SFTTrainer`), then scores it
 greedily on the standard lab test split against the real backend (`agents.evaluate`), with the evaluation
-budget of ``configs/recipes/lab.yaml`` (tokens per message, messages per turn). ``--init smollm2-prefix`` starts instead from ``smollm2-lab``'s first ``--layers``
+budget of ``configs/recipes/lab-stated.yaml`` (tokens per message, messages per turn). ``--init smollm2-prefix`` starts instead from ``smollm2-lab``'s first ``--layers``
 decoder layers (pretrained weights, the cut vocabulary).
 
 The corpus is the ``lab-stated`` suite's generator with another task seed (``LabConfig(rules="stated",
@@ -34,7 +34,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
-RECIPE = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab-stated.yaml"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

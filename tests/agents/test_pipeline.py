@@ -190,7 +190,7 @@ def test_the_lab_recipe_loads_and_its_budgets_leave_the_tasks_winnable(no_model_
 
     from agents.pipeline import check_budgets
 
-    recipe = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab-stated.yaml"
     config = load_dataclass(PipelineConfig, str(recipe))
     assert (config.suite, config.model, config.fidelity) == ("lab-stated", "smollm2-lab", True)
     assert config.grpo.group_size > 1 and config.eval.temperature == 0.0

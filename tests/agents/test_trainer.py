@@ -72,9 +72,10 @@ def test_resume_is_exact(tmp_path):
         dict(prompt_mode="separate"),
         dict(policy="per_role"),
         dict(rollout="real", suite="scripted"),
+        dict(rollout="null"),
         dict(beta=0.05, entropy_coef=0.01, aggregation="seq-mean-token-sum", ppo_epochs=2, num_minibatches=2),
     ],
-    ids=["grpo", "separate", "per_role", "real", "kl-entropy-minibatches"],
+    ids=["grpo", "separate", "per_role", "real", "null", "kl-entropy-minibatches"],
 )
 def test_ablations_run_one_step(tmp_path, overrides):
     trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path), num_steps=1, **{**FAST, **overrides}))
@@ -216,6 +217,7 @@ def test_a_batch_without_signal_skips_its_update_unless_told_not_to(tmp_path):
         (dict(num_minibatches=3), "whole minibatches"),
         (dict(algo="ppo"), "algo must be one of"),
         (dict(policy="per_role", rollout="real"), "per_role"),
+        (dict(policy="per_role", rollout="null"), "never rehearses"),
         (dict(temperature=-1.0), "temperature"),
         (dict(malloc_mmap_threshold_kb=-1), "malloc_mmap_threshold_kb"),
         (dict(malloc_mmap_threshold_kb=40000), "malloc_mmap_threshold_kb"),

@@ -29,12 +29,13 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
             "--base-rehearser-n", "1", "--ttr-memory-tokens", "40", "--ttr-critique-tokens", "2", "--sb3-timesteps", "64"]
     results = lab_ablations.main(argv)
     rows = {r["row"]: r for r in results["rows"]}
-    assert list(rows)[:5] == ["warm start (SFT, pre-RL)", "role_grpo", "grpo", "per_role", "real_rollouts"]
+    assert list(rows)[:7] == ["warm start (SFT, pre-RL)", "role_grpo", "role_grpo_token", "grpo", "per_role",
+                              "real_rollouts", "null_rehearser"]
     ttr = [name for name in rows if "TTR" in name]
     assert ttr == ["role_grpo + TTR N=1 parallel, trained rehearser", "role_grpo + TTR N=1 sequential, trained rehearser",
                    "role_grpo + TTR N=1 parallel, base rehearser"]
     assert any("MaskablePPO" in name for name in rows)
-    for name in ("grpo", "per_role", "real_rollouts", *ttr):
+    for name in ("role_grpo_token", "grpo", "per_role", "real_rollouts", "null_rehearser", *ttr):
         s = rows[name]["success"]
         assert s["n"] == 2 and "diff_mean" in s and s["diff_ci95"] >= 0  # paired with role_grpo's two seeds
         paired = rows[name]["paired_tasks"]  # lab rewards are 0/1 and the categories the same size
@@ -48,6 +49,7 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
         config = json.loads((out / f"grpo/seed{seed}/grpo/stage_done.json").read_text())["config"]
         assert config["seed"] == seed and config["algo"] == "grpo" and config["init"].startswith(str(out / "warm_start"))
     assert (out / "per_role/seed0/grpo/checkpoints").is_dir()
+    assert rows["null_rehearser"]["real_tool_calls"] == 0  # answered by the constant, never by a backend
     assert (out / "ablations.png").stat().st_size > 1000
     assert json.loads((out / "results.json").read_text())["rows"] == json.loads(json.dumps(results["rows"]))
     printed = capsys.readouterr().out
