@@ -195,7 +195,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{r['seed']:6d}" + "".join(f"{r['teacher_forced'][role][kind]:14.2f}" for role, kind in kinds))
     copies = {f"{role}/{kind}": mean_ci95([r["teacher_forced"][role][kind] for r in reports]) for role, kind in kinds}
     print(f"{'mean':>6s}" + "".join(f"{copies[f'{role}/{kind}'][0]:14.2f}" for role, kind in kinds))
-    result = {"settings": settings, "seeds": reports,
+    import datetime
+    import shlex
+    import sys
+
+    command = "python -m benchmarks.lab.tiny_sft " + shlex.join(sys.argv[1:] if argv is None else argv)
+    result = {"kind": "lab_tiny_sft", "command": command.strip(), "date": datetime.date.today().isoformat(),
+              "settings": settings, "seeds": reports,
               "mean": {f: {"mean": m, "ci95": h} for f, (m, h) in summary.items()},
               "teacher_forced_mean": {k: {"mean": m, "ci95": h} for k, (m, h) in copies.items()}}
     (out / "results.json").write_text(json.dumps(result, indent=1))

@@ -200,6 +200,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     warm_calls = sum(len(turn) for t in suite.tasks(recipe.categories, "train") if t.id in used for turn in suite.ground_truth(t))
     results = _results(args, recipe, steps, warm_eval, warm_fid, (warm_s, warm_calls), runs, rehearsal, fidelity_after, sb3)
     results["wall_s"] = time.perf_counter() - t_start
+    results["kind"] = "lab_ablations"
+    results["command"] = ("python benchmarks/perf/lab_ablations.py " + " ".join(getattr(args, "argv", []))).strip()
     results["stage_seconds"] = stages.timings
     (out / "results.json").write_text(json.dumps(results, indent=1))
     for line in table(results):
@@ -330,7 +332,9 @@ def plot(results: dict[str, Any], path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return run(parse_args(argv))
+    args = parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,143 @@
+"""The project's measured results, rendered into one page: ``docs/results.md``.
+
+Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
+those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``)
+and renders every stored result into ``docs/results.md``; with no folder given it only re-renders. Numbers
+appear in the page only as this command writes them: edit a script or rerun it, never the page.
+
+    python -m benchmarks.results runs/lab_tiny_sft runs/lab_ablations   # store these runs' results and render
+    python -m benchmarks.results                                        # render what docs/results/ holds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+STORE = DOCS / "results"
+PAGE = DOCS / "results.md"
+
+
+def kind_of(result: dict[str, Any]) -> str:
+    """The kind of a ``results.json`` (its ``kind`` field, else recognised by its keys).
+
+    Raises:
+        ValueError: neither.
+    """
+    if "kind" in result:
+        return str(result["kind"])
+    if "teacher_forced_mean" in result:
+        return "lab_tiny_sft"
+    if "rows" in result and "fidelity" in result:
+        return "lab_ablations"
+    raise ValueError(f"not a results.json this page knows (keys {sorted(result)[:8]}); give it a 'kind'")
+
+
+def store(folder: Path, target: Path = STORE) -> Path:
+    """Copy ``folder/results.json`` and the PNGs beside it into ``target/<kind>/`` (replacing what was there).
+
+    Raises:
+        FileNotFoundError: no ``results.json`` in `folder`.
+    """
+    source = Path(folder) / "results.json"
+    if not source.is_file():
+        raise FileNotFoundError(f"{source} does not exist: run the script that writes it (its --out folder)")
+    kind = kind_of(json.loads(source.read_text()))
+    dest = target / kind
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    shutil.copy2(source, dest / "results.json")
+    for png in Path(folder).glob("*.png"):
+        shutil.copy2(png, dest / png.name)
+    return dest
+
+
+def _ci(mean: float | None, half: float | None, digits: int = 3) -> str:
+    if mean is None:
+        return "n/a"
+    return f"{mean:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
+
+
+def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
+    """The SFT-from-scratch section (`benchmarks.lab.tiny_sft`)."""
+    s = result["settings"]
+    seeds = result["seeds"]
+    families = list(seeds[0]["success"])
+    command = result.get("command", "python -m benchmarks.lab.tiny_sft")
+    lines = ["## lab-tiny learns the hidden-rules lab by SFT from scratch", "",
+             f"`{command}`" + (f" ({result['date']})" if "date" in result else ""), "",
+             f"{s['layers']} layers, width {s['hidden']}, {s['heads']} heads"
+             + (", mimetic attention initialisation" if s.get("mimetic_init", False) else "")
+             + f"; {s['steps']} steps of {s['rows']} "
+             f"{'length-bucketed' if s['group_by_length'] else 'shuffled'} rows, lr {s['lr']}. Greedy test success on "
+             f"the real backend, {seeds[0]['test_tasks']} test tasks, one row per initialisation seed; mean ± the "
+             f"half-width of a 95% t-interval over seeds.", "",
+             "| seed | SFT s | " + " | ".join(families) + " |", "|---" * (len(families) + 2) + "|"]
+    for r in seeds:
+        lines.append(f"| {r['seed']} | {r['sft_s']:.0f} | " + " | ".join(f"{r['success'][f]:.3f}" for f in families) + " |")
+    mean_s = sum(r["sft_s"] for r in seeds) / len(seeds)
+    lines.append(f"| mean | {mean_s:.0f} | " + " | ".join(
+        _ci(result["mean"][f]["mean"], result["mean"][f]["ci95"]) for f in families) + " |")
+    copies = result.get("teacher_forced_mean", {})
+    if copies:
+        lines += ["", "Teacher-forced accuracy of the target token on test demonstrations, by kind (mean over seeds; an "
+                  "item by chance 1/24):", "", "| " + " | ".join(copies) + " |", "|---" * len(copies) + "|",
+                  "| " + " | ".join(_ci(v["mean"], v["ci95"], 2) for v in copies.values()) + " |"]
+    return lines
+
+
+def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
+    """The ablation section (`benchmarks.perf.lab_ablations`): its printed table and its plot."""
+    from benchmarks.perf.lab_ablations import table
+
+    command = result.get("command", "python benchmarks/perf/lab_ablations.py")
+    lines = ["## The paper's comparisons on the lab", "", f"`{command}`", "", "```", *table(result), "```"]
+    for png in sorted(folder.glob("*.png")):
+        lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
+    return lines
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
+    "lab_tiny_sft": render_tiny_sft,
+    "lab_ablations": render_ablations,
+}
+"""Section renderers by kind, in page order."""
+
+
+def render(store_dir: Path = STORE, page: Path = PAGE) -> Path:
+    """Write `page` from every ``<store_dir>/<kind>/results.json`` (kinds in `RENDERERS` order)."""
+    lines = ["# Results", "",
+             "Generated by `python -m benchmarks.results` from the `results.json` files under `docs/results/`; "
+             "do not edit by hand. Each section names the command that measured it.", ""]
+    found = 0
+    for kind, renderer in RENDERERS.items():
+        source = store_dir / kind / "results.json"
+        if source.is_file():
+            lines += renderer(json.loads(source.read_text()), source.parent) + [""]
+            found += 1
+    if not found:
+        lines += ["No result is stored yet: run a measuring script, then `python -m benchmarks.results <its --out>`.", ""]
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text("\n".join(lines))
+    return page
+
+
+def main(argv: list[str] | None = None) -> Path:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folders", nargs="*", type=Path, help="--out folders of measuring scripts (each with a results.json)")
+    args = ap.parse_args(argv)
+    for folder in args.folders:
+        print(f"[results] stored {store(folder)}")
+    page = render()
+    print(f"[results] rendered {page}")
+    return page
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""`benchmarks.results`: a script's results.json is stored under docs/results/<kind>/ and rendered into the page."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from benchmarks import results
+from benchmarks.stats import mean_ci95
+
+
+def _tiny_sft_result(rng: random.Random) -> dict:
+    families = ["ship", "overall"]
+    seeds = [{"seed": s, "sft_s": rng.uniform(100, 200), "test_tasks": 200,
+              "success": {f: rng.random() for f in families}} for s in range(3)]
+    mean = {f: dict(zip(("mean", "ci95"), mean_ci95([r["success"][f] for r in seeds]))) for f in families}
+    settings = {"layers": 4, "hidden": 128, "heads": 2, "mimetic_init": True, "steps": 600, "rows": 16,
+                "group_by_length": False, "lr": 0.002}
+    return {"kind": "lab_tiny_sft", "command": "python -m benchmarks.lab.tiny_sft --seeds 0 1 2", "settings": settings,
+            "seeds": seeds, "mean": mean, "teacher_forced_mean": {"act/item": {"mean": 0.5, "ci95": 0.1}}}
+
+
+def test_a_stored_result_is_rendered_with_its_numbers_and_command(tmp_path):
+    rng = random.Random(7)
+    run = tmp_path / "run"
+    run.mkdir()
+    data = _tiny_sft_result(rng)
+    (run / "results.json").write_text(json.dumps(data))
+    (run / "curve.png").write_bytes(b"\x89PNG")
+    store = tmp_path / "docs" / "results"
+    dest = results.store(run, store)
+    assert dest == store / "lab_tiny_sft" and (dest / "curve.png").is_file()
+    page = results.render(store, tmp_path / "docs" / "results.md").read_text()
+    assert data["command"] in page and "do not edit by hand" in page
+    overall = data["mean"]["overall"]
+    assert f"{overall['mean']:.3f} ± {overall['ci95']:.3f}" in page
+    for r in data["seeds"]:
+        assert f"| {r['seed']} | {r['sft_s']:.0f} | {r['success']['ship']:.3f} | {r['success']['overall']:.3f} |" in page
+
+
+def test_an_empty_store_renders_a_page_that_says_so_and_unknown_files_are_refused(tmp_path):
+    page = results.render(tmp_path / "none", tmp_path / "results.md").read_text()
+    assert "No result is stored yet" in page
+    (tmp_path / "results.json").write_text(json.dumps({"accuracy": 1.0}))
+    with pytest.raises(ValueError, match="kind"):
+        results.store(tmp_path, tmp_path / "store")
+    with pytest.raises(FileNotFoundError, match="results.json"):
+        results.store(tmp_path / "missing", tmp_path / "store")
