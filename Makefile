@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   the main job: the EnvACE recipe on the EnvACE-Lab world with the embedded default (smollm2-lab)
+#   make demo   the main job: the EnvACE recipe on the hidden-rules EnvACE-Lab world with lab-tiny (trained from scratch)
 #   make test   the test suite (the default run: every test not marked slow)
 # make test-slow runs the tests marked slow (CI runs both).
 # make demo-bfcl runs the same pipeline on real BFCL tasks with SmolLM2-135M-Instruct.

@@ -20,7 +20,7 @@ SFT and GRPO trainers resume from their newest checkpoints):
    rehearsal fidelity, per model) and ``grpo/plots/`` (training curves, `agents.plots.report`); ``summary.json``
    and a printed table (`stage_table`).
 
-``configs/recipes/lab.yaml`` is the README's main job (``make demo``): the stated-rules lab suite (``lab-stated``) on ``smollm2-lab``.
+``configs/recipes/lab.yaml`` is the README's main job (``make demo``): the hidden-rules lab suite (``lab``) on ``lab-tiny``; ``configs/recipes/lab-stated.yaml`` is the stated-rules suite (``lab-stated``) on ``smollm2-lab``.
 
 The defaults (BFCL, ``make demo-bfcl``) take about 20 minutes on 2 CPU cores with SmolLM2-135M-Instruct (18.3 measured on idle cores): few SFT steps on the shortest demonstrations (prompts alone are 3k-6.5k tokens, the
 length cap keeps whole demos), B=1 x K=2 GRPO, 4 evaluation tasks, and ACT budgets (128 tokens, 5 messages per
