@@ -199,6 +199,19 @@ def test_the_lab_recipe_loads_and_its_budgets_leave_the_tasks_winnable(no_model_
     assert budgets and lines
 
 
+def test_the_demo_recipe_is_the_hidden_world_on_lab_tiny_and_its_budgets_leave_the_tasks_winnable(no_model_loads):
+    from pathlib import Path
+
+    from agents.pipeline import check_budgets
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab.yaml"
+    config = load_dataclass(PipelineConfig, str(recipe))
+    assert (config.suite, config.model, config.fidelity) == ("lab", "lab-tiny", True)
+    assert config.grpo.batch_tasks * config.grpo.group_size >= 128 and config.sft.group_by_length is False
+    budgets = check_budgets(config, log=lambda *_: None)
+    assert budgets["grpo"]["fraction"] == budgets["eval"]["fraction"] == 1.0
+
+
 def test_a_finished_stage_is_skipped_only_with_its_settings_wherever_the_run_folder_is(tmp_path, monkeypatch):
     """StageRunner compares the settings a stage ran with, its own paths read as if the run folder were here:
     relative or absolute, moved, or "."; fields in `ignore` may differ, others refuse, naming the field."""
