@@ -91,7 +91,7 @@ class PipelineConfig:
     """
 
     run_dir: str = _f("runs/demo", "folder of the whole run (one sub-folder per stage)")
-    model: str = _f("smollm2-135m", "the policy to start from: 'smollm2-135m', 'smollm2-lab' (the lab recipe's), a local HF folder, or 'tiny-random'")
+    model: str = _f("smollm2-135m", "the policy to start from: 'smollm2-135m', 'lab-tiny' (the hidden-rules lab recipe's), 'smollm2-lab' (the stated-rules lab recipe's), a local HF folder, or 'tiny-random'")
     seed: int = _f(0, "seed of every stage")
     threads: int = _f(2, "torch CPU threads (0: torch's default)")
     suite: str = _f("bfcl", "registered suite (envace_gym.suites) of every stage: demonstrations from its reference solutions, GRPO on its tasks, evaluation on its real backends")

@@ -104,7 +104,8 @@ class RolloutStats:
         mean_tokens: mean token-sequence length.
         rollout: ``"rehearse"``, ``"real"`` or ``"null"``.
         real_tool_calls: calls answered by a real backend while the rollouts were played (every parsed ACT
-            call for ``rollout="real"``; 0 for ``"rehearse"``, where the REHEARSE role answers them).
+            call for ``rollout="real"``; 0 for ``"rehearse"``, where the REHEARSE role answers them, and for
+            ``"null"``, where a constant does).
         verifier_replay_calls: the parsed ACT calls of every terminated trajectory (a truncated one is not
             verified: its R is 0), i.e. the calls a call-replay verifier (the lab's, BFCL's multi-turn, τ²'s)
             replays on fresh real backends to score the batch; a verifier may execute each more than once

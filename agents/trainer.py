@@ -4,7 +4,8 @@ One training step, in the order of the algorithm box:
 
 1. sample B task ids (seeded by (seed, step), so a resumed run samples exactly what it would have);
 2. `agents.rollout.collect_rollouts`: B x K episodes through one `RehearseVectorEnv` (the shared policy
-   ACTs and REHEARSEs; ``rollout="real"`` uses real backends instead), token in, token out;
+   ACTs and REHEARSEs; ``rollout="real"`` uses real backends instead, ``rollout="null"`` a constant answer),
+   token in, token out;
 3. `agents.rollout.build_batch`: rows, role masks, old logprobs and per-token advantages (role-wise or plain
    GRPO, `agents.grpo`);
 4. ``ppo_epochs`` x ``num_minibatches`` updates: logprobs recomputed in chunks through the LM head

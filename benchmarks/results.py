@@ -39,22 +39,32 @@ def kind_of(result: dict[str, Any]) -> str:
 
 
 def store(folder: Path, target: Path = STORE) -> Path:
-    """Copy ``folder/results.json`` and the PNGs beside it into ``target/<kind>/`` (replacing what was there).
+    """Copy ``folder/results.json`` and the PNGs beside it into ``target/<kind>/``, replacing what was there
+    only once the copy is complete.
 
     Raises:
         FileNotFoundError: no ``results.json`` in `folder`.
+        ValueError: its kind has no renderer (`RENDERERS`), or `folder` is that stored folder itself.
     """
+    import tempfile
+
     source = Path(folder) / "results.json"
     if not source.is_file():
         raise FileNotFoundError(f"{source} does not exist: run the script that writes it (its --out folder)")
     kind = kind_of(json.loads(source.read_text()))
-    dest = target / kind
+    if kind not in RENDERERS:
+        raise ValueError(f"{source}: kind {kind!r} has no renderer; known kinds: {sorted(RENDERERS)}")
+    dest = Path(target) / kind
+    if dest.resolve() == Path(folder).resolve():
+        raise ValueError(f"{folder} is already the stored copy; give the script's --out folder")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=dest.parent))
+    shutil.copy2(source, staging / "results.json")
+    for png in Path(folder).glob("*.png"):
+        shutil.copy2(png, staging / png.name)
     if dest.exists():
         shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    shutil.copy2(source, dest / "results.json")
-    for png in Path(folder).glob("*.png"):
-        shutil.copy2(png, dest / png.name)
+    staging.rename(dest)
     return dest
 
 

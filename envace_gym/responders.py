@@ -138,8 +138,9 @@ class RecordedResponses:
         return twin
 
 
-NULL_TOOL_OUTPUT = "{}"
-"""What `ConstantResponse` answers by default: an empty JSON object, which carries no information about the call."""
+NULL_TOOL_OUTPUT = ""
+"""What `ConstantResponse` answers by default: nothing (an empty tool message), which carries no information about
+the call and is no token a tokenizer can lack."""
 
 
 class ConstantResponse:

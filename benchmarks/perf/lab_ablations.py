@@ -201,7 +201,11 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     results = _results(args, recipe, steps, warm_eval, warm_fid, (warm_s, warm_calls), runs, rehearsal, fidelity_after, sb3)
     results["wall_s"] = time.perf_counter() - t_start
     results["kind"] = "lab_ablations"
-    results["command"] = ("python benchmarks/perf/lab_ablations.py " + " ".join(getattr(args, "argv", []))).strip()
+    import datetime
+    import shlex
+
+    results["command"] = ("python benchmarks/perf/lab_ablations.py " + shlex.join(getattr(args, "argv", []))).strip()
+    results["date"] = datetime.date.today().isoformat()
     results["stage_seconds"] = stages.timings
     (out / "results.json").write_text(json.dumps(results, indent=1))
     for line in table(results):

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--split", default="train", choices=["train", "test", "all"])
     parser.add_argument("--tasks", type=int, default=4, help="B: tasks (drawn with --seed from the split)")
     parser.add_argument("--group-size", type=int, default=4, help="K: trajectories per task")
-    parser.add_argument("--rollout", default="rehearse", choices=["rehearse", "real"])
+    parser.add_argument("--rollout", default="rehearse", choices=["rehearse", "real", "null"])
     parser.add_argument("--max-steps-per-turn", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=128, help="cap per ACT message")
     parser.add_argument("--rehearse-max-new-tokens", type=int, default=64)

@@ -1,9 +1,9 @@
 """Learning regression: role-wise GRPO on EnvACE-Lab must beat its warm start on the test split.
 
-The lab recipe end to end with `smollm2-lab` and nothing replaced: its SFT warm start (seed 0), then its
+The stated-rules lab recipe (`configs/recipes/lab-stated.yaml`) end to end with `smollm2-lab` and nothing replaced: its SFT warm start (seed 0), then its
 role-wise GRPO stage (rehearsed rollouts, B=6 x K=4, lr 5e-6) for `GRPO_STEPS` steps, both scored greedily on
 the same 48 test tasks (8 per family) against the real backend. The margin comes from the measured spread
-(README, "GRPO at other budgets"): from this warm start, 8 steps gave 0.583 -> 0.646 (+3 of 48 tasks, none
+(measured 2026-12-03): from this warm start, 8 steps gave 0.583 -> 0.646 (+3 of 48 tasks, none
 lost) with GRPO seed 0 and with seed 1; 4 and 6 steps gave +1 to +2. `MIN_GAINED_MINUS_LOST` asks for one task
 more than the warm start solves, net of any lost, two less than either seed gained; a trainer that stops updating (the gain is then
 exactly 0) or follows the wrong sign (lr 2e-5 already lost 10 tasks) fails it.

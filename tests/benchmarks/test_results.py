@@ -48,3 +48,16 @@ def test_an_empty_store_renders_a_page_that_says_so_and_unknown_files_are_refuse
         results.store(tmp_path, tmp_path / "store")
     with pytest.raises(FileNotFoundError, match="results.json"):
         results.store(tmp_path / "missing", tmp_path / "store")
+    (tmp_path / "results.json").write_text(json.dumps({"kind": "../elsewhere"}))
+    with pytest.raises(ValueError, match="no renderer"):
+        results.store(tmp_path, tmp_path / "store")
+
+
+def test_storing_the_stored_copy_is_refused_and_keeps_it(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(_tiny_sft_result(random.Random(1))))
+    stored = results.store(run, tmp_path / "store")
+    with pytest.raises(ValueError, match="already the stored copy"):
+        results.store(stored, tmp_path / "store")
+    assert (stored / "results.json").is_file()
