@@ -67,11 +67,13 @@ _JSON_KEY = r'(?<![A-Za-z_])[A-Za-z_]+": ?"?'
 token, so a value's key is the token right before it in a call and in an output alike."""
 
 
-def _word_pattern() -> str:
-    """The fallback split (no phrases): entity, digit, JSON key (`_JSON_KEY`), a run of letters and underscores
-    with at most one space on each side, a run of punctuation likewise, a run of whitespace."""
+def _word_pattern(phrases: tuple[str, ...] = ()) -> str:
+    """The split, first match wins: entity, digit, JSON key (`_JSON_KEY`), then each of `phrases` (literal text,
+    in the order given), then the word-level fallback: a run of letters and underscores with at most one space
+    on each side, a run of punctuation likewise, a run of whitespace. With no phrases, the fallback alone."""
     entity = _entity_pattern()
-    return rf"{entity}|\d|{_JSON_KEY}| ?(?!{entity})[A-Za-z_]+ ?| ?[^\w\s]+ ?|\s+"
+    literal = "".join(f"{_literal(p)}|" for p in phrases)
+    return rf"{entity}|\d|{_JSON_KEY}|{literal} ?(?!{entity})[A-Za-z_]+ ?| ?[^\w\s]+ ?|\s+"
 
 
 def _literal(text: str) -> str:
@@ -89,8 +91,7 @@ def lab_phrases() -> tuple[str, ...]:
     matching the key before it."""
     import re
 
-    split = re.compile(rf"{_entity_pattern()}|\d|" + "|".join(re.escape(t) for t in sorted(_SPECIAL + _ADDED, key=len,
-                                                                                            reverse=True)))
+    split = re.compile(rf"{_entity_pattern()}|\d")  # prompts hold no special or added token
     spans = {span for text in _prompt_texts(50) for span in split.split(text) if any(c.isalpha() for c in span)}
     return tuple(sorted(spans, key=lambda t: (-len(t), t)))
 
@@ -114,9 +115,7 @@ def lab_tiny_pattern() -> str:
     prompt 52 tokens on average with its tools line, against 66 with words alone), and both copies need one token of context to
     find their value rather than two.
     """
-    phrases = "|".join(_literal(p) for p in lab_phrases())
-    entity = _entity_pattern()
-    return rf"{entity}|\d|{_JSON_KEY}|{phrases}| ?(?!{entity})[A-Za-z_]+ ?| ?[^\w\s]+ ?|\s+"
+    return _word_pattern(lab_phrases())
 
 
 _SPECIAL = ["[UNK]", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
