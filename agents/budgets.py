@@ -342,6 +342,15 @@ def require_solvable(
     )
 
 
+_REPORTS: dict[tuple, BudgetReport] = {}
+
+
+def _tokenizer_key(tokenizer: Any) -> tuple:
+    """What a token count depends on: the tokenizer's class, vocabulary and added tokens."""
+    vocab = tokenizer.get_vocab()
+    return type(tokenizer).__name__, len(vocab), hash(frozenset(vocab.items()))
+
+
 def check_task_budgets(tasks, suite_name: str, tokenizer, *, max_steps_per_turn: int, max_new_tokens: int,
                        max_episode_tokens: int | None, min_fraction: float, command: str,
                        names: dict[str, str] | None = None, threshold_name: str = "--min-solvable-fraction",
@@ -354,8 +363,17 @@ def check_task_budgets(tasks, suite_name: str, tokenizer, *, max_steps_per_turn:
     """
     from envace_gym.suites import make_suite
 
-    report = budget_report(tasks, make_suite(suite_name), tokenizer, max_steps_per_turn=max_steps_per_turn,
-                           max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens,
-                           min_fraction=min_fraction)
+    # a pipeline or an ablation checks the same tasks with the same tokenizer and budgets once per stage;
+    # counting 12,000 reference solutions takes ~10 s, so the report is kept per process
+    key = (suite_name, tuple(t.id for t in tasks), _tokenizer_key(tokenizer), max_steps_per_turn, max_new_tokens,
+           max_episode_tokens, min_fraction)
+    report = _REPORTS.get(key)
+    if report is None:
+        report = budget_report(tasks, make_suite(suite_name), tokenizer, max_steps_per_turn=max_steps_per_turn,
+                               max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens,
+                               min_fraction=min_fraction)
+        if len(_REPORTS) >= 16:
+            _REPORTS.pop(next(iter(_REPORTS)))
+        _REPORTS[key] = report
     require_solvable(report, min_fraction, command=command, names=names, threshold_name=threshold_name, log=log)
     return report

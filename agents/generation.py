@@ -324,10 +324,12 @@ def _prefill(
     Row u occupies columns ``[W - len_u, W)`` of buffers ``(U, H_kv, W + extra, D)`` (W = the longest
     context): its first ``reused[u]`` columns are copied from ``sources[u]``, the model writes the rest in
     place (`_ReservedLayer`). Rows of equal lengths and equal reuse go through the model in one batched
-    forward; otherwise each row runs alone over its own view of the buffers, without padding and hence
-    without an attention mask (a padded batched prefill needs a mask, which sends CPU attention to its
-    masked math path; measured: 8 BFCL-length rows 1.9 s padded vs 0.6 s one at a time, tiny model).
-    Either way each row's KV is written once, with no concatenation or re-padding copy afterwards.
+    forward. Otherwise, short rows (reused prefix + longest suffix within `PADDED_PREFILL_MAX_WIDTH`) go
+    through one padded forward with an attention mask (`_padded_prefill`), and long rows run alone over
+    their own view of the buffers, without padding and hence without a mask: a mask sends CPU attention to
+    its masked math path, which costs more than per-call overhead at long contexts (measured: 8 BFCL-length
+    rows 1.9 s padded vs 0.6 s one at a time, tiny model) and less at short ones (128 EnvACE-Lab rows of
+    lab-tiny: one padded forward instead of up to 128).
 
     Returns:
         ``(logits (U, V) float32, cache, prefill_mask (U, W) int64, position_ids (U, 1), W)``: the cache's
@@ -354,6 +356,9 @@ def _prefill(
         pos = torch.arange(p, width, device=device).expand(n_rows, -1)  # (U, S)
         out = model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1, :].float()  # (U, V)
+    elif width + max(len(c) - p for c, p in zip(contexts, reused)) <= PADDED_PREFILL_MAX_WIDTH:
+        logits, key_buffers, value_buffers = _padded_prefill(model, contexts, sources, reused, extra, device)
+        cache = _buffer_cache(model, key_buffers, value_buffers, width)
     else:
         rows_logits = []
         for u, (ctx, p) in enumerate(zip(contexts, reused)):
@@ -372,6 +377,69 @@ def _prefill(
         prefill_mask[u, width - n:] = 1
     position_ids = torch.tensor(lengths, dtype=torch.long).view(-1, 1) - 1  # (U, 1)
     return logits, cache, prefill_mask, position_ids, width
+
+
+PADDED_PREFILL_MAX_WIDTH = 1024
+"""Widest padded prefill (reused prefix + longest suffix, in tokens) that `_prefill` runs as one masked
+forward; wider calls prefill row by row (see `_prefill`)."""
+
+
+def _padded_prefill(
+    model: torch.nn.Module,
+    contexts: Sequence[Sequence[int]],
+    sources: Sequence[KVEntry | None],
+    reused: Sequence[int],
+    extra: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """Prefill rows of different lengths and reuse in ONE forward; returns ``(logits (U, V), keys, values)``
+    with per-layer buffers ``(U, H_kv, W + extra, D)`` laid out as `_prefill` lays them out (row u in
+    columns ``[W - len_u, W)``, W = the longest context).
+
+    The forward runs over a scratch layout with every suffix in the same columns: row u's reused prefix
+    (p_u ids) ends at column P = max p, its suffix (s_u ids) ends at column P + S (S = max s), and the
+    columns in between are padding, masked out (a padding query of a row with no reused prefix sees no
+    column at all; its output and KV are never read). One gather per layer then moves each row's columns
+    to the layout above, leaving the padding out.
+    """
+    n_rows = len(contexts)
+    lengths = [len(c) for c in contexts]
+    suffixes = [len(c) - p for c, p in zip(contexts, reused)]
+    p_max, s_max, width = max(reused), max(suffixes), max(lengths)
+    scratch = p_max + s_max
+    n_layers, kv_heads, head_dim, dtype = _kv_geometry(model)
+    shape = (n_rows, kv_heads, scratch, head_dim)
+    key_scratch = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # (U, H_kv, P+S, D)
+    value_scratch = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+    ids = torch.zeros((n_rows, s_max), dtype=torch.long)  # (U, S), padding id 0 is masked out
+    pos = torch.zeros((n_rows, s_max), dtype=torch.long)  # (U, S)
+    mask = torch.zeros((n_rows, scratch), dtype=torch.long)  # (U, P+S)
+    source_col = torch.zeros((n_rows, width), dtype=torch.long)  # (U, W): final column -> scratch column
+    for u, (ctx, src, p, s) in enumerate(zip(contexts, sources, reused, suffixes)):
+        if src is not None and p > 0:
+            src.copy_into(key_scratch, value_scratch, u, p_max - p, p)
+        ids[u, s_max - s:] = torch.tensor(list(ctx[p:]), dtype=torch.long)
+        pos[u, s_max - s:] = torch.arange(p, lengths[u])
+        pos[u, :s_max - s] = p  # padding: any position, it is masked out
+        mask[u, p_max - p:p_max] = 1
+        mask[u, scratch - s:] = 1
+        first = width - lengths[u]
+        source_col[u, first:first + p] = torch.arange(p_max - p, p_max)
+        source_col[u, first + p:] = torch.arange(scratch - s, scratch)
+        source_col[u, :first] = scratch - 1  # left padding of the final layout: a real column, masked later
+    cache = _buffer_cache(model, key_scratch, value_scratch, p_max)
+    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device), cache=cache,
+                use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1, :].float()  # (U, V)
+    index = source_col.to(device).view(n_rows, 1, width, 1).expand(n_rows, kv_heads, width, head_dim)
+    keys, values = [], []
+    for layer in cache.layers:
+        for scratch_buffer, final in ((layer.keys, keys), (layer.values, values)):
+            # the decode columns past W are written before the cache ever reads them: no zeroing
+            buffer = torch.empty((n_rows, kv_heads, width + extra, head_dim), dtype=dtype, device=device)
+            torch.gather(scratch_buffer, 2, index, out=buffer[:, :, :width])
+            final.append(buffer)
+    return logits, keys, values
 
 
 def _kv_geometry(model: torch.nn.Module) -> tuple[int, int, int, torch.dtype]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import random
 import re
 from typing import Iterator, Sequence
@@ -13,6 +15,18 @@ from benchmarks.lab.tasks import CATEGORIES, ITEMS, LabConfig, make_task, refere
 from benchmarks.lab.world import LabBackend, Warehouse
 
 __all__ = ["LabSuite", "stated_suite"]
+
+
+@functools.lru_cache(maxsize=64)
+def _build_split(cfg: LabConfig, category: str, split: str) -> tuple[Task, ...]:
+    # one build per process: every stage of a pipeline or an ablation makes its own suite, and the hidden
+    # world's 2,000 train tasks per family take ~0.7 s to generate; tasks are never mutated after this
+    if cfg.rules == "hidden":
+        n = cfg.train_tasks if split == "train" else cfg.test_tasks
+        return tuple(make_task(cfg, category, i, split) for i in range(n))
+    n_train = cfg.tasks_per_category - cfg.num_test
+    indices = range(n_train) if split == "train" else range(n_train, cfg.tasks_per_category)
+    return tuple(make_task(cfg, category, i) for i in indices)
 
 
 class LabSuite:
@@ -52,14 +66,7 @@ class LabSuite:
     def _split(self, category: str, split: str) -> list[Task]:
         key = (category, split)
         if key not in self._tasks:
-            cfg = self.config
-            if cfg.rules == "hidden":
-                n = cfg.train_tasks if split == "train" else cfg.test_tasks
-                self._tasks[key] = [make_task(cfg, category, i, split) for i in range(n)]
-            else:
-                n_train = cfg.tasks_per_category - cfg.num_test
-                indices = range(n_train) if split == "train" else range(n_train, cfg.tasks_per_category)
-                self._tasks[key] = [make_task(cfg, category, i) for i in indices]
+            self._tasks[key] = list(_build_split(self.config, category, split))
         return self._tasks[key]
 
     def train_stream(self, categories: Sequence[str] | None = None, start: int = 0) -> Iterator[Task]:

@@ -2,7 +2,9 @@
 
 One warm start (the lab recipe's SFT stage on real executions, seed 0) is shared by every arm; each arm then
 runs role-wise GRPO's recipe with one factor changed, once per seed, and every trained policy is scored on
-the same test-split tasks against the real backend (greedy, as the recipe's evaluations):
+the same test-split tasks against the real backend (greedy, as the recipe's evaluations; by default every
+test task of the hidden-rules world, 100 per family), and its rehearsal fidelity is measured on the first
+``--fidelity-limit`` test tasks of each family:
 
 | arm | what changes (DESIGN.md §1; the paper's ablations) |
 |---|---|
@@ -13,28 +15,29 @@ the same test-split tasks against the real backend (greedy, as the recipe's eval
 | ``real_rollouts`` | tool calls answered by the real backend during training (``rollout=real``) |
 | ``null_rehearser`` | every tool call answered with the same uninformative text (``rollout=null``): if it matches ``role_grpo``, the world model is not what helps |
 
-Then, on every ``role_grpo`` policy: test-time rehearsal with N attempts per user turn (``--ttr-n``,
-``--ttr-sequential-n``, ``--base-rehearser-n``): ``parallel`` and ``sequential``, with the trained policy as
-the rehearser, and with the pre-RL (warm-start) model as the rehearser (the paper's base-rehearser control);
-N = 0 is the arm's own evaluation, always run; and
-rehearsal fidelity (exact / JSON structure / token F1 of every rehearsed tool output against a shadow real
-backend) before GRPO (the warm start) and after it. The model-free row is sb3-contrib's MaskablePPO on
+Rehearsal fidelity is exact / JSON structure / token F1 of every rehearsed tool output against a shadow
+real backend, with exact match apart on outputs that are errors and on the others. When asked
+(``--ttr-n``, ``--ttr-sequential-n``, ``--base-rehearser-n``; none by default), every ``role_grpo`` policy is
+also scored with test-time rehearsal, N attempts per user turn, ``parallel`` and ``sequential``, with the
+trained policy as the rehearser and with the pre-RL (warm-start) model as the rehearser (the paper's
+base-rehearser control). On a stated-rules recipe, the model-free row is sb3-contrib's MaskablePPO on
 ``EnvACE-LabDiscrete-v0`` (`benchmarks/perf/lab_sb3_baseline.py`), trained on the real backend, scored on
-the same test tasks.
+the same test tasks; the hidden-rules world has no discrete twin yet, so no such row.
 
 Printed per row: test success as mean +- the half-width of a 95% Student-t interval over seeds, the paired
 difference to ``role_grpo`` on the same seeds (same interval; one seed gives no interval and none is printed),
 the test tasks the row solved that ``role_grpo`` did not and the reverse (``tasks +/-``, summed over the
 seeds: the paired view a handful of seeds can still read), the real tool calls made inside the training
 loop and, counted apart, the calls the verifier replayed to score the rollouts (means per seed), and wall
-seconds per seed (training + evaluation). The warm start's row counts the calls of the reference
-solutions of the demonstrations it was given (each executed on the real backend to build them); every arm
-starts from it. Writes ``results.json`` and ``ablations.png`` under ``--out``.
-Every stage has its own folder and is skipped when run again (an interrupted run resumes; GRPO from its
-newest checkpoint).
+seconds per seed (training + evaluation), and fidelity exact match on ordinary and on error outputs. The
+warm start's row counts the calls of the reference solutions of the demonstrations it was given (each
+executed on the real backend to build them); every arm starts from it. Writes ``results.json`` and
+``ablations.png`` under ``--out`` after every seed (``"seeds_done"`` says how many are in; the table is
+final when it equals ``"seeds"``). Every stage has its own folder and is skipped when run again (an
+interrupted run resumes; GRPO from its newest checkpoint).
 
-    .venv/bin/python benchmarks/perf/lab_ablations.py --quick        # 2 seeds, 2 GRPO steps, 6 test tasks, N <= 2
-    .venv/bin/python benchmarks/perf/lab_ablations.py                # 5 seeds, the recipe's GRPO budget
+    .venv/bin/python benchmarks/perf/lab_ablations.py --quick        # 2 seeds, 2 GRPO steps, 6 test tasks
+    .venv/bin/python benchmarks/perf/lab_ablations.py                # 10 seeds, the recipe's GRPO budget, 600 test tasks
 
 Nothing here is tuned toward a result: the world, the seeds (0..S-1) and the budgets are the recipe's (or
 the options'), the same for every arm, and the script reports whatever the runs give.
@@ -78,22 +81,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default=str(RECIPE), help="the envace pipeline YAML whose stages every arm uses")
     ap.add_argument("--out", default="runs/lab_ablations", help="folder of every stage, results.json and ablations.png")
-    ap.add_argument("--seeds", type=int, default=5, help="GRPO seeds per arm (0..S-1)")
+    ap.add_argument("--seeds", type=int, default=10, help="GRPO seeds per arm (0..S-1)")
     ap.add_argument("--grpo-steps", type=int, default=None, help="GRPO steps per run (default: the recipe's)")
     ap.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
-    ap.add_argument("--ttr-n", type=int, nargs="*", default=[1, 2, 3], help="test-time rehearsal attempts per turn (each >= 1), parallel, the trained policy rehearsing; N = 0 is each arm's own evaluation, always run")
+    ap.add_argument("--ttr-n", type=int, nargs="*", default=[], help="test-time rehearsal attempts per turn (each >= 1), parallel, the trained policy rehearsing (none by default); N = 0 is each arm's own evaluation, always run")
     ap.add_argument("--ttr-sequential-n", type=int, nargs="*", default=None, help="the same, sequential attempts (default: --ttr-n)")
     ap.add_argument("--base-rehearser-n", type=int, nargs="*", default=None, help="the same, parallel, the pre-RL (warm-start) model rehearsing: the base-rehearser control (default: --ttr-n)")
     ap.add_argument("--ttr-memory-tokens", type=int, default=128, help="bound on the rehearsal memory (the same for every N)")
     ap.add_argument("--ttr-critique-tokens", type=int, default=32, help="cap per critique (the same for every N)")
-    ap.add_argument("--limit", type=int, default=None, help="test tasks per category (default: the recipe's eval.limit)")
+    ap.add_argument("--limit", type=int, default=100, help="test tasks per category (100: every test task of the hidden-rules world)")
+    ap.add_argument("--fidelity-limit", type=int, default=25, help="test tasks per category of each fidelity evaluation (0: none)")
     ap.add_argument("--sb3-timesteps", type=int, default=50_000, help="MaskablePPO env steps per seed (0: no SB3 row)")
-    ap.add_argument("--quick", action="store_true", help="2 seeds, 2 GRPO steps, 1 test task per category, N in {1, 2} parallel only (no sequential), SB3 10,000 steps")
+    ap.add_argument("--quick", action="store_true", help="2 seeds, 2 GRPO steps, 1 test task per category (fidelity too), test-time rehearsal N <= 2 parallel only, SB3 10,000 steps")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.grpo_steps, args.sb3_timesteps = 2, 2, min(args.sb3_timesteps, 10_000)
-        args.limit = args.limit or 1
+        args.limit, args.fidelity_limit = 1, min(args.fidelity_limit, 1)
         args.ttr_n, args.ttr_sequential_n = [n for n in args.ttr_n if n <= 2], []
     if args.ttr_sequential_n is None:
         args.ttr_sequential_n = list(args.ttr_n)
@@ -125,19 +129,25 @@ def summarize(values: list[float], reference: list[float] | None = None) -> dict
 
 
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
-    """Run (or resume) every stage and return the results (also written to ``<out>/results.json``)."""
+    """Run (or resume) every stage and return the results (also written to ``<out>/results.json`` after
+    every seed)."""
+    import datetime
+    import shlex
+
     import torch
 
     from agents.config import TrainConfig, load_dataclass
     from agents.models import default_store
     from agents.pipeline import PipelineConfig, StageRunner, grpo_stage, latest_model, sft_stage, stage_ignores, stage_settings
+    from envace_gym.suites import make_suite
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     recipe = load_dataclass(PipelineConfig, args.recipe, run_dir=str(out), threads=args.threads)
-    if args.limit is not None:
-        recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
+    recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
     steps = args.grpo_steps or recipe.grpo.num_steps
+    suite = make_suite(recipe.suite)
+    stated = getattr(getattr(suite, "config", None), "rules", None) == "stated"  # only it has a discrete twin
     models = default_store()
     stages = StageRunner(out, log)
     t_start = time.perf_counter()
@@ -148,11 +158,28 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     def evaluation(name: str, model: str, **changes: Any) -> dict[str, Any]:
         return stages.evaluate(name, dataclasses.replace(recipe.eval_config(out / name, model), **changes), models)
 
+    def fidelity(name: str, model: str) -> dict[str, Any]:
+        return evaluation(name, model, fidelity=True, limit=args.fidelity_limit) if args.fidelity_limit else {}
+
     warm_eval = evaluation("warm_start/eval", warm)
     warm_eval["task_rewards"] = _task_rewards(out / "warm_start" / "eval")
-    warm_fid = evaluation("warm_start/fidelity", warm, fidelity=True)
+    warm_fid = fidelity("warm_start/fidelity", warm)
+    # the warm start's real calls are the reference solutions of its demonstrations, executed to build them
+    used = set(warm_info["task_ids"])
+    warm_calls = sum(len(turn) for t in suite.tasks(recipe.categories, "train") if t.id in used
+                     for turn in suite.ground_truth(t))
+    settings = ([("trained", None, "parallel", n) for n in args.ttr_n]
+                + [("trained", None, "sequential", n) for n in args.ttr_sequential_n]
+                + [("base", warm, "parallel", n) for n in args.base_rehearser_n])
+    run_sb3 = bool(args.sb3_timesteps) and stated
+    if args.sb3_timesteps and not stated:
+        log("[ablations] no MaskablePPO row: the hidden-rules world has no discrete twin (EnvACE-LabDiscrete-v0 "
+            "is the stated-rules world's)")
 
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
+    rehearsal: dict[str, list[dict[str, Any]]] = {}
+    sb3: list[dict[str, Any]] = []
+    results: dict[str, Any] = {}
     for seed in range(args.seeds):
         for arm in args.arms:
             name = f"{arm}/seed{seed}"
@@ -164,54 +191,37 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             row = evaluation(f"{name}/eval", trained)
             row["task_rewards"] = _task_rewards(out / name / "eval")
             runs[arm].append({"seed": seed, "model": trained, "eval": row, "train": {k: info[k] for k in _TOTALS},
-                              "train_s": info["seconds"], "eval_s": stages.timings[f"{name}/eval"]})
-
-    rehearsal: dict[str, list[dict[str, Any]]] = {}
-    fidelity_after: list[dict[str, Any]] = []
-    for r in runs["role_grpo"]:
-        name = f"role_grpo/seed{r['seed']}"
-        fidelity_after.append(evaluation(f"{name}/fidelity", r["model"], fidelity=True))
-        settings = ([("trained", None, "parallel", n) for n in args.ttr_n]
-                    + [("trained", None, "sequential", n) for n in args.ttr_sequential_n]
-                    + [("base", warm, "parallel", n) for n in args.base_rehearser_n])
+                              "fidelity": fidelity(f"{name}/fidelity", trained), "train_s": info["seconds"],
+                              "eval_s": stages.timings[f"{name}/eval"]})
         for rehearser, rehearser_model, mode, n in settings:
-            stage = f"{name}/ttr_{rehearser}_{mode}_n{n}"
-            row = evaluation(stage, r["model"], rehearsal_n=n, rehearsal_mode=mode, rehearser_model=rehearser_model,
-                             memory_tokens=args.ttr_memory_tokens, critique_tokens=args.ttr_critique_tokens)
+            stage = f"role_grpo/seed{seed}/ttr_{rehearser}_{mode}_n{n}"
+            row = evaluation(stage, runs["role_grpo"][-1]["model"], rehearsal_n=n, rehearsal_mode=mode,
+                             rehearser_model=rehearser_model, memory_tokens=args.ttr_memory_tokens,
+                             critique_tokens=args.ttr_critique_tokens)
             row["task_rewards"] = _task_rewards(out / stage)
             rehearsal.setdefault(f"N={n} {mode}, {rehearser} rehearser", []).append(
-                {"seed": r["seed"], "eval": row, "eval_s": stages.timings[stage]})
+                {"seed": seed, "eval": row, "eval_s": stages.timings[stage]})
+        if run_sb3:
+            from benchmarks.perf.lab_sb3_baseline import run_seed
 
-    sb3 = None
-    if args.sb3_timesteps:
-        from benchmarks.perf.lab_sb3_baseline import run_seed
-
-        settings = {"timesteps": args.sb3_timesteps, "categories": recipe.categories, "limit": recipe.eval.limit}
-        sb3 = [stages.stage(f"sb3_maskable_ppo/seed{seed}",
-                            lambda _, seed=seed: {"row": run_seed(seed, args.sb3_timesteps, recipe.categories,
-                                                                  limit=recipe.eval.limit), "config": settings},
-                            settings)["row"] for seed in range(args.seeds)]
-
-    warm_s = stages.timings["warm_start/sft"] + stages.timings["warm_start/eval"]
-    from envace_gym.suites import make_suite
-
-    suite = make_suite(recipe.suite)  # the warm start's demonstrations are real executions of the references
-    used = set(warm_info["task_ids"])
-    warm_calls = sum(len(turn) for t in suite.tasks(recipe.categories, "train") if t.id in used for turn in suite.ground_truth(t))
-    results = _results(args, recipe, steps, warm_eval, warm_fid, (warm_s, warm_calls), runs, rehearsal, fidelity_after, sb3)
-    results["wall_s"] = time.perf_counter() - t_start
-    results["kind"] = "lab_ablations"
-    import datetime
-    import shlex
-
-    results["command"] = ("python benchmarks/perf/lab_ablations.py " + shlex.join(getattr(args, "argv", []))).strip()
-    results["date"] = datetime.date.today().isoformat()
-    results["stage_seconds"] = stages.timings
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+            sb3_settings = {"timesteps": args.sb3_timesteps, "categories": recipe.categories, "limit": recipe.eval.limit}
+            sb3.append(stages.stage(f"sb3_maskable_ppo/seed{seed}",
+                                    lambda _, seed=seed: {"row": run_seed(seed, args.sb3_timesteps, recipe.categories,
+                                                                          limit=recipe.eval.limit),
+                                                          "config": sb3_settings}, sb3_settings)["row"])
+        warm_s = stages.timings["warm_start/sft"] + stages.timings["warm_start/eval"]
+        results = _results(args, recipe, steps, warm_eval, warm_fid, (warm_s, warm_calls), runs, rehearsal, sb3)
+        results.update(seeds_done=seed + 1, wall_s=time.perf_counter() - t_start, kind="lab_ablations",
+                       command=("python benchmarks/perf/lab_ablations.py " + shlex.join(getattr(args, "argv", []))).strip(),
+                       date=datetime.date.today().isoformat(), stage_seconds=dict(stages.timings),
+                       stage_minutes=sum(stages.timings.values()) / 60)
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        plot(results, out / "ablations.png")
+        log(f"[ablations] {seed + 1}/{args.seeds} seeds in {out / 'results.json'}")
     for line in table(results):
         log(line)
-    log(f"[ablations] plot: {plot(results, out / 'ablations.png')}; results: {out / 'results.json'}; "
-        f"stage time {sum(stages.timings.values()) / 60:.1f} min")
+    log(f"[ablations] plot: {out / 'ablations.png'}; results: {out / 'results.json'}; "
+        f"stage time {results['stage_minutes']:.1f} min")
     return results
 
 
@@ -237,17 +247,31 @@ _TOTALS = ("real_tool_calls", "verifier_replay_calls", "groups_with_reward_varia
 """The training totals of a GRPO stage (`agents.pipeline.grpo_stage`) that the table reads."""
 
 
-def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, fidelity_after, sb3) -> dict[str, Any]:
+FIDELITY_SPLITS = {"exact": "fidelity_exact_match", "ordinary exact": "fidelity_ordinary_exact_match",
+                   "error exact": "fidelity_error_exact_match"}
+"""Per-row fidelity columns: exact match over every rehearsed output, over ordinary outputs, over error outputs."""
+
+
+def _row_fidelity(evaluations: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Mean over seeds of each `FIDELITY_SPLITS` field (None when no evaluation measured it)."""
+    out = {}
+    for column, key in FIDELITY_SPLITS.items():
+        values = [e[key] for e in evaluations if e.get(key) is not None]
+        out[column] = float(np.mean(values)) if values else None
+    return out
+
+
+def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, sb3) -> dict[str, Any]:
     reference = [r["eval"]["accuracy"] for r in runs["role_grpo"]]
     ref_tasks = [r["eval"]["task_rewards"] for r in runs["role_grpo"]]
     warm_s, warm_calls = warm
-    # the warm start's real calls are the reference solutions of its demonstrations, shared by every arm
     warm_success = summarize([warm_eval["accuracy"]])  # one model: its difference to each role_grpo seed is paired
     warm_success.update({k: v for k, v in summarize([warm_eval["accuracy"]] * len(reference), reference).items()
                          if k.startswith("diff_")})
     rows: list[dict[str, Any]] = [{"row": "warm start (SFT, pre-RL)", "success": warm_success,
                                    "paired_tasks": paired_tasks([warm_eval["task_rewards"]] * len(ref_tasks), ref_tasks),
-                                   "real_tool_calls": warm_calls, "verifier_replay_calls": 0, "wall_s": warm_s}]
+                                   "real_tool_calls": warm_calls, "verifier_replay_calls": 0, "wall_s": warm_s,
+                                   "fidelity": _row_fidelity([warm_fid])}]
     for arm, rs in runs.items():
         rows.append({
             "row": arm, "success": summarize([r["eval"]["accuracy"] for r in rs], None if arm == "role_grpo" else reference),
@@ -256,6 +280,7 @@ def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, fi
             "verifier_replay_calls": float(np.mean([r["train"]["verifier_replay_calls"] for r in rs])),
             "groups_with_signal": float(np.mean([sum(r["train"]["groups_with_reward_variance"]) for r in rs])),
             "wall_s": float(np.mean([r["train_s"] + r["eval_s"] for r in rs])),
+            "fidelity": _row_fidelity([r["fidelity"] for r in rs]),
         })
     for key, rs in rehearsal.items():
         rows.append({"row": f"role_grpo + TTR {key}", "success": summarize([r["eval"]["accuracy"] for r in rs], reference),
@@ -266,21 +291,26 @@ def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, fi
                      "success": summarize([r["test_success"] for r in sb3]),
                      "real_tool_calls": float(np.mean([r["train_real_calls"] for r in sb3])), "verifier_replay_calls": 0,
                      "wall_s": float(np.mean([r["train_s"] for r in sb3]))})
+    fidelity_after = [r["fidelity"] for r in runs["role_grpo"] if r["fidelity"]]
     fidelity = {"before": _fidelity(warm_fid),
                 "after": {m: summarize([f[f"fidelity_{m}"] for f in fidelity_after if f.get(f"fidelity_{m}") is not None])
                           for m in FIDELITY_METRICS}}
     return {"recipe": str(args.recipe), "model": recipe.model, "seeds": args.seeds, "grpo_steps": steps,
             "grpo": {k: getattr(recipe.grpo, k) for k in ("batch_tasks", "group_size", "lr", "max_new_tokens",
                                                            "rehearse_max_new_tokens", "max_steps_per_turn", "temperature")},
-            "test_tasks": warm_eval["n_tasks"], "rows": rows, "fidelity": fidelity}
+            "test_tasks": warm_eval["n_tasks"], "fidelity_tasks": warm_fid.get("n_tasks"), "rows": rows,
+            "fidelity": fidelity}
 
 
 def table(results: dict[str, Any]) -> list[str]:
     """The printed table: one line per row of `results` (`run`'s), then the fidelity lines."""
-    lines = [f"EnvACE-Lab ablations: {results['model']}, {results['seeds']} seeds, {results['grpo_steps']} GRPO steps "
+    done = results.get("seeds_done", results["seeds"])
+    progress = "" if done == results["seeds"] else f" (PARTIAL: {done} of {results['seeds']} seeds done)"
+    lines = [f"EnvACE-Lab ablations: {results['model']}, {done} seeds, {results['grpo_steps']} GRPO steps "
              f"(B={results['grpo']['batch_tasks']}, K={results['grpo']['group_size']}), {results['test_tasks']} test tasks, "
-             f"success on the real backend, mean +- 95% CI over seeds",
-             f"{'row':<50} {'success':>15} {'vs role_grpo':>15} {'tasks +/-':>9} {'real calls':>10} {'replays':>8} {'seconds':>8}"]
+             f"success on the real backend, mean +- 95% CI over seeds{progress}",
+             f"{'row':<40} {'success':>15} {'vs role_grpo':>15} {'tasks +/-':>9} {'real calls':>10} {'replays':>8} "
+             f"{'seconds':>8} {'fid ord':>7} {'fid err':>7}"]
     for row in results["rows"]:
         s = row["success"]
         success = f"{s['mean']:.3f}" + ("" if s["ci95"] is None else f" +- {s['ci95']:.3f}")
@@ -290,9 +320,15 @@ def table(results: dict[str, Any]) -> list[str]:
         calls = "" if row.get("real_tool_calls") is None else f"{row['real_tool_calls']:.0f}"
         replays = "" if row.get("verifier_replay_calls") is None else f"{row['verifier_replay_calls']:.0f}"
         secs = f"{row['wall_s']:.0f}" if "wall_s" in row else ""
-        lines.append(f"{row['row']:<50} {success:>15} {diff:>15} {paired:>9} {calls:>10} {replays:>8} {secs:>8}")
+        fid = row.get("fidelity") or {}
+        ordinary, error = (("" if fid.get(k) is None else f"{fid[k]:.3f}") for k in ("ordinary exact", "error exact"))
+        lines.append(f"{row['row']:<40} {success:>15} {diff:>15} {paired:>9} {calls:>10} {replays:>8} {secs:>8} "
+                     f"{ordinary:>7} {error:>7}")
     lines.append("tasks +/-: the test tasks the row solved that role_grpo did not / that role_grpo solved and the row "
-                 "did not, summed over seeds" + ("; one seed: no interval over seeds (no +-)" if results["seeds"] < 2 else ""))
+                 "did not, summed over seeds" + ("; one seed: no interval over seeds (no +-)" if done < 2 else ""))
+    if results.get("fidelity_tasks"):
+        lines.append(f"fid ord / fid err: rehearsal fidelity, exact match on ordinary / error tool outputs, mean over "
+                     f"seeds, on {results['fidelity_tasks']} test tasks")
     before, after = results["fidelity"]["before"], results["fidelity"]["after"]
     for m in FIDELITY_METRICS:
         b = "n/a" if before[m] is None else f"{before[m]:.3f}"
@@ -317,7 +353,8 @@ def plot(results: dict[str, Any], path: Path) -> Path:
             xerr=[nan if r["success"]["ci95"] is None else r["success"]["ci95"] for r in rows])
     ax.set_yticks(ys, [r["row"] for r in rows], fontsize=8)
     ax.set_xlim(0, 1)
-    ax.set_xlabel(f"test success, real backend ({results['test_tasks']} tasks; mean, 95% CI over {results['seeds']} seeds)")
+    ax.set_xlabel(f"test success, real backend ({results['test_tasks']} tasks; mean, 95% CI over "
+                  f"{results.get('seeds_done', results['seeds'])} seeds)")
     before, after = results["fidelity"]["before"], results["fidelity"]["after"]
     xs = np.arange(len(FIDELITY_METRICS))
     bx.bar(xs - 0.2, [before[m] or 0 for m in FIDELITY_METRICS], 0.4, label="before GRPO")

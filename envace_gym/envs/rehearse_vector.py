@@ -16,10 +16,10 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space
 
 from envace_gym.envs.rehearse import RehearseEnv
 from envace_gym.rehearsal import make_rehearser
+from envace_gym.spaces import batch_text_space
 
 __all__ = ["RehearseVectorEnv"]
 
@@ -61,8 +61,8 @@ class RehearseVectorEnv(VectorEnv):
         self.num_envs = num_envs
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
-        self.observation_space = batch_space(self.single_observation_space, num_envs)
-        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.observation_space = batch_text_space(self.single_observation_space, num_envs)
+        self.action_space = batch_text_space(self.single_action_space, num_envs)
         self._autoreset = np.zeros(num_envs, dtype=bool)
         self.num_rehearsal_calls = 0
 

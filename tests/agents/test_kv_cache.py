@@ -16,6 +16,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from agents import generation
 from agents.generation import generate
 from agents.kv_cache import KVEntry, PrefixKVCache
 from agents.logprobs import token_logprobs
@@ -130,8 +131,11 @@ def test_cached_multi_turn_matches_full_recompute_and_uncached(
     seed=st.integers(0, 2**20),
     min_shared=st.sampled_from([1, 3, 128]),
 )
-def test_ragged_prefix_lengths_in_one_batch(model, base, cuts, suffixes, seed, min_shared):
-    """Rows whose cached prefixes have different lengths (cut points into one stored entry, or none)."""
+@pytest.mark.parametrize("padded_width", [0, 1024], ids=["row_by_row_prefill", "padded_prefill"])
+def test_ragged_prefix_lengths_in_one_batch(model, base, cuts, suffixes, seed, min_shared, padded_width, monkeypatch):
+    """Rows whose cached prefixes have different lengths (cut points into one stored entry, or none), with
+    ragged rows prefilled one by one and in one padded forward (`agents.generation._padded_prefill`)."""
+    monkeypatch.setattr(generation, "PADDED_PREFILL_MAX_WIDTH", padded_width)
     base = _ids(base)
     cache = PrefixKVCache(replace=False, min_shared_prefix=min_shared)
     generate(model, [base], max_new_tokens=1, temperature=0.0, stop_ids=[STOP], pad_id=PAD, kv_cache=cache)

@@ -26,7 +26,8 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
     recipe.write_text(yaml.safe_dump(RECIPE))
     out = tmp_path / "ablations"
     argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "2", "--ttr-n", "1", "--ttr-sequential-n", "1",
-            "--base-rehearser-n", "1", "--ttr-memory-tokens", "40", "--ttr-critique-tokens", "2", "--sb3-timesteps", "64"]
+            "--base-rehearser-n", "1", "--ttr-memory-tokens", "40", "--ttr-critique-tokens", "2", "--sb3-timesteps", "64",
+            "--limit", "1", "--fidelity-limit", "1"]
     results = lab_ablations.main(argv)
     rows = {r["row"]: r for r in results["rows"]}
     assert list(rows)[:7] == ["warm start (SFT, pre-RL)", "role_grpo", "role_grpo_token", "grpo", "per_role",
@@ -50,6 +51,11 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
         assert config["seed"] == seed and config["algo"] == "grpo" and config["init"].startswith(str(out / "warm_start"))
     assert (out / "per_role/seed0/grpo/checkpoints").is_dir()
     assert rows["null_rehearser"]["real_tool_calls"] == 0  # answered by the constant, never by a backend
+    for seed in (0, 1):  # every arm's policy of every seed has its own fidelity evaluation on the limited tasks
+        episodes = (out / f"null_rehearser/seed{seed}/fidelity/episodes.jsonl").read_text().splitlines()
+        assert len(episodes) == results["fidelity_tasks"] == len(RECIPE["categories"])
+    assert set(rows["grpo"]["fidelity"]) == {"exact", "ordinary exact", "error exact"}
+    assert results["seeds_done"] == 2 and "PARTIAL" not in printed_table(results)
     assert (out / "ablations.png").stat().st_size > 1000
     assert json.loads((out / "results.json").read_text())["rows"] == json.loads(json.dumps(results["rows"]))
     printed = capsys.readouterr().out
@@ -59,6 +65,10 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "[stage] warm_start/sft ..." not in printed and printed.count("already done") >= 20 and "sb3_maskable_ppo/seed1: already done" in printed
     assert [r["success"] for r in again["rows"]] == [r["success"] for r in results["rows"]]
+
+
+def printed_table(results):
+    return "\n".join(lab_ablations.table(results))
 
 
 def test_paired_task_counts_and_a_single_seed_prints_no_interval():
@@ -78,3 +88,5 @@ def test_paired_task_counts_and_a_single_seed_prints_no_interval():
     assert grpo.split() == ["grpo", "0.500", "+0.250", "+2/-1"] and "+-" not in "".join(lines[2:4])
     assert any(line.startswith("tasks +/-") and "one seed: no interval" in line for line in lines)
     assert "after 0.500 (no interval: 1 seed)" in lines[-1]
+    partial = lab_ablations.table({**results, "seeds": 10, "seeds_done": 1})
+    assert "PARTIAL: 1 of 10 seeds done" in partial[0] and "1 seeds" in partial[0]
