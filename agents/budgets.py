@@ -39,14 +39,22 @@ after ``MAXIMUM_STEP_LIMIT = 20`` of them, so BFCL's limit is ``max_steps_per_tu
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from envace_gym.parsing import format_tool_calls
 from envace_gym.types import Task, ToolCall
 
-__all__ = ["TaskNeeds", "BudgetReport", "BudgetError", "task_needs", "budget_report", "require_solvable",
-           "check_task_budgets"]
+__all__ = [
+    "TaskNeeds",
+    "BudgetReport",
+    "BudgetError",
+    "task_needs",
+    "budget_report",
+    "require_solvable",
+    "check_task_budgets",
+]
 
 BUDGET_KINDS = ("max_steps_per_turn", "max_new_tokens", "max_episode_tokens")
 
@@ -172,9 +180,11 @@ class BudgetReport:
         """One line: the fraction, the budgets (under the caller's option names) and the one-call fraction."""
         names = names or {}
         shown = ", ".join(f"{names.get(k, k)}={v}" for k, v in self.budgets.items() if v is not None)
-        line = (f"{self.solvable}/{self.num_tasks} ({100 * self.fraction:.1f}%) of the selected tasks can be "
-                f"completed within {shown}; with one call per ACT message (as the SFT demonstrations write them) "
-                f"{self.solvable_one_call_per_message}/{self.num_tasks} ({100 * self.fraction_one_call_per_message:.1f}%)")
+        line = (
+            f"{self.solvable}/{self.num_tasks} ({100 * self.fraction:.1f}%) of the selected tasks can be "
+            f"completed within {shown}; with one call per ACT message (as the SFT demonstrations write them) "
+            f"{self.solvable_one_call_per_message}/{self.num_tasks} ({100 * self.fraction_one_call_per_message:.1f}%)"
+        )
         if self.no_reference:
             line += f"; {self.no_reference} without a reference solution are counted as solvable"
         return line
@@ -248,8 +258,11 @@ def budget_report(
     Returns:
         `BudgetReport`.
     """
-    budgets = {"max_steps_per_turn": int(max_steps_per_turn), "max_new_tokens": int(max_new_tokens),
-               "max_episode_tokens": max_episode_tokens}
+    budgets = {
+        "max_steps_per_turn": int(max_steps_per_turn),
+        "max_new_tokens": int(max_new_tokens),
+        "max_episode_tokens": max_episode_tokens,
+    }
     reference = getattr(suite, "ground_truth", None)
     needs: list[TaskNeeds] = []
     no_reference = 0
@@ -276,14 +289,18 @@ def budget_report(
             blocked_ids.setdefault(why, [])
             if len(blocked_ids[why]) < 5:
                 blocked_ids[why].append(n.task_id)
-    report = BudgetReport(budgets, len(tasks), count(budgets), count(budgets, True), blocked, no_reference,
-                          blocked_ids=blocked_ids)
+    report = BudgetReport(
+        budgets, len(tasks), count(budgets), count(budgets, True), blocked, no_reference, blocked_ids=blocked_ids
+    )
+
     def enough(b: dict[str, int | None]) -> bool:  # the same comparison as require_solvable
         return (count(b) / len(tasks) if tasks else 1.0) >= min_fraction
 
     # each count is monotone in each budget, so the smallest sufficient value is a binary search away
     upper = {
-        "max_new_tokens": max((n.group_tokens(t, 0, len(c)) for n in needs for t, c in enumerate(n.turns) if c), default=1),
+        "max_new_tokens": max(
+            (n.group_tokens(t, 0, len(c)) for n in needs for t, c in enumerate(n.turns) if c), default=1
+        ),
         "max_steps_per_turn": max((len(c) + 1 for n in needs for c in n.turns), default=1),
         "max_episode_tokens": max((n.demo_tokens for n in needs if n.demo_tokens is not None), default=1),
     }
@@ -305,8 +322,13 @@ def budget_report(
 
 
 def require_solvable(
-    report: BudgetReport, min_fraction: float, *, command: str, names: dict[str, str] | None = None,
-    threshold_name: str = "--min-solvable-fraction", log: Callable[[str], Any] | None = print,
+    report: BudgetReport,
+    min_fraction: float,
+    *,
+    command: str,
+    names: dict[str, str] | None = None,
+    threshold_name: str = "--min-solvable-fraction",
+    log: Callable[[str], Any] | None = print,
 ) -> None:
     """Print the report's summary line and raise `BudgetError` when its fraction is below `min_fraction`.
 
@@ -332,13 +354,21 @@ def require_solvable(
     for kind, n in sorted(report.blocked_by.items(), key=lambda kv: -kv[1]):
         current = report.budgets[kind]
         need = report.needed.get(kind)
-        fix = f"raise {names[kind]} to {need} or more" if need is not None else f"raising {names[kind]} alone is not enough"
-        parts.append(f"{n} task(s) need more than {names[kind]}={current} allows ({fix}; e.g. "
-                     f"{', '.join(report.blocked_ids.get(kind, []))})")
+        fix = (
+            f"raise {names[kind]} to {need} or more"
+            if need is not None
+            else f"raising {names[kind]} alone is not enough"
+        )
+        parts.append(
+            f"{n} task(s) need more than {names[kind]}={current} allows ({fix}; e.g. "
+            f"{', '.join(report.blocked_ids.get(kind, []))})"
+        )
     raise BudgetError(
-        f"{command}: only {100 * report.fraction:.1f}% of the {report.num_tasks} selected tasks can be completed within "
+        f"{command}: only {100 * report.fraction:.1f}% of the {report.num_tasks} selected tasks can be completed "
+        "within "
         f"the budgets, below {threshold_name}={min_fraction}; their trajectories could only ever earn R = 0. "
-        + "; ".join(parts) + f". Or lower {threshold_name} to start anyway."
+        + "; ".join(parts)
+        + f". Or lower {threshold_name} to start anyway."
     )
 
 
@@ -351,10 +381,20 @@ def _tokenizer_key(tokenizer: Any) -> tuple:
     return type(tokenizer).__name__, len(vocab), hash(frozenset(vocab.items()))
 
 
-def check_task_budgets(tasks, suite_name: str, tokenizer, *, max_steps_per_turn: int, max_new_tokens: int,
-                       max_episode_tokens: int | None, min_fraction: float, command: str,
-                       names: dict[str, str] | None = None, threshold_name: str = "--min-solvable-fraction",
-                       log=print):
+def check_task_budgets(
+    tasks,
+    suite_name: str,
+    tokenizer,
+    *,
+    max_steps_per_turn: int,
+    max_new_tokens: int,
+    max_episode_tokens: int | None,
+    min_fraction: float,
+    command: str,
+    names: dict[str, str] | None = None,
+    threshold_name: str = "--min-solvable-fraction",
+    log=print,
+):
     """`agents.budgets.budget_report` of `tasks` then `agents.budgets.require_solvable`; returns the report.
 
     Raises:
@@ -365,13 +405,26 @@ def check_task_budgets(tasks, suite_name: str, tokenizer, *, max_steps_per_turn:
 
     # a pipeline or an ablation checks the same tasks with the same tokenizer and budgets once per stage;
     # counting 12,000 reference solutions takes ~10 s, so the report is kept per process
-    key = (suite_name, tuple(t.id for t in tasks), _tokenizer_key(tokenizer), max_steps_per_turn, max_new_tokens,
-           max_episode_tokens, min_fraction)
+    key = (
+        suite_name,
+        tuple(t.id for t in tasks),
+        _tokenizer_key(tokenizer),
+        max_steps_per_turn,
+        max_new_tokens,
+        max_episode_tokens,
+        min_fraction,
+    )
     report = _REPORTS.get(key)
     if report is None:
-        report = budget_report(tasks, make_suite(suite_name), tokenizer, max_steps_per_turn=max_steps_per_turn,
-                               max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens,
-                               min_fraction=min_fraction)
+        report = budget_report(
+            tasks,
+            make_suite(suite_name),
+            tokenizer,
+            max_steps_per_turn=max_steps_per_turn,
+            max_new_tokens=max_new_tokens,
+            max_episode_tokens=max_episode_tokens,
+            min_fraction=min_fraction,
+        )
         if len(_REPORTS) >= 16:
             _REPORTS.pop(next(iter(_REPORTS)))
         _REPORTS[key] = report

@@ -15,7 +15,7 @@ a half checkpoint that resume would pick. `latest_checkpoint` returns the newest
 resumes from the newest one that actually loads (a truncated or corrupt file makes it fall back to the
 previous checkpoint, and it says so). Optimizer, scheduler and RNG files are read with
 ``torch.load(weights_only=True)``, so a tampered run folder cannot execute code on resume.
-"""
+"""  # noqa: E501 (a markdown table row in this docstring cannot be wrapped)
 
 from __future__ import annotations
 
@@ -30,8 +30,15 @@ import numpy as np
 import torch
 
 __all__ = [
-    "save_checkpoint", "load_checkpoint", "read_checkpoint", "load_newest", "latest_checkpoint", "checkpoint_dir",
-    "prune_checkpoints", "trainer_state", "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "load_newest",
+    "latest_checkpoint",
+    "checkpoint_dir",
+    "prune_checkpoints",
+    "trainer_state",
+    "CheckpointError",
 ]
 
 _STATE = "trainer_state.json"
@@ -76,14 +83,26 @@ def save_checkpoint(
     tmp.mkdir(parents=True)
     for name, model in models.items():
         state = model_state_dicts.get(name)
-        model.save_pretrained(tmp / name, safe_serialization=True, **({"state_dict": state} if state is not None else {}))
+        model.save_pretrained(
+            tmp / name, safe_serialization=True, **({"state_dict": state} if state is not None else {})
+        )
         tokenizer.save_pretrained(tmp / name)
-    torch.save({k: optimizer_state_dicts[k] if optimizer_state_dicts.get(k) is not None else o.state_dict()
-                for k, o in optimizers.items()}, tmp / "optimizer.pt")
+    torch.save(
+        {
+            k: optimizer_state_dicts[k] if optimizer_state_dicts.get(k) is not None else o.state_dict()
+            for k, o in optimizers.items()
+        },
+        tmp / "optimizer.pt",
+    )
     torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "scheduler.pt")
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    numpy_state = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    numpy_state = {
+        "name": name,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
     torch.save({"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}, tmp / "rng.pt")
     (tmp / _STATE).write_text(json.dumps({"step": step, "config": config, "extra": extra or {}}, indent=1))
     if final.exists():
@@ -128,6 +147,7 @@ def _torch_load(path: Path) -> Any:
     safe = [np.ndarray, np.dtype, type(np.dtype("uint32"))]
     try:
         from numpy.core.multiarray import _reconstruct  # noqa: PLC0415 - numpy < 2 and >= 2 both expose it
+
         safe.append(_reconstruct)
     except ImportError:  # pragma: no cover - depends on the numpy version
         pass
@@ -187,13 +207,16 @@ def load_checkpoint(
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
             missing, unexpected = set_model_state_dict(
-                model, data["models"][name], options=StateDictOptions(full_state_dict=True, strict=False))
+                model, data["models"][name], options=StateDictOptions(full_state_dict=True, strict=False)
+            )
         else:
             missing, unexpected = model.load_state_dict(data["models"][name], strict=False)
         unexpected = [k for k in unexpected]
         missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embedding
         if missing or unexpected:
-            raise CheckpointError(f"checkpoint {folder / name} does not match the model: missing {missing}, unexpected {unexpected}")
+            raise CheckpointError(
+                f"checkpoint {folder / name} does not match the model: missing {missing}, unexpected {unexpected}"
+            )
         if getattr(model.config, "tie_word_embeddings", False) and not _is_sharded(model):
             model.tie_weights()
     for name, opt in optimizers.items():
@@ -204,8 +227,13 @@ def load_checkpoint(
     random.setstate(_as_python_state(rng["python"]))
     numpy_state = rng["numpy"]
     if isinstance(numpy_state, dict):  # the tensor form save_checkpoint writes
-        numpy_state = (numpy_state["name"], numpy_state["keys"].numpy().astype(np.uint32), int(numpy_state["pos"]),
-                       int(numpy_state["has_gauss"]), float(numpy_state["cached_gaussian"]))
+        numpy_state = (
+            numpy_state["name"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            int(numpy_state["pos"]),
+            int(numpy_state["has_gauss"]),
+            float(numpy_state["cached_gaussian"]),
+        )
     np.random.set_state(numpy_state)
     torch.set_rng_state(rng["torch"])
     return data["step"]
@@ -222,7 +250,8 @@ def _load_optimizer_state(opt: torch.optim.Optimizer, model: torch.nn.Module | N
     optimizer over plain or sharded (FSDP) parameters of `model`. Index and name match through the order of
     ``opt.param_groups`` and ``model.named_parameters()``."""
     by_name = any(isinstance(k, str) for k in state.get("state", {})) or any(
-        isinstance(i, str) for g in state.get("param_groups", []) for i in g["params"])
+        isinstance(i, str) for g in state.get("param_groups", []) for i in g["params"]
+    )
     sharded = model is not None and _is_sharded(model)
     if not by_name and not sharded:
         opt.load_state_dict(state)
@@ -235,13 +264,19 @@ def _load_optimizer_state(opt: torch.optim.Optimizer, model: torch.nn.Module | N
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         if not by_name:
-            state = {"state": {order[i]: v for i, v in state["state"].items()},
-                     "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]]}
+            state = {
+                "state": {order[i]: v for i, v in state["state"].items()},
+                "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]],
+            }
         set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True))
         return
     index = {n: i for i, n in enumerate(order)}
-    opt.load_state_dict({"state": {index[n]: v for n, v in state["state"].items()},
-                         "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]})
+    opt.load_state_dict(
+        {
+            "state": {index[n]: v for n, v in state["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]],
+        }
+    )
 
 
 def _as_python_state(state: Any) -> tuple:
@@ -264,8 +299,11 @@ def load_newest(
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return None, 0
-    done = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.endswith(".tmp") and (p / _STATE).is_file()),
-                  key=lambda p: p.name, reverse=True)
+    done = sorted(
+        (p for p in root.iterdir() if p.is_dir() and not p.name.endswith(".tmp") and (p / _STATE).is_file()),
+        key=lambda p: p.name,
+        reverse=True,
+    )
     for folder in done:
         try:
             return folder, load_checkpoint(folder, models, optimizers, schedulers)

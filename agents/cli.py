@@ -2,9 +2,11 @@
 
 Subcommands (each has ``--help``):
 
-* ``envace pipeline``: the README's main job: eval, SFT warm start, role-wise GRPO, eval, plots (`agents.pipeline`).
+* ``envace pipeline``: the main job (``make demo``): eval, SFT warm start, role-wise GRPO, eval, plots
+  (`agents.pipeline`).
 * ``envace sft``: warm start of both roles on demonstrations from real executions (`agents.sft`).
-* ``envace eval`` / ``envace report``: real-backend evaluation, test-time rehearsal, fidelity, plots (`agents.evaluate`).
+* ``envace eval`` / ``envace report``: real-backend evaluation, test-time rehearsal, fidelity, plots
+  (`agents.evaluate`).
 * ``envace train``: role-wise GRPO over ``EnvACE-Rehearse-v0`` (`agents.trainer`); ``--help`` lists every
   `agents.config.TrainConfig` field, ``--config FILE.yaml`` loads them, options override the file.
 
@@ -20,7 +22,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["main", "build_parser"]
 
@@ -49,35 +51,47 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     import envace_gym  # noqa: F401  (registers the ids)
     from agents.policy import load_policy, make_policy_rehearser
-    from envace_gym.parsing import parse_tool_calls, ToolCallParseError
+    from envace_gym.parsing import ToolCallParseError, parse_tool_calls
     from envace_gym.types import Role
     from wrappers import RealTools
 
     t0 = time.perf_counter()
     policy = load_policy(args.model)
-    print(f"[demo] model {args.model!r} loaded in {time.perf_counter() - t0:.1f} s "
-          f"({sum(p.numel() for p in policy.model.parameters()) / 1e6:.1f}M parameters)")
+    print(
+        f"[demo] model {args.model!r} loaded in {time.perf_counter() - t0:.1f} s "
+        f"({sum(p.numel() for p in policy.model.parameters()) / 1e6:.1f}M parameters)"
+    )
     rehearser = make_policy_rehearser(policy=policy)
-    kwargs = dict(categories=[args.category], split=args.split, rehearser=rehearser,
-                  max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    kwargs = dict(
+        categories=[args.category],
+        split=args.split,
+        rehearser=rehearser,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+    )
     env = gym.make("EnvACE-Rehearse-v0", **kwargs)
     options = {"task_id": args.task_id} if args.task_id else None
     obs, info = env.reset(seed=args.seed, options=options)
     base = env.unwrapped
     traj = base.trajectory
     tok = policy.tokenizer
-    print(f"[demo] task {info['task_id']} ({len(base.tasks)} tasks in {args.category}/{args.split}), "
-          f"{len(info['tools'])} tools, prompt {len(traj.token_ids)} tokens")
+    print(
+        f"[demo] task {info['task_id']} ({len(base.tasks)} tasks in {args.category}/{args.split}), "
+        f"{len(info['tools'])} tools, prompt {len(traj.token_ids)} tokens"
+    )
     print("=" * 30 + " rendered prompt " + "=" * 30)
     print(tok.decode(traj.token_ids))
     t0 = time.perf_counter()
-    (action,) = policy.act([traj.token_ids], max_new_tokens=args.max_new_tokens,
-                           temperature=args.temperature, seeds=[args.seed])
+    (action,) = policy.act(
+        [traj.token_ids], max_new_tokens=args.max_new_tokens, temperature=args.temperature, seeds=[args.seed]
+    )
     dt = time.perf_counter() - t0
     print("=" * 30 + " generated ACT turn " + "=" * 27)
     print(action)
-    print(f"[demo] {len(action.token_ids)} tokens in {dt:.1f} s; "
-          f"mean logprob {sum(action.logprobs) / max(1, len(action.logprobs)):.3f}")
+    print(
+        f"[demo] {len(action.token_ids)} tokens in {dt:.1f} s; "
+        f"mean logprob {sum(action.logprobs) / max(1, len(action.logprobs)):.3f}"
+    )
     try:
         calls = parse_tool_calls(str(action))
     except ToolCallParseError as err:
@@ -87,8 +101,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("[demo] no tool call in this turn (SmolLM2-135M-Instruct rarely emits one before warm-start SFT)")
     obs, reward, terminated, truncated, info = env.step(action)
     print("=" * 30 + " env step " + "=" * 37)
-    print(f"observation:\n{obs}\nreward={reward} terminated={terminated} truncated={truncated} "
-          f"parse_error={info['parse_error'] is not None}")
+    print(
+        f"observation:\n{obs}\nreward={reward} terminated={terminated} truncated={truncated} "
+        f"parse_error={info['parse_error'] is not None}"
+    )
     if calls:
         real = RealTools(gym.make("EnvACE-Rehearse-v0", **kwargs))
         real.reset(seed=args.seed, options={"task_id": info["task_id"]})
@@ -112,16 +128,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer.train(progress=False)
         return 0
     if trainer.step >= config.num_steps:
-        print(f"[train] {config.run_dir} already holds {trainer.step} of num_steps={config.num_steps} steps; nothing to do "
-              "(raise --num-steps to continue)")
+        print(
+            f"[train] {config.run_dir} already holds {trainer.step} of num_steps={config.num_steps} steps; nothing to "
+            "do "
+            "(raise --num-steps to continue)"
+        )
     elif trainer.step:
         print(f"[train] resumed from step {trainer.step} in {config.run_dir}")
     print("[train] " + " ".join(f"{k}={v}" for k, v in config.to_dict().items()))
     history = trainer.train()
     if history:
         last = history[-1]
-        print(f"[train] step {last['step']}: reward {last['rollout/reward_mean']:.3f}, loss {last['train/loss']:.4f}, "
-              f"{last['perf/step_s']:.1f} s/step; metrics in {config.run_dir}/metrics.jsonl")
+        print(
+            f"[train] step {last['step']}: reward {last['rollout/reward_mean']:.3f}, loss {last['train/loss']:.4f}, "
+            f"{last['perf/step_s']:.1f} s/step; metrics in {config.run_dir}/metrics.jsonl"
+        )
     return 0
 
 

@@ -6,9 +6,9 @@ grouped like CleanRL's ``Args`` and TRL's ``GRPOConfig`` ("Parameters that contr
 others are filled in `__post_init__` and never set by hand. `__post_init__` rejects bad combinations with a
 message that says what to change, before any model loads.
 
-Defaults are the small-CPU settings of the README's main job; the paper's run (Qwen3-8B, 16 GPUs) used
-lr 1e-6, AdamW weight decay 0.01, grad clip 1.0, 16 instructions x K=4 per step, temperature 1.0, one
-optimizer step per batch, an invalid-action penalty of 0.1 and about 470 steps (DESIGN.md §1).
+Defaults are small-CPU settings (those of ``make demo-bfcl``, the BFCL pipeline); the paper's run (Qwen3-8B, 16 GPUs)
+used lr 1e-6, AdamW weight decay 0.01, grad clip 1.0, 16 instructions x K=4 per step, temperature 1.0, one
+optimizer step per batch, an invalid-action penalty of 0.1 and about 470 steps (docs/design.md §1).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import dataclasses
 import math
 import re
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import yaml
 
@@ -148,8 +149,10 @@ def nested_config_field(cls: type, help: str, **defaults: Any) -> Any:
 _f = config_field
 
 
-DEVICE_HELP = ("where the model trains and generates: 'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or "
-               "'cuda:N'; under accelerate launch each process takes its own GPU ('cpu' forces CPU processes)")
+DEVICE_HELP = (
+    "where the model trains and generates: 'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or "
+    "'cuda:N'; under accelerate launch each process takes its own GPU ('cpu' forces CPU processes)"
+)
 
 
 @dataclass
@@ -160,53 +163,154 @@ class TrainConfig:
     run_dir: str = _f("runs/envace", "folder for checkpoints, metrics.jsonl, TensorBoard events and config.yaml")
     seed: int = _f(0, "seed of task sampling, rollouts and initialisation; step s uses seeds derived from (seed, s)")
     model: str = _f("smollm2-135m", "policy model: 'smollm2-135m', a local Hugging Face folder, or 'tiny-random'")
-    init: str | None = _f(None, "start from this checkpoint's model folder (e.g. an `envace sft` checkpoint) instead of --model")
+    init: str | None = _f(
+        None, "start from this checkpoint's model folder (e.g. an `envace sft` checkpoint) instead of --model"
+    )
     num_steps: int = _f(4, "training steps (one rollout batch and its update each)")
     save_every: int = _f(1, "save a checkpoint every this many steps (and at the end)")
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (older ones are deleted)")
-    resume: bool = _f(True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)")
-    allow_config_change: bool = _f(False, "resume even when result-affecting fields (lr, algo, weighting, ...) differ from the checkpoint's; the new values are used")
+    resume: bool = _f(
+        True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)"
+    )
+    allow_config_change: bool = _f(
+        False,
+        (
+            "resume even when result-affecting fields (lr, algo, weighting, ...) differ from the checkpoint's; the new "
+            "values are used"
+        ),
+    )
     device: str = _f("auto", DEVICE_HELP)
     threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
-    malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
+    malloc_mmap_threshold_kb: int = _f(
+        128,
+        (
+            "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep "
+            "glibc's dynamic threshold)"
+        ),
+    )
     tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")
-    engine: str = _f("hf", "generation engine registered in agents.engines: 'hf' (Transformers with the prefix KV cache) or 'hf-nocache'")
+    engine: str = _f(
+        "hf",
+        "generation engine registered in agents.engines: 'hf' (Transformers with the prefix KV cache) or 'hf-nocache'",
+    )
 
     # --- Parameters that control the tasks ------------------------------------------------------------
     suite: str = _f("bfcl", "task suite registered in envace_gym.suites")
-    categories: list[str] | None = _f(None, "suite categories to train on (none given: the suite's default, BFCL's multi_turn_base, every lab family; tau2: its domains, --domains is the same option)", aliases=("domains",))
+    categories: list[str] | None = _f(
+        None,
+        (
+            "suite categories to train on (none given: the suite's default, BFCL's multi_turn_base, every lab family; "
+            "tau2: its domains, --domains is the same option)"
+        ),
+        aliases=("domains",),
+    )
     split: str = _f("train", "task split: train, test or all (test ids are never used for training by default)")
     task_ids: list[str] = _f([], "train on these task ids only (empty: every task of the categories and split)")
 
     # --- Parameters that control the rollouts ---------------------------------------------------------
     batch_tasks: int = _f(2, "B: instructions per step")
     group_size: int = _f(4, "K: trajectories sampled per instruction (the GRPO group); K = 1 makes every advantage 0")
-    rollout: Literal["rehearse", "real", "null"] = _f("rehearse", "'rehearse': the policy simulates the tools (EnvACE); 'real': real backends (ablation); 'null': every call answered with the same uninformative text (the null-rehearser control)")
-    prompt_mode: Literal["inline", "separate"] = _f("inline", "rehearsal prompt: 'inline' continues the trajectory; 'separate' uses a simulator prompt and its own row")
-    max_new_tokens: int = _f(128, "cap on tokens per ACT message (the longest BFCL multi_turn_base ground-truth call is 114 SmolLM2 tokens in Hermes format)")
+    rollout: Literal["rehearse", "real", "null"] = _f(
+        "rehearse",
+        (
+            "'rehearse': the policy simulates the tools (EnvACE); 'real': real backends (ablation); 'null': every call "
+            "answered with the same uninformative text (the null-rehearser control)"
+        ),
+    )
+    prompt_mode: Literal["inline", "separate"] = _f(
+        "inline",
+        "rehearsal prompt: 'inline' continues the trajectory; 'separate' uses a simulator prompt and its own row",
+    )
+    max_new_tokens: int = _f(
+        128,
+        (
+            "cap on tokens per ACT message (the longest BFCL multi_turn_base ground-truth call is 114 SmolLM2 tokens "
+            "in Hermes format)"
+        ),
+    )
     rehearse_max_new_tokens: int = _f(64, "cap on tokens per rehearsed tool response")
     temperature: float = _f(1.0, "sampling temperature of both roles (the recorded and recomputed logprobs use it)")
-    max_steps_per_turn: int = _f(5, "ACT messages per user turn, the closing one included; a turn whose last allowed message still calls a tool truncates the episode with R = 0, as BFCL force-quits a turn (BFCL's limit of 20 calling messages is 21 here)")
+    max_steps_per_turn: int = _f(
+        5,
+        (
+            "ACT messages per user turn, the closing one included; a turn whose last allowed message still calls a "
+            "tool truncates the episode with R = 0, as BFCL force-quits a turn (BFCL's limit of 20 calling messages is "
+            "21 here)"
+        ),
+    )
     max_episode_tokens: int | None = _f(None, "token budget per episode (None: unlimited)")
-    min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the selected tasks than this can be completed within max_steps_per_turn, max_new_tokens and max_episode_tokens (computed from the ground truth before any model loads; agents.budgets)")
-    invalid_action_penalty: float = _f(0.1, "subtracted from R(tau) when an ACT response is empty (DESIGN.md §1)")
-    user_model: str | None = _f(None, "suites with a simulated user (tau2): the model that plays the user in the rollouts (none: the policy itself, with its current weights; its tokens are never trained)")
+    min_solvable_fraction: float = _f(
+        0.9,
+        (
+            "refuse to start when fewer of the selected tasks than this can be completed within max_steps_per_turn, "
+            "max_new_tokens and max_episode_tokens (computed from the ground truth before any model loads; "
+            "agents.budgets)"
+        ),
+    )
+    invalid_action_penalty: float = _f(0.1, "subtracted from R(tau) when an ACT response is empty (docs/design.md §1)")
+    user_model: str | None = _f(
+        None,
+        (
+            "suites with a simulated user (tau2): the model that plays the user in the rollouts (none: the policy "
+            "itself, with its current weights; its tokens are never trained)"
+        ),
+    )
     user_max_new_tokens: int = _f(128, "cap per simulated-user message, tokens")
     user_temperature: float = _f(0.0, "sampling temperature of the simulated user (0: greedy, tau2's default)")
-    user_max_turns: int = _f(10, "messages a simulated user may write before it gives up (the episode is then truncated, R = 0)")
+    user_max_turns: int = _f(
+        10, "messages a simulated user may write before it gives up (the episode is then truncated, R = 0)"
+    )
 
     # --- Parameters that control the algorithm --------------------------------------------------------
-    algo: str = _f("role_grpo", "advantage estimator registered in agents.grpo.ADVANTAGE_ESTIMATORS: 'role_grpo' (one baseline per (group, role)) or 'grpo' (one per group; the ablation)")
-    policy: Literal["shared", "per_role"] = _f("shared", "'shared': one model plays both roles; 'per_role': two models, each trained on its role (ablation; each model also has its own optimizer, its own loss normalisation over its role's tokens and its own max_grad_norm budget)")
-    weighting: Literal["turn", "token", "trajectory"] = _f("turn", "baseline weights within (group, role): per segment, per token, or per trajectory")
+    algo: str = _f(
+        "role_grpo",
+        (
+            "advantage estimator registered in agents.grpo.ADVANTAGE_ESTIMATORS: 'role_grpo' (one baseline per (group, "
+            "role)) or 'grpo' (one per group; the ablation)"
+        ),
+    )
+    policy: Literal["shared", "per_role"] = _f(
+        "shared",
+        (
+            "'shared': one model plays both roles; 'per_role': two models, each trained on its role (ablation; each "
+            "model also has its own optimizer, its own loss normalisation over its role's tokens and its own "
+            "max_grad_norm budget)"
+        ),
+    )
+    weighting: Literal["turn", "token", "trajectory"] = _f(
+        "turn", "baseline weights within (group, role): per segment, per token, or per trajectory"
+    )
     scale_by_std: bool = _f(False, "divide advantages by the per-(group, role) std (off, as in the reference runs)")
     clip_eps_low: float = _f(0.2, "epsilon_low of the clipped importance ratio")
     clip_eps_high: float = _f(0.2, "epsilon_high of the clipped importance ratio")
     beta: float = _f(0.0, "KL coefficient to a frozen reference model (k3 estimator); 0 loads no reference")
     entropy_coef: float = _f(0.0, "entropy bonus coefficient")
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = _f("token-mean", "how per-token losses are averaged (a seq-mean's sequence is one batch row: the whole trajectory under prompt_mode inline, but under separate each rehearsal is a row of its own, so the two modes weigh the roles differently)")
-    importance_sampling_cap: float = _f(0.0, "truncated importance sampling (TIS) between trainer and engine: before the update the trainer recomputes the batch's logprobs, the clipped ratio is taken against them, and each token's loss is weighted by min(pi_trainer / pi_engine, cap) (Yao et al., 2025); 0: off (the ratio is taken against the engine's recorded logprobs)")
-    skip_empty_updates: bool = _f(True, "skip the forward and backward passes of a batch in which no loss token has a non-zero advantage (and there is no KL or entropy term): its loss and gradient would be exactly 0; with one process, also leave the rows without a non-zero advantage out of the passes of a batch that trains (same gradient); false runs every row with loss tokens, e.g. to time an update with the same work as a trainer that never skips")
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = _f(
+        "token-mean",
+        (
+            "how per-token losses are averaged (a seq-mean's sequence is one batch row: the whole trajectory under "
+            "prompt_mode inline, but under separate each rehearsal is a row of its own, so the two modes weigh the "
+            "roles differently)"
+        ),
+    )
+    importance_sampling_cap: float = _f(
+        0.0,
+        (
+            "truncated importance sampling (TIS) between trainer and engine: before the update the trainer recomputes "
+            "the batch's logprobs, the clipped ratio is taken against them, and each token's loss is weighted by "
+            "min(pi_trainer / pi_engine, cap) (Yao et al., 2025); 0: off (the ratio is taken against the engine's "
+            "recorded logprobs)"
+        ),
+    )
+    skip_empty_updates: bool = _f(
+        True,
+        (
+            "skip the forward and backward passes of a batch in which no loss token has a non-zero advantage (and "
+            "there is no KL or entropy term): its loss and gradient would be exactly 0; with one process, also leave "
+            "the rows without a non-zero advantage out of the passes of a batch that trains (same gradient); false "
+            "runs every row with loss tokens, e.g. to time an update with the same work as a trainer that never skips"
+        ),
+    )
     ppo_epochs: int = _f(1, "passes over each rollout batch")
     num_minibatches: int = _f(1, "optimizer steps per epoch; the B*K trajectory rows must split into whole minibatches")
 
@@ -216,16 +320,49 @@ class TrainConfig:
     adam_beta1: float = _f(0.9, "AdamW beta1")
     adam_beta2: float = _f(0.999, "AdamW beta2")
     max_grad_norm: float = _f(1.0, "gradient clipping norm (0: off)")
-    max_nonfinite_steps: int = _f(3, "an optimizer step whose loss or clipped gradient is not finite is skipped (train/skipped_nonfinite); this many in a row (per model) stop the run")
+    max_nonfinite_steps: int = _f(
+        3,
+        (
+            "an optimizer step whose loss or clipped gradient is not finite is skipped (train/skipped_nonfinite); this "
+            "many in a row (per model) stop the run"
+        ),
+    )
     lr_schedule: Literal["constant", "linear", "cosine"] = _f("constant", "learning-rate schedule after warmup")
     warmup_steps: int = _f(0, "linear warmup steps of the schedule")
 
     # --- Parameters that control memory ---------------------------------------------------------------
     logprob_chunk_size: int = _f(512, "positions per chunk through the LM head when recomputing logprobs")
-    micro_batch_tokens: int = _f(1024, "padded tokens per forward/backward pass of the update: a minibatch's rows, sorted by length, are packed into micro-batches of at most this many (rows x longest row; a longer row goes alone) whose gradients add up to the minibatch's, so only float rounding changes. Less padding is less work, and a CPU forward without padding skips the attention mask (1024 was fastest on 2 cores for 135M; raise it on a GPU)")
-    gradient_checkpointing: bool = _f(True, "recompute activations layer by layer in the backward pass: about 30% slower, but without it CPU attention keeps every layer's (rows, heads, T, T) probabilities (SmolLM2, 2 rows x 4k tokens: ~36 GB)")
-    shard_optimizer: bool = _f(False, "ZeRO stage 1 under accelerate launch: each of W processes keeps AdamW's state for 1/W of the weights (torch's ZeroRedundancyOptimizer); no effect with one process")
-    dtype: Literal["float32", "bfloat16"] = _f("float32", "dtype of the trained weights (and of generation); logprobs and the loss are computed in float32 either way. bfloat16 halves weight memory but AdamW updates smaller than half of bfloat16's spacing (about 0.2% of a weight) round away, so lr 1e-6 needs float32 weights")
+    micro_batch_tokens: int = _f(
+        1024,
+        (
+            "padded tokens per forward/backward pass of the update: a minibatch's rows, sorted by length, are packed "
+            "into micro-batches of at most this many (rows x longest row; a longer row goes alone) whose gradients add "
+            "up to the minibatch's, so only float rounding changes. Less padding is less work, and a CPU forward "
+            "without padding skips the attention mask (1024 was fastest on 2 cores for 135M; raise it on a GPU)"
+        ),
+    )
+    gradient_checkpointing: bool = _f(
+        True,
+        (
+            "recompute activations layer by layer in the backward pass: about 30% slower, but without it CPU attention "
+            "keeps every layer's (rows, heads, T, T) probabilities (SmolLM2, 2 rows x 4k tokens: ~36 GB)"
+        ),
+    )
+    shard_optimizer: bool = _f(
+        False,
+        (
+            "ZeRO stage 1 under accelerate launch: each of W processes keeps AdamW's state for 1/W of the weights "
+            "(torch's ZeroRedundancyOptimizer); no effect with one process"
+        ),
+    )
+    dtype: Literal["float32", "bfloat16"] = _f(
+        "float32",
+        (
+            "dtype of the trained weights (and of generation); logprobs and the loss are computed in float32 either "
+            "way. bfloat16 halves weight memory but AdamW updates smaller than half of bfloat16's spacing (about 0.2% "
+            "of a weight) round away, so lr 1e-6 needs float32 weights"
+        ),
+    )
 
     # --- Computed at run time (not set by hand) -------------------------------------------------------
     trajectories_per_step: int = field(default=0, init=False, metadata={"help": "B*K (computed)", "computed": True})
@@ -241,8 +378,10 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 fail(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_grad_norm < 0 or self.weight_decay < 0:
-            fail(f"max_grad_norm and weight_decay must be >= 0 (max_grad_norm 0 turns clipping off), got "
-                 f"{self.max_grad_norm}, {self.weight_decay}")
+            fail(
+                f"max_grad_norm and weight_decay must be >= 0 (max_grad_norm 0 turns clipping off), got "
+                f"{self.max_grad_norm}, {self.weight_decay}"
+            )
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -251,29 +390,54 @@ class TrainConfig:
         from agents.engines import registered_engines
 
         if self.engine not in registered_engines():
-            fail(f"engine must be one of {registered_engines()} (agents.engines.register_engine adds one), got {self.engine!r}")
+            fail(
+                f"engine must be one of {registered_engines()} (agents.engines.register_engine adds one), got "
+                f"{self.engine!r}"
+            )
 
-        for name in ("num_steps", "batch_tasks", "group_size", "max_new_tokens", "rehearse_max_new_tokens",
-                     "max_steps_per_turn", "ppo_epochs", "num_minibatches", "save_every",
-                     "logprob_chunk_size", "micro_batch_tokens", "keep_checkpoints", "max_nonfinite_steps",
-                     "user_max_new_tokens", "user_max_turns"):
+        for name in (
+            "num_steps",
+            "batch_tasks",
+            "group_size",
+            "max_new_tokens",
+            "rehearse_max_new_tokens",
+            "max_steps_per_turn",
+            "ppo_epochs",
+            "num_minibatches",
+            "save_every",
+            "logprob_chunk_size",
+            "micro_batch_tokens",
+            "keep_checkpoints",
+            "max_nonfinite_steps",
+            "user_max_new_tokens",
+            "user_max_turns",
+        ):
             if getattr(self, name) < 1:
                 fail(f"{name} must be >= 1, got {getattr(self, name)}")
         check_device(self.device, fail)
         if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
-            fail(f"malloc_mmap_threshold_kb must be in [0, 32768] (0 keeps glibc's default), got {self.malloc_mmap_threshold_kb}")
+            fail(
+                "malloc_mmap_threshold_kb must be in [0, 32768] (0 keeps glibc's default), got "
+                f"{self.malloc_mmap_threshold_kb}"
+            )
         if self.group_size == 1:
-            fail("group_size K=1 makes every advantage zero (a group of one has no baseline); set --group-size 2 or more")
+            fail(
+                "group_size K=1 makes every advantage zero (a group of one has no baseline); set --group-size 2 or more"
+            )
         self.trajectories_per_step = self.batch_tasks * self.group_size
         if self.trajectories_per_step % self.num_minibatches:
             fail(
                 f"B*K = {self.batch_tasks}*{self.group_size} = {self.trajectories_per_step} rows do not split into "
-                f"{self.num_minibatches} whole minibatches; choose --num-minibatches dividing {self.trajectories_per_step}"
+                f"{self.num_minibatches} whole minibatches; choose --num-minibatches dividing "
+                f"{self.trajectories_per_step}"
             )
         from agents.grpo import ADVANTAGE_ESTIMATORS
 
         if self.algo not in ADVANTAGE_ESTIMATORS:
-            fail(f"algo must be one of {list(ADVANTAGE_ESTIMATORS)} (agents.grpo.ADVANTAGE_ESTIMATORS), got {self.algo!r}")
+            fail(
+                f"algo must be one of {list(ADVANTAGE_ESTIMATORS)} (agents.grpo.ADVANTAGE_ESTIMATORS), got "
+                f"{self.algo!r}"
+            )
         for name in ("rollout", "prompt_mode", "policy", "weighting", "aggregation", "lr_schedule", "dtype"):
             allowed = typing.get_args(_HINTS[name])
             if getattr(self, name) not in allowed:
@@ -285,11 +449,15 @@ class TrainConfig:
         if self.beta < 0 or self.entropy_coef < 0 or self.lr <= 0 or self.invalid_action_penalty < 0:
             fail("beta, entropy_coef and invalid_action_penalty must be >= 0 and lr > 0")
         if self.importance_sampling_cap < 0 or 0 < self.importance_sampling_cap < 1:
-            fail(f"importance_sampling_cap must be 0 (off) or >= 1 (a cap below 1 would shrink on-policy tokens), "
-                 f"got {self.importance_sampling_cap}")
+            fail(
+                f"importance_sampling_cap must be 0 (off) or >= 1 (a cap below 1 would shrink on-policy tokens), "
+                f"got {self.importance_sampling_cap}"
+            )
         if self.policy == "per_role" and self.rollout != "rehearse":
-            fail(f"policy=per_role trains a separate REHEARSE model, but rollout={self.rollout} never rehearses; "
-                 f"use policy=shared")
+            fail(
+                f"policy=per_role trains a separate REHEARSE model, but rollout={self.rollout} never rehearses; "
+                f"use policy=shared"
+            )
         if not 0 <= self.min_solvable_fraction <= 1:
             fail(f"min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
         if self.split not in ("train", "test", "all"):
@@ -300,17 +468,30 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
-        "run_dir", "num_steps", "save_every", "keep_checkpoints", "resume", "allow_config_change", "threads", "device",
-        "malloc_mmap_threshold_kb", "tensorboard", "min_solvable_fraction", "max_nonfinite_steps",
-        "logprob_chunk_size", "micro_batch_tokens", "gradient_checkpointing", "shard_optimizer",
+        "run_dir",
+        "num_steps",
+        "save_every",
+        "keep_checkpoints",
+        "resume",
+        "allow_config_change",
+        "threads",
+        "device",
+        "malloc_mmap_threshold_kb",
+        "tensorboard",
+        "min_solvable_fraction",
+        "max_nonfinite_steps",
+        "logprob_chunk_size",
+        "micro_batch_tokens",
+        "gradient_checkpointing",
+        "shard_optimizer",
     )
     """Fields that may change between a run and its resume (bookkeeping, memory, speed): every other one
     changes what is trained, so a resume with another value refuses unless ``allow_config_change``."""
 
     REMOVED_FIELDS: typing.ClassVar[dict[str, str]] = {
         "max_rollout_steps": "it cut every episode after that many ACT messages in total and set R = 0, so most "
-                             "multi-turn tasks could never earn reward; episodes are now limited per user turn by "
-                             "max_steps_per_turn (BFCL's semantics)",
+        "multi-turn tasks could never earn reward; episodes are now limited per user turn by "
+        "max_steps_per_turn (BFCL's semantics)",
     }
     """Fields of earlier versions, each with what replaced it (a config naming one fails with that message)."""
 
@@ -399,7 +580,9 @@ def add_dataclass_arguments(parser: Any, cls: type, prefix: str = "", defaults: 
     """
     hints = typing.get_type_hints(cls)
     if not prefix:
-        parser.add_argument("--config", default=None, help=f"YAML file of {cls.__name__} fields (command-line options override it)")
+        parser.add_argument(
+            "--config", default=None, help=f"YAML file of {cls.__name__} fields (command-line options override it)"
+        )
     for f in _settable_fields(cls):
         hint = hints[f.name]
         if dataclasses.is_dataclass(hint):
@@ -425,7 +608,9 @@ def add_dataclass_arguments(parser: Any, cls: type, prefix: str = "", defaults: 
         aliases = [f"--{prefix}{a}" for a in f.metadata.get("aliases", ())]  # e.g. --domains for τ²'s categories
         parser.add_argument("--" + prefix + f.name.replace("_", "-"), *aliases, **kw)
     for name in getattr(cls, "REMOVED_FIELDS", {}):  # accepted only to fail with the message that says what replaced it
-        parser.add_argument("--" + prefix + name.replace("_", "-"), dest=prefix + name, default=NOT_GIVEN, help=argparse.SUPPRESS)
+        parser.add_argument(
+            "--" + prefix + name.replace("_", "-"), dest=prefix + name, default=NOT_GIVEN, help=argparse.SUPPRESS
+        )
 
 
 class _NotGiven:

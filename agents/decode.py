@@ -24,8 +24,15 @@ import torch.nn.functional as F
 __all__ = ["decode_step", "supports_decode_step"]
 
 _ARCHITECTURES = {"LlamaForCausalLM", "Qwen3ForCausalLM"}
-_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                "mlp.up_proj", "mlp.down_proj")
+_PROJECTIONS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 # grouped-query SDPA (enable_gqa) arrived in torch 2.5
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
@@ -35,7 +42,11 @@ def supports_decode_step(model: torch.nn.Module) -> bool:
     if type(model).__name__ not in _ARCHITECTURES or model.training:
         return False
     cfg = model.config
-    if getattr(cfg, "hidden_act", None) != "silu" or getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+    if (
+        getattr(cfg, "hidden_act", None) != "silu"
+        or getattr(cfg, "attention_bias", False)
+        or getattr(cfg, "mlp_bias", False)
+    ):
         return False
     if getattr(cfg, "pretraining_tp", 1) != 1 or getattr(cfg, "use_sliding_window", False):
         return False
@@ -64,8 +75,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 
 
 @torch.no_grad()
-def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor, cache) -> torch.Tensor:
+def decode_step(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache
+) -> torch.Tensor:
     """The next-token logits after feeding one id per row.
 
     Args:
@@ -98,8 +110,9 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
             q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
         q, k = _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)  # (B, H, 1, D) each
         keys, values = cache.layers[i].update(k, v)  # (B, H_kv, T+1, D) each
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
-                                             enable_gqa=q.shape[1] != keys.shape[1])  # (B, H_q, 1, D)
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=q.shape[1] != keys.shape[1]
+        )  # (B, H_q, 1, D)
         # the residual add rides in the GEMM (addmm's beta term) instead of a separate op
         hidden = torch.addmm(hidden, out.reshape(rows, -1), attn.o_proj.weight.t())  # (B, H)
         x = _rms_norm(hidden, layer.post_attention_layernorm)

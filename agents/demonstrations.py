@@ -85,8 +85,8 @@ Reads the JSONL written by ``wrappers.RecordTrajectories(include_tokens=True)``,
 applies the same relabelling (real tool results become REHEARSE targets; rehearsed ones already are) and
 the same length cap.
 
-Sources: EnvACE (Xu et al., 2026, arXiv 2608.06197) as DESIGN.md §1 describes it (one policy, two roles);
-BFCL v4 multi-turn data, backends and checkers from ``bfcl-eval`` (DESIGN.md §4); rejection-sampling
+Sources: EnvACE (Xu et al., 2026, arXiv 2608.06197) as docs/design.md §1 describes it (one policy, two roles);
+BFCL v4 multi-turn data, backends and checkers from ``bfcl-eval`` (docs/design.md §4); rejection-sampling
 fine-tuning as in Yuan et al., 2023 ("Scaling relationship on learning mathematical reasoning with LLMs").
 """
 
@@ -95,8 +95,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 from envace_gym.parsing import format_tool_calls
 from envace_gym.rendering import ChatRenderer
@@ -189,12 +190,14 @@ class DemoStats:
 
 
 def closing_message(calls: Sequence[ToolCall]) -> str:
-    """The templated closing ACT message of a user turn: `DONE_MESSAGE` if the turn made calls, else `NO_CALL_MESSAGE`."""
+    """The templated closing ACT message of a user turn: `DONE_MESSAGE` if the turn made calls, else
+    `NO_CALL_MESSAGE`."""
     return DONE_MESSAGE if calls else NO_CALL_MESSAGE
 
 
 def _closing(suite: Any, task: Task, turn: int, calls: Sequence[ToolCall]) -> str:
-    """The suite's reference reply for the turn (``Suite.reference_reply``) when it gives one, else `closing_message`."""
+    """The suite's reference reply for the turn (``Suite.reference_reply``) when it gives one, else
+    `closing_message`."""
     reply = getattr(suite, "reference_reply", None)
     text = reply(task, turn) if callable(reply) else None
     return text if text is not None else closing_message(calls)
@@ -256,12 +259,19 @@ def relabel_for_sft(traj: Trajectory, stop_ids: Sequence[int]) -> Trajectory:
         if seg.token_ids:
             out.append(seg)
     return Trajectory(
-        task=traj.task, segments=out, messages=traj.messages, reward=traj.reward, terminated=traj.terminated,
-        truncated=traj.truncated, turn_info=traj.turn_info,
+        task=traj.task,
+        segments=out,
+        messages=traj.messages,
+        reward=traj.reward,
+        terminated=traj.terminated,
+        truncated=traj.truncated,
+        turn_info=traj.turn_info,
     )
 
 
-def cap_length(traj: Trajectory, max_tokens: int | None, overflow: Overflow = "truncate") -> tuple[Trajectory | None, bool]:
+def cap_length(
+    traj: Trajectory, max_tokens: int | None, overflow: Overflow = "truncate"
+) -> tuple[Trajectory | None, bool]:
     """Apply the length cap (module docstring, "Length cap").
 
     Args:
@@ -294,13 +304,27 @@ def cap_length(traj: Trajectory, max_tokens: int | None, overflow: Overflow = "t
         if left <= 0:
             break
         n = min(left, len(s))
-        kept.append(Segment(s.role, s.token_ids[:n], s.logprobs[:n] if s.logprobs is not None else None, s.text if n == len(s) else ""))
+        kept.append(
+            Segment(
+                s.role,
+                s.token_ids[:n],
+                s.logprobs[:n] if s.logprobs is not None else None,
+                s.text if n == len(s) else "",
+            )
+        )
         left -= n
     if not any(s.role == Role.ACT for s in kept):
         return None, False
     return (
-        Trajectory(task=traj.task, segments=kept, messages=traj.messages, reward=traj.reward,
-                   terminated=traj.terminated, truncated=True, turn_info=traj.turn_info),
+        Trajectory(
+            task=traj.task,
+            segments=kept,
+            messages=traj.messages,
+            reward=traj.reward,
+            terminated=traj.terminated,
+            truncated=True,
+            turn_info=traj.turn_info,
+        ),
         True,
     )
 
@@ -325,7 +349,9 @@ def _reference(env: Any, task: Task) -> list[list[ToolCall]]:
     return gt
 
 
-def demonstration_for_task(env: Any, task: Task, calls_per_message: CallsPerMessage = "one") -> tuple[Trajectory, float]:
+def demonstration_for_task(
+    env: Any, task: Task, calls_per_message: CallsPerMessage = "one"
+) -> tuple[Trajectory, float]:
     """Play `task`'s reference solution in `env` (`demonstration_env`) and return ``(trajectory, reward)``.
 
     The reference is the suite's ``ground_truth(task)`` (turns × calls; BFCL: its ``possible_answer`` calls,
@@ -345,15 +371,17 @@ def demonstration_for_task(env: Any, task: Task, calls_per_message: CallsPerMess
     env.reset(options={"task_id": task.id})
     if task.metadata.get("single_step"):
         calls = [c for turn in gt for c in turn]
-        _, reward, terminated, truncated, _ = env.step(_action(renderer, format_tool_calls(calls, "hermes")
-                                                               if calls else closing_message(calls)))
+        _, reward, terminated, truncated, _ = env.step(
+            _action(renderer, format_tool_calls(calls, "hermes") if calls else closing_message(calls))
+        )
         return base.trajectory, float(reward)
     trajectory, reward, _ = _play(env, task, gt, calls_per_message, None)
     return trajectory, reward
 
 
-def _groups(calls: Sequence[ToolCall], start: int, calls_per_message: CallsPerMessage,
-            cut: int | None) -> list[tuple[int, list[ToolCall]]]:
+def _groups(
+    calls: Sequence[ToolCall], start: int, calls_per_message: CallsPerMessage, cut: int | None
+) -> list[tuple[int, list[ToolCall]]]:
     """A turn's ACT messages as ``(flat index of the first call, calls)``; `cut` (a flat index inside the turn)
     starts a new message, so a mistake can be played right before that call."""
     if calls_per_message == "one":
@@ -362,8 +390,13 @@ def _groups(calls: Sequence[ToolCall], start: int, calls_per_message: CallsPerMe
     return [(start + a, list(calls[a:b])) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def _play(env: Any, task: Task, gt: list[list[ToolCall]], calls_per_message: CallsPerMessage,
-          mistake: tuple[int, ToolCall] | None) -> tuple[Trajectory, float, dict[str, Any] | None]:
+def _play(
+    env: Any,
+    task: Task,
+    gt: list[list[ToolCall]],
+    calls_per_message: CallsPerMessage,
+    mistake: tuple[int, ToolCall] | None,
+) -> tuple[Trajectory, float, dict[str, Any] | None]:
     """Play the reference turns of a reset env, with `mistake` ``(flat position, call)`` played right before
     that reference call. Returns ``(trajectory, reward, played)``; ``played`` is None without a mistake, else
     ``{"start": token offset of the mistaken ACT message, "output": its real output, "breaks": bool}``."""
@@ -407,13 +440,15 @@ def _play_mistake(env: Any, task: Task, call: ToolCall) -> dict[str, Any]:
     if terminated or truncated:
         raise RuntimeError(f"{task.id}: the episode ended at the mistaken call {call.name}")
     if not is_error_output(output):
-        raise _NotAMistake(f"{task.id}: {call.name}({call.arguments}) is not a mistake: the real backend answered "
-                           f"{output[:200]!r}")
+        raise _NotAMistake(
+            f"{task.id}: {call.name}({call.arguments}) is not a mistake: the real backend answered {output[:200]!r}"
+        )
     return {"start": start, "output": output, "breaks": backend.snapshot() != before}
 
 
-def error_demonstration(env: Any, task: Task, position: int, call: ToolCall,
-                        calls_per_message: CallsPerMessage = "one") -> tuple[Trajectory, dict[str, Any]]:
+def error_demonstration(
+    env: Any, task: Task, position: int, call: ToolCall, calls_per_message: CallsPerMessage = "one"
+) -> tuple[Trajectory, dict[str, Any]]:
     """Play `task`'s reference solution in `env` (`demonstration_env`) with the mistaken `call` played right
     before reference call `position` (module docstring, "Error demonstrations").
 
@@ -466,8 +501,15 @@ def _silence_mistake(traj: Trajectory, start: int, mutation: dict[str, Any]) -> 
         raise ValueError(f"{traj.task.id}: no ACT segment starts at token {start}")
     meta = {k: v for k, v in mutation.items() if k != "start"}
     task = dataclasses.replace(traj.task, metadata={**traj.task.metadata, "mutation": meta})
-    return Trajectory(task=task, segments=segments, messages=traj.messages, reward=traj.reward,
-                      terminated=traj.terminated, truncated=traj.truncated, turn_info=traj.turn_info)
+    return Trajectory(
+        task=task,
+        segments=segments,
+        messages=traj.messages,
+        reward=traj.reward,
+        terminated=traj.terminated,
+        truncated=traj.truncated,
+        turn_info=traj.turn_info,
+    )
 
 
 def demonstration_env(tokenizer: Any, suite: str, **kwargs: Any) -> Any:
@@ -541,8 +583,10 @@ def build_demonstrations(
     propose = getattr(base.suite, "mutations", None)
     if mutations and not callable(propose):
         env.close()
-        raise ValueError(f"suite {suite!r} proposes no mistakes (no Suite.mutations(task, calls, rng)); "
-                         "error demonstrations need one")
+        raise ValueError(
+            f"suite {suite!r} proposes no mistakes (no Suite.mutations(task, calls, rng)); "
+            "error demonstrations need one"
+        )
     pool = {t.id: t for t in base.tasks}
     if task_ids is not None:
         missing = [i for i in task_ids if i not in pool]
@@ -571,15 +615,36 @@ def build_demonstrations(
         if capped is not None:
             demos.append(capped)
         if mutations and not task.metadata.get("single_step"):
-            demos += _error_demos(env, task, propose, mutations, seed, calls_per_message, stops, max_tokens,
-                                  overflow, stats, None if limit is None else limit - len(demos))
+            demos += _error_demos(
+                env,
+                task,
+                propose,
+                mutations,
+                seed,
+                calls_per_message,
+                stops,
+                max_tokens,
+                overflow,
+                stats,
+                None if limit is None else limit - len(demos),
+            )
     env.close()
     return demos, stats
 
 
-def _error_demos(env: Any, task: Task, propose: Any, k: int, seed: int, calls_per_message: CallsPerMessage,
-                 stops: Sequence[int], max_tokens: int | None, overflow: Overflow, stats: DemoStats,
-                 room: int | None) -> list[Trajectory]:
+def _error_demos(
+    env: Any,
+    task: Task,
+    propose: Any,
+    k: int,
+    seed: int,
+    calls_per_message: CallsPerMessage,
+    stops: Sequence[int],
+    max_tokens: int | None,
+    overflow: Overflow,
+    stats: DemoStats,
+    room: int | None,
+) -> list[Trajectory]:
     """Up to `k` (and at most `room`) relabelled error demonstrations of `task` (module docstring)."""
     calls = [c for turn in _reference(env, task) for c in turn]
     rng = random.Random(f"{seed}/{task.id}")

@@ -30,9 +30,9 @@ it all-gathers layer by layer, so all ranks run the same number of them (`forwar
 from __future__ import annotations
 
 import contextlib
-
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -52,7 +52,9 @@ class DataParallel:
             (`wrap` then shards the weights), else None.
     """
 
-    def __init__(self, accelerator: Any | None = None, device: str | torch.device = "cpu", fsdp: Any | None = None) -> None:
+    def __init__(
+        self, accelerator: Any | None = None, device: str | torch.device = "cpu", fsdp: Any | None = None
+    ) -> None:
         self.accelerator = accelerator
         self.fsdp = fsdp
         if accelerator is None:
@@ -64,7 +66,7 @@ class DataParallel:
         self.is_main = self.rank == 0
 
     @classmethod
-    def from_environment(cls, device: str = "auto") -> "DataParallel":
+    def from_environment(cls, device: str = "auto") -> DataParallel:
         """One process unless a launcher set ``WORLD_SIZE > 1``; then an `accelerate.Accelerator`.
 
         Args:
@@ -114,8 +116,9 @@ class DataParallel:
             ValueError: ``n`` is not a multiple of the world size (the message names ``what``).
         """
         if n % self.world_size:
-            raise ValueError(f"{n} {what} do not split evenly over {self.world_size} processes; "
-                             f"use a multiple of {self.world_size}")
+            raise ValueError(
+                f"{n} {what} do not split evenly over {self.world_size} processes; use a multiple of {self.world_size}"
+            )
         size = n // self.world_size
         return self.rank * size, (self.rank + 1) * size
 
@@ -152,8 +155,10 @@ class DataParallel:
         """
         values = self.gather(value)
         if any(v != values[0] for v in values):
-            raise RuntimeError(f"the processes disagree on {what}: {values} by rank; every rank must read the same "
-                               "run folder (on several nodes, put run_dir on a shared filesystem)")
+            raise RuntimeError(
+                f"the processes disagree on {what}: {values} by rank; every rank must read the same "
+                "run folder (on several nodes, put run_dir on a shared filesystem)"
+            )
 
     def barrier(self) -> None:
         """Wait until every rank reaches this point."""
@@ -219,8 +224,10 @@ class DataParallel:
                 names.update(getattr(m, "_no_split_modules", None) or ())
         layers = [m for m in module.modules() if type(m).__name__ in names]
         if not layers:
-            raise ValueError(f"FSDP found no layer of class {sorted(names)} in {type(module).__name__} to shard; "
-                             "set fsdp_transformer_layer_cls_to_wrap in the accelerate config")
+            raise ValueError(
+                f"FSDP found no layer of class {sorted(names)} in {type(module).__name__} to shard; "
+                "set fsdp_transformer_layer_cls_to_wrap in the accelerate config"
+            )
         options = {"reshard_after_forward": self.fsdp.reshard_after_forward, "offload_policy": self.fsdp.cpu_offload}
         for layer in layers:
             fully_shard(layer, **options)
@@ -295,8 +302,9 @@ class DataParallel:
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        return get_optimizer_state_dict(model, optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_optimizer_state_dict(
+            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
 
 def as_float(value: torch.Tensor) -> float:
@@ -320,34 +328,49 @@ def fsdp_plugin_from_environment() -> Any | None:
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
         return None
     from accelerate.utils import FullyShardedDataParallelPlugin
-
     from torch.distributed.fsdp import FSDPModule
 
     if not hasattr(FSDPModule, "reset_iter_state"):
-        raise ValueError(f"an FSDP accelerate config with torch {torch.__version__}: the trainer's FSDP needs "
-                         "FSDPModule.reset_iter_state (torch 2.13 is the tested version); use a DDP config")
+        raise ValueError(
+            f"an FSDP accelerate config with torch {torch.__version__}: the trainer's FSDP needs "
+            "FSDPModule.reset_iter_state (torch 2.13 is the tested version); use a DDP config"
+        )
     if os.environ.get("ACCELERATE_MIXED_PRECISION", "no") != "no":
-        raise ValueError(f"mixed_precision {os.environ['ACCELERATE_MIXED_PRECISION']} in an FSDP accelerate config: "
-                         "set mixed_precision 'no' and choose the weights' dtype with --dtype")
+        raise ValueError(
+            f"mixed_precision {os.environ['ACCELERATE_MIXED_PRECISION']} in an FSDP accelerate config: "
+            "set mixed_precision 'no' and choose the weights' dtype with --dtype"
+        )
     if os.environ.get("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT").upper() != "FULL_STATE_DICT":
-        raise ValueError(f"fsdp_state_dict_type {os.environ['FSDP_STATE_DICT_TYPE']} in the accelerate config: "
-                         "checkpoints hold whole tensors, gathered on rank 0; set fsdp_state_dict_type: FULL_STATE_DICT")
+        raise ValueError(
+            f"fsdp_state_dict_type {os.environ['FSDP_STATE_DICT_TYPE']} in the accelerate config: "
+            "checkpoints hold whole tensors, gathered on rank 0; set fsdp_state_dict_type: FULL_STATE_DICT"
+        )
     if os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "false").lower() == "true":
-        raise ValueError("fsdp_cpu_ram_efficient_loading in the accelerate config: every rank loads the model "
-                         "before it is sharded; set it false")
+        raise ValueError(
+            "fsdp_cpu_ram_efficient_loading in the accelerate config: every rank loads the model "
+            "before it is sharded; set it false"
+        )
     plugin = FullyShardedDataParallelPlugin()
     if os.environ.get("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP").upper() != "TRANSFORMER_BASED_WRAP":
-        raise ValueError(f"fsdp_auto_wrap_policy {os.environ['FSDP_AUTO_WRAP_POLICY']} in the accelerate config: the "
-                         "trainer shards decoder layer by layer; set fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP")
+        raise ValueError(
+            f"fsdp_auto_wrap_policy {os.environ['FSDP_AUTO_WRAP_POLICY']} in the accelerate config: the "
+            "trainer shards decoder layer by layer; set fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP"
+        )
     if plugin.fsdp_version != 2:
-        raise ValueError(f"fsdp_version {plugin.fsdp_version} in the accelerate config: the trainer shards with "
-                         "FSDP2 (torch's fully_shard); set fsdp_version: 2")
+        raise ValueError(
+            f"fsdp_version {plugin.fsdp_version} in the accelerate config: the trainer shards with "
+            "FSDP2 (torch's fully_shard); set fsdp_version: 2"
+        )
     if plugin.activation_checkpointing:
-        raise ValueError("fsdp_activation_checkpointing in the accelerate config: the trainer checkpoints the "
-                         "decoder layers itself (--gradient-checkpointing, on by default); set it false")
+        raise ValueError(
+            "fsdp_activation_checkpointing in the accelerate config: the trainer checkpoints the "
+            "decoder layers itself (--gradient-checkpointing, on by default); set it false"
+        )
     if plugin.mixed_precision_policy is not None:
-        raise ValueError("an FSDP mixed-precision policy in the accelerate config: set mixed_precision 'no' and "
-                         "choose the weights' dtype with --dtype")
+        raise ValueError(
+            "an FSDP mixed-precision policy in the accelerate config: set mixed_precision 'no' and "
+            "choose the weights' dtype with --dtype"
+        )
     return plugin
 
 
@@ -358,5 +381,7 @@ def refuse_launcher(command: str) -> None:
         ValueError: ``WORLD_SIZE > 1`` (the message names what to launch instead).
     """
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError(f"envace {command} runs in one process (every rank would repeat it); launch "
-                         "`envace train` or `envace sft` with accelerate, and run this command without it")
+        raise ValueError(
+            f"envace {command} runs in one process (every rank would repeat it); launch "
+            "`envace train` or `envace sft` with accelerate, and run this command without it"
+        )

@@ -21,7 +21,8 @@ Registered here:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -99,9 +100,16 @@ class HFEngine:
         use_cache: bool = True,
     ) -> list[Generation]:
         """See `GenerationEngine.generate`; ``use_cache=False`` bypasses the prefix cache for this call."""
-        return generate(self.model, contexts, max_new_tokens=max_new_tokens, temperature=temperature,
-                        stop_ids=list(stop_ids), pad_id=self.pad_id, seeds=seeds,
-                        kv_cache=self.kv_cache if use_cache else None)
+        return generate(
+            self.model,
+            contexts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            stop_ids=list(stop_ids),
+            pad_id=self.pad_id,
+            seeds=seeds,
+            kv_cache=self.kv_cache if use_cache else None,
+        )
 
     def weights_updated(self) -> None:
         """Clear the prefix cache explicitly: `PrefixKVCache.sync` notices most weight changes through
@@ -145,18 +153,28 @@ class HFGenerateEngine:
         ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)  # (B, L)
         mask = torch.zeros((len(contexts), width), dtype=torch.long)  # (B, L)
         for i, c in enumerate(contexts):
-            ids[i, width - len(c):] = torch.tensor(list(c))
-            mask[i, width - len(c):] = 1
+            ids[i, width - len(c) :] = torch.tensor(list(c))
+            mask[i, width - len(c) :] = 1
         if seeds and seeds[0] is not None:
             torch.manual_seed(int(seeds[0]))
         out = self.model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-            temperature=temperature if temperature > 0 else None, top_k=0, top_p=1.0,
-            eos_token_id=stops, pad_token_id=self.pad_id, return_dict_in_generate=True, output_logits=True,
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            top_k=0,
+            top_p=1.0,
+            eos_token_id=stops,
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
         )
         new = out.sequences[:, width:]  # (B, C)
         logits = torch.stack(out.logits, dim=1).float()  # (B, C, V)
-        lps = torch.log_softmax(logits / (temperature or 1.0), dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (B, C)
+        lps = (
+            torch.log_softmax(logits / (temperature or 1.0), dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        )  # (B, C)
         gens = []
         for i in range(len(contexts)):
             row, lp = new[i].tolist(), lps[i].tolist()

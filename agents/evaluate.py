@@ -32,7 +32,7 @@ An interrupted evaluation keeps every finished task; running it again with the s
 others (a cut last line is dropped). Results of an evaluation with other settings in the same folder make
 it refuse (``--overwrite`` replaces them), so no summary sits beside another run's files. A progress bar
 over the tasks shows the ETA.
-"""
+"""  # noqa: E501 (markdown table rows in this docstring cannot be wrapped)
 
 from __future__ import annotations
 
@@ -43,9 +43,10 @@ import json
 import os
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from agents.config import NOT_GIVEN, add_dataclass_arguments, config_field, dataclass_from_args, field_default
 from agents.run_folder import append_jsonl, drop_cut_last_line, filter_jsonl, read_jsonl
@@ -66,9 +67,23 @@ __all__ = [
 ]
 
 EPISODE_FIELDS = [
-    "task_id", "category", "reward", "valid", "terminated", "truncated", "turns", "num_turns", "steps",
-    "parse_errors", "tool_call_fraction", "rehearsal_turns", "rehearsal_attempts", "rehearsal_generated_tokens",
-    "memory_tokens", "fidelity_calls", "wall_s",
+    "task_id",
+    "category",
+    "reward",
+    "valid",
+    "terminated",
+    "truncated",
+    "turns",
+    "num_turns",
+    "steps",
+    "parse_errors",
+    "tool_call_fraction",
+    "rehearsal_turns",
+    "rehearsal_attempts",
+    "rehearsal_generated_tokens",
+    "memory_tokens",
+    "fidelity_calls",
+    "wall_s",
 ]
 """Per-task record: ``turns`` user turns reached (1-based) of ``num_turns``; ``steps`` ACT steps;
 ``parse_errors`` malformed ACT messages; ``tool_call_fraction`` ACT steps whose message parsed into at least
@@ -77,7 +92,15 @@ over turns; ``fidelity_calls`` rehearsed calls shadowed (``--fidelity``); ``wall
 of the wall time of the rounds it took part in (every round's batched ACT call and env steps, rehearsals
 included, split evenly over the episodes still running)."""
 
-SUMMARY_FIELDS = ["category", "n_tasks", "accuracy", "valid_rate", "mean_steps", "parse_errors_per_task", "tool_call_fraction"]
+SUMMARY_FIELDS = [
+    "category",
+    "n_tasks",
+    "accuracy",
+    "valid_rate",
+    "mean_steps",
+    "parse_errors_per_task",
+    "tool_call_fraction",
+]
 """Per-category row; the ``overall`` row holds unweighted means over the categories' rows."""
 
 FIDELITY_FIELDS = ["group", "n_calls", "exact_match", "json_structure_match", "token_f1"]
@@ -91,28 +114,58 @@ class EvalConfig:
 
     model: str = _f("smollm2-135m", "model to evaluate: 'smollm2-135m', 'tiny-random' or a local Hugging Face folder")
     suite: str = _f("bfcl", "registered suite name (envace_gym.suites)")
-    categories: list[str] | None = _f(None, "suite categories (none given: the suite's default; tau2: its domains, --domains is the same option)", aliases=("domains",))
+    categories: list[str] | None = _f(
+        None,
+        "suite categories (none given: the suite's default; tau2: its domains, --domains is the same option)",
+        aliases=("domains",),
+    )
     split: Literal["train", "test", "all"] = _f("test", "task split")
     limit: int | None = _f(None, "play only the first N tasks of each category (none: all)")
     max_new_tokens: int = _f(256, "cap per generated message (ACT and rehearsed tool responses)")
     temperature: float = _f(0.0, "ACT sampling temperature; 0 is greedy")
-    max_steps_per_turn: int = _f(21, "ACT messages per user turn, the closing one included (21: BFCL's harness, 20 calling messages then a force-quit)")
+    max_steps_per_turn: int = _f(
+        21,
+        (
+            "ACT messages per user turn, the closing one included (21: BFCL's harness, 20 calling messages then a "
+            "force-quit)"
+        ),
+    )
     seed: int = _f(0, "episode i uses seed + i")
     rehearsal_n: int = _f(0, "test-time rehearsal attempts per user turn (0: off)")
-    rehearsal_mode: Literal["parallel", "sequential"] = _f("parallel", "test-time rehearsal: attempts from the same context in one batch, or each seeing the earlier ones")
-    rehearser_model: str | None = _f(None, "another model plays REHEARSE in test-time rehearsal and --fidelity (none: the policy itself)")
+    rehearsal_mode: Literal["parallel", "sequential"] = _f(
+        "parallel", "test-time rehearsal: attempts from the same context in one batch, or each seeing the earlier ones"
+    )
+    rehearser_model: str | None = _f(
+        None, "another model plays REHEARSE in test-time rehearsal and --fidelity (none: the policy itself)"
+    )
     memory_tokens: int = _f(256, "bound on the rehearsal memory, tokens")
     attempt_max_steps: int = _f(3, "ACT steps per rehearsal attempt")
     critique_tokens: int = _f(64, "cap per rehearsal critique, tokens")
     fidelity: bool = _f(False, "play rehearsed episodes; score each rehearsed call against a shadow real backend")
     out: str | None = _f(None, "output folder (none: eval_out/<model>-<suite>-<split>-<mode>)")
-    min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the selected tasks than this can be completed within max_steps_per_turn and max_new_tokens (computed from the ground truth before any model loads; agents.budgets)")
-    overwrite: bool = _f(False, "replace earlier results in out (otherwise the same evaluation resumes after its last finished task, and another refuses)")
+    min_solvable_fraction: float = _f(
+        0.9,
+        (
+            "refuse to start when fewer of the selected tasks than this can be completed within max_steps_per_turn and "
+            "max_new_tokens (computed from the ground truth before any model loads; agents.budgets)"
+        ),
+    )
+    overwrite: bool = _f(
+        False,
+        (
+            "replace earlier results in out (otherwise the same evaluation resumes after its last finished task, and "
+            "another refuses)"
+        ),
+    )
     engine: str = _f("hf", "generation engine registered in agents.engines ('hf', 'hf-nocache', 'hf-generate')")
-    user_model: str | None = _f(None, "suites with a simulated user (tau2): the model that plays the user (none: the evaluated model itself)")
+    user_model: str | None = _f(
+        None, "suites with a simulated user (tau2): the model that plays the user (none: the evaluated model itself)"
+    )
     user_max_new_tokens: int = _f(128, "cap per simulated-user message, tokens")
     user_temperature: float = _f(0.0, "sampling temperature of the simulated user (0: greedy, tau2's default)")
-    user_max_turns: int = _f(10, "messages a simulated user may write before it gives up (the episode is then truncated, R = 0)")
+    user_max_turns: int = _f(
+        10, "messages a simulated user may write before it gives up (the episode is then truncated, R = 0)"
+    )
 
     def __post_init__(self) -> None:
         import math
@@ -124,9 +177,18 @@ class EvalConfig:
             mode = "fidelity" if self.fidelity else f"n{self.rehearsal_n}-{self.rehearsal_mode}"
             self.out = os.path.join("eval_out", f"{Path(self.model).name}-{self.suite}-{self.split}-{mode}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"invalid EvalConfig: temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}")
-        for name in ("max_new_tokens", "max_steps_per_turn", "memory_tokens", "attempt_max_steps", "critique_tokens",
-                     "user_max_new_tokens", "user_max_turns"):
+            raise ValueError(
+                f"invalid EvalConfig: temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}"
+            )
+        for name in (
+            "max_new_tokens",
+            "max_steps_per_turn",
+            "memory_tokens",
+            "attempt_max_steps",
+            "critique_tokens",
+            "user_max_new_tokens",
+            "user_max_turns",
+        ):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"invalid EvalConfig: {name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.seed < 0:
@@ -144,7 +206,9 @@ class EvalConfig:
         if self.engine not in registered_engines():
             raise ValueError(f"invalid EvalConfig: engine must be one of {registered_engines()}, got {self.engine!r}")
         if not (math.isfinite(self.user_temperature) and self.user_temperature >= 0):
-            raise ValueError(f"invalid EvalConfig: user_temperature must be a finite number >= 0, got {self.user_temperature!r}")
+            raise ValueError(
+                f"invalid EvalConfig: user_temperature must be a finite number >= 0, got {self.user_temperature!r}"
+            )
         if self.fidelity and self.rehearsal_n:
             raise ValueError("--fidelity plays rehearsed episodes; it cannot be combined with --rehearsal-n > 0")
 
@@ -191,8 +255,13 @@ def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any)
     from envace_gym.responders import RealBackend
     from wrappers import RehearsalFidelity, TestTimeRehearsal
 
-    common = dict(suite=config.suite, tasks=[task], max_new_tokens=config.max_new_tokens,
-                  temperature=config.temperature, max_steps_per_turn=config.max_steps_per_turn)
+    common = dict(
+        suite=config.suite,
+        tasks=[task],
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        max_steps_per_turn=config.max_steps_per_turn,
+    )
     if config.fidelity:  # the rehearser answers; each rehearsed call is scored against a shadow real backend
         rehearser = PolicyRehearser(rehearser_policy if rehearser_policy is not None else policy)
         return RehearsalFidelity(RehearseEnv(rehearser=rehearser, **common))
@@ -204,15 +273,28 @@ def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any)
         if rehearser_policy is not None:  # another model plays REHEARSE; separate prompts if its vocabulary differs
             same = rehearser_policy.tokenizer.get_vocab() == policy.tokenizer.get_vocab()
             rehearser = PolicyRehearser(rehearser_policy, prompt_mode="inline" if same else "separate")
-        env = TestTimeRehearsal(env, policy, n=config.rehearsal_n, mode=config.rehearsal_mode,
-                                memory_tokens=config.memory_tokens, rehearser_policy=rehearser,
-                                attempt_max_steps=config.attempt_max_steps,
-                                critique_tokens=config.critique_tokens, seed=config.seed)
+        env = TestTimeRehearsal(
+            env,
+            policy,
+            n=config.rehearsal_n,
+            mode=config.rehearsal_mode,
+            memory_tokens=config.memory_tokens,
+            rehearser_policy=rehearser,
+            attempt_max_steps=config.attempt_max_steps,
+            critique_tokens=config.critique_tokens,
+            seed=config.seed,
+        )
     return env
 
 
-def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = None, log: Any = print,
-             progress: bool = True, models: Any = None) -> EvalResult:
+def evaluate(
+    config: EvalConfig,
+    policy: Any = None,
+    rehearser_policy: Any = None,
+    log: Any = print,
+    progress: bool = True,
+    models: Any = None,
+) -> EvalResult:
     """Play every selected task once and write the output folder (module docstring).
 
     Args:
@@ -242,9 +324,15 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
     if not tasks:
         raise ValueError(f"no tasks for suite={config.suite!r} categories={config.categories!r} split={config.split!r}")
     check_task_budgets(
-        tasks, config.suite, policy.tokenizer if policy is not None else models.tokenizer(config.model),
-        max_steps_per_turn=config.max_steps_per_turn, max_new_tokens=config.max_new_tokens, max_episode_tokens=None,
-        min_fraction=config.min_solvable_fraction, command="envace eval", log=log,
+        tasks,
+        config.suite,
+        policy.tokenizer if policy is not None else models.tokenizer(config.model),
+        max_steps_per_turn=config.max_steps_per_turn,
+        max_new_tokens=config.max_new_tokens,
+        max_episode_tokens=None,
+        min_fraction=config.min_solvable_fraction,
+        command="envace eval",
+        log=log,
     )
     policy = policy if policy is not None else load_policy(config.model, engine=config.engine, models=models)
     if rehearser_policy is None and config.rehearser_model:
@@ -255,8 +343,9 @@ def evaluate(config: EvalConfig, policy: Any = None, rehearser_policy: Any = Non
         return _play(config, tasks, policy, rehearser_policy, user_policy, log, progress)
 
 
-def _play(config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: Any, user_policy: Any, log: Any,
-          progress: bool) -> EvalResult:
+def _play(
+    config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: Any, user_policy: Any, log: Any, progress: bool
+) -> EvalResult:
     """`evaluate` after the models are loaded: play the unfinished tasks, write and return the results."""
     from agents.batching import BatchCoordinator, coalesced
 
@@ -268,15 +357,21 @@ def _play(config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: A
         log(f"[eval] resuming in {out}: {len(done_ids)} of {len(all_tasks)} tasks already done")
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(all_tasks), initial=len(all_tasks) - len(tasks), desc="eval", unit="task", disable=not progress)
+    bar = tqdm(
+        total=len(all_tasks), initial=len(all_tasks) - len(tasks), desc="eval", unit="task", disable=not progress
+    )
 
     envs = [_make_env(t, config, policy, rehearser_policy) for t in tasks]
     state = [_new_state(t) for t in tasks]
     t_start = time.perf_counter()
     batcher = BatchCoordinator()
     with coalesced([policy, rehearser_policy, user_policy], batcher):
-        infos = batcher.run([lambda i=i: envs[i].reset(seed=config.seed + i, options={"task_id": tasks[i].id})[1]
-                             for i in range(len(tasks))])
+        infos = batcher.run(
+            [
+                lambda i=i: envs[i].reset(seed=config.seed + i, options={"task_id": tasks[i].id})[1]
+                for i in range(len(tasks))
+            ]
+        )
     share = (time.perf_counter() - t_start) / max(len(tasks), 1)
     for s, info in zip(state, infos):
         _absorb(s, info)
@@ -286,9 +381,12 @@ def _play(config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: A
     while active:
         round_ += 1
         t0 = time.perf_counter()
-        actions = policy.act([envs[i].unwrapped.trajectory.token_ids for i in active],
-                             max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                             seeds=[config.seed * 1_000_003 + 7919 * i + round_ for i in active])
+        actions = policy.act(
+            [envs[i].unwrapped.trajectory.token_ids for i in active],
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            seeds=[config.seed * 1_000_003 + 7919 * i + round_ for i in active],
+        )
         with coalesced([policy, rehearser_policy, user_policy], batcher):
             steps = batcher.run([lambda i=i, action=action: envs[i].step(action) for i, action in zip(active, actions)])
         share = (time.perf_counter() - t0) / len(active)
@@ -300,8 +398,12 @@ def _play(config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: A
             s["tool_steps"] += bool(info["tool_calls"])
             _absorb(s, info)
             if terminated or truncated:
-                s.update(reward=float(reward), terminated=bool(terminated), truncated=bool(truncated),
-                         valid=bool(info.get("verifier", {}).get("valid", False)))
+                s.update(
+                    reward=float(reward),
+                    terminated=bool(terminated),
+                    truncated=bool(truncated),
+                    valid=bool(info.get("verifier", {}).get("valid", False)),
+                )
                 # one whole line per finished task, on disk at once: an interrupted eval keeps it and resumes
                 # transcript first: the episode line marks the task done, so a kill between the two replays it
                 append_jsonl(out / "transcripts.jsonl", [_transcript_record(tasks[i], envs[i], s)])
@@ -310,8 +412,10 @@ def _play(config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: A
                     append_jsonl(out / "fidelity_calls.jsonl", s["fidelity"])
                 bar.update(1)
                 bar.set_postfix(reward=f"{reward:.2f}")
-                log(f"[eval] {tasks[i].id}: reward {reward:.2f} after {s['steps']} steps "
-                    f"({'terminated' if terminated else 'truncated'}), {time.perf_counter() - t_start:.0f} s")
+                log(
+                    f"[eval] {tasks[i].id}: reward {reward:.2f} after {s['steps']} steps "
+                    f"({'terminated' if terminated else 'truncated'}), {time.perf_counter() - t_start:.0f} s"
+                )
             else:
                 still.append(i)
         active = still
@@ -326,8 +430,17 @@ def _play(config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: A
     return EvalResult(episodes, summary, fidelity_calls)
 
 
-OUTPUT_FILES = ("eval_config.json", "episodes.jsonl", "transcripts.jsonl", "summary.csv", "summary.json", "fidelity_calls.jsonl",
-                "fidelity_per_tool.csv", "fidelity_per_category.csv", "fidelity_per_output.csv")
+OUTPUT_FILES = (
+    "eval_config.json",
+    "episodes.jsonl",
+    "transcripts.jsonl",
+    "summary.csv",
+    "summary.json",
+    "fidelity_calls.jsonl",
+    "fidelity_per_tool.csv",
+    "fidelity_per_category.csv",
+    "fidelity_per_output.csv",
+)
 """The files `evaluate` writes (and the only ones it removes from an output folder)."""
 
 _RESUME_IGNORES = ("out", "min_solvable_fraction", "overwrite")
@@ -361,8 +474,8 @@ def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], l
             diff = sorted(k for k in current if saved is None or saved.get(k) != current[k])
             raise ValueError(
                 f"{out} holds results of another evaluation ({', '.join(present)}"
-                + (f"; differing fields: {', '.join(diff)}" if saved is not None else "") +
-                "); use another --out, or --overwrite to replace them"
+                + (f"; differing fields: {', '.join(diff)}" if saved is not None else "")
+                + "); use another --out, or --overwrite to replace them"
             )
     saved_path.write_text(json.dumps(current, indent=1))
     import warnings
@@ -373,14 +486,27 @@ def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], l
         fidelity = list(read_jsonl(out / "fidelity_calls.jsonl")) if (out / "fidelity_calls.jsonl").is_file() else []
     drop_cut_last_line(out / "episodes.jsonl")
     drop_cut_last_line(out / "fidelity_calls.jsonl")
-    done = {e["task_id"] for e in finished}  # a task killed after its transcript, before its episode line, is played again
+    done = {
+        e["task_id"] for e in finished
+    }  # a task killed after its transcript, before its episode line, is played again
     filter_jsonl(out / "transcripts.jsonl", lambda t: t["task_id"] in done)
     return finished, fidelity
 
 
 def _new_state(task: Any) -> dict[str, Any]:
-    return {"steps": 0, "tool_steps": 0, "parse_errors": 0, "turn": 0, "reward": 0.0, "valid": False,
-            "terminated": False, "truncated": False, "rehearsals": [], "fidelity": [], "wall_s": 0.0}
+    return {
+        "steps": 0,
+        "tool_steps": 0,
+        "parse_errors": 0,
+        "turn": 0,
+        "reward": 0.0,
+        "valid": False,
+        "terminated": False,
+        "truncated": False,
+        "rehearsals": [],
+        "fidelity": [],
+        "wall_s": 0.0,
+    }
 
 
 def _absorb(s: dict[str, Any], info: dict[str, Any]) -> None:
@@ -444,15 +570,17 @@ def summarize(episodes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for cat, es in groups.items():
         n = len(es)
-        rows.append({
-            "category": cat,
-            "n_tasks": n,
-            "accuracy": sum(float(e["reward"]) for e in es) / n,
-            "valid_rate": sum(bool(e["valid"]) for e in es) / n,
-            "mean_steps": sum(e["steps"] for e in es) / n,
-            "parse_errors_per_task": sum(e["parse_errors"] for e in es) / n,
-            "tool_call_fraction": sum(e["tool_call_fraction"] for e in es) / n,
-        })
+        rows.append(
+            {
+                "category": cat,
+                "n_tasks": n,
+                "accuracy": sum(float(e["reward"]) for e in es) / n,
+                "valid_rate": sum(bool(e["valid"]) for e in es) / n,
+                "mean_steps": sum(e["steps"] for e in es) / n,
+                "parse_errors_per_task": sum(e["parse_errors"] for e in es) / n,
+                "tool_call_fraction": sum(e["tool_call_fraction"] for e in es) / n,
+            }
+        )
     overall = {"category": "overall", "n_tasks": len(episodes)}
     for k in SUMMARY_FIELDS[2:]:
         overall[k] = sum(r[k] for r in rows) / len(rows)
@@ -500,8 +628,11 @@ def _write(out: Path, config: EvalConfig, episodes, summary, fidelity_calls) -> 
     tmp.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in episodes), encoding="utf-8")
     os.replace(tmp, out / "episodes.jsonl")
     _write_csv(out / "summary.csv", SUMMARY_FIELDS, summary)
-    doc = {"config": asdict(config), "overall_accuracy": summary[-1]["accuracy"],
-           "categories": {r["category"]: r for r in summary[:-1]}}
+    doc = {
+        "config": asdict(config),
+        "overall_accuracy": summary[-1]["accuracy"],
+        "categories": {r["category"]: r for r in summary[:-1]},
+    }
     if config.fidelity:
         tables = fidelity_tables(fidelity_calls)
         tmp = out / "fidelity_calls.jsonl.tmp"
@@ -573,10 +704,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def add_eval_parsers(sub: Any) -> None:
     """Add the ``eval`` and ``report`` sub-commands to an argparse sub-parser collection."""
-    ev = sub.add_parser("eval", help="evaluate a policy on real backends (BFCL accuracy), optionally with test-time rehearsal")
+    ev = sub.add_parser(
+        "eval", help="evaluate a policy on real backends (BFCL accuracy), optionally with test-time rehearsal"
+    )
     add_dataclass_arguments(ev, EvalConfig)
-    ev.add_argument("--checkpoint", default=None, help="RUN_DIR/checkpoints/step_N: evaluate its model/ folder (instead of --model)")
+    ev.add_argument(
+        "--checkpoint", default=None, help="RUN_DIR/checkpoints/step_N: evaluate its model/ folder (instead of --model)"
+    )
     ev.set_defaults(func=cmd_eval)
-    rep = sub.add_parser("report", help="write plots (training curves, accuracy vs rehearsal N, fidelity) to RUN_DIR/plots/")
+    rep = sub.add_parser(
+        "report", help="write plots (training curves, accuracy vs rehearsal N, fidelity) to RUN_DIR/plots/"
+    )
     rep.add_argument("run_dir", help="a training run folder or a folder of eval outputs")
     rep.set_defaults(func=cmd_report)

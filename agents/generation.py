@@ -19,8 +19,9 @@ allocated once, ids and logprobs are copied to Python lists once at the end.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -164,14 +165,21 @@ def generate(
     pad_fill = torch.full((batch,), pad_id, dtype=torch.long)  # (B,)
     steps = 0
     lean = fast_decode and supports_decode_step(model)
+    next_ids = torch.empty(0, dtype=torch.long)  # the ids sampled at step t - 1: set at t == 0, read from t == 1 on
     for t in range(max_new_tokens):
         if t > 0:
             ids, mask = next_ids.view(batch, 1).to(device), attention_mask[:, : width0 + t]  # (B, 1), (B, W+t)
             if lean:
                 logits = decode_step(model, ids, mask, next_pos, cache).float()  # (B, V)
             else:
-                out = model(input_ids=ids, attention_mask=mask, position_ids=next_pos, cache=cache, use_cache=True,
-                            logits_to_keep=1)
+                out = model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=next_pos,
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
                 cache = out.cache
                 logits = out.logits[:, -1, :].float()  # (B, V)
             next_pos = next_pos + 1
@@ -214,8 +222,13 @@ def generate(
 
 
 def _store_entries(
-    kv_cache: PrefixKVCache, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], contexts: Sequence[Sequence[int]],
-    gens: Sequence[Generation], sources: Sequence[KVEntry | None], reused: Sequence[int], row_to_uniq: Sequence[int],
+    kv_cache: PrefixKVCache,
+    layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    contexts: Sequence[Sequence[int]],
+    gens: Sequence[Generation],
+    sources: Sequence[KVEntry | None],
+    reused: Sequence[int],
+    row_to_uniq: Sequence[int],
     width0: int,
 ) -> None:
     """Store each row's processed ids (its context and all its generated ids but the last) in `kv_cache`.
@@ -228,9 +241,12 @@ def _store_entries(
     context, each keeping only its generation. Otherwise every row's entry is whole, and an entry a row
     continued in full is replaced.
     """
+
     def columns(i: int, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        return ([k[i:i + 1, :, start:end].clone() for k, _ in layers],  # each (1, H_kv, end - start, D)
-                [v[i:i + 1, :, start:end].clone() for _, v in layers])
+        return (
+            [k[i : i + 1, :, start:end].clone() for k, _ in layers],  # each (1, H_kv, end - start, D)
+            [v[i : i + 1, :, start:end].clone() for _, v in layers],
+        )
 
     lens = [len(g.token_ids) for g in gens]
     if not kv_cache.share_prefixes:
@@ -238,15 +254,19 @@ def _store_entries(
         for i, ctx in enumerate(contexts):
             keys, values = columns(i, width0 - len(ctx), width0 + max(lens[i] - 1, 0))
             entries.append(KVEntry(np.asarray(list(ctx) + gens[i].token_ids[:-1], dtype=np.int64), keys, values))
-        kv_cache.store(entries, [s if s is not None and reused[i] == s.num_tokens else None
-                                 for i, s in enumerate(sources)])
+        kv_cache.store(
+            entries, [s if s is not None and reused[i] == s.num_tokens else None for i, s in enumerate(sources)]
+        )
         return
     users: dict[int, set[int]] = {}  # id(source) -> the distinct contexts that continue it
     for i, src in enumerate(sources):
         if src is not None and reused[i] > 0:
             users.setdefault(id(src), set()).add(row_to_uniq[i])
-    replaced = {id(src): src for i, src in enumerate(sources)
-                if kv_cache.replace and src is not None and reused[i] == src.num_tokens and len(users[id(src)]) == 1}
+    replaced = {
+        id(src): src
+        for i, src in enumerate(sources)
+        if kv_cache.replace and src is not None and reused[i] == src.num_tokens and len(users[id(src)]) == 1
+    }
     rows_of: dict[int, list[int]] = {}
     for i, u in enumerate(row_to_uniq):
         rows_of.setdefault(u, []).append(i)
@@ -254,22 +274,33 @@ def _store_entries(
     for rows in rows_of.values():
         i0 = rows[0]
         src, n = sources[i0], reused[i0]
-        parent, shared = (None, 0) if src is None or n == 0 else (
-            (src.parent, src.prefix_tokens) if id(src) in replaced else (src, n))
+        parent, shared = (
+            (None, 0)
+            if src is None or n == 0
+            else ((src.parent, src.prefix_tokens) if id(src) in replaced else (src, n))
+        )
         context = list(contexts[i0])
         first = width0 - len(context)
         if len(rows) > 1:  # identical contexts: their KV once, each row's entry its generation only
             keys, values = columns(i0, first + shared, width0)
-            shared_context = KVEntry(np.asarray(context, dtype=np.int64), keys, values, parent=parent,
-                                     prefix_tokens=shared)
+            shared_context = KVEntry(
+                np.asarray(context, dtype=np.int64), keys, values, parent=parent, prefix_tokens=shared
+            )
             entries.append(shared_context)
             parent, shared = shared_context, len(context)
         for i in rows:
             if len(rows) > 1 and lens[i] <= 1:
                 continue  # nothing of its own beyond the shared context
             keys, values = columns(i, first + shared, width0 + max(lens[i] - 1, 0))
-            entries.append(KVEntry(np.asarray(context + gens[i].token_ids[:-1], dtype=np.int64), keys, values,
-                                   parent=parent, prefix_tokens=shared))
+            entries.append(
+                KVEntry(
+                    np.asarray(context + gens[i].token_ids[:-1], dtype=np.int64),
+                    keys,
+                    values,
+                    parent=parent,
+                    prefix_tokens=shared,
+                )
+            )
     kv_cache.store(entries, list(replaced.values()))
 
 
@@ -364,7 +395,10 @@ def _prefill(
         for u, (ctx, p) in enumerate(zip(contexts, reused)):
             start = width - lengths[u]
             row_cache = _buffer_cache(
-                model, [b[u:u + 1, :, start:] for b in key_buffers], [b[u:u + 1, :, start:] for b in value_buffers], p
+                model,
+                [b[u : u + 1, :, start:] for b in key_buffers],
+                [b[u : u + 1, :, start:] for b in value_buffers],
+                p,
             )
             ids = torch.tensor([list(ctx[p:])], dtype=torch.long, device=device)  # (1, S_u)
             pos = torch.arange(p, len(ctx), device=device).view(1, -1)  # (1, S_u)
@@ -374,7 +408,7 @@ def _prefill(
         cache = _buffer_cache(model, key_buffers, value_buffers, width)
     prefill_mask = torch.zeros((n_rows, width), dtype=torch.long)  # (U, W)
     for u, n in enumerate(lengths):
-        prefill_mask[u, width - n:] = 1
+        prefill_mask[u, width - n :] = 1
     position_ids = torch.tensor(lengths, dtype=torch.long).view(-1, 1) - 1  # (U, 1)
     return logits, cache, prefill_mask, position_ids, width
 
@@ -418,18 +452,24 @@ def _padded_prefill(
     for u, (ctx, src, p, s) in enumerate(zip(contexts, sources, reused, suffixes)):
         if src is not None and p > 0:
             src.copy_into(key_scratch, value_scratch, u, p_max - p, p)
-        ids[u, s_max - s:] = torch.tensor(list(ctx[p:]), dtype=torch.long)
-        pos[u, s_max - s:] = torch.arange(p, lengths[u])
-        pos[u, :s_max - s] = p  # padding: any position, it is masked out
-        mask[u, p_max - p:p_max] = 1
-        mask[u, scratch - s:] = 1
+        ids[u, s_max - s :] = torch.tensor(list(ctx[p:]), dtype=torch.long)
+        pos[u, s_max - s :] = torch.arange(p, lengths[u])
+        pos[u, : s_max - s] = p  # padding: any position, it is masked out
+        mask[u, p_max - p : p_max] = 1
+        mask[u, scratch - s :] = 1
         first = width - lengths[u]
-        source_col[u, first:first + p] = torch.arange(p_max - p, p_max)
-        source_col[u, first + p:] = torch.arange(scratch - s, scratch)
+        source_col[u, first : first + p] = torch.arange(p_max - p, p_max)
+        source_col[u, first + p :] = torch.arange(scratch - s, scratch)
         source_col[u, :first] = scratch - 1  # left padding of the final layout: a real column, masked later
     cache = _buffer_cache(model, key_scratch, value_scratch, p_max)
-    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device), cache=cache,
-                use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=pos.to(device),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     logits = out.logits[:, -1, :].float()  # (U, V)
     index = source_col.to(device).view(n_rows, 1, width, 1).expand(n_rows, kv_heads, width, head_dim)
     keys, values = [], []
@@ -501,8 +541,8 @@ class _ReservedLayer(DynamicLayer):
         n_cols, n_new = self.keys.shape[-2], key_states.shape[-2]
         if not self._in_buffer(n_new, key_states.shape[0]):
             return super().update(key_states, value_states, *args, **kwargs)
-        self._key_buffer[..., n_cols:n_cols + n_new, :] = key_states
-        self._value_buffer[..., n_cols:n_cols + n_new, :] = value_states
+        self._key_buffer[..., n_cols : n_cols + n_new, :] = key_states
+        self._value_buffer[..., n_cols : n_cols + n_new, :] = value_states
         self._fill(n_cols + n_new)
         return self.keys, self.values
 

@@ -2,7 +2,7 @@
 
 References:
     - EnvACE: Xu et al., 2026, "Internalizing Environment Dynamics via World Rehearsal for Agentic
-      Reinforcement Learning", arXiv 2608.06197; the method as this project builds it is DESIGN.md §1
+      Reinforcement Learning", arXiv 2608.06197; the method as this project builds it is docs/design.md §1
       ("Role-wise GRPO"): A = R(τ) − b(q, ρ), b(q, ρ) = Σ_i w_i R(τ_i) / Σ_i w_i over the segments i of
       role ρ in group q.
     - GRPO: Shao et al., 2024, "DeepSeekMath", arXiv 2402.03300, §4.1 (objective eq. 3, KL estimator
@@ -21,7 +21,7 @@ are computed per segment, ``(S,)``, then broadcast to tokens, ``(N, T)``, with
 Implementation details (numbered as in CleanRL's docs):
 
 1. **One baseline per (group, role).** ACT and REHEARSE segments of the same group get different baselines
-   b(q, ACT), b(q, REHEARSE) (DESIGN.md §1). Plain GRPO (`grpo_advantages`) is the ablation with one
+   b(q, ACT), b(q, REHEARSE) (docs/design.md §1). Plain GRPO (`grpo_advantages`) is the ablation with one
    baseline per q over trajectories.
 2. **Three weightings of the baseline** (`Weighting`), resolved once through a dict of functions:
    ``turn`` (w = 1 per segment; what the reference code does, so a trajectory with more turns of a role
@@ -73,8 +73,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -121,15 +122,11 @@ def _check_same_shape(**tensors: Tensor) -> None:
         raise ValueError(f"shape mismatch: {listed}")
 
 
-def _check_segments(
-    rewards: Tensor, group_ids: Tensor, roles: Tensor, traj_ids: Tensor, num_tokens: Tensor
-) -> None:
+def _check_segments(rewards: Tensor, group_ids: Tensor, roles: Tensor, traj_ids: Tensor, num_tokens: Tensor) -> None:
     """Validate the ``(S,)`` segment inputs of `role_wise_advantages` (detail 3)."""
     if rewards.ndim != 1:
         raise ValueError(f"rewards must be 1-D (S,), got shape {tuple(rewards.shape)}")
-    _check_same_shape(
-        rewards=rewards, group_ids=group_ids, roles=roles, traj_ids=traj_ids, num_tokens=num_tokens
-    )
+    _check_same_shape(rewards=rewards, group_ids=group_ids, roles=roles, traj_ids=traj_ids, num_tokens=num_tokens)
     if not rewards.is_floating_point():
         raise TypeError(f"rewards must be a floating tensor, got {rewards.dtype}")
     for name, t in (("group_ids", group_ids), ("roles", roles), ("traj_ids", traj_ids), ("num_tokens", num_tokens)):
@@ -230,7 +227,9 @@ def _baseline_advantages(
         highest = zeros.scatter_reduce(0, key_inverse, r, "amax", include_self=False)  # (K,)
         lowest = zeros.scatter_reduce(0, key_inverse, r, "amin", include_self=False)  # (K,)
         flat = (highest == lowest)[key_inverse] | (std == 0)  # (S,)
-        advantages = torch.where(flat, torch.zeros_like(advantages), advantages / torch.where(flat, 1.0, std + eps))  # (S,)
+        advantages = torch.where(
+            flat, torch.zeros_like(advantages), advantages / torch.where(flat, 1.0, std + eps)
+        )  # (S,)
     # Detail 5: a key whose segments come from one trajectory only (or carry no weight) gets 0.
     key_traj = torch.stack([key_inverse, traj_ids.long()], dim=1)  # (S, 2)
     distinct = torch.unique(key_traj, dim=0)  # (U, 2) one row per (key, trajectory)
@@ -250,7 +249,7 @@ def role_wise_advantages(
     scale_by_std: bool = False,
     eps: float = 1e-6,
 ) -> Tensor:
-    """Role-wise GRPO advantage of every segment: A = R(τ) − b(q, ρ) (EnvACE, DESIGN.md §1).
+    """Role-wise GRPO advantage of every segment: A = R(τ) − b(q, ρ) (EnvACE, docs/design.md §1).
 
     b(q, ρ) = Σ_i w_i R(τ_i) / Σ_i w_i over the segments i of role ρ in group q (details 1-6 of the module
     docstring).
@@ -300,7 +299,7 @@ def grpo_advantages(
 ) -> Tensor:
     """Plain GRPO advantage: one baseline per q, the mean reward over the group's trajectories.
 
-    DeepSeekMath §4.1.2 (outcome supervision), the "plain GRPO" ablation of DESIGN.md §1. Rows may be
+    DeepSeekMath §4.1.2 (outcome supervision), the "plain GRPO" ablation of docs/design.md §1. Rows may be
     trajectories (``traj_ids`` all distinct) or segments (each trajectory counts once whatever its number
     of segments), so the same segment tensors as `role_wise_advantages` can be passed.
 
@@ -325,8 +324,15 @@ def grpo_advantages(
     )  # (S,)
 
 
-def _grpo_estimator(rewards: Tensor, group_ids: Tensor, roles: Tensor, traj_ids: Tensor, num_tokens: Tensor,
-                    weighting: Weighting = "turn", scale_by_std: bool = False) -> Tensor:
+def _grpo_estimator(
+    rewards: Tensor,
+    group_ids: Tensor,
+    roles: Tensor,
+    traj_ids: Tensor,
+    num_tokens: Tensor,
+    weighting: Weighting = "turn",
+    scale_by_std: bool = False,
+) -> Tensor:
     """`grpo_advantages` with the estimator signature (``roles``, ``num_tokens`` and ``weighting`` unused)."""
     return grpo_advantages(rewards, group_ids, traj_ids, scale_by_std=scale_by_std)  # (S,)
 
@@ -493,7 +499,9 @@ def _divide(parts: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]) -> Callabl
     return fn
 
 
-AGGREGATIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {name: _divide(fn) for name, fn in AGGREGATION_PARTS.items()}
+AGGREGATIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    name: _divide(fn) for name, fn in AGGREGATION_PARTS.items()
+}
 """Aggregation name -> ``fn(values (N, T), mask (N, T) bool) -> ()`` (detail 12)."""
 
 
@@ -745,7 +753,9 @@ def grpo_loss(
     loss = _reduce(parts, per_token, mask, count)  # ()
     with torch.no_grad():
         return loss, LossStats(
-            loss=float(loss.detach()), pg_loss=float(_reduce(parts, pg_loss, mask, count)),
-            kl=float(_reduce(parts, kl, mask, count)), entropy=float(_reduce(parts, ent, mask, count)),
+            loss=float(loss.detach()),
+            pg_loss=float(_reduce(parts, pg_loss, mask, count)),
+            kl=float(_reduce(parts, kl, mask, count)),
+            entropy=float(_reduce(parts, ent, mask, count)),
             **{k: float(v) for k, v in stats.items()},
         )

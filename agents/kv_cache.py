@@ -1,6 +1,6 @@
 """Per-trajectory prefix KV cache: each inline trajectory's keys/values survive between its generation calls.
 
-In the ``inline`` prompt mode (DESIGN.md §1) ACT and REHEARSE continue ONE token sequence per trajectory:
+In the ``inline`` prompt mode (docs/design.md §1) ACT and REHEARSE continue ONE token sequence per trajectory:
 the context of every generation call is the previous context + the ids generated then + a few template
 ids. Re-encoding that whole context at every call costs O(turns × context) model tokens; with a cache the
 model only processes the new tokens. `PrefixKVCache` stores, per trajectory, the ids the model has
@@ -44,8 +44,8 @@ almost their whole prompt (8 BFCL multi_turn_base train tasks: 33.7k prompt toke
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -79,7 +79,7 @@ class KVEntry:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     last_used: int = 0
-    parent: "KVEntry | None" = None
+    parent: KVEntry | None = None
     prefix_tokens: int = 0
     num_tokens: int = field(init=False)
     own_tokens: int = field(init=False)
@@ -87,18 +87,26 @@ class KVEntry:
     def __post_init__(self) -> None:
         self.num_tokens = int(self.ids.shape[0])
         p = self.prefix_tokens = int(self.prefix_tokens)
-        if (self.parent is None) != (p == 0) or p > self.num_tokens or (
-                self.parent is not None and (p > self.parent.num_tokens
-                                             or common_prefix_length(self.parent.ids[:p], self.ids[:p]) < p)):
-            raise ValueError(f"parent of {self.parent.num_tokens if self.parent else 0} tokens cannot hold the first "
-                             f"{p} of {self.num_tokens} ids")
+        if (
+            (self.parent is None) != (p == 0)
+            or p > self.num_tokens
+            or (
+                self.parent is not None
+                and (p > self.parent.num_tokens or common_prefix_length(self.parent.ids[:p], self.ids[:p]) < p)
+            )
+        ):
+            raise ValueError(
+                f"parent of {self.parent.num_tokens if self.parent else 0} tokens cannot hold the first "
+                f"{p} of {self.num_tokens} ids"
+            )
         self.own_tokens = self.num_tokens - p
         for k, v in zip(self.keys, self.values):
             if k.shape[2] != self.own_tokens or v.shape[2] != self.own_tokens:
                 raise ValueError(f"KV length {k.shape[2]}/{v.shape[2]} != {self.own_tokens} own ids")
 
-    def copy_into(self, key_buffers: Sequence[torch.Tensor], value_buffers: Sequence[torch.Tensor], row: int,
-                  start: int, n: int) -> None:
+    def copy_into(
+        self, key_buffers: Sequence[torch.Tensor], value_buffers: Sequence[torch.Tensor], row: int, start: int, n: int
+    ) -> None:
         """Write the KV of ``ids[:n]`` into columns ``[start, start + n)`` of row `row` of each layer's
         buffers ``(B, H_kv, C, D)``, the parents' part from the parents."""
         p = min(n, self.prefix_tokens)
@@ -106,8 +114,8 @@ class KVEntry:
             self.parent.copy_into(key_buffers, value_buffers, row, start, p)
         if n > p:
             for layer, (k, v) in enumerate(zip(self.keys, self.values)):
-                key_buffers[layer][row, :, start + p:start + n] = k[0, :, :n - p]
-                value_buffers[layer][row, :, start + p:start + n] = v[0, :, :n - p]
+                key_buffers[layer][row, :, start + p : start + n] = k[0, :, : n - p]
+                value_buffers[layer][row, :, start + p : start + n] = v[0, :, : n - p]
 
 
 class PrefixKVCache:
@@ -132,7 +140,11 @@ class PrefixKVCache:
     """
 
     def __init__(
-        self, max_tokens: int = 131_072, max_idle_calls: int = 4, replace: bool = True, min_shared_prefix: int = 128,
+        self,
+        max_tokens: int = 131_072,
+        max_idle_calls: int = 4,
+        replace: bool = True,
+        min_shared_prefix: int = 128,
         share_prefixes: bool = True,
     ) -> None:
         if max_tokens < 1:
@@ -149,8 +161,15 @@ class PrefixKVCache:
         self._entries: list[KVEntry] = []
         self._clock = 0
         self._fingerprint: tuple | None = None
-        self.stats = {"calls": 0, "hits": 0, "reused_tokens": 0, "fed_tokens": 0, "evicted": 0, "invalidations": 0,
-                      "shared_prefixes": 0}
+        self.stats = {
+            "calls": 0,
+            "hits": 0,
+            "reused_tokens": 0,
+            "fed_tokens": 0,
+            "evicted": 0,
+            "invalidations": 0,
+            "shared_prefixes": 0,
+        }
 
     # ------------------------------------------------------------------ bookkeeping
     def __len__(self) -> int:

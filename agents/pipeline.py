@@ -1,9 +1,10 @@
-"""``envace pipeline``: the README's main job, the whole EnvACE recipe at small scale.
+"""``envace pipeline``: the main job (``make demo``), the whole EnvACE recipe at small scale.
 
 Stages, each in its own folder under ``run_dir`` (a re-run resumes: finished stages are skipped, and the
 SFT and GRPO trainers resume from their newest checkpoints):
 
-1. ``eval_base/``: the untrained policy against the suite's real backends on ``eval.limit`` test-split tasks per category;
+1. ``eval_base/``: the untrained policy against the suite's real backends on ``eval.limit`` test-split tasks per
+   category;
 2. ``sft/``: warm start on demonstrations built from real executions of the suite's reference solutions
    (BFCL: its ground truth), both roles (ACT:
    the calls; REHEARSE: the real tool results), `agents.sft.SFTTrainer`;
@@ -20,13 +21,15 @@ SFT and GRPO trainers resume from their newest checkpoints):
    rehearsal fidelity, per model) and ``grpo/plots/`` (training curves, `agents.plots.report`); ``summary.json``
    and a printed table (`stage_table`).
 
-``configs/recipes/lab.yaml`` is the README's main job (``make demo``): the hidden-rules lab suite (``lab``) on ``lab-tiny``; ``configs/recipes/lab-stated.yaml`` is the stated-rules suite (``lab-stated``) on ``smollm2-lab``.
+``configs/recipes/lab.yaml`` is the main job (``make demo``): the hidden-rules lab suite (``lab``) on ``lab-tiny``;
+``configs/recipes/lab-stated.yaml`` is the stated-rules suite (``lab-stated``) on ``smollm2-lab``.
 
-The defaults (BFCL, ``make demo-bfcl``) take about 20 minutes on 2 CPU cores with SmolLM2-135M-Instruct (18.3 measured on idle cores): few SFT steps on the shortest demonstrations (prompts alone are 3k-6.5k tokens, the
-length cap keeps whole demos), B=1 x K=2 GRPO, 4 evaluation tasks, and ACT budgets (128 tokens, 5 messages per
-user turn) that leave every selected task completable (`agents.budgets`, checked before any model loads). A GPU-scale run would instead use all four multi-turn
-categories for SFT with no length cap, hundreds of GRPO steps at 16 instructions x K=4 with 20 steps per
-turn and 256+ new tokens (the paper: Qwen3-8B, ~470 steps, lr 1e-6), and the whole test split for eval.
+The defaults (BFCL, ``make demo-bfcl``) take about 20 minutes on 2 CPU cores with SmolLM2-135M-Instruct (18.3 measured
+on idle cores): few SFT steps on the shortest demonstrations (prompts alone are 3k-6.5k tokens, the length cap keeps
+whole demos), B=1 x K=2 GRPO, 4 evaluation tasks, and ACT budgets (128 tokens, 5 messages per user turn) that leave
+every selected task completable (`agents.budgets`, checked before any model loads). A GPU-scale run would instead use
+all four multi-turn categories for SFT with no length cap, hundreds of GRPO steps at 16 instructions x K=4 with 20 steps
+per turn and 256+ new tokens (the paper: Qwen3-8B, ~470 steps, lr 1e-6), and the whole test split for eval.
 """
 
 from __future__ import annotations
@@ -36,19 +39,41 @@ import dataclasses
 import json
 import time
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agents.config import (
-    TrainConfig, add_dataclass_arguments, config_field, dataclass_from_args, field_default, nested_config_field,
+    TrainConfig,
+    add_dataclass_arguments,
+    config_field,
+    dataclass_from_args,
+    field_default,
+    nested_config_field,
 )
 from agents.evaluate import EvalConfig
 from agents.models import ModelStore, default_store
 from agents.run_folder import read_jsonl
 from agents.sft import SFTConfig
 
-__all__ = ["PipelineConfig", "run_pipeline", "StageRunner", "latest_model", "sft_stage", "grpo_stage", "register_pipeline_parser", "STAGES", "REHEARSAL_STAGE", "stage_rows", "stage_table", "same_tasks_row", "SAME_TASKS_ROW", "stage_settings", "stage_ignores"]
+__all__ = [
+    "PipelineConfig",
+    "run_pipeline",
+    "StageRunner",
+    "latest_model",
+    "sft_stage",
+    "grpo_stage",
+    "register_pipeline_parser",
+    "STAGES",
+    "REHEARSAL_STAGE",
+    "stage_rows",
+    "stage_table",
+    "same_tasks_row",
+    "SAME_TASKS_ROW",
+    "stage_settings",
+    "stage_ignores",
+]
 
 _f = config_field
 STAGES = ("eval_base", "sft", "eval_sft", "grpo", "eval_grpo")
@@ -57,9 +82,30 @@ STAGES = ("eval_base", "sft", "eval_sft", "grpo", "eval_grpo")
 REHEARSAL_STAGE = "eval_grpo_rehearsal"
 
 _OWNED = {
-    "sft": ("run_dir", "model", "init", "seed", "data", "categories", "split", "task_ids", "threads", "min_solvable_fraction"),
+    "sft": (
+        "run_dir",
+        "model",
+        "init",
+        "seed",
+        "data",
+        "categories",
+        "split",
+        "task_ids",
+        "threads",
+        "min_solvable_fraction",
+    ),
     "grpo": ("run_dir", "model", "init", "seed", "suite", "categories", "split", "threads", "min_solvable_fraction"),
-    "eval": ("model", "suite", "categories", "split", "seed", "out", "min_solvable_fraction", "fidelity", "rehearsal_n"),
+    "eval": (
+        "model",
+        "suite",
+        "categories",
+        "split",
+        "seed",
+        "out",
+        "min_solvable_fraction",
+        "fidelity",
+        "rehearsal_n",
+    ),
 }
 """Fields of each stage config that the pipeline sets itself (from its own fields, or per stage), so they
 must stay at their defaults in ``sft``, ``grpo`` and ``eval``."""
@@ -91,41 +137,109 @@ class PipelineConfig:
     """
 
     run_dir: str = _f("runs/demo", "folder of the whole run (one sub-folder per stage)")
-    model: str = _f("smollm2-135m", "the policy to start from: 'smollm2-135m', 'lab-tiny' (the hidden-rules lab recipe's), 'smollm2-lab' (the stated-rules lab recipe's), a local HF folder, or 'tiny-random'")
+    model: str = _f(
+        "smollm2-135m",
+        (
+            "the policy to start from: 'smollm2-135m', 'lab-tiny' (the hidden-rules lab recipe's), 'smollm2-lab' (the "
+            "stated-rules lab recipe's), a local HF folder, or 'tiny-random'"
+        ),
+    )
     seed: int = _f(0, "seed of every stage")
     threads: int = _f(2, "torch CPU threads (0: torch's default)")
-    suite: str = _f("bfcl", "registered suite (envace_gym.suites) of every stage: demonstrations from its reference solutions, GRPO on its tasks, evaluation on its real backends")
-    categories: list[str] | None = _f(None, "suite categories for SFT, GRPO and eval (none given: the suite's default, BFCL's multi_turn_base)")
-    min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the SFT demonstrations, GRPO tasks or evaluation tasks than this fit their budgets (agents.budgets; checked before any model loads)")
-    fidelity: bool = _f(False, "after each evaluation, also play the same tasks rehearsed and score every rehearsed tool output against the real backend (exact / JSON structure / token F1)")
-    test_time_rehearsal_n: int = _f(0, "also evaluate the trained policy with test-time rehearsal of this many attempts per turn (eval.rehearsal_mode) on the same tasks, or the first test_time_rehearsal_limit of each category (0: skip)")
-    test_time_rehearsal_limit: int | None = _f(None, "tasks per category in the test-time rehearsal evaluation: the first this many of the evaluations' own (none: all of them); below eval.limit, the table adds the plain evaluation scored on those tasks")
+    suite: str = _f(
+        "bfcl",
+        (
+            "registered suite (envace_gym.suites) of every stage: demonstrations from its reference solutions, GRPO on "
+            "its tasks, evaluation on its real backends"
+        ),
+    )
+    categories: list[str] | None = _f(
+        None, "suite categories for SFT, GRPO and eval (none given: the suite's default, BFCL's multi_turn_base)"
+    )
+    min_solvable_fraction: float = _f(
+        0.9,
+        (
+            "refuse to start when fewer of the SFT demonstrations, GRPO tasks or evaluation tasks than this fit their "
+            "budgets (agents.budgets; checked before any model loads)"
+        ),
+    )
+    fidelity: bool = _f(
+        False,
+        (
+            "after each evaluation, also play the same tasks rehearsed and score every rehearsed tool output against "
+            "the real backend (exact / JSON structure / token F1)"
+        ),
+    )
+    test_time_rehearsal_n: int = _f(
+        0,
+        (
+            "also evaluate the trained policy with test-time rehearsal of this many attempts per turn "
+            "(eval.rehearsal_mode) on the same tasks, or the first test_time_rehearsal_limit of each category (0: "
+            "skip)"
+        ),
+    )
+    test_time_rehearsal_limit: int | None = _f(
+        None,
+        (
+            "tasks per category in the test-time rehearsal evaluation: the first this many of the evaluations' own "
+            "(none: all of them); below eval.limit, the table adds the plain evaluation scored on those tasks"
+        ),
+    )
     sft: SFTConfig = nested_config_field(
-        SFTConfig, "the SFT warm start (envace sft's options)",
-        max_steps=8, max_demos=16, max_seq_len=3584, overflow="drop", batch_tokens=3584, max_batch_rows=1, lr=1e-4,
+        SFTConfig,
+        "the SFT warm start (envace sft's options)",
+        max_steps=8,
+        max_demos=16,
+        max_seq_len=3584,
+        overflow="drop",
+        batch_tokens=3584,
+        max_batch_rows=1,
+        lr=1e-4,
         lr_schedule="constant",
     )
     grpo: TrainConfig = nested_config_field(
-        TrainConfig, "role-wise GRPO (envace train's options)",
-        num_steps=3, batch_tasks=1, group_size=2, lr=1e-5, max_steps_per_turn=5, max_new_tokens=128,
-        rehearse_max_new_tokens=64, save_every=3,
+        TrainConfig,
+        "role-wise GRPO (envace train's options)",
+        num_steps=3,
+        batch_tasks=1,
+        group_size=2,
+        lr=1e-5,
+        max_steps_per_turn=5,
+        max_new_tokens=128,
+        rehearse_max_new_tokens=64,
+        save_every=3,
     )
     eval: EvalConfig = nested_config_field(
-        EvalConfig, "the evaluations on the test split (envace eval's options)",
-        limit=4, max_new_tokens=128, temperature=0.0, max_steps_per_turn=5, out=PER_STAGE,
+        EvalConfig,
+        "the evaluations on the test split (envace eval's options)",
+        limit=4,
+        max_new_tokens=128,
+        temperature=0.0,
+        max_steps_per_turn=5,
+        out=PER_STAGE,
     )
 
     REMOVED_FIELDS: typing.ClassVar[dict[str, str]] = {
         "grpo_max_rollout_steps": "it capped every GRPO episode at that many ACT messages in total with R = 0 after; "
-                                  "use grpo.max_steps_per_turn (a limit per user turn, BFCL's semantics)",
-        **{old: f"each stage has its own config now: use {new}" for old, new in {
-            "sft_steps": "sft.max_steps", "sft_max_demos": "sft.max_demos", "sft_max_seq_len": "sft.max_seq_len",
-            "sft_lr": "sft.lr", "grpo_steps": "grpo.num_steps", "grpo_batch_tasks": "grpo.batch_tasks",
-            "grpo_group_size": "grpo.group_size", "grpo_lr": "grpo.lr", "grpo_max_steps_per_turn": "grpo.max_steps_per_turn",
-            "max_new_tokens": "grpo.max_new_tokens and eval.max_new_tokens",
-            "rehearse_max_new_tokens": "grpo.rehearse_max_new_tokens", "eval_tasks": "eval.limit",
-            "eval_max_steps_per_turn": "eval.max_steps_per_turn",
-        }.items()},
+        "use grpo.max_steps_per_turn (a limit per user turn, BFCL's semantics)",
+        **{
+            old: f"each stage has its own config now: use {new}"
+            for old, new in {
+                "sft_steps": "sft.max_steps",
+                "sft_max_demos": "sft.max_demos",
+                "sft_max_seq_len": "sft.max_seq_len",
+                "sft_lr": "sft.lr",
+                "grpo_steps": "grpo.num_steps",
+                "grpo_batch_tasks": "grpo.batch_tasks",
+                "grpo_group_size": "grpo.group_size",
+                "grpo_lr": "grpo.lr",
+                "grpo_max_steps_per_turn": "grpo.max_steps_per_turn",
+                "max_new_tokens": "grpo.max_new_tokens and eval.max_new_tokens",
+                "rehearse_max_new_tokens": "grpo.rehearse_max_new_tokens",
+                "eval_tasks": "eval.limit",
+                "eval_max_steps_per_turn": "eval.max_steps_per_turn",
+            }.items()
+        },
     }
 
     def __post_init__(self) -> None:
@@ -133,19 +247,27 @@ class PipelineConfig:
 
         coerce_fields(self)
         if self.seed < 0 or self.threads < 0 or self.test_time_rehearsal_n < 0:
-            raise ValueError(f"invalid PipelineConfig: seed, threads and test_time_rehearsal_n must be >= 0, got "
-                             f"{self.seed}, {self.threads}, {self.test_time_rehearsal_n}")
+            raise ValueError(
+                f"invalid PipelineConfig: seed, threads and test_time_rehearsal_n must be >= 0, got "
+                f"{self.seed}, {self.threads}, {self.test_time_rehearsal_n}"
+            )
         limit = self.test_time_rehearsal_limit
         if limit is not None:
             if limit < 1 or (self.eval.limit is not None and limit > self.eval.limit):
                 bound = ">= 1" if self.eval.limit is None else f"between 1 and eval.limit ({self.eval.limit})"
-                raise ValueError(f"invalid PipelineConfig: test_time_rehearsal_limit must be {bound} so its tasks are "
-                                 f"some of the evaluations' own, got {limit}")
+                raise ValueError(
+                    f"invalid PipelineConfig: test_time_rehearsal_limit must be {bound} so its tasks are "
+                    f"some of the evaluations' own, got {limit}"
+                )
             if not self.test_time_rehearsal_n:
-                raise ValueError("invalid PipelineConfig: test_time_rehearsal_limit sizes the test-time rehearsal "
-                                 "evaluation, which runs only with --test-time-rehearsal-n N > 0; set it or leave the limit out")
+                raise ValueError(
+                    "invalid PipelineConfig: test_time_rehearsal_limit sizes the test-time rehearsal "
+                    "evaluation, which runs only with --test-time-rehearsal-n N > 0; set it or leave the limit out"
+                )
         if not 0 <= self.min_solvable_fraction <= 1:
-            raise ValueError(f"invalid PipelineConfig: min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
+            raise ValueError(
+                f"invalid PipelineConfig: min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}"
+            )
         from envace_gym.suites import registered_suites
 
         if self.suite not in registered_suites():
@@ -156,7 +278,9 @@ class PipelineConfig:
             for f in dataclasses.fields(config):
                 if f.name in owned and getattr(config, f.name) != job_defaults.get(f.name, field_default(f)):
                     top = f.name if f.name in {g.name for g in dataclasses.fields(self)} else None
-                    hint = _OWNED_HINTS.get(f.name) or (f"set --{top.replace('_', '-')} for every stage" if top else "leave it out")
+                    hint = _OWNED_HINTS.get(f.name) or (
+                        f"set --{top.replace('_', '-')} for every stage" if top else "leave it out"
+                    )
                     raise ValueError(f"invalid PipelineConfig: the pipeline sets {stage}.{f.name} itself; {hint}")
 
     def rehearsal_subset_limit(self) -> int | None:
@@ -173,23 +297,44 @@ class PipelineConfig:
     def sft_config(self, out: str | Path, task_ids: list[str]) -> SFTConfig:
         """The SFT stage's config: ``sft`` with the pipeline's fields, training on `task_ids` into `out`."""
         return dataclasses.replace(
-            self.sft, run_dir=str(out), model=self.model, seed=self.seed, data=[self.suite], categories=self._categories(),
-            split="train", task_ids=list(task_ids), threads=self.threads, min_solvable_fraction=self.min_solvable_fraction,
+            self.sft,
+            run_dir=str(out),
+            model=self.model,
+            seed=self.seed,
+            data=[self.suite],
+            categories=self._categories(),
+            split="train",
+            task_ids=list(task_ids),
+            threads=self.threads,
+            min_solvable_fraction=self.min_solvable_fraction,
         )
 
     def grpo_config(self, out: str | Path, init: str) -> TrainConfig:
         """The GRPO stage's config: ``grpo`` with the pipeline's fields, from the model folder `init` into `out`."""
         return dataclasses.replace(
-            self.grpo, run_dir=str(out), model=self.model, init=init, seed=self.seed, suite=self.suite,
-            categories=self._categories(), split="train", threads=self.threads,
+            self.grpo,
+            run_dir=str(out),
+            model=self.model,
+            init=init,
+            seed=self.seed,
+            suite=self.suite,
+            categories=self._categories(),
+            split="train",
+            threads=self.threads,
             min_solvable_fraction=self.min_solvable_fraction,
         )
 
     def eval_config(self, out: str | Path, model: str) -> EvalConfig:
         """An evaluation stage's config: ``eval`` with the pipeline's fields, of `model`, written to `out`."""
         return dataclasses.replace(
-            self.eval, model=model, suite=self.suite, categories=self._categories(), split="test", seed=self.seed,
-            out=str(out), min_solvable_fraction=self.min_solvable_fraction,
+            self.eval,
+            model=model,
+            suite=self.suite,
+            categories=self._categories(),
+            split="test",
+            seed=self.seed,
+            out=str(out),
+            min_solvable_fraction=self.min_solvable_fraction,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -225,7 +370,9 @@ class StageRunner:
         self.evals: dict[str, dict[str, Any]] = {}
         self.configs: dict[str, dict[str, Any]] = {}
 
-    def stage(self, name: str, fn, expected: dict[str, Any] | None = None, ignore: Sequence[str] = ()) -> dict[str, Any]:
+    def stage(
+        self, name: str, fn, expected: dict[str, Any] | None = None, ignore: Sequence[str] = ()
+    ) -> dict[str, Any]:
         """Run ``fn(folder)`` unless stage `name` is done; returns its info (``fn``'s dict plus ``seconds``).
 
         Args:
@@ -249,8 +396,10 @@ class StageRunner:
             stored = self._here(name, info.get("config", {})) if expected is not None else {}
             changed = sorted(changed_fields(stored, expected or {}, ignore))
             if changed:
-                raise ValueError(f"{folder} was run with other settings ({', '.join(changed)}); use another run folder, "
-                                 f"or delete that folder to run the stage again")
+                raise ValueError(
+                    f"{folder} was run with other settings ({', '.join(changed)}); use another run folder, "
+                    f"or delete that folder to run the stage again"
+                )
             self.log(f"[stage] {name}: already done, skipped")
         else:
             self.log(f"[stage] {name} ...")
@@ -276,14 +425,14 @@ class StageRunner:
         from the stage's own folder, ``out`` or ``run_dir``) moved under ``run``."""
         own = next((stored[k] for k in ("out", "run_dir") if isinstance(stored.get(k), str)), None)
         stage = Path(name).parts
-        if own is None or Path(own).parts[-len(stage):] != stage or len(Path(own).parts) == len(stage):
+        if own is None or Path(own).parts[-len(stage) :] != stage or len(Path(own).parts) == len(stage):
             return stored  # no stage folder to learn the old run folder from (or it was ".": nothing to strip)
         old = Path(own).parts[: -len(stage)]
 
         def moved(value: Any) -> Any:
             if not isinstance(value, str) or Path(value).parts[: len(old)] != old:
                 return value
-            return str(Path(self.run, *Path(value).parts[len(old):]))
+            return str(Path(self.run, *Path(value).parts[len(old) :]))
 
         return {k: moved(v) for k, v in stored.items()}
 
@@ -291,8 +440,12 @@ class StageRunner:
         """Stage `name`: `agents.evaluate.evaluate` with `eval_config` (its ``out`` should be the stage's
         folder); returns the evaluation row (accuracy, tool-call fraction, parse errors, fidelity fields)."""
         settings = stage_settings(eval_config)
-        info = self.stage(name, lambda out: {"eval": _evaluate(eval_config, out, self.log, models), "config": settings},
-                          settings, ignore=("min_solvable_fraction", "overwrite"))
+        info = self.stage(
+            name,
+            lambda out: {"eval": _evaluate(eval_config, out, self.log, models), "config": settings},
+            settings,
+            ignore=("min_solvable_fraction", "overwrite"),
+        )
         return info["eval"]
 
 
@@ -326,8 +479,14 @@ def _shortest_demo_ids(config: PipelineConfig, tokenizer: Any) -> list[str]:
     from agents.demonstrations import build_demonstrations
 
     demos, _ = build_demonstrations(
-        tokenizer, config.suite, config.categories, "train", calls_per_message=config.sft.calls_per_message,
-        max_tokens=config.sft.max_seq_len, overflow="drop", progress=False,
+        tokenizer,
+        config.suite,
+        config.categories,
+        "train",
+        calls_per_message=config.sft.calls_per_message,
+        max_tokens=config.sft.max_seq_len,
+        overflow="drop",
+        progress=False,
     )
     demos.sort(key=lambda d: len(d.token_ids))
     return [d.task.id for d in demos[: config.sft.max_demos or None]]
@@ -359,11 +518,17 @@ def grpo_stage(grpo_config: TrainConfig, models: ModelStore, log=print) -> dict[
         trainer.close()
     every = list(read_jsonl(Path(grpo_config.run_dir) / "metrics.jsonl"))  # a resumed run's earlier steps too
     groups = [h["rollout/groups_with_reward_variance"] for h in every]
-    log(f"[pipeline] grpo: groups with non-zero reward variance per step: {groups} (of {grpo_config.batch_tasks} per step)")
-    return {"last": history[-1] if history else None, "groups_with_reward_variance": groups,
-            "real_tool_calls": sum(h.get("rollout/real_tool_calls", 0) for h in every),
-            "verifier_replay_calls": sum(h.get("rollout/verifier_replay_calls", 0) for h in every),
-            "config": dataclasses.asdict(grpo_config)}
+    log(
+        f"[pipeline] grpo: groups with non-zero reward variance per step: {groups} (of {grpo_config.batch_tasks} "
+        "per step)"
+    )
+    return {
+        "last": history[-1] if history else None,
+        "groups_with_reward_variance": groups,
+        "real_tool_calls": sum(h.get("rollout/real_tool_calls", 0) for h in every),
+        "verifier_replay_calls": sum(h.get("rollout/verifier_replay_calls", 0) for h in every),
+        "config": dataclasses.asdict(grpo_config),
+    }
 
 
 def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None = None) -> dict[str, Any]:
@@ -376,8 +541,8 @@ def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None =
         agents.budgets.BudgetError: a stage's fraction is below ``min_solvable_fraction`` (the message names the
             pipeline option to raise).
     """
-    from agents.evaluate import select_tasks
     from agents.budgets import check_task_budgets
+    from agents.evaluate import select_tasks
     from envace_gym.suites import make_suite
 
     tokenizer = (models or default_store()).tokenizer(config.model)
@@ -386,12 +551,20 @@ def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None =
     if grpo.task_ids:
         tasks = [t for t in tasks if t.id in set(grpo.task_ids)]
     grpo = check_task_budgets(
-        tasks, config.suite, tokenizer,
-        max_steps_per_turn=grpo.max_steps_per_turn, max_new_tokens=grpo.max_new_tokens,
-        max_episode_tokens=grpo.max_episode_tokens, min_fraction=config.min_solvable_fraction,
+        tasks,
+        config.suite,
+        tokenizer,
+        max_steps_per_turn=grpo.max_steps_per_turn,
+        max_new_tokens=grpo.max_new_tokens,
+        max_episode_tokens=grpo.max_episode_tokens,
+        min_fraction=config.min_solvable_fraction,
         command="envace pipeline (grpo stage, train split)",
-        names={"max_steps_per_turn": "--grpo.max-steps-per-turn", "max_new_tokens": "--grpo.max-new-tokens",
-               "max_episode_tokens": "--grpo.max-episode-tokens"}, log=log,
+        names={
+            "max_steps_per_turn": "--grpo.max-steps-per-turn",
+            "max_new_tokens": "--grpo.max-new-tokens",
+            "max_episode_tokens": "--grpo.max-episode-tokens",
+        },
+        log=log,
     )
     ev = config.eval_config("unused", config.model)
     reports = {"grpo": grpo.to_dict()}
@@ -401,19 +574,28 @@ def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None =
         limits[REHEARSAL_STAGE] = config.rehearsal_subset_limit()
     for name, limit in limits.items():
         reports[name] = check_task_budgets(
-            select_tasks(dataclasses.replace(ev, limit=limit)), config.suite, tokenizer,
-            max_steps_per_turn=ev.max_steps_per_turn, max_new_tokens=ev.max_new_tokens, max_episode_tokens=None,
+            select_tasks(dataclasses.replace(ev, limit=limit)),
+            config.suite,
+            tokenizer,
+            max_steps_per_turn=ev.max_steps_per_turn,
+            max_new_tokens=ev.max_new_tokens,
+            max_episode_tokens=None,
             min_fraction=config.min_solvable_fraction,
             command=f"envace pipeline ({'eval stages' if name == 'eval' else name}, test split)",
-            names={"max_steps_per_turn": "--eval.max-steps-per-turn", "max_new_tokens": "--eval.max-new-tokens"}, log=log,
+            names={"max_steps_per_turn": "--eval.max-steps-per-turn", "max_new_tokens": "--eval.max-new-tokens"},
+            log=log,
         ).to_dict()
     return reports
 
 
 def _overall_row(overall: dict[str, Any]) -> dict[str, Any]:
     """An evaluation stage's row from the ``overall`` row of `agents.evaluate.summarize`."""
-    return {"accuracy": float(overall["accuracy"]), "tool_call_fraction": float(overall["tool_call_fraction"]),
-            "parse_errors_per_task": float(overall["parse_errors_per_task"]), "n_tasks": int(overall["n_tasks"])}
+    return {
+        "accuracy": float(overall["accuracy"]),
+        "tool_call_fraction": float(overall["tool_call_fraction"]),
+        "parse_errors_per_task": float(overall["parse_errors_per_task"]),
+        "n_tasks": int(overall["n_tasks"]),
+    }
 
 
 def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None) -> dict[str, Any]:
@@ -425,21 +607,36 @@ def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None
         tables = fidelity_tables(result.fidelity_calls)
         every = tables["tool"][-1]
         n_calls = int(every["n_calls"])  # no rehearsed call: the metrics are undefined (None), not 0
-        row.update({f"fidelity_{m}": float(every[m]) if n_calls else None
-                    for m in ("exact_match", "json_structure_match", "token_f1")}, fidelity_calls=n_calls)
+        row.update(
+            {
+                f"fidelity_{m}": float(every[m]) if n_calls else None
+                for m in ("exact_match", "json_structure_match", "token_f1")
+            },
+            fidelity_calls=n_calls,
+        )
         for kind in tables["output"][:2]:  # error, ordinary: a world model may get successes right, errors never
             row[f"fidelity_{kind['group']}_calls"] = int(kind["n_calls"])
             row[f"fidelity_{kind['group']}_exact_match"] = float(kind["exact_match"]) if kind["n_calls"] else None
-        scores = (f"exact {row['fidelity_exact_match']:.3f}, structure {row['fidelity_json_structure_match']:.3f}, "
-                  f"token F1 {row['fidelity_token_f1']:.3f}" if n_calls else "nothing to score")
-        split = ", ".join(f"{k} outputs {row[f'fidelity_{k}_calls']} calls, exact "
-                          + ("n/a" if row[f"fidelity_{k}_exact_match"] is None else
-                             f"{row[f'fidelity_{k}_exact_match']:.3f}") for k in ("error", "ordinary"))
-        log(f"[pipeline] {out.name}: {n_calls} rehearsed calls: {scores}; {split} "
-            f"(accuracy in the rehearsed world {row['accuracy']:.3f})")
+        scores = (
+            f"exact {row['fidelity_exact_match']:.3f}, structure {row['fidelity_json_structure_match']:.3f}, "
+            f"token F1 {row['fidelity_token_f1']:.3f}"
+            if n_calls
+            else "nothing to score"
+        )
+        split = ", ".join(
+            f"{k} outputs {row[f'fidelity_{k}_calls']} calls, exact "
+            + ("n/a" if row[f"fidelity_{k}_exact_match"] is None else f"{row[f'fidelity_{k}_exact_match']:.3f}")
+            for k in ("error", "ordinary")
+        )
+        log(
+            f"[pipeline] {out.name}: {n_calls} rehearsed calls: {scores}; {split} "
+            f"(accuracy in the rehearsed world {row['accuracy']:.3f})"
+        )
     else:
-        log(f"[pipeline] {out.name}: accuracy {row['accuracy']:.3f}, ACT steps parsed as tool calls "
-            f"{row['tool_call_fraction']:.3f}, parse errors/task {row['parse_errors_per_task']:.2f}")
+        log(
+            f"[pipeline] {out.name}: accuracy {row['accuracy']:.3f}, ACT steps parsed as tool calls "
+            f"{row['tool_call_fraction']:.3f}, parse errors/task {row['parse_errors_per_task']:.2f}"
+        )
     return row
 
 
@@ -474,14 +671,15 @@ def stage_rows(evals: dict[str, dict[str, Any]], same_tasks: dict[str, Any] | No
     rows: dict[str, dict[str, Any]] = {}
     for name, row in evals.items():
         if name.startswith("eval_"):
-            label = "grpo+rehearsal" if name == REHEARSAL_STAGE else name[len("eval_"):]
+            label = "grpo+rehearsal" if name == REHEARSAL_STAGE else name[len("eval_") :]
             if label == "grpo+rehearsal" and same_tasks is not None:
                 rows[SAME_TASKS_ROW] = dict(same_tasks)
             rows.setdefault(label, {}).update(row)
     for name, row in evals.items():
-        if name.startswith("fidelity_") and name[len("fidelity_"):] in rows:
-            rows[name[len("fidelity_"):]].update({k: v for k, v in row.items() if k.startswith("fidelity_")},
-                                                  rehearsed_world_accuracy=row["accuracy"])
+        if name.startswith("fidelity_") and name[len("fidelity_") :] in rows:
+            rows[name[len("fidelity_") :]].update(
+                {k: v for k, v in row.items() if k.startswith("fidelity_")}, rehearsed_world_accuracy=row["accuracy"]
+            )
     return rows
 
 
@@ -489,19 +687,36 @@ def stage_table(rows: dict[str, dict[str, Any]], timings: dict[str, float]) -> l
     """The printed summary: tasks played, accuracy on real backends, tool-call fraction and fidelity per
     evaluated model, and the seconds of the stages behind each row (blank for `SAME_TASKS_ROW`, which is
     computed from another stage's episodes)."""
-    lines = [f"{'model':<16} {'tasks':>5} {'accuracy':>9} {'tool calls':>10} {'parse err':>9} {'fid exact':>9} "
-             f"{'fid struct':>10} {'fid F1':>7} {'seconds':>8}"]
+    lines = [
+        f"{'model':<16} {'tasks':>5} {'accuracy':>9} {'tool calls':>10} {'parse err':>9} {'fid exact':>9} "
+        f"{'fid struct':>10} {'fid F1':>7} {'seconds':>8}"
+    ]
     for label, row in rows.items():
-        stages = ([REHEARSAL_STAGE] if label == "grpo+rehearsal" else [] if label == SAME_TASKS_ROW
-                  else [f"eval_{label}", f"fidelity_{label}"])
-        fid = ["" if f"fidelity_{m}" not in row else "n/a" if row[f"fidelity_{m}"] is None else f"{row[f'fidelity_{m}']:.3f}"
-               for m in ("exact_match", "json_structure_match", "token_f1")]
+        stages = (
+            [REHEARSAL_STAGE]
+            if label == "grpo+rehearsal"
+            else []
+            if label == SAME_TASKS_ROW
+            else [f"eval_{label}", f"fidelity_{label}"]
+        )
+        fid = [
+            ""
+            if f"fidelity_{m}" not in row
+            else "n/a"
+            if row[f"fidelity_{m}"] is None
+            else f"{row[f'fidelity_{m}']:.3f}"
+            for m in ("exact_match", "json_structure_match", "token_f1")
+        ]
         seconds = f"{sum(timings.get(s, 0.0) for s in stages):.0f}" if stages else ""
-        lines.append(f"{label:<16} {row.get('n_tasks', ''):>5} {row['accuracy']:>9.3f} {row['tool_call_fraction']:>10.3f} "
-                     f"{row['parse_errors_per_task']:>9.2f} {fid[0]:>9} {fid[1]:>10} {fid[2]:>7} {seconds:>8}")
+        lines.append(
+            f"{label:<16} {row.get('n_tasks', ''):>5} {row['accuracy']:>9.3f} {row['tool_call_fraction']:>10.3f} "
+            f"{row['parse_errors_per_task']:>9.2f} {fid[0]:>9} {fid[1]:>10} {fid[2]:>7} {seconds:>8}"
+        )
     for name in ("sft", "grpo"):
-        lines.append(f"{name + ' (training)':<16} {'':>5} {'':>9} {'':>10} {'':>9} {'':>9} {'':>10} {'':>7} "
-                     f"{timings.get(name, 0.0):>8.0f}")
+        lines.append(
+            f"{name + ' (training)':<16} {'':>5} {'':>9} {'':>10} {'':>9} {'':>9} {'':>10} {'':>7} "
+            f"{timings.get(name, 0.0):>8.0f}"
+        )
     return lines
 
 
@@ -522,8 +737,12 @@ def plot_stages(rows: dict[str, dict[str, Any]], path: str | Path) -> Path:
     xs = range(len(stages))
     for i, (key, label) in enumerate(series):
         measured = [x for x, s in zip(xs, stages) if rows[s].get(key) is not None]  # no bar where nothing was measured
-        bars = ax.bar([x + (i - (len(series) - 1) / 2) * width for x in measured],
-                      [rows[stages[x]][key] for x in measured], width, label=label)
+        bars = ax.bar(
+            [x + (i - (len(series) - 1) / 2) * width for x in measured],
+            [rows[stages[x]][key] for x in measured],
+            width,
+            label=label,
+        )
         ax.bar_label(bars, fmt="%.2f", fontsize=8)  # values printed, so a zero bar is still readable
     ax.set_xticks(list(xs), stages)
     ax.set_ylim(0, 1)
@@ -571,20 +790,32 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     # the field, instead of reporting the old run as the new one. SFT's task ids follow from its other settings
     # (the suite, categories, max_demos, max_seq_len, the tokenizer), so the stored ones stand in for them.
     sft_ids = (stages.finished("sft") or {}).get("task_ids", [])
-    stages.stage("sft", lambda out: sft_stage(config, out, models, log), stage_settings(config.sft_config(run / "sft", sft_ids)),
-                 ignore=stage_ignores(SFTConfig))
+    stages.stage(
+        "sft",
+        lambda out: sft_stage(config, out, models, log),
+        stage_settings(config.sft_config(run / "sft", sft_ids)),
+        ignore=stage_ignores(SFTConfig),
+    )
     sft_model = latest_model(run / "sft")
     evaluations("sft", sft_model)
 
-    stages.stage("grpo", lambda out: grpo_stage(config.grpo_config(out, sft_model), models, log),
-                 stage_settings(config.grpo_config(run / "grpo", sft_model)), ignore=stage_ignores(TrainConfig))
+    stages.stage(
+        "grpo",
+        lambda out: grpo_stage(config.grpo_config(out, sft_model), models, log),
+        stage_settings(config.grpo_config(run / "grpo", sft_model)),
+        ignore=stage_ignores(TrainConfig),
+    )
     grpo_model = latest_model(run / "grpo")
     evaluations("grpo", grpo_model)
     same_tasks = None
     if config.test_time_rehearsal_n:
         subset = config.rehearsal_subset_limit()
-        evaluate_stage(REHEARSAL_STAGE, grpo_model, rehearsal_n=config.test_time_rehearsal_n,
-                       **({} if subset is None else {"limit": subset}))
+        evaluate_stage(
+            REHEARSAL_STAGE,
+            grpo_model,
+            rehearsal_n=config.test_time_rehearsal_n,
+            **({} if subset is None else {"limit": subset}),
+        )
         if subset is not None:
             same_tasks = same_tasks_row(run / "eval_grpo", run / REHEARSAL_STAGE)
 
@@ -592,9 +823,16 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     rows = stage_rows(evals, same_tasks)
     plots = [str(p) for p in report(run / "grpo")]
     plots.append(str(plot_stages(rows, run / "plots" / "stages.png")))
-    summary = {"config": config.to_dict(), "stage_configs": stages.configs, "budgets": budgets, "evals": evals,
-               "rows": rows, "seconds": timings, "plots": plots,
-               "total_seconds": sum(timings.values())}
+    summary = {
+        "config": config.to_dict(),
+        "stage_configs": stages.configs,
+        "budgets": budgets,
+        "evals": evals,
+        "rows": rows,
+        "seconds": timings,
+        "plots": plots,
+        "total_seconds": sum(timings.values()),
+    }
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
     log("")
     for line in stage_table(rows, timings):

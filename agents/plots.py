@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import matplotlib
 
@@ -82,11 +83,18 @@ def plot_training_curves(metrics: Sequence[dict[str, Any]], path: str | Path) ->
 
 
 def _accuracy_points(summaries: Sequence[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
-    zero = [s["overall_accuracy"] for s in summaries if s["config"].get("rehearsal_n", 0) == 0 and not s["config"].get("fidelity")]
+    zero = [
+        s["overall_accuracy"]
+        for s in summaries
+        if s["config"].get("rehearsal_n", 0) == 0 and not s["config"].get("fidelity")
+    ]
     lines: dict[str, list[tuple[int, float]]] = {}
     for mode in ("parallel", "sequential"):
-        pts = [(int(s["config"]["rehearsal_n"]), float(s["overall_accuracy"])) for s in summaries
-               if s["config"].get("rehearsal_n", 0) > 0 and s["config"].get("rehearsal_mode") == mode]
+        pts = [
+            (int(s["config"]["rehearsal_n"]), float(s["overall_accuracy"]))
+            for s in summaries
+            if s["config"].get("rehearsal_n", 0) > 0 and s["config"].get("rehearsal_mode") == mode
+        ]
         if zero:
             pts.append((0, float(sum(zero) / len(zero))))
         if pts:
@@ -166,8 +174,13 @@ def report(run_dir: str | Path) -> list[Path]:
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a folder")
     plots = run_dir / "plots"
-    found = lambda name: sorted((p for p in run_dir.rglob(name) if plots not in p.parents),  # noqa: E731
-                                key=lambda p: (len(p.parts), str(p)))
+
+    def found(name):
+        return sorted(
+            (p for p in run_dir.rglob(name) if plots not in p.parents),
+            key=lambda p: (len(p.parts), str(p)),
+        )
+
     written = []
     metrics_files = found("metrics.jsonl")
     if metrics_files:

@@ -1,4 +1,4 @@
-"""The policy: one Transformers causal LM playing both roles, ACT and REHEARSE (DESIGN.md §1).
+"""The policy: one Transformers causal LM playing both roles, ACT and REHEARSE (docs/design.md §1).
 
 * `Policy.act(contexts, ...)`: batched ACT generation; returns `GeneratedText` actions that carry their
   token ids and logprobs into `env.step` (token in, token out).
@@ -16,7 +16,8 @@ random model of `agents.models.tiny_random_model`, for tests and quick checks).
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -57,8 +58,13 @@ class Policy:
         engine: the engine in use.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, kv_cache: PrefixKVCache | bool | None = True,
-                 engine: GenerationEngine | str | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        kv_cache: PrefixKVCache | bool | None = True,
+        engine: GenerationEngine | str | None = None,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
@@ -91,8 +97,14 @@ class Policy:
         ``use_cache=False`` bypasses the engine's cache for this call (one-off prompts such as the
         ``separate`` mode's simulator prompts, which no later call extends).
         """
-        return self.engine.generate(contexts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    stop_ids=self.stop_ids, seeds=seeds, use_cache=use_cache)
+        return self.engine.generate(
+            contexts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            stop_ids=self.stop_ids,
+            seeds=seeds,
+            use_cache=use_cache,
+        )
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text of generated ids, without a trailing end-of-message id."""
@@ -185,8 +197,9 @@ class PolicyRehearser:
         return [o for o in out if o is not None]
 
 
-def load_policy(model: str = "smollm2-135m", kv_cache: bool = True, engine: str = "hf",
-                models: ModelStore | None = None) -> Policy:
+def load_policy(
+    model: str = "smollm2-135m", kv_cache: bool = True, engine: str = "hf", models: ModelStore | None = None
+) -> Policy:
     """The `Policy` over a shared model of `models` (None: `agents.models.default_store()`): ``"smollm2-135m"``,
     a local folder or ``"tiny-random"``. The same arguments give the same policy object, engine and cache.
 
@@ -208,8 +221,12 @@ def load_policy(model: str = "smollm2-135m", kv_cache: bool = True, engine: str 
     return store.shared(("policy", model, bool(kv_cache), engine), build)
 
 
-def make_policy_rehearser(model: str = "smollm2-135m", prompt_mode: PromptMode = "inline", policy: Policy | None = None,
-                          models: ModelStore | None = None) -> PolicyRehearser:
+def make_policy_rehearser(
+    model: str = "smollm2-135m",
+    prompt_mode: PromptMode = "inline",
+    policy: Policy | None = None,
+    models: ModelStore | None = None,
+) -> PolicyRehearser:
     """The factory registered as rehearser ``"policy"`` (`envace_gym.rehearsal.make_rehearser`): a rehearser over
     `policy`, or over ``load_policy(model, models=models)``."""
     return PolicyRehearser(policy if policy is not None else load_policy(model, models=models), prompt_mode=prompt_mode)

@@ -1,25 +1,27 @@
 """Rollout collection and batching: drive a `RehearseVectorEnv` with the policy, then fill a `RolloutBatch`.
 
-Two steps (the split of SB3's ``OnPolicyAlgorithm.collect_rollouts`` / ``RolloutBuffer``, STYLE.md §3):
+Two steps (the split of SB3's ``OnPolicyAlgorithm.collect_rollouts`` / ``RolloutBuffer``, as Stable-Baselines3 splits
+them):
 
 * `collect_rollouts(policy, vector_env, task_ids, group_size, ...)`: B instructions × K samples = B·K
   episodes, one env each, stepped in lockstep. Every step makes ONE batched `policy.act` over the active
   envs' token contexts and one `vector_env.step` (which itself batches the rehearsals of every env;
-  DESIGN.md §3, "Batch the model, not the env"). Returns the B·K `Trajectory` objects in group-major order
+  docs/design.md §3, "Batch the model, not the env"). Returns the B·K `Trajectory` objects in group-major order
   (index ``b * K + k``), so ``group_ids = [i // K for i in range(B * K)]`` (`group_ids_for`).
 * `build_batch(trajectories, group_ids, ...)`: the padded training tensors (`RolloutBatch`), built from the
   recorded token ids and logprobs only (token in, token out: nothing is re-rendered or re-tokenised), with
   the role-wise (or plain) GRPO advantages of `agents.grpo` broadcast to the tokens of each segment.
 
-Sources: EnvACE (Xu et al., 2026, arXiv 2608.06197) as DESIGN.md §1 and §3 describe it; the invalid-action
-penalty (0.1 for an empty response) is the reference hyperparameter listed in DESIGN.md §1.
+Sources: EnvACE (Xu et al., 2026, arXiv 2608.06197) as docs/design.md §1 and §3 describe it; the invalid-action
+penalty (0.1 for an empty response) is the reference hyperparameter listed in docs/design.md §1.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 import torch
@@ -59,8 +61,7 @@ class ActPolicy(Protocol):
         max_new_tokens: int,
         temperature: float,
         seeds: Sequence[int | None] | None,
-    ) -> list[str]:
-        ...
+    ) -> list[str]: ...
 
 
 def group_ids_for(num_groups: int, group_size: int) -> list[int]:
@@ -136,7 +137,7 @@ class RolloutStats:
         return float(np.mean(self.rewards))
 
     @classmethod
-    def concat(cls, parts: Sequence["RolloutStats"]) -> "RolloutStats":
+    def concat(cls, parts: Sequence[RolloutStats]) -> RolloutStats:
         """The stats of the rollouts of ``parts`` played as one (data-parallel shards, in rank order).
 
         Lists are concatenated (group ids offset so each shard's groups stay distinct), counts summed,
@@ -205,7 +206,7 @@ def collect_rollouts(
     which never yields a tool call, hence never a rehearsal nor a model call. Those episodes are discarded;
     the loop stops as soon as every env has finished once.
 
-    Invalid-action penalty (DESIGN.md §1: 0.1 for an empty response). An ACT response that is empty
+    Invalid-action penalty (docs/design.md §1: 0.1 for an empty response). An ACT response that is empty
     (`is_empty_action`: only the stop token, or whitespace) makes the trajectory's reward
     ``R = R_verifier - invalid_action_penalty``, once per trajectory however many empty responses it has
     (so R stays in [-penalty, 1]). ``Trajectory.reward`` holds the penalised R (what the advantages use);
@@ -294,8 +295,13 @@ def collect_rollouts(
             stacklevel=2,
         )
     for env in envs:
-        env.set_responder(RealBackend() if rollout == "real" else ConstantResponse() if rollout == "null"
-                          else Rehearsal(env.rehearser))
+        env.set_responder(
+            RealBackend()
+            if rollout == "real"
+            else ConstantResponse()
+            if rollout == "null"
+            else Rehearsal(env.rehearser)
+        )
         if max_steps_per_turn is not None:
             env.max_steps_per_turn = max_steps_per_turn
 
@@ -325,7 +331,7 @@ def collect_rollouts(
                     num_capped += 1
             break
         # one draw per env of the whole rollout per step, active or not: (num_global_envs,), this shard's slice
-        step_seeds = rng.integers(0, 2**31 - 1, size=total)[first_env:first_env + n]
+        step_seeds = rng.integers(0, 2**31 - 1, size=total)[first_env : first_env + n]
         active = [i for i in range(n) if not done[i]]
         contexts = [envs[i].trajectory.token_ids for i in active]
         outputs = policy.act(
@@ -346,7 +352,7 @@ def collect_rollouts(
         for i in active:
             env = envs[i]
             rows = getattr(env, "rehearsal_rows", [])
-            turn_info[i][-1].rehearsals.extend(rows[rows_seen[i]:])
+            turn_info[i][-1].rehearsals.extend(rows[rows_seen[i] :])
             rows_seen[i] = len(rows)
             if terminated[i] or truncated[i]:
                 results[i], done[i] = env.trajectory, True
@@ -395,7 +401,7 @@ def collect_rollouts(
 
 @dataclass
 class RolloutBatch:
-    """Padded training tensors of one rollout batch (STYLE.md §3: shapes written down).
+    """Padded training tensors of one rollout batch (every shape written down).
 
     N rows of T tokens, right-padded. Inline mode: N = number of trajectories (B·K from `collect_rollouts`),
     one row each. Separate mode: the B·K ACT rows first (row i = trajectory i), then one row per rehearsal
@@ -524,7 +530,11 @@ def _rows(trajectories: Sequence[Trajectory], prompt_mode: PromptMode) -> list[_
             if r.prompt_ids is None:
                 raise ValueError(f"a rehearsal row of trajectory {i} has no prompt_ids (not a separate-mode row)")
             rows.append(
-                _Row("rehearsal", i, [(Role.PROMPT, list(r.prompt_ids), None), (Role.REHEARSE, list(r.token_ids), r.logprobs)])
+                _Row(
+                    "rehearsal",
+                    i,
+                    [(Role.PROMPT, list(r.prompt_ids), None), (Role.REHEARSE, list(r.token_ids), r.logprobs)],
+                )
             )
     return rows
 
@@ -600,9 +610,12 @@ def build_batch(
                 role_mask[r_idx, pos:end] = int(role)
                 if role in _TRAINABLE and logprobs is not None:
                     if pos == 0 or len(logprobs) != len(ids):  # position 0 has no logit that predicts it
-                        raise ValueError(f"trajectory {row.traj} (batch row {r_idx}): a {Role(role).name} segment of {len(ids)} tokens "
-                                         f"with {len(logprobs)} logprobs at position {pos}; a generated segment "
-                                         "needs one logprob per token and a context before it")
+                        raise ValueError(
+                            f"trajectory {row.traj} (batch row {r_idx}): a {Role(role).name} segment of {len(ids)} "
+                            "tokens "
+                            f"with {len(logprobs)} logprobs at position {pos}; a generated segment "
+                            "needs one logprob per token and a context before it"
+                        )
                     old_logprobs[r_idx, pos:end] = torch.tensor(logprobs, dtype=torch.float32)
                     segment_ids[r_idx, pos:end] = len(seg_role)
                     seg_group.append(int(group_ids[row.traj]))
@@ -618,7 +631,13 @@ def build_batch(
     seg_traj_ids = torch.tensor(seg_traj, dtype=torch.long)  # (S,)
     seg_num_tokens = torch.tensor(seg_len, dtype=torch.long)  # (S,)
     seg_advantages = estimator(
-        seg_rewards, seg_group_ids, seg_roles, seg_traj_ids, seg_num_tokens, weighting=weighting, scale_by_std=scale_by_std
+        seg_rewards,
+        seg_group_ids,
+        seg_roles,
+        seg_traj_ids,
+        seg_num_tokens,
+        weighting=weighting,
+        scale_by_std=scale_by_std,
     )  # (S,)
     advantages = segment_advantages_to_tokens(seg_advantages, segment_ids)  # (N, T)
     return RolloutBatch(

@@ -17,11 +17,20 @@ import json
 import os
 import socket
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 __all__ = [
-    "RunLock", "RunFolderError", "filter_jsonl", "trim_jsonl", "drop_cut_last_line", "changed_fields", "read_jsonl", "append_jsonl", "check_resume_config",
+    "RunLock",
+    "RunFolderError",
+    "filter_jsonl",
+    "trim_jsonl",
+    "drop_cut_last_line",
+    "changed_fields",
+    "read_jsonl",
+    "append_jsonl",
+    "check_resume_config",
 ]
 
 

@@ -3,7 +3,7 @@ the measurement helpers (`demo_logprobs`, `act_parse_rate`, `measure`).
 
 Training data are token-level `Trajectory` objects from `agents.demonstrations` (real BFCL executions, or
 recorded rollouts filtered by reward): token in, token out, nothing is re-rendered. The loss is token-level
-cross-entropy on the ACT and REHEARSE tokens (DESIGN.md §3: only those roles carry loss); prompt,
+cross-entropy on the ACT and REHEARSE tokens (docs/design.md §3: only those roles carry loss); prompt,
 template and observation tokens are masked.
 
 Implementation details:
@@ -53,7 +53,7 @@ Metrics (one JSON line per step in ``run_dir/metrics.jsonl``), ρ in {act, rehea
 | ``perf/tokens_per_s`` | real (non-padding) tokens / step seconds |
 | ``perf/step_s`` | wall seconds of the step |
 
-Sources: supervised warm-start before RL as in EnvACE (Xu et al., 2026, arXiv 2608.06197; DESIGN.md §1);
+Sources: supervised warm-start before RL as in EnvACE (Xu et al., 2026, arXiv 2608.06197; docs/design.md §1);
 LoRA: Hu et al., 2021 (arXiv 2106.09685), via Hugging Face peft.
 """
 
@@ -66,14 +66,22 @@ import json
 import math
 import time
 import typing
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from agents.config import DEVICE_HELP, add_dataclass_arguments, check_device, coerce_fields, config_field, dataclass_from_args
+from agents.config import (
+    DEVICE_HELP,
+    add_dataclass_arguments,
+    check_device,
+    coerce_fields,
+    config_field,
+    dataclass_from_args,
+)
 from agents.distributed import DataParallel, as_float
 from agents.models import ModelStore, default_store
 from agents.rollout import PAD_ROLE
@@ -112,42 +120,97 @@ class SFTConfig:
     init: str | None = _f(None, "start from this folder (e.g. a checkpoint's model/) instead of --model")
     save_every: int = _f(50, "save a checkpoint every this many optimizer steps (and at the end)")
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep")
-    resume: bool = _f(True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)")
-    allow_config_change: bool = _f(False, "resume even when result-affecting fields (lr, data, roles, ...) differ from the checkpoint's; the new values are used")
+    resume: bool = _f(
+        True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)"
+    )
+    allow_config_change: bool = _f(
+        False,
+        (
+            "resume even when result-affecting fields (lr, data, roles, ...) differ from the checkpoint's; the new "
+            "values are used"
+        ),
+    )
     device: str = _f("auto", DEVICE_HELP)
     threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
-    malloc_mmap_threshold_kb: int = _f(128, "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep glibc's dynamic threshold)")
+    malloc_mmap_threshold_kb: int = _f(
+        128,
+        (
+            "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep "
+            "glibc's dynamic threshold)"
+        ),
+    )
 
     # --- Parameters that control the data -------------------------------------------------------------
-    data: list[str] = _f(["bfcl"], "sources: a registered suite name such as 'bfcl' (real executions of its reference solutions) and/or JSONL files from RecordTrajectories(include_tokens=True)")
-    categories: list[str] | None = _f(None, "categories of the suite sources (none given: each suite's default, BFCL's multi_turn_base)")
+    data: list[str] = _f(
+        ["bfcl"],
+        (
+            "sources: a registered suite name such as 'bfcl' (real executions of its reference solutions) and/or JSONL "
+            "files from RecordTrajectories(include_tokens=True)"
+        ),
+    )
+    categories: list[str] | None = _f(
+        None, "categories of the suite sources (none given: each suite's default, BFCL's multi_turn_base)"
+    )
     split: str = _f("train", "split of the suite sources: train, test or all")
-    task_ids: list[str] = _f([], "only these task ids of the suite sources (empty: every task of the categories and split)")
+    task_ids: list[str] = _f(
+        [], "only these task ids of the suite sources (empty: every task of the categories and split)"
+    )
     max_demos: int = _f(0, "cap on the number of training sequences (0: no cap)")
     min_reward: float = _f(1.0, "JSONL sources: keep records with reward >= this (rejection sampling)")
-    calls_per_message: Literal["one", "all"] = _f("one", "BFCL demos: one ground-truth call per ACT message, or all of a turn's calls in one")
-    error_demos: int = _f(0, "suite sources: per task, up to this many extra demonstrations with one mistaken call "
-                             "played on the real backend (its ACT tokens carry no loss, its error output is a REHEARSE "
-                             "target; an item that breaks ends the demonstration); drawn from --seed; needs a suite "
-                             "that proposes mistakes (lab); 0: off")
-    max_seq_len: int = _f(6144, "length cap in tokens (BFCL prompts alone are 2.9k-7.7k SmolLM2 tokens; 6144 holds 92.7% of the multi_turn_base train demonstrations whole)")
-    overflow: Literal["truncate", "drop"] = _f("truncate", "longer sequences: keep the first max_seq_len tokens, or drop them")
-    min_solvable_fraction: float = _f(0.9, "refuse to start when fewer of the selected demonstrations than this fit max_seq_len whole (a cut one never shows its task completed); checked before the model loads")
+    calls_per_message: Literal["one", "all"] = _f(
+        "one", "BFCL demos: one ground-truth call per ACT message, or all of a turn's calls in one"
+    )
+    error_demos: int = _f(
+        0,
+        "suite sources: per task, up to this many extra demonstrations with one mistaken call "
+        "played on the real backend (its ACT tokens carry no loss, its error output is a REHEARSE "
+        "target; an item that breaks ends the demonstration); drawn from --seed; needs a suite "
+        "that proposes mistakes (lab); 0: off",
+    )
+    max_seq_len: int = _f(
+        6144,
+        (
+            "length cap in tokens (BFCL prompts alone are 2.9k-7.7k SmolLM2 tokens; 6144 holds 92.7% of the "
+            "multi_turn_base train demonstrations whole)"
+        ),
+    )
+    overflow: Literal["truncate", "drop"] = _f(
+        "truncate", "longer sequences: keep the first max_seq_len tokens, or drop them"
+    )
+    min_solvable_fraction: float = _f(
+        0.9,
+        (
+            "refuse to start when fewer of the selected demonstrations than this fit max_seq_len whole (a cut one "
+            "never shows its task completed); checked before the model loads"
+        ),
+    )
 
     # --- Parameters that control the loss -------------------------------------------------------------
     roles: str = _f("act,rehearse", "comma-separated roles that carry loss: act, rehearse")
     act_weight: float = _f(1.0, "loss weight of ACT tokens")
     rehearse_weight: float = _f(1.0, "loss weight of REHEARSE tokens")
-    prompt_weight: float = _f(0.0, "loss weight of the leading prompt's tokens (system and first user message), for models trained from scratch: predicting the prompt itself (an instruction naming items of the layout) is where a small model learns to copy; 0: off")
-    loss_normalization: Literal["token", "role"] = _f("token", "'token': weighted mean over target tokens; 'role': weighted mean of per-role means")
+    prompt_weight: float = _f(
+        0.0,
+        (
+            "loss weight of the leading prompt's tokens (system and first user message), for models trained from "
+            "scratch: predicting the prompt itself (an instruction naming items of the layout) is where a small model "
+            "learns to copy; 0: off"
+        ),
+    )
+    loss_normalization: Literal["token", "role"] = _f(
+        "token", "'token': weighted mean over target tokens; 'role': weighted mean of per-role means"
+    )
 
     # --- Parameters that control the optimisation -----------------------------------------------------
     num_epochs: int = _f(1, "passes over the data (ignored when max_steps > 0)")
     max_steps: int = _f(0, "optimizer steps to run (0: num_epochs x batches per epoch)")
     batch_tokens: int = _f(8192, "token budget per batch: rows x padded length (length bucketing)")
     max_batch_rows: int = _f(8, "cap on rows per batch")
-    group_by_length: bool = _f(True, "length-bucketed batches (less padding); off: shuffled batches of "
-                                     "min(max_batch_rows, max(1, batch_tokens // longest sequence)) rows")
+    group_by_length: bool = _f(
+        True,
+        "length-bucketed batches (less padding); off: shuffled batches of "
+        "min(max_batch_rows, max(1, batch_tokens // longest sequence)) rows",
+    )
     lr: float = _f(2e-5, "AdamW learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_beta1: float = _f(0.9, "AdamW beta1")
@@ -158,7 +221,13 @@ class SFTConfig:
 
     # --- Parameters that control memory ---------------------------------------------------------------
     logprob_chunk_size: int = _f(512, "positions per chunk through the LM head")
-    gradient_checkpointing: bool = _f(True, "recompute decoder activations layer by layer in the backward: about 30% slower, but a 4k-token SmolLM2 row otherwise keeps ~13 GB of attention probabilities")
+    gradient_checkpointing: bool = _f(
+        True,
+        (
+            "recompute decoder activations layer by layer in the backward: about 30% slower, but a 4k-token SmolLM2 "
+            "row otherwise keeps ~13 GB of attention probabilities"
+        ),
+    )
     lora: bool = _f(False, "train LoRA adapters instead of every weight (needs peft: pip install envace-gym[lora])")
     lora_r: int = _f(16, "LoRA rank")
     lora_alpha: float = _f(32.0, "LoRA alpha (the update is scaled by alpha / r)")
@@ -185,7 +254,10 @@ class SFTConfig:
         suites = registered_suites()
         missing = [d for d in self.data if d not in suites and not Path(d).is_file()]
         if missing:
-            fail(f"data: no JSONL file at {missing} (give a suite name, one of {suites}, or files written by RecordTrajectories)")
+            fail(
+                f"data: no JSONL file at {missing} (give a suite name, one of {suites}, or files written by "
+                "RecordTrajectories)"
+            )
         for source in self.data_suites():
             try:
                 suite = make_suite(source)
@@ -195,15 +267,26 @@ class SFTConfig:
             if self.error_demos and not callable(getattr(suite, "mutations", None)):
                 fail(f"error_demos: suite {source!r} proposes no mistakes (no Suite.mutations); set --error-demos 0")
 
-        for name in ("save_every", "keep_checkpoints", "num_epochs", "batch_tokens", "max_batch_rows",
-                     "logprob_chunk_size", "max_seq_len", "lora_r"):
+        for name in (
+            "save_every",
+            "keep_checkpoints",
+            "num_epochs",
+            "batch_tokens",
+            "max_batch_rows",
+            "logprob_chunk_size",
+            "max_seq_len",
+            "lora_r",
+        ):
             if getattr(self, name) < 1:
                 fail(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_steps", "max_demos", "warmup_steps", "threads", "error_demos"):
             if getattr(self, name) < 0:
                 fail(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
-            fail(f"malloc_mmap_threshold_kb must be in [0, 32768] (0 keeps glibc's default), got {self.malloc_mmap_threshold_kb}")
+            fail(
+                "malloc_mmap_threshold_kb must be in [0, 32768] (0 keeps glibc's default), got "
+                f"{self.malloc_mmap_threshold_kb}"
+            )
         if self.lr <= 0 or min(self.act_weight, self.rehearse_weight, self.prompt_weight, self.max_grad_norm) < 0:
             fail("lr must be > 0 and act_weight, rehearse_weight, prompt_weight, max_grad_norm >= 0")
         for name in ("calls_per_message", "overflow", "loss_normalization", "lr_schedule"):
@@ -247,9 +330,19 @@ class SFTConfig:
         return dataclasses.asdict(self)
 
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
-        "run_dir", "save_every", "keep_checkpoints", "resume", "allow_config_change", "threads", "device",
-        "malloc_mmap_threshold_kb", "min_solvable_fraction", "logprob_chunk_size", "gradient_checkpointing",
-        "max_steps", "num_epochs",
+        "run_dir",
+        "save_every",
+        "keep_checkpoints",
+        "resume",
+        "allow_config_change",
+        "threads",
+        "device",
+        "malloc_mmap_threshold_kb",
+        "min_solvable_fraction",
+        "logprob_chunk_size",
+        "gradient_checkpointing",
+        "max_steps",
+        "num_epochs",
     )
     """Fields that may change between a run and its resume; any other difference refuses (see `TrainConfig`)."""
 
@@ -262,8 +355,9 @@ _HINTS = typing.get_type_hints(SFTConfig)
 # ---------------------------------------------------------------------------------------------------------
 
 
-def bucket_batches(lengths: Sequence[int], batch_tokens: int, max_rows: int, seed: int, epoch: int,
-                   group_by_length: bool = True) -> list[list[int]]:
+def bucket_batches(
+    lengths: Sequence[int], batch_tokens: int, max_rows: int, seed: int, epoch: int, group_by_length: bool = True
+) -> list[list[int]]:
     """Length-bucketed batches of example indices (implementation detail 3), or with `group_by_length` False
     a permutation drawn from ``np.random.default_rng([seed, epoch, 1])`` cut into batches of
     ``min(max_rows, max(1, batch_tokens // max(lengths)))`` rows (the last may be shorter): the same count
@@ -290,7 +384,7 @@ def bucket_batches(lengths: Sequence[int], batch_tokens: int, max_rows: int, see
     if not group_by_length:
         rows = min(max_rows, max(1, batch_tokens // max(lengths, default=1)))
         shuffled = np.random.default_rng([seed, epoch, 1]).permutation(len(lengths)).tolist()
-        return [shuffled[i: i + rows] for i in range(0, len(shuffled), rows)]
+        return [shuffled[i : i + rows] for i in range(0, len(shuffled), rows)]
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     batches: list[list[int]] = []
     cur: list[int] = []
@@ -348,8 +442,12 @@ def leading_prompt_mask(role_mask: torch.Tensor) -> torch.Tensor:
 
 
 def sft_loss(
-    logprobs: torch.Tensor, role_mask: torch.Tensor, weights: dict[Role, float], normalization: Normalization = "token",
-    counts: dict[Role, float] | None = None, prompt_weight: float = 0.0,
+    logprobs: torch.Tensor,
+    role_mask: torch.Tensor,
+    weights: dict[Role, float],
+    normalization: Normalization = "token",
+    counts: dict[Role, float] | None = None,
+    prompt_weight: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Weighted token-level cross-entropy on the target roles (implementation detail 2).
 
@@ -438,9 +536,17 @@ def load_sft_data(config: SFTConfig, tokenizer: Any, progress: bool = False) -> 
     for source in config.data:
         if source in suites:
             got, st = build_demonstrations(
-                tokenizer, source, config.categories, config.split, task_ids=config.task_ids or None,
-                limit=config.max_demos or None, max_tokens=config.max_seq_len, overflow=config.overflow,
-                calls_per_message=config.calls_per_message, progress=progress, mutations=config.error_demos,
+                tokenizer,
+                source,
+                config.categories,
+                config.split,
+                task_ids=config.task_ids or None,
+                limit=config.max_demos or None,
+                max_tokens=config.max_seq_len,
+                overflow=config.overflow,
+                calls_per_message=config.calls_per_message,
+                progress=progress,
+                mutations=config.error_demos,
                 seed=config.seed,
             )
         else:
@@ -469,7 +575,7 @@ def whole_fraction(stats: dict[str, Any]) -> tuple[int, int]:
     return whole, candidates
 
 
-def require_whole_demos(config: "SFTConfig", stats: dict[str, Any], log=print) -> None:
+def require_whole_demos(config: SFTConfig, stats: dict[str, Any], log=print) -> None:
     """Print how many selected demonstrations fit ``max_seq_len`` whole; raise below ``min_solvable_fraction``.
 
     Raises:
@@ -480,8 +586,10 @@ def require_whole_demos(config: "SFTConfig", stats: dict[str, Any], log=print) -
     whole, candidates = whole_fraction(stats)
     fraction = whole / candidates if candidates else 1.0
     if log is not None:
-        log(f"[budget] envace sft: {whole}/{candidates} ({100 * fraction:.1f}%) of the selected demonstrations fit "
-            f"--max-seq-len={config.max_seq_len} whole")
+        log(
+            f"[budget] envace sft: {whole}/{candidates} ({100 * fraction:.1f}%) of the selected demonstrations fit "
+            f"--max-seq-len={config.max_seq_len} whole"
+        )
     if fraction < config.min_solvable_fraction:
         raise BudgetError(
             f"envace sft: only {100 * fraction:.1f}% of the {candidates} selected demonstrations fit --max-seq-len="
@@ -527,8 +635,14 @@ class SFTTrainer:
         ImportError: ``lora=True`` without peft installed.
     """
 
-    def __init__(self, config: SFTConfig, demos: Sequence[Trajectory] | None = None, log=print,
-                 models: ModelStore | None = None, parallel: DataParallel | None = None) -> None:
+    def __init__(
+        self,
+        config: SFTConfig,
+        demos: Sequence[Trajectory] | None = None,
+        log=print,
+        models: ModelStore | None = None,
+        parallel: DataParallel | None = None,
+    ) -> None:
         from agents.checkpoint import load_newest
         from agents.logprobs import TokenLogprobs, enable_gradient_checkpointing
         from agents.run_folder import RunLock, check_resume_config, trim_jsonl
@@ -542,20 +656,28 @@ class SFTTrainer:
         models = models or default_store()
         self._lock = None
         if parallel.distributed and config.prompt_weight:
-            raise ValueError("prompt_weight > 0 runs in one process only (its token count is not summed over "
-                             "ranks); set --prompt-weight 0 or drop the launcher")
+            raise ValueError(
+                "prompt_weight > 0 runs in one process only (its token count is not summed over "
+                "ranks); set --prompt-weight 0 or drop the launcher"
+            )
         if parallel.is_main:  # rank 0 owns the run folder
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._lock = RunLock(self.run_dir).acquire()
         if config.resume:
-            check_resume_config(self.run_dir, config.to_dict(), SFTConfig.RESUME_IGNORES, config.allow_config_change, log)
+            check_resume_config(
+                self.run_dir, config.to_dict(), SFTConfig.RESUME_IGNORES, config.allow_config_change, log
+            )
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         if config.lora:
             _require_peft()
             if parallel.shards_weights:
-                raise ValueError("--lora under an FSDP accelerate config: LoRA trains few weights, so it runs under "
-                                 "DDP (configs/accelerate/cpu_2proc.yaml, ddp_8gpu.yaml); drop --lora or the FSDP config")
-        self.weights = {_ROLE_NAMES[r]: (config.act_weight if r == "act" else config.rehearse_weight) for r in config.role_list()}
+                raise ValueError(
+                    "--lora under an FSDP accelerate config: LoRA trains few weights, so it runs under "
+                    "DDP (configs/accelerate/cpu_2proc.yaml, ddp_8gpu.yaml); drop --lora or the FSDP config"
+                )
+        self.weights = {
+            _ROLE_NAMES[r]: (config.act_weight if r == "act" else config.rehearse_weight) for r in config.role_list()
+        }
         if demos is None:
             demos, data_stats = load_sft_data(config, models.tokenizer(config.init or config.model))
             if parallel.is_main:
@@ -573,8 +695,11 @@ class SFTTrainer:
         if targets == 0:
             raise ValueError(f"no {config.roles} token in any of the {len(self.demos)} sequences; nothing to train")
         self.lengths = [len(d.token_ids) for d in self.demos]
-        self.batches_per_epoch = len(bucket_batches(self.lengths, config.batch_tokens, config.max_batch_rows, config.seed, 0,
-                                                    config.group_by_length))
+        self.batches_per_epoch = len(
+            bucket_batches(
+                self.lengths, config.batch_tokens, config.max_batch_rows, config.seed, 0, config.group_by_length
+            )
+        )
         self.total_steps = config.max_steps or config.num_epochs * self.batches_per_epoch
 
         if config.gradient_checkpointing:
@@ -585,14 +710,22 @@ class SFTTrainer:
 
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.seed)
-                self.model = get_peft_model(base, LoraConfig(
-                    r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                    target_modules=list(config.lora_target_modules), bias="none", task_type="CAUSAL_LM",
-                ))
+                self.model = get_peft_model(
+                    base,
+                    LoraConfig(
+                        r=config.lora_r,
+                        lora_alpha=config.lora_alpha,
+                        lora_dropout=config.lora_dropout,
+                        target_modules=list(config.lora_target_modules),
+                        bias="none",
+                        task_type="CAUSAL_LM",
+                    ),
+                )
         # what the backward runs through: DDP-wrapped (gradients all-reduced) when there are several processes,
         # or sharded in place (FSDP)
-        self._logprobs = parallel.wrap(TokenLogprobs(self.model),
-                                       example=TokenLogprobs.example_inputs(self.pad_id, parallel.device))
+        self._logprobs = parallel.wrap(
+            TokenLogprobs(self.model), example=TokenLogprobs.example_inputs(self.pad_id, parallel.device)
+        )
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=config.lr, weight_decay=config.weight_decay, betas=(config.adam_beta1, config.adam_beta2)
@@ -604,15 +737,25 @@ class SFTTrainer:
                 from peft import set_peft_model_state_dict
                 from safetensors.torch import load_file
 
-                ckpt, self.step = load_newest(self.run_dir, {}, {"model": self.optimizer}, {"model": self.scheduler}, log=log)
+                ckpt, self.step = load_newest(
+                    self.run_dir, {}, {"model": self.optimizer}, {"model": self.scheduler}, log=log
+                )
                 if ckpt is not None:
-                    set_peft_model_state_dict(self.model, load_file(str(ckpt / "adapter" / "adapter_model.safetensors")))
+                    set_peft_model_state_dict(
+                        self.model, load_file(str(ckpt / "adapter" / "adapter_model.safetensors"))
+                    )
             else:
-                _, self.step = load_newest(self.run_dir, {"model": self.model}, {"model": self.optimizer},
-                                           {"model": self.scheduler}, log=log)
+                _, self.step = load_newest(
+                    self.run_dir, {"model": self.model}, {"model": self.optimizer}, {"model": self.scheduler}, log=log
+                )
         if self.step:
-            apply_optimizer_settings({"model": self.optimizer}, {"model": self.scheduler}, config.lr, config.weight_decay,
-                                     (config.adam_beta1, config.adam_beta2))
+            apply_optimizer_settings(
+                {"model": self.optimizer},
+                {"model": self.scheduler},
+                config.lr,
+                config.weight_decay,
+                (config.adam_beta1, config.adam_beta2),
+            )
         parallel.same_everywhere(self.step, "the step to resume from")  # ranks that resumed apart would diverge
         parallel.barrier()  # every rank has read the run folder before rank 0 rewrites parts of it
         if parallel.is_main:
@@ -623,8 +766,9 @@ class SFTTrainer:
         """The example indices of optimizer step `step` (0-based): epoch ``step // batches_per_epoch``."""
         epoch, index = divmod(step, self.batches_per_epoch)
         cfg = self.config
-        return bucket_batches(self.lengths, cfg.batch_tokens, cfg.max_batch_rows, cfg.seed, epoch,
-                              cfg.group_by_length)[index]
+        return bucket_batches(self.lengths, cfg.batch_tokens, cfg.max_batch_rows, cfg.seed, epoch, cfg.group_by_length)[
+            index
+        ]
 
     def train(self, progress: bool = True) -> list[dict[str, Any]]:
         """Run until ``total_steps`` optimizer steps are done; returns this call's metrics (also logged)."""
@@ -637,8 +781,11 @@ class SFTTrainer:
             m = self.train_step()
             history.append(m)
             bar.update(1)
-            bar.set_postfix(loss=f"{m['train/loss']:.3f}", pad=f"{m['data/padding_fraction']:.2f}",
-                            tok_s=f"{m['perf/tokens_per_s']:.0f}")
+            bar.set_postfix(
+                loss=f"{m['train/loss']:.3f}",
+                pad=f"{m['data/padding_fraction']:.2f}",
+                tok_s=f"{m['perf/tokens_per_s']:.0f}",
+            )
             if self.step % self.config.save_every == 0 or self.step == self.total_steps:
                 self.save()
         bar.close()
@@ -655,7 +802,7 @@ class SFTTrainer:
         par = self.parallel
         t0 = time.perf_counter()
         indices = self.batch_for_step(self.step)
-        mine = indices[par.rank::par.world_size]
+        mine = indices[par.rank :: par.world_size]
         empty_shard = not mine
         rows = [self.demos[i] for i in (mine or indices[:1])]
         input_ids, attention_mask, role_mask = collate(rows, self.pad_id)  # (n, T) each
@@ -670,8 +817,9 @@ class SFTTrainer:
         if par.distributed:
             roles = list(self.weights)
             counts = dict(zip(roles, par.sum([int((role_mask == int(r)).sum()) for r in roles])))
-        loss, stats = sft_loss(logprobs, role_mask, self.weights, cfg.loss_normalization, counts=counts,
-                               prompt_weight=cfg.prompt_weight)
+        loss, stats = sft_loss(
+            logprobs, role_mask, self.weights, cfg.loss_normalization, counts=counts, prompt_weight=cfg.prompt_weight
+        )
         if par.distributed:
             keys = sorted(stats)
             stats = dict(zip(keys, par.sum([stats[k] for k in keys])))  # the shards' parts add up
@@ -689,19 +837,31 @@ class SFTTrainer:
         self.step += 1
         dt = time.perf_counter() - t0
         real = 0 if empty_shard else int(attention_mask.sum())
-        role_tokens = [int(((role_mask == int(_ROLE_NAMES[k])) & attention_mask.bool()).sum()) for k in ("act", "rehearse")]
+        role_tokens = [
+            int(((role_mask == int(_ROLE_NAMES[k])) & attention_mask.bool()).sum()) for k in ("act", "rehearse")
+        ]
         real, act_tokens, rehearse_tokens = (int(v) for v in par.sum([real] + role_tokens))
         n, t = len(indices), int(max(self.lengths[i] for i in indices))  # the whole batch's rows and padded length
-        m: dict[str, Any] = {"step": self.step, "train/loss": stats["loss"], "train/grad_norm": grad_norm, "train/lr": lr}
+        m: dict[str, Any] = {
+            "step": self.step,
+            "train/loss": stats["loss"],
+            "train/grad_norm": grad_norm,
+            "train/lr": lr,
+        }
         for key, tokens in (("act", act_tokens), ("rehearse", rehearse_tokens)):
             m[f"train/loss/{key}"] = stats.get(f"loss/{key}", 0.0)
             m[f"data/tokens/{key}"] = tokens
         if "loss/prompt" in stats:
             m["train/loss/prompt"] = stats["loss/prompt"]
-        m.update({
-            "data/rows": n, "data/seq_len": t, "data/padding_fraction": 1.0 - real / (n * t),
-            "perf/tokens_per_s": real / dt if dt else 0.0, "perf/step_s": dt,
-        })
+        m.update(
+            {
+                "data/rows": n,
+                "data/seq_len": t,
+                "data/padding_fraction": 1.0 - real / (n * t),
+                "perf/tokens_per_s": real / dt if dt else 0.0,
+                "perf/step_s": dt,
+            }
+        )
         from agents.run_folder import append_jsonl
 
         if par.is_main:
@@ -716,9 +876,7 @@ class SFTTrainer:
 
     def save(self) -> Path:
         """Write a checkpoint (`agents.checkpoint` layout; LoRA adds ``adapter/``) and prune old ones."""
-        from agents.checkpoint import prune_checkpoints, save_checkpoint
-
-        from agents.checkpoint import checkpoint_dir
+        from agents.checkpoint import checkpoint_dir, prune_checkpoints, save_checkpoint
 
         path = checkpoint_dir(self.run_dir, self.step)
         par = self.parallel
@@ -728,10 +886,17 @@ class SFTTrainer:
             models = {"model": self.plain_model()}
             if self.config.lora:
                 models["adapter"] = self.model
-            path = save_checkpoint(self.run_dir, self.step, models, {"model": self.optimizer}, {"model": self.scheduler},
-                                   self.tokenizer, self.config.to_dict(),
-                                   model_state_dicts={"model": model_state} if model_state is not None else None,
-                                   optimizer_state_dicts={"model": optimizer_state} if optimizer_state is not None else None)
+            path = save_checkpoint(
+                self.run_dir,
+                self.step,
+                models,
+                {"model": self.optimizer},
+                {"model": self.scheduler},
+                self.tokenizer,
+                self.config.to_dict(),
+                model_state_dicts={"model": model_state} if model_state is not None else None,
+                optimizer_state_dicts={"model": optimizer_state} if optimizer_state is not None else None,
+            )
             prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
         self.parallel.barrier()
         return path
@@ -743,7 +908,9 @@ class SFTTrainer:
 
 
 @torch.no_grad()
-def demo_logprobs(model: torch.nn.Module, demos: Sequence[Trajectory], pad_id: int, *, chunk_size: int = 512) -> dict[str, float]:
+def demo_logprobs(
+    model: torch.nn.Module, demos: Sequence[Trajectory], pad_id: int, *, chunk_size: int = 512
+) -> dict[str, float]:
     """Mean logprob (nats per token) of the demos' ACT and REHEARSE tokens under `model`, one row at a time.
 
     Returns:
@@ -807,11 +974,17 @@ def act_parse_rate(policy: Any, tasks: Sequence[Task], *, max_new_tokens: int = 
             names = {t.name for t in task.tools_at_turn(0)}
             valid += int(all(c.name in names for c in calls))
     n = len(tasks)
-    return {"parse_rate": parsed / n if n else float("nan"), "valid_name_rate": valid / n if n else float("nan"), "n": n, "texts": texts}
+    return {
+        "parse_rate": parsed / n if n else float("nan"),
+        "valid_name_rate": valid / n if n else float("nan"),
+        "n": n,
+        "texts": texts,
+    }
 
 
-def measure(policy: Any, demos: Sequence[Trajectory], tasks: Sequence[Task], *, max_new_tokens: int = 128,
-            chunk_size: int = 512) -> dict[str, Any]:
+def measure(
+    policy: Any, demos: Sequence[Trajectory], tasks: Sequence[Task], *, max_new_tokens: int = 128, chunk_size: int = 512
+) -> dict[str, Any]:
     """`demo_logprobs` on `demos` and `act_parse_rate` on `tasks` for one policy (call before and after SFT)."""
     out = dict(demo_logprobs(policy.model, demos, policy.pad_id, chunk_size=chunk_size))
     out.update(act_parse_rate(policy, tasks, max_new_tokens=max_new_tokens))
@@ -847,19 +1020,26 @@ def cmd_sft(args: argparse.Namespace) -> int:
     if trainer.step:
         print(f"[sft] resumed from step {trainer.step} in {config.run_dir}")
     toks = {r: sum(d.tokens_per_role()[r] for d in trainer.demos) for r in ("ACT", "REHEARSE")}
-    print(f"[sft] {len(trainer.demos)} sequences ({toks['ACT']} ACT, {toks['REHEARSE']} REHEARSE tokens), "
-          f"{trainer.batches_per_epoch} batches/epoch, {trainer.total_steps} steps")
+    print(
+        f"[sft] {len(trainer.demos)} sequences ({toks['ACT']} ACT, {toks['REHEARSE']} REHEARSE tokens), "
+        f"{trainer.batches_per_epoch} batches/epoch, {trainer.total_steps} steps"
+    )
     history = trainer.train()
     if history:
         last = history[-1]
-        print(f"[sft] step {last['step']}: loss {last['train/loss']:.4f} (act {last['train/loss/act']:.4f}, "
-              f"rehearse {last['train/loss/rehearse']:.4f}); metrics in {config.run_dir}/metrics.jsonl")
+        print(
+            f"[sft] step {last['step']}: loss {last['train/loss']:.4f} (act {last['train/loss/act']:.4f}, "
+            f"rehearse {last['train/loss/rehearse']:.4f}); metrics in {config.run_dir}/metrics.jsonl"
+        )
     return 0
 
 
 def register_sft_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``sft`` sub-command to an ``add_subparsers()`` object; returns its parser."""
-    p = sub.add_parser("sft", help="supervised warm-start of ACT and REHEARSE tokens on demonstrations (every option is an SFTConfig field)")
+    p = sub.add_parser(
+        "sft",
+        help="supervised warm-start of ACT and REHEARSE tokens on demonstrations (every option is an SFTConfig field)",
+    )
     add_sft_arguments(p)
     p.set_defaults(func=cmd_sft)
     return p

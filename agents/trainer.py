@@ -1,4 +1,4 @@
-"""`RoleWiseGRPOTrainer`: role-wise GRPO over the rehearse envs (EnvACE, DESIGN.md §1).
+"""`RoleWiseGRPOTrainer`: role-wise GRPO over the rehearse envs (EnvACE, docs/design.md §1).
 
 One training step, in the order of the algorithm box:
 
@@ -54,14 +54,13 @@ Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act,
 | ``perf/rollout_share``, ``perf/update_share`` | phase seconds / step seconds |
 | ``perf/rollout_tokens_per_s`` | generated tokens (ACT + REHEARSE) / rollout seconds |
 | ``perf/update_tokens_per_s`` | row tokens processed by the update (all epochs) / update seconds |
-"""
+"""  # noqa: E501 (markdown table rows in this docstring cannot be wrapped)
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import dataclasses
-import json
 import math
 import time
 import warnings
@@ -76,7 +75,6 @@ from tqdm.auto import tqdm
 from agents.allocator import set_malloc_mmap_threshold
 from agents.budgets import check_task_budgets
 from agents.checkpoint import checkpoint_dir, load_newest, prune_checkpoints, save_checkpoint
-from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
 from agents.config import TrainConfig, _dump_yaml
 from agents.distributed import DataParallel, as_float
 from agents.engines import GenerationEngine
@@ -85,6 +83,7 @@ from agents.logprobs import TokenLogprobs, enable_gradient_checkpointing, token_
 from agents.models import ModelStore, default_store
 from agents.policy import Policy, PolicyRehearser
 from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_rollouts
+from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
 from agents.sft import bucket_batches
 from envace_gym.envs.rehearse_vector import RehearseVectorEnv
 from envace_gym.types import Role, Trajectory
@@ -126,11 +125,28 @@ class UpdateStats:
 
     def to_metrics(self) -> dict[str, float | None]:
         """The ``train/*`` metric values (loss statistics 0 and ``ratio_mean`` 1 when no step was applied)."""
-        loss = self.loss.to_dict() if self.loss is not None else {
-            "loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0}
-        return {**loss, "grad_norm": self.grad_norm, "skipped_update": float(self.skipped_update),
-                "skipped_nonfinite": float(self.skipped_nonfinite), "update_targets": float(self.update_targets),
-                "logprob_mismatch": self.logprob_mismatch, "tis_weight_mean": self.tis_weight_mean}
+        loss = (
+            self.loss.to_dict()
+            if self.loss is not None
+            else {
+                "loss": 0.0,
+                "pg_loss": 0.0,
+                "kl": 0.0,
+                "entropy": 0.0,
+                "clip_fraction": 0.0,
+                "approx_kl": 0.0,
+                "ratio_mean": 1.0,
+            }
+        )
+        return {
+            **loss,
+            "grad_norm": self.grad_norm,
+            "skipped_update": float(self.skipped_update),
+            "skipped_nonfinite": float(self.skipped_nonfinite),
+            "update_targets": float(self.update_targets),
+            "logprob_mismatch": self.logprob_mismatch,
+            "tis_weight_mean": self.tis_weight_mean,
+        }
 
 
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup_steps: int, total_steps: int):
@@ -150,8 +166,13 @@ def make_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup_st
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def apply_optimizer_settings(optimizers: dict[str, torch.optim.Optimizer], schedulers: dict[str, Any], lr: float,
-                             weight_decay: float, betas: tuple[float, float]) -> None:
+def apply_optimizer_settings(
+    optimizers: dict[str, torch.optim.Optimizer],
+    schedulers: dict[str, Any],
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+) -> None:
     """Put the config's AdamW settings into optimizers restored from a checkpoint (which carry the old ones, and
     ``allow_config_change`` may have changed them); the learning rate follows each schedule at its step."""
     for name, opt in optimizers.items():
@@ -209,8 +230,14 @@ class RoleWiseGRPOTrainer:
             model loads).
     """
 
-    def __init__(self, config: TrainConfig, log=print, engine: GenerationEngine | None = None,
-                 models: ModelStore | None = None, parallel: DataParallel | None = None) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        log=print,
+        engine: GenerationEngine | None = None,
+        models: ModelStore | None = None,
+        parallel: DataParallel | None = None,
+    ) -> None:
         from envace_gym.suites import make_suite
 
         self.config = config
@@ -218,17 +245,22 @@ class RoleWiseGRPOTrainer:
         if not parallel.is_main:
             log = None
         if parallel.shards_weights and config.shard_optimizer:
-            raise ValueError("--shard-optimizer (ZeRO stage 1) under an FSDP accelerate config: FSDP already shards "
-                             "AdamW's state over the ranks; pass --shard-optimizer false")
+            raise ValueError(
+                "--shard-optimizer (ZeRO stage 1) under an FSDP accelerate config: FSDP already shards "
+                "AdamW's state over the ranks; pass --shard-optimizer false"
+            )
         if parallel.shards_weights and config.engine == "vllm":
-            raise ValueError("--engine vllm under an FSDP accelerate config: vLLM loads whole weights after every "
-                             "update, which sharded weights do not give it; use the hf engine or a DDP config")
+            raise ValueError(
+                "--engine vllm under an FSDP accelerate config: vLLM loads whole weights after every "
+                "update, which sharded weights do not give it; use the hf engine or a DDP config"
+            )
         self._group_shard = parallel.shard(config.batch_tasks, "tasks per step (--batch-tasks)")
         local_trajectories = config.trajectories_per_step // parallel.world_size
         if local_trajectories < config.num_minibatches:
             raise ValueError(
                 f"each of {parallel.world_size} processes plays {local_trajectories} trajectories, fewer than "
-                f"num_minibatches={config.num_minibatches}; lower --num-minibatches or raise --batch-tasks")
+                f"num_minibatches={config.num_minibatches}; lower --num-minibatches or raise --batch-tasks"
+            )
         self.run_dir = Path(config.run_dir)
         models = models or default_store()
         self._store = models
@@ -239,16 +271,27 @@ class RoleWiseGRPOTrainer:
         if config.task_ids:
             missing = sorted(set(config.task_ids) - set(all_ids))
             if missing:
-                raise ValueError(f"task_ids not in {config.suite}/{config.categories or 'default categories'}/{config.split}: {missing[:5]}")
+                raise ValueError(
+                    f"task_ids not in {config.suite}/{config.categories or 'default categories'}/{config.split}: "
+                    f"{missing[:5]}"
+                )
             keep = set(config.task_ids)
             tasks = [t for t in tasks if t.id in keep]
             all_ids = list(config.task_ids)
         if len(all_ids) < config.batch_tasks:
-            raise ValueError(f"only {len(all_ids)} tasks available but batch_tasks={config.batch_tasks}; lower --batch-tasks")
+            raise ValueError(
+                f"only {len(all_ids)} tasks available but batch_tasks={config.batch_tasks}; lower --batch-tasks"
+            )
         self.budget_report = check_task_budgets(
-            tasks, config.suite, tokenizer, max_steps_per_turn=config.max_steps_per_turn,
-            max_new_tokens=config.max_new_tokens, max_episode_tokens=config.max_episode_tokens,
-            min_fraction=config.min_solvable_fraction, command="envace train", log=log,
+            tasks,
+            config.suite,
+            tokenizer,
+            max_steps_per_turn=config.max_steps_per_turn,
+            max_new_tokens=config.max_new_tokens,
+            max_episode_tokens=config.max_episode_tokens,
+            min_fraction=config.min_solvable_fraction,
+            command="envace train",
+            log=log,
         )
         self.task_pool = all_ids
         self._lock = None
@@ -256,7 +299,9 @@ class RoleWiseGRPOTrainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
             self._lock = RunLock(self.run_dir).acquire()
         if config.resume:
-            check_resume_config(self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.allow_config_change, log)
+            check_resume_config(
+                self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.allow_config_change, log
+            )
         _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         model = models.model(source, dtype=getattr(torch, config.dtype), device=parallel.device, shared=False)
         self.tokenizer = tokenizer
@@ -326,7 +371,9 @@ class RoleWiseGRPOTrainer:
 
     def _apply_optimizer_config(self) -> None:
         cfg = self.config
-        apply_optimizer_settings(self.optimizers, self.schedulers, cfg.lr, cfg.weight_decay, (cfg.adam_beta1, cfg.adam_beta2))
+        apply_optimizer_settings(
+            self.optimizers, self.schedulers, cfg.lr, cfg.weight_decay, (cfg.adam_beta1, cfg.adam_beta2)
+        )
 
     # ------------------------------------------------------------------ the loop
     def train(self, progress: bool = True) -> list[dict[str, Any]]:
@@ -348,7 +395,8 @@ class RoleWiseGRPOTrainer:
             if progress:
                 bar.write(
                     f"[train] step {metrics['step']}: reward {metrics['rollout/reward_mean']:.3f} "
-                    f"(act {metrics['rollout/reward_mean/act']:.3f}, rehearse {metrics['rollout/reward_mean/rehearse']:.3f}), "
+                    f"(act {metrics['rollout/reward_mean/act']:.3f}, rehearse "
+                    f"{metrics['rollout/reward_mean/rehearse']:.3f}), "
                     f"tokens act {metrics['rollout/tokens/act']} rehearse {metrics['rollout/tokens/rehearse']}, "
                     f"loss {metrics['train/loss']:.4f}, rollout {metrics['perf/rollout_s']:.0f} s + update "
                     f"{metrics['perf/update_s']:.0f} s"
@@ -464,7 +512,9 @@ class RoleWiseGRPOTrainer:
         """
         cfg = self.config
         signal = bool((batch.advantages[batch.loss_mask] != 0).any())
-        if cfg.skip_empty_updates and cfg.beta == 0 and cfg.entropy_coef == 0 and not self.parallel.any(signal):  # all ranks
+        if (
+            cfg.skip_empty_updates and cfg.beta == 0 and cfg.entropy_coef == 0 and not self.parallel.any(signal)
+        ):  # all ranks
             return UpdateStats(skipped_update=True)
         for policy in dict.fromkeys((self.policy, self.rehearse_policy)):
             if policy.kv_cache is not None:  # the weights are about to change: its entries are stale anyway,
@@ -478,7 +528,10 @@ class RoleWiseGRPOTrainer:
         tokens = 0
         targets = [("model", self.policy.model, None)]
         if "rehearse_model" in self.models:
-            targets = [("model", self.policy.model, Role.ACT), ("rehearse_model", self.rehearse_policy.model, Role.REHEARSE)]
+            targets = [
+                ("model", self.policy.model, Role.ACT),
+                ("rehearse_model", self.rehearse_policy.model, Role.REHEARSE),
+            ]
         self._mismatch_sum, self._mismatch_tokens = 0.0, 0  # Σ |log π_trainer − log π_engine| over loss tokens
         self._run_tokens = 0  # set by each _minibatch_step: the tokens its passes ran
         self._unmeasured = {name for name, _, _ in targets}
@@ -488,7 +541,9 @@ class RoleWiseGRPOTrainer:
             mask = batch.loss_mask
             self._add_mismatch(trainer_old, batch.old_logprobs, mask)
             self._unmeasured.clear()
-            ratio = torch.exp(torch.where(mask, trainer_old - batch.old_logprobs, torch.zeros_like(trainer_old)))  # (N, T)
+            ratio = torch.exp(
+                torch.where(mask, trainer_old - batch.old_logprobs, torch.zeros_like(trainer_old))
+            )  # (N, T)
             tis_weights = ratio.clamp(max=cfg.importance_sampling_cap)  # (N, T), 1 off the loss tokens
             tis_sum, tis_tokens = self.parallel.sum([float(tis_weights[mask].sum()), int(mask.sum())])
             # the clipped ratio is the trainer's own (π_θ / π_θ_old as the trainer computes them); the weight
@@ -517,12 +572,19 @@ class RoleWiseGRPOTrainer:
         mismatch = diff / measured if measured else None
         tis_mean = tis_sum / tis_tokens if tis_tokens else None
         if not applied:
-            return UpdateStats(skipped_update=True, skipped_nonfinite=nonfinite, logprob_mismatch=mismatch,
-                               tis_weight_mean=tis_mean)
+            return UpdateStats(
+                skipped_update=True, skipped_nonfinite=nonfinite, logprob_mismatch=mismatch, tis_weight_mean=tis_mean
+            )
         means = {k: sum(getattr(s, k) for s, _ in applied) / len(applied) for k in LossStats.__dataclass_fields__}
-        return UpdateStats(loss=LossStats(**means), grad_norm=sum(g for _, g in applied) / len(applied),
-                           update_tokens=tokens, update_targets=len(applied), skipped_nonfinite=nonfinite,
-                           logprob_mismatch=mismatch, tis_weight_mean=tis_mean)
+        return UpdateStats(
+            loss=LossStats(**means),
+            grad_norm=sum(g for _, g in applied) / len(applied),
+            update_tokens=tokens,
+            update_targets=len(applied),
+            skipped_nonfinite=nonfinite,
+            logprob_mismatch=mismatch,
+            tis_weight_mean=tis_mean,
+        )
 
     @torch.no_grad()
     def _recompute_logprobs(self, batch: RolloutBatch, targets: list) -> torch.Tensor:
@@ -538,10 +600,16 @@ class RoleWiseGRPOTrainer:
                 _idle_pass(self._logprob_modules[name], batch.input_ids, device)
         for rows in micro:
             width = int(batch.attention_mask[rows].sum(-1).max())
-            ids, attn = batch.input_ids[rows, :width].to(device), batch.attention_mask[rows, :width].to(device)  # (m, t)
+            ids, attn = (
+                batch.input_ids[rows, :width].to(device),
+                batch.attention_mask[rows, :width].to(device),
+            )  # (m, t)
             for name, _, role in targets:
-                lp = self._logprob_modules[name](ids, attn, temperature=temperature,
-                                                 chunk_size=cfg.logprob_chunk_size).float().cpu()  # (m, t)
+                lp = (
+                    self._logprob_modules[name](ids, attn, temperature=temperature, chunk_size=cfg.logprob_chunk_size)
+                    .float()
+                    .cpu()
+                )  # (m, t)
                 part = out[rows, :width]  # (m, t)
                 if role is None:
                     part = lp
@@ -556,8 +624,14 @@ class RoleWiseGRPOTrainer:
         self._mismatch_sum += float(diff.sum())
         self._mismatch_tokens += int(diff.numel())
 
-    def _minibatch_step(self, name: str, model: torch.nn.Module, mb: RolloutBatch, role: Role | None,
-                        tis_weights: torch.Tensor | None = None) -> tuple[LossStats, float | None] | None:
+    def _minibatch_step(
+        self,
+        name: str,
+        model: torch.nn.Module,
+        mb: RolloutBatch,
+        role: Role | None,
+        tis_weights: torch.Tensor | None = None,
+    ) -> tuple[LossStats, float | None] | None:
         """One optimizer step of `model` on the loss tokens of `mb` (of `role` only, when given).
 
         Returns None when there is no such token (nothing is computed). Otherwise ``(stats, grad_norm)``:
@@ -580,8 +654,8 @@ class RoleWiseGRPOTrainer:
         DDP all-reduce (on the last micro-batch only; the others run under ``no_sync``) averages it, so every
         rank applies the whole minibatch's gradient. Under FSDP every micro-batch's backward reduce-scatters
         into the sharded gradients instead, and a rank with fewer micro-batches than another runs passes
-        without loss (`_idle_pass`) until every rank has run as many, since each pass all-gathers. The decisions (any loss token, finite loss) are taken
-        over all ranks, and the returned statistics are those of the whole minibatch.
+        without loss (`_idle_pass`) until every rank has run as many, since each pass all-gathers. The decisions (any
+        loss token, finite loss) are taken over all ranks, and the returned statistics are those of the whole minibatch.
         """
         cfg = self.config
         par = self.parallel
@@ -629,8 +703,9 @@ class RoleWiseGRPOTrainer:
             old = mb.old_logprobs[rows, :width].to(device)  # (m, t)
             with sync:
                 if cfg.entropy_coef > 0:
-                    logprobs, entropy = forward(ids, attn, temperature=temperature,
-                                                chunk_size=cfg.logprob_chunk_size, return_entropy=True)  # (m, t) x2
+                    logprobs, entropy = forward(
+                        ids, attn, temperature=temperature, chunk_size=cfg.logprob_chunk_size, return_entropy=True
+                    )  # (m, t) x2
                 else:
                     logprobs = forward(ids, attn, temperature=temperature, chunk_size=cfg.logprob_chunk_size)  # (m, t)
                     entropy = None
@@ -639,13 +714,24 @@ class RoleWiseGRPOTrainer:
                 ref = None
                 if self.ref_model is not None:
                     with torch.no_grad():
-                        ref = token_logprobs(self.ref_model, ids, attn, temperature=temperature,
-                                             chunk_size=cfg.logprob_chunk_size)  # (m, t)
+                        ref = token_logprobs(
+                            self.ref_model, ids, attn, temperature=temperature, chunk_size=cfg.logprob_chunk_size
+                        )  # (m, t)
                 weights = tis_weights[rows, :width].to(device) if tis_weights is not None else None
                 loss, stats = grpo_loss(
-                    logprobs, old, mb.advantages[rows, :width].to(device), m_mask, ref_logprobs=ref, entropy=entropy,
-                    clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
-                    entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, count=count, token_weights=weights,
+                    logprobs,
+                    old,
+                    mb.advantages[rows, :width].to(device),
+                    m_mask,
+                    ref_logprobs=ref,
+                    entropy=entropy,
+                    clip_eps_low=cfg.clip_eps_low,
+                    clip_eps_high=cfg.clip_eps_high,
+                    beta=cfg.beta,
+                    entropy_coef=cfg.entropy_coef,
+                    aggregation=cfg.aggregation,
+                    count=count,
+                    token_weights=weights,
                 )
                 # a non-finite loss still runs its backward (every rank must join the all-reduce); the step is then
                 # dropped on every rank through par.all(loss_finite) below
@@ -672,7 +758,9 @@ class RoleWiseGRPOTrainer:
             if cfg.max_grad_norm > 0:
                 grad_norm = as_float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
             else:
-                grad_norm = as_float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+                grad_norm = as_float(
+                    torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+                )
             # the total norm is finite exactly when every gradient is (a NaN/inf entry makes it NaN/inf), and
             # clipping scales by a finite factor, so this one number checks the gradients about to be applied
             finite = math.isfinite(grad_norm)
@@ -684,7 +772,8 @@ class RoleWiseGRPOTrainer:
             self.nonfinite_in_a_row[name] += 1
             if self.nonfinite_in_a_row[name] >= cfg.max_nonfinite_steps:
                 raise FloatingPointError(
-                    f"{self.nonfinite_in_a_row[name]} optimizer steps in a row had a non-finite loss or gradient (last at "
+                    f"{self.nonfinite_in_a_row[name]} optimizer steps in a row had a non-finite loss or gradient (last "
+                    "at "
                     f"training step {self.step}, {name}); lower --lr, keep --max-grad-norm > 0, or check the model "
                     f"in {self.config.init or self.config.model}; --max-nonfinite-steps sets how many are tolerated"
                 )
@@ -703,16 +792,22 @@ class RoleWiseGRPOTrainer:
         optimizer_states = {k: par.optimizer_state_dict(self.models[k], o) for k, o in self.optimizers.items()}
         if par.is_main:
             path = save_checkpoint(
-                self.run_dir, self.step, self.models, self.optimizers, self.schedulers, self.tokenizer,
-                self.config.to_dict(), extra={"nonfinite_in_a_row": dict(self.nonfinite_in_a_row)},
-                model_state_dicts=model_states, optimizer_state_dicts=optimizer_states,
+                self.run_dir,
+                self.step,
+                self.models,
+                self.optimizers,
+                self.schedulers,
+                self.tokenizer,
+                self.config.to_dict(),
+                extra={"nonfinite_in_a_row": dict(self.nonfinite_in_a_row)},
+                model_state_dicts=model_states,
+                optimizer_state_dicts=optimizer_states,
             )
             prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
         self.parallel.barrier()
         return path
 
-    def _metrics(self, view: "_StepView", train_stats: UpdateStats, rollout_s: float,
-                 update_s: float) -> dict[str, Any]:
+    def _metrics(self, view: _StepView, train_stats: UpdateStats, rollout_s: float, update_s: float) -> dict[str, Any]:
         rstats = view.rstats
         rewards = np.asarray(rstats.rewards, dtype=np.float64)
         m: dict[str, Any] = {
@@ -787,27 +882,37 @@ class _StepView:
     role_tokens: dict[str, int]
 
     @classmethod
-    def of(cls, trajectories: list[Trajectory], rstats: RolloutStats, batch: RolloutBatch,
-           group_offset: int) -> "_StepView":
+    def of(
+        cls, trajectories: list[Trajectory], rstats: RolloutStats, batch: RolloutBatch, group_offset: int
+    ) -> _StepView:
         acts, errors = _parse_error_counts(trajectories)
         return cls(
-            rstats=rstats, truncated=[bool(t.truncated) for t in trajectories], act_messages=acts, parse_errors=errors,
-            seg_roles=batch.seg_roles.cpu().numpy(), seg_rewards=batch.seg_rewards.double().cpu().numpy(),
+            rstats=rstats,
+            truncated=[bool(t.truncated) for t in trajectories],
+            act_messages=acts,
+            parse_errors=errors,
+            seg_roles=batch.seg_roles.cpu().numpy(),
+            seg_rewards=batch.seg_rewards.double().cpu().numpy(),
             seg_advantages=batch.seg_advantages.double().cpu().numpy(),
             seg_group_ids=batch.seg_group_ids.cpu().numpy() + group_offset,
-            role_tokens={role.name.lower(): int(((batch.role_mask == int(role)) & batch.loss_mask).sum())
-                         for role in (Role.ACT, Role.REHEARSE)},
+            role_tokens={
+                role.name.lower(): int(((batch.role_mask == int(role)) & batch.loss_mask).sum())
+                for role in (Role.ACT, Role.REHEARSE)
+            },
         )
 
     @classmethod
-    def concat(cls, views: list["_StepView"]) -> "_StepView":
+    def concat(cls, views: list[_StepView]) -> _StepView:
         """The views of all ranks (in rank order) as one."""
         return cls(
             rstats=RolloutStats.concat([v.rstats for v in views]),
             truncated=[t for v in views for t in v.truncated],
-            act_messages=sum(v.act_messages for v in views), parse_errors=sum(v.parse_errors for v in views),
-            **{k: np.concatenate([getattr(v, k) for v in views])
-               for k in ("seg_roles", "seg_rewards", "seg_advantages", "seg_group_ids")},
+            act_messages=sum(v.act_messages for v in views),
+            parse_errors=sum(v.parse_errors for v in views),
+            **{
+                k: np.concatenate([getattr(v, k) for v in views])
+                for k in ("seg_roles", "seg_rewards", "seg_advantages", "seg_group_ids")
+            },
             role_tokens={k: sum(v.role_tokens[k] for v in views) for k in views[0].role_tokens},
         )
 
@@ -816,8 +921,10 @@ def micro_batches(lengths: list[int], max_tokens: int) -> list[torch.Tensor]:
     """Rows packed for the update's forward/backward passes: index tensors ``(m,) int64`` into `lengths`
     (each row's real tokens), rows of similar length together, at most `max_tokens` padded tokens (rows x
     longest row) each, a longer row alone; every row appears once (`agents.sft.bucket_batches`)."""
-    return [torch.tensor(rows, dtype=torch.long)
-            for rows in bucket_batches(lengths, max_tokens, max(len(lengths), 1), seed=0, epoch=0)]
+    return [
+        torch.tensor(rows, dtype=torch.long)
+        for rows in bucket_batches(lengths, max_tokens, max(len(lengths), 1), seed=0, epoch=0)
+    ]
 
 
 def _idle_pass(forward: torch.nn.Module, input_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -828,8 +935,9 @@ def _idle_pass(forward: torch.nn.Module, input_ids: torch.Tensor, device: torch.
     return forward(ids, torch.ones_like(ids))
 
 
-def _whole_minibatch_stats(stats: LossStats, local_tokens: int, global_tokens: float,
-                           parallel: DataParallel) -> LossStats:
+def _whole_minibatch_stats(
+    stats: LossStats, local_tokens: int, global_tokens: float, parallel: DataParallel
+) -> LossStats:
     """`LossStats` of the whole minibatch from this rank's: the loss terms are already divided by the whole
     minibatch's count, so they add up; the token means are re-weighted by each rank's loss tokens."""
     sums = ("loss", "pg_loss", "kl", "entropy")

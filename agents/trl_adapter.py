@@ -33,7 +33,8 @@ internal generation entry point).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["EnvACERollout", "envace_dataset", "envace_reward", "TASK_KEY"]
 
@@ -62,7 +63,9 @@ def envace_dataset(suite: str, categories: Sequence[str] | None = None, split: s
     return Dataset.from_list(rows)
 
 
-def envace_reward(prompts: Sequence[Any], completions: Sequence[Any], envace_reward: Sequence[float], **_: Any) -> list[float]:
+def envace_reward(
+    prompts: Sequence[Any], completions: Sequence[Any], envace_reward: Sequence[float], **_: Any
+) -> list[float]:
     """TRL reward function: the verifier's R of each episode, as `EnvACERollout` returned it."""
     return [float(r) for r in envace_reward]
 
@@ -85,9 +88,17 @@ class EnvACERollout:
         KeyError: a prompt carries no `TASK_KEY` (it was not built by `envace_dataset`), or names an unknown task.
     """
 
-    def __init__(self, suite: str = "bfcl", categories: Sequence[str] | None = None, split: str = "train", *,
-                 max_new_tokens: int = 128, max_steps_per_turn: int = 5, max_episode_tokens: int | None = None,
-                 **suite_options: Any) -> None:
+    def __init__(
+        self,
+        suite: str = "bfcl",
+        categories: Sequence[str] | None = None,
+        split: str = "train",
+        *,
+        max_new_tokens: int = 128,
+        max_steps_per_turn: int = 5,
+        max_episode_tokens: int | None = None,
+        **suite_options: Any,
+    ) -> None:
         self.suite, self.categories, self.split = suite, list(categories) if categories is not None else None, split
         self.max_new_tokens = max_new_tokens
         self.max_steps_per_turn = max_steps_per_turn
@@ -101,10 +112,17 @@ class EnvACERollout:
 
         envs = []
         for task_id in task_ids:
-            env = ToolUseEnv(suite=self.suite, categories=self.categories, split=self.split, tokenizer=tokenizer,
-                             responder=RealBackend(), max_new_tokens=self.max_new_tokens,
-                             max_steps_per_turn=self.max_steps_per_turn, max_episode_tokens=self.max_episode_tokens,
-                             **self.suite_options)
+            env = ToolUseEnv(
+                suite=self.suite,
+                categories=self.categories,
+                split=self.split,
+                tokenizer=tokenizer,
+                responder=RealBackend(),
+                max_new_tokens=self.max_new_tokens,
+                max_steps_per_turn=self.max_steps_per_turn,
+                max_episode_tokens=self.max_episode_tokens,
+                **self.suite_options,
+            )
             env.reset(options={"task_id": task_id})
             envs.append(env)
         return envs
@@ -159,7 +177,12 @@ class EnvACERollout:
             out_logprobs.append([lp.get(k, 0.0) for k in range(start, len(ids))])
             out["envace_reward"].append(float(env.trajectory.reward))
         out["logprobs"] = out_logprobs if any(sampled) else None
-        self.last_stats = {"episodes": len(envs), "generate_calls": calls, "generated_tokens": generated,
-                           "act_tokens": sum(sum(m) for m in out["env_mask"]),
-                           "reward_mean": sum(out["envace_reward"]) / len(envs), "rollout_s": time.perf_counter() - t0}
+        self.last_stats = {
+            "episodes": len(envs),
+            "generate_calls": calls,
+            "generated_tokens": generated,
+            "act_tokens": sum(sum(m) for m in out["env_mask"]),
+            "reward_mean": sum(out["envace_reward"]) / len(envs),
+            "rollout_s": time.perf_counter() - t0,
+        }
         return out

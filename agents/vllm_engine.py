@@ -23,7 +23,8 @@ and can correct for it with truncated importance sampling (``--importance-sampli
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -48,13 +49,22 @@ class VLLMEngine:
         ImportError: vLLM is not installed (``pip install vllm`` on a CUDA machine).
     """
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, *, gpu_memory_utilization: float = 0.3,
-                 dtype: str = "bfloat16", sleep_between_updates: bool = True, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_id: int,
+        *,
+        gpu_memory_utilization: float = 0.3,
+        dtype: str = "bfloat16",
+        sleep_between_updates: bool = True,
+        seed: int = 0,
+    ) -> None:
         try:
             from vllm import LLM
         except ImportError as err:  # pragma: no cover - depends on the machine
-            raise ImportError("--engine vllm needs vLLM (pip install vllm, on a CUDA machine); it is not a "
-                              "dependency of envace-gym") from err
+            raise ImportError(
+                "--engine vllm needs vLLM (pip install vllm, on a CUDA machine); it is not a dependency of envace-gym"
+            ) from err
         self.model = model
         self.weight_version = 0
         self.sleep_between_updates = sleep_between_updates
@@ -62,30 +72,51 @@ class VLLMEngine:
         path = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
         if not path:
             raise ValueError("the vLLM engine loads the model from its folder; load it with from_pretrained first")
-        self.llm = LLM(model=str(path), dtype=dtype, seed=seed, enable_prefix_caching=True,
-                       gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_between_updates,
-                       logprobs_mode="processed_logprobs")
+        self.llm = LLM(
+            model=str(path),
+            dtype=dtype,
+            seed=seed,
+            enable_prefix_caching=True,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=sleep_between_updates,
+            logprobs_mode="processed_logprobs",
+        )
 
-    def generate(self, contexts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
-                 stop_ids: Sequence[int], seeds: Sequence[int | None] | None = None,
-                 use_cache: bool = True) -> list[Generation]:
+    def generate(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        stop_ids: Sequence[int],
+        seeds: Sequence[int | None] | None = None,
+        use_cache: bool = True,
+    ) -> list[Generation]:
         """One `Generation` per context; see `agents.engines.GenerationEngine.generate`."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         self.wake_up()
         seeds = list(seeds) if seeds is not None else [None] * len(contexts)
-        params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=s, logprobs=0,
-                                 stop_token_ids=list(stop_ids), skip_special_tokens=False, detokenize=False)
-                  for s in seeds]
+        params = [
+            SamplingParams(
+                max_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=s,
+                logprobs=0,
+                stop_token_ids=list(stop_ids),
+                skip_special_tokens=False,
+                detokenize=False,
+            )
+            for s in seeds
+        ]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(c)) for c in contexts], params, use_tqdm=False)
         gens = []
         for out in outputs:
             sample = out.outputs[0]
             ids = list(sample.token_ids)
             logprobs = [float(step[token].logprob) for step, token in zip(sample.logprobs or [], ids)]
-            gens.append(Generation(token_ids=ids, logprobs=logprobs,
-                                   stopped=bool(ids) and ids[-1] in set(stop_ids)))
+            gens.append(Generation(token_ids=ids, logprobs=logprobs, stopped=bool(ids) and ids[-1] in set(stop_ids)))
         return gens
 
     def weights_updated(self) -> None:

@@ -22,8 +22,13 @@ if "EnvACE-Tool-v0" not in registry:
     register(
         id="EnvACE-Tool-v0",
         entry_point="envace_gym.envs.tool_use:ToolUseEnv",
-        kwargs={"suite": "bfcl", "categories": None, "split": "train", "max_steps_per_turn": 20,
-                "model": "smollm2-135m"},
+        kwargs={
+            "suite": "bfcl",
+            "categories": None,
+            "split": "train",
+            "max_steps_per_turn": 20,
+            "model": "smollm2-135m",
+        },
         disable_env_checker=False,
     )
 

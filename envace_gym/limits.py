@@ -43,9 +43,10 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from multiprocessing.connection import Connection
+from typing import Any, TypeVar
 
 try:
     import resource
@@ -214,7 +215,7 @@ def _child(fn: Callable[[], Any], seconds: float, memory_mb: int, state: Sequenc
             payload = pickle.dumps((outcome, [vars(o) for o in state]), protocol=pickle.HIGHEST_PROTOCOL)
         view = memoryview(payload)
         while view:
-            view = view[os.write(write_fd, view):]
+            view = view[os.write(write_fd, view) :]
     except MemoryError:
         code = _OUT_OF_MEMORY_EXIT
     except BaseException:  # noqa: BLE001 - a broken pipe (the server gave up): nothing to report to
@@ -282,8 +283,11 @@ def _serve(fd: int) -> None:
         try:
             fn, state = pickle.loads(body)
         except Exception as e:  # noqa: BLE001 - a class this interpreter cannot import
-            reply: tuple = ("broken", f"the call server cannot load the call ({type(e).__name__}: {e}); a backend "
-                                      "class defined in __main__ or a notebook is not importable there")
+            reply: tuple = (
+                "broken",
+                f"the call server cannot load the call ({type(e).__name__}: {e}); a backend "
+                "class defined in __main__ or a notebook is not importable there",
+            )
         else:
             reply = _fork_call(fn, seconds, memory_mb, state)
         del body
@@ -315,7 +319,10 @@ class _CallServer:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "envace_gym.limits", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
             )
         except OSError as e:
             raise CallIsolationError(f"cannot start the call server ({e}); use CallLimits(isolation='none')") from e
@@ -341,8 +348,10 @@ class _CallServer:
         try:
             body = pickle.dumps((fn, list(state)), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # noqa: BLE001 - a lambda or a local function cannot cross processes
-            raise CallIsolationError(f"the call does not pickle ({type(e).__name__}: {e}); give a module-level "
-                                     "function, or use CallLimits(isolation='none')") from e
+            raise CallIsolationError(
+                f"the call does not pickle ({type(e).__name__}: {e}); give a module-level "
+                "function, or use CallLimits(isolation='none')"
+            ) from e
         request = pickle.dumps((limits.seconds, limits.memory_mb, body), protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked copy of this process: its own server

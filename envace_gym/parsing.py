@@ -25,7 +25,7 @@ It is parsed with ``ast.parse(mode="eval")`` and each argument with ``ast.litera
 of literals). Tuples become lists so that arguments stay JSON. Positional or starred arguments, names,
 calls, attribute access, sets, bytes and complex numbers are rejected.
 
-No model text is ever executed (DESIGN.md §3): there is no ``eval``/``exec`` anywhere here.
+No model text is ever executed (docs/design.md §3): there is no ``eval``/``exec`` anywhere here.
 
 Reasoning inside ``<think>...</think>`` is ignored; an unclosed ``<think>`` makes everything after it
 reasoning, and a ``</think>`` with no opening tag (templates that pre-fill ``<think>`` in the generation
@@ -87,7 +87,7 @@ class ToolCallParseError(ValueError):
     """Tool-call markup was found but is malformed.
 
     The message says what was wrong and which format was expected; it is meant to be returned to the
-    model verbatim as an error observation (DESIGN.md §3: the environment never crashes).
+    model verbatim as an error observation (docs/design.md §3: the environment never crashes).
     """
 
 
@@ -333,10 +333,13 @@ def _parse_python(text: str) -> list[ToolCall]:
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as e:
-        raise ToolCallParseError(f"The tool-call list is not valid Python syntax ({e.msg}). {PYTHON_FORMAT_HINT}") from None
+        raise ToolCallParseError(
+            f"The tool-call list is not valid Python syntax ({e.msg}). {PYTHON_FORMAT_HINT}"
+        ) from None
     except (ValueError, RecursionError, MemoryError, OverflowError) as e:
         raise ToolCallParseError(
-            f"The tool-call list is too deeply nested or too complex to parse ({type(e).__name__}). {PYTHON_FORMAT_HINT}"
+            f"The tool-call list is too deeply nested or too complex to parse ({type(e).__name__}). "
+            f"{PYTHON_FORMAT_HINT}"
         ) from None
     body = tree.body
     if not isinstance(body, ast.List):
@@ -360,13 +363,17 @@ def _dotted_name(node: ast.AST) -> str | None:
 def _parse_python_call(node: ast.AST, index: int) -> ToolCall:
     where = f"Tool call #{index + 1}"
     if not isinstance(node, ast.Call):
-        raise ToolCallParseError(f"{where} is not a function call: every list item must be name(arg=value, ...). {PYTHON_FORMAT_HINT}")
+        raise ToolCallParseError(
+            f"{where} is not a function call: every list item must be name(arg=value, ...). {PYTHON_FORMAT_HINT}"
+        )
     name = _dotted_name(node.func)
     if name is None:
         raise ToolCallParseError(f"{where}: the function must be a plain or dotted name. {PYTHON_FORMAT_HINT}")
     where = f"{where} ({name})"
     if node.args:
-        raise ToolCallParseError(f"{where} has positional arguments; pass every argument by keyword. {PYTHON_FORMAT_HINT}")
+        raise ToolCallParseError(
+            f"{where} has positional arguments; pass every argument by keyword. {PYTHON_FORMAT_HINT}"
+        )
     args: dict[str, Any] = {}
     for kw in node.keywords:
         if kw.arg is None:
@@ -392,7 +399,9 @@ def _literal(node: ast.AST, where: str) -> Any:
     for sub in ast.walk(node):  # specific messages for the common mistakes, before literal_eval
         for kind, what in _NOT_LITERAL.items():
             if isinstance(sub, kind):
-                raise ToolCallParseError(f"{where} contains {what}; only literal values are allowed. {PYTHON_FORMAT_HINT}")
+                raise ToolCallParseError(
+                    f"{where} contains {what}; only literal values are allowed. {PYTHON_FORMAT_HINT}"
+                )
     try:
         value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
@@ -431,7 +440,7 @@ def parse_tool_calls(text: str, style: ParseStyle = "auto") -> list[ToolCall]:
             `MAX_CALLS` and `MAX_DEPTH`.
         ValueError: `style` is not one of the three styles (a programming error, not a model error).
 
-    Example:
+    Examples:
         >>> parse_tool_calls("<think>weather?</think>[get_weather(city='Paris', days=-1)]")
         [ToolCall(name='get_weather', arguments={'city': 'Paris', 'days': -1}, id='call_0')]
         >>> parse_tool_calls('<tool_call>{"name": "f", "arguments": {"a": [1, null]}}</tool_call>')
@@ -458,7 +467,9 @@ _TAG_RE = re.compile(r"<(?=/|think>|tool_call>)")
 
 def _check_identifier(name: str, what: str) -> None:
     if not (name.isidentifier() and not keyword.iskeyword(name) and unicodedata.normalize("NFKC", name) == name):
-        raise ValueError(f"{what} {name!r} is not a valid Python identifier, so it cannot be written in the python style")
+        raise ValueError(
+            f"{what} {name!r} is not a valid Python identifier, so it cannot be written in the python style"
+        )
 
 
 def _py_literal(v: Any) -> str:

@@ -7,7 +7,8 @@ used (as Gymnasium's ``register(entry_point=...)``), so that registering loads n
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["resolve_entry_point"]
 

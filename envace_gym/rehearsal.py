@@ -1,4 +1,4 @@
-"""The `Rehearser` interface: the policy's REHEARSE role seen from the environment (DESIGN.md §1).
+"""The `Rehearser` interface: the policy's REHEARSE role seen from the environment (docs/design.md §1).
 
 `envace_gym` holds no model code. A rehearser is anything with a ``tokenizer`` and a batched
 ``rehearse(requests) -> responses``; `agents.policy.PolicyRehearser` implements it with the shared policy
@@ -17,8 +17,9 @@ Two prompt modes:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from envace_gym.registry import resolve_entry_point
 from envace_gym.types import Message, ToolCall, ToolSpec

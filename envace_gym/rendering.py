@@ -2,16 +2,16 @@
 
 `ChatRenderer` wraps any Transformers tokenizer with a chat template (a ``PreTrainedTokenizer``-like
 object: ``apply_chat_template``, ``encode``, ``decode``, ``all_special_ids``, ``eos_token_id``). This module
-does not import `agents` or any model code (DESIGN.md §2); it takes the tokenizer as an argument.
+does not import `agents` or any model code (docs/design.md §2); it takes the tokenizer as an argument.
 
 Tool schemas reach the model in one of two ways:
 
 - the template supports ``tools`` (`supports_tools` is True, e.g. Qwen2.5/Qwen3): they are passed to
   ``apply_chat_template`` as OpenAI ``{"type": "function", "function": {...}}`` dicts;
-- the template ignores ``tools`` (e.g. SmolLM2-135M-Instruct, DESIGN.md §4): `hermes_system_prompt` is
+- the template ignores ``tools`` (e.g. SmolLM2-135M-Instruct, docs/design.md §4): `hermes_system_prompt` is
   merged into the first system message, or becomes a new first system message.
 
-Token in, token out (DESIGN.md §3): a rollout renders the prompt once (`ChatRenderer.prompt_ids`) and then
+Token in, token out (docs/design.md §3): a rollout renders the prompt once (`ChatRenderer.prompt_ids`) and then
 only appends ids: the generated ids of a segment, the template pieces between segments (`close_ids`,
 `open_ids`) and the content of new observation/user messages (`message_ids`). Never re-render decoded text.
 The pieces are derived from the template itself by rendering probe conversations around a sentinel
@@ -70,7 +70,9 @@ _PROBE_TOOL = ToolSpec(
 )
 
 
-def _apply(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
+def _apply(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+) -> str:
     text = tokenizer.apply_chat_template(
         messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
     )
@@ -142,7 +144,7 @@ class ChatRenderer:
     The per-role pieces (`open_ids`, `close_ids`) are computed lazily on first use and cached; a template
     that cannot render a role in the probe conversation makes those calls raise ``ValueError``.
 
-    Example:
+    Examples:
         >>> r = ChatRenderer(tok)  # doctest: +SKIP
         >>> ids = r.prompt_ids([Message("user", "hi")], tools)  # ends with <|im_start|>assistant\\n  # doctest: +SKIP
         >>> ids += generated + r.after_generation_ids(generated)  # close the ACT message  # doctest: +SKIP
@@ -190,7 +192,9 @@ class ChatRenderer:
             d["name"] = m.name
         return d
 
-    def render(self, messages: list[Message], tools: list[ToolSpec] | None = None, add_generation_prompt: bool = False) -> str:
+    def render(
+        self, messages: list[Message], tools: list[ToolSpec] | None = None, add_generation_prompt: bool = False
+    ) -> str:
         """The whole conversation as text, through the chat template.
 
         Args:
@@ -209,7 +213,9 @@ class ChatRenderer:
         tool_dicts = [t.to_openai() for t in tools] if tools and self.tools_supported else None
         return _apply(self.tokenizer, msgs, tool_dicts, add_generation_prompt)
 
-    def render_ids(self, messages: list[Message], tools: list[ToolSpec] | None = None, add_generation_prompt: bool = False) -> list[int]:
+    def render_ids(
+        self, messages: list[Message], tools: list[ToolSpec] | None = None, add_generation_prompt: bool = False
+    ) -> list[int]:
         """`render` tokenised in one go (no special tokens added: the template writes its own).
 
         Returns:
@@ -286,7 +292,7 @@ class ChatRenderer:
                     "(the message before it renders differently once it is added), so it cannot be used "
                     "token-in-token-out"
                 )
-            open_text = between[len(prev_close):]
+            open_text = between[len(prev_close) :]
         self._pieces[role] = (self._encode(open_text), self._encode(close_text))
         return self._pieces[role]
 

@@ -15,14 +15,22 @@ segments, in one batched model call per vector-env round).
 from __future__ import annotations
 
 import copy
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 from envace_gym.rehearsal import Rehearser
 from envace_gym.suites import ToolBackend
 from envace_gym.types import Task, ToolCall, Trajectory
 
-__all__ = ["ToolResponder", "RealBackend", "RecordedResponses", "ConstantResponse", "NULL_TOOL_OUTPUT", "Rehearsal",
-           "Responder"]
+__all__ = [
+    "ToolResponder",
+    "RealBackend",
+    "RecordedResponses",
+    "ConstantResponse",
+    "NULL_TOOL_OUTPUT",
+    "Rehearsal",
+    "Responder",
+]
 
 
 @runtime_checkable
@@ -81,7 +89,7 @@ class RealBackend:
             close()
 
     def respond(self, call: ToolCall) -> str:
-        """The backend's result; a backend that raises gives ``"Error during execution: ..."`` (DESIGN.md §3)."""
+        """The backend's result; a backend that raises gives ``"Error during execution: ..."`` (docs/design.md §3)."""
         if self._backend is None:
             return "Error during execution: no backend (the episode has not started)"
         try:

@@ -4,8 +4,8 @@ Gymnasium's default `Text` charset is alphanumeric only; tool calls need JSON pu
 and any printable Unicode a user or a tool may produce. `printable_text(...)` builds a `spaces.Text` whose
 charset is every printable character of the Basic Multilingual Plane plus ``\\n``, ``\\t`` and ``\\r``
 (about 50k characters, built once per process; each space is a shallow copy of one prototype, so its
-lookup tables are shared read-only and only its random generator is its own). `sanitize(text)` maps anything outside it to U+FFFD so that
-every observation the environments emit is inside their observation space.
+lookup tables are shared read-only and only its random generator is its own). `sanitize(text)` maps anything outside it
+to U+FFFD so that every observation the environments emit is inside their observation space.
 """
 
 from __future__ import annotations

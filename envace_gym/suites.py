@@ -1,6 +1,6 @@
 """The interface between the environments and a benchmark suite: tasks, users, tool backends, verifiers.
 
-`envace_gym` imports no benchmark (DESIGN.md §2: imports flow one way). Suites are discovered through the
+`envace_gym` imports no benchmark (docs/design.md §2: imports flow one way). Suites are discovered through the
 entry-point group ``envace_gym.suites`` (a package declares ``[project.entry-points."envace_gym.suites"]``
 ``name = "module:factory"`` in its ``pyproject.toml``; envace-gym itself declares ``bfcl``), resolved lazily
 the first time an environment asks for one, like a Gymnasium entry point; `register_suite` adds one at run
@@ -13,7 +13,7 @@ A suite provides:
 * `Suite.verify(trajectory, backend)`: the outcome reward and details, from the whole trajectory (its
   messages, with the parsed calls on the assistant messages) and the episode's real backend in its final
   state (None when the episode's tools were rehearsed). BFCL replays the ACT calls on fresh real backends
-  (DESIGN.md §3, "Rewards come from the task") and ignores the final state; a suite whose reward is the
+  (docs/design.md §3, "Rewards come from the task") and ignores the final state; a suite whose reward is the
   final state of a real world can read it instead.
 
 Optionally:
@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from envace_gym.registry import resolve_entry_point
 from envace_gym.types import Message, Task, ToolCall, Trajectory

@@ -1,7 +1,7 @@
 """Core types: tool specs, tool calls, chat messages, tasks, roles, segments and trajectories.
 
 Every type here is a plain dataclass with a JSON round trip (`to_dict` / `from_dict`) so trajectories can be
-written as JSON Lines and read back. Messages follow the OpenAI chat format (DESIGN.md §1, §3).
+written as JSON Lines and read back. Messages follow the OpenAI chat format (docs/design.md §1, §3).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ MessageRole = Literal["system", "user", "assistant", "tool"]
 
 
 class Role(enum.IntEnum):
-    """Who produced a token of a trajectory (DESIGN.md §3, "Role masks partition every sequence").
+    """Who produced a token of a trajectory (docs/design.md §3, "Role masks partition every sequence").
 
     The integer values are the ones stored in role masks (`role_mask (N, T) int64`).
 
@@ -99,7 +99,7 @@ class ToolSpec:
 
 @dataclass
 class ToolCall:
-    """A parsed tool call: a name plus literal arguments (never executable code; DESIGN.md §3).
+    """A parsed tool call: a name plus literal arguments (never executable code; docs/design.md §3).
 
     Attributes:
         name: the function name.
@@ -241,7 +241,9 @@ class Task:
             turns=[[Message.from_dict(m) for m in turn] for turn in d["turns"]],
             tools=[ToolSpec.from_openai(t) for t in d["tools"]],
             verifier=d["verifier"],
-            held_out_tools={int(k): [ToolSpec.from_openai(t) for t in v] for k, v in d.get("held_out_tools", {}).items()},
+            held_out_tools={
+                int(k): [ToolSpec.from_openai(t) for t in v] for k, v in d.get("held_out_tools", {}).items()
+            },
             metadata=d.get("metadata", {}),
         )
 
@@ -252,7 +254,7 @@ class Segment:
 
     Attributes:
         role: who produced the tokens.
-        token_ids: the ids, exactly as generated or consumed (token in, token out; DESIGN.md §3).
+        token_ids: the ids, exactly as generated or consumed (token in, token out; docs/design.md §3).
         logprobs: for generated segments (ACT, REHEARSE), the logprob of each token under the sampling
             policy at generation time, same length as `token_ids`; None for non-generated segments.
         text: the decoded text, for humans and for parsing; never re-tokenized for training.
@@ -280,7 +282,9 @@ class Segment:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Segment:
         """Inverse of `to_dict`."""
-        return cls(role=Role[d["role"]], token_ids=list(d["token_ids"]), logprobs=d.get("logprobs"), text=d.get("text", ""))
+        return cls(
+            role=Role[d["role"]], token_ids=list(d["token_ids"]), logprobs=d.get("logprobs"), text=d.get("text", "")
+        )
 
 
 @dataclass
@@ -313,9 +317,14 @@ class RehearsalRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RehearsalRecord:
         """Inverse of `to_dict`."""
-        return cls(call=dict(d.get("call") or {}), text=str(d.get("text", "")), token_ids=list(d["token_ids"]),
-                   logprobs=list(d["logprobs"]), prompt_ids=list(d["prompt_ids"]) if d.get("prompt_ids") is not None else None,
-                   stopped=bool(d.get("stopped", True)))
+        return cls(
+            call=dict(d.get("call") or {}),
+            text=str(d.get("text", "")),
+            token_ids=list(d["token_ids"]),
+            logprobs=list(d["logprobs"]),
+            prompt_ids=list(d["prompt_ids"]) if d.get("prompt_ids") is not None else None,
+            stopped=bool(d.get("stopped", True)),
+        )
 
 
 @dataclass
@@ -336,14 +345,22 @@ class TurnInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible dict."""
-        return {"turn": self.turn, "steps": self.steps, "empty_actions": self.empty_actions,
-                "rehearsals": [r.to_dict() for r in self.rehearsals]}
+        return {
+            "turn": self.turn,
+            "steps": self.steps,
+            "empty_actions": self.empty_actions,
+            "rehearsals": [r.to_dict() for r in self.rehearsals],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TurnInfo:
         """Inverse of `to_dict`."""
-        return cls(turn=int(d.get("turn", 0)), steps=int(d.get("steps", 0)), empty_actions=int(d.get("empty_actions", 0)),
-                   rehearsals=[RehearsalRecord.from_dict(r) for r in d.get("rehearsals", [])])
+        return cls(
+            turn=int(d.get("turn", 0)),
+            steps=int(d.get("steps", 0)),
+            empty_actions=int(d.get("empty_actions", 0)),
+            rehearsals=[RehearsalRecord.from_dict(r) for r in d.get("rehearsals", [])],
+        )
 
 
 @dataclass
@@ -388,8 +405,12 @@ class Trajectory:
         for m in self.messages:
             if m.role == "assistant":
                 turns[-1].append(m)
-            elif (m.role in ("user", "system") and previous is not None and previous.role == "assistant"
-                  and not previous.tool_calls):
+            elif (
+                m.role in ("user", "system")
+                and previous is not None
+                and previous.role == "assistant"
+                and not previous.tool_calls
+            ):
                 turns.append([])
             previous = m
         return turns
@@ -443,7 +464,7 @@ class GeneratedText(str):
 
     An agent passes its ACT message to `env.step` as a `GeneratedText` so that token-level environments
     record exactly the generated ids and their sampling logprobs instead of re-tokenising the text
-    (DESIGN.md §3). To every text-level consumer it is a plain string.
+    (docs/design.md §3). To every text-level consumer it is a plain string.
 
     Attributes:
         token_ids: the generated ids `(C,)`, including the end-of-message token if generation stopped on it.
@@ -455,7 +476,9 @@ class GeneratedText(str):
     logprobs: list[float] | None
     stopped: bool
 
-    def __new__(cls, text: str, token_ids: list[int], logprobs: list[float] | None = None, stopped: bool = True) -> GeneratedText:
+    def __new__(
+        cls, text: str, token_ids: list[int], logprobs: list[float] | None = None, stopped: bool = True
+    ) -> GeneratedText:
         obj = super().__new__(cls, text)
         if logprobs is not None and len(logprobs) != len(token_ids):
             raise ValueError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs; they must match")

@@ -26,7 +26,9 @@ def smol_tokenizer():
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    """A tiny random Llama-style model (2 layers, hidden 64, SmolLM2 vocab, seed 0, fp32, eval). Shared: do not train it in place."""
+    """A tiny random Llama-style model (2 layers, hidden 64, SmolLM2 vocab, seed 0, fp32, eval).
+
+    Shared: do not train it in place."""
     from agents.models import tiny_random_model
 
     return tiny_random_model("llama", seed=0)

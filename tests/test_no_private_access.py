@@ -13,12 +13,12 @@ ALLOWED = {
     "_exit": "os._exit ends a forked child without running the parent's exit handlers",
     "_version": "torch.Tensor._version, the in-place update counter the prefix KV cache fingerprints",
     "_forward_hooks": "torch.nn.Module's hook registry; no public call tells whether a module is hooked, and the "
-                      "lean decode step must not skip somebody's hook (it runs the model's own forward then)",
+    "lean decode step must not skip somebody's hook (it runs the model's own forward then)",
     "_forward_pre_hooks": "the same registry, for pre-forward hooks",
     "_last_lr": "torch LR schedulers keep the current rate there; restored with the scheduler state",
     "_load_scenario": "bfcl-eval's classes take a task's initial state only there (its own harness calls it)",
     "_generate_single_turn": "TRL 1.16's GRPOTrainer generates (vLLM or Transformers) only there; the TRL adapter "
-                             "needs TRL's own engine for every ACT message (TRL is pinned)",
+    "needs TRL's own engine for every ACT message (TRL is pinned)",
 }
 
 
@@ -64,7 +64,10 @@ def test_the_check_finds_a_private_access(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f(env):\n    return env._turn\n")
     good = tmp_path / "good.py"
-    good.write_text("class A:\n    def __init__(self):\n        self._n = 0\n\n    def same(self, other):\n        return other._n\n")
+    good.write_text(
+        "class A:\n    def __init__(self):\n        self._n = 0\n\n"
+        "    def same(self, other):\n        return other._n\n"
+    )
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:

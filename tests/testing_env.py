@@ -140,8 +140,14 @@ class SimulatedUserSuite(ScriptedSuite):
     Registered as suite ``"scripted-user"``."""
 
     name = "scripted-user"
-    TASK = Task(id="user_0", suite="scripted-user", turns=[[Message("user", "Add 1 to the total.")]],
-                tools=[ADD, ECHO], verifier="scripted.user", metadata={"start": 0, "rounds": 3})
+    TASK = Task(
+        id="user_0",
+        suite="scripted-user",
+        turns=[[Message("user", "Add 1 to the total.")]],
+        tools=[ADD, ECHO],
+        verifier="scripted.user",
+        metadata={"start": 0, "rounds": 3},
+    )
 
     def tasks(self, categories=None, split="train"):
         return [self.TASK]

@@ -26,7 +26,8 @@ import json
 import re
 import string
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 from gymnasium.utils import RecordConstructorArgs
@@ -35,8 +36,16 @@ from envace_gym.responders import Rehearsal
 from envace_gym.suites import ToolBackend
 from envace_gym.types import Task, ToolCall
 
-__all__ = ["RehearsalFidelity", "exact_match", "json_structure_match", "token_f1", "fidelity_metrics",
-           "is_error_output", "fidelity_summary", "METRICS"]
+__all__ = [
+    "RehearsalFidelity",
+    "exact_match",
+    "json_structure_match",
+    "token_f1",
+    "fidelity_metrics",
+    "is_error_output",
+    "fidelity_summary",
+    "METRICS",
+]
 
 _PUNCT = re.compile("[" + re.escape(string.punctuation) + "]")
 _ARTICLES = {"a", "an", "the"}
@@ -85,7 +94,7 @@ def _tokens(text: str) -> list[str]:
 def token_f1(rehearsed: str, real: str) -> float:
     """SQuAD-style token F1 in [0, 1] (module docstring).
 
-    Example:
+    Examples:
         >>> token_f1('{"total": 3}', '{"total": 5}')
         0.5
         >>> token_f1("The file a.txt", "file a txt")
@@ -148,16 +157,19 @@ def fidelity_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """
     errors = [r for r in records if is_error_output(r["real"])]
     ordinary = [r for r in records if not is_error_output(r["real"])]
-    return {"num_calls": len(records), **_means(records),
-            "error": {"num_calls": len(errors), **_means(errors)},
-            "ordinary": {"num_calls": len(ordinary), **_means(ordinary)}}
+    return {
+        "num_calls": len(records),
+        **_means(records),
+        "error": {"num_calls": len(errors), **_means(errors)},
+        "ordinary": {"num_calls": len(ordinary), **_means(ordinary)},
+    }
 
 
 class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
     """Record how close each rehearsed tool response is to the real backend's response to the same call.
 
-    The wrapped env is a token-level `ToolUseEnv` that rehearses (``EnvACE-Rehearse-v0``, no `RealTools`). At every `reset` the
-    wrapper builds its own *shadow* backend with `backend_factory` (default: the suite's real backend, in
+    The wrapped env is a token-level `ToolUseEnv` that rehearses (``EnvACE-Rehearse-v0``, no `RealTools`). At every
+    `reset` the wrapper builds its own *shadow* backend with `backend_factory` (default: the suite's real backend, in
     the task's initial state), isolated from everything else. After each step it executes every call the
     step rehearsed (``info["rehearsals"]``, in order) on the shadow backend, so the shadow follows the
     rehearsed trajectory's calls, and compares the two responses (`fidelity_metrics`). The rehearsed
@@ -176,7 +188,7 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
 
     ``self.episode_calls`` holds every record of the current episode.
 
-    Example:
+    Examples:
         >>> import gymnasium as gym, envace_gym  # doctest: +SKIP
         >>> env = RehearsalFidelity(gym.make("EnvACE-Rehearse-v0", model="tiny-random"))  # doctest: +SKIP
         >>> _ = env.reset(seed=0)  # doctest: +SKIP
@@ -201,8 +213,10 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
         if not getattr(base, "keeps_tokens", False):
             raise TypeError(f"RehearsalFidelity wraps a token-level ToolUseEnv, got {type(base).__name__}")
         if not isinstance(base.upcoming_responder, Rehearsal):
-            raise TypeError("RehearsalFidelity needs a rehearsing env; this one answers with a real backend (RealTools, "
-                            "or EnvACE-Tool-v0's default)")
+            raise TypeError(
+                "RehearsalFidelity needs a rehearsing env; this one answers with a real backend (RealTools, "
+                "or EnvACE-Tool-v0's default)"
+            )
         if backend_factory is not None and not callable(backend_factory):
             raise TypeError(f"backend_factory must be callable (Task -> ToolBackend), got {backend_factory!r}")
         self.backend_factory = backend_factory or base.suite.make_backend
@@ -232,7 +246,7 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
             call = ToolCall.from_openai(reh.call)
             try:
                 real = str(self.shadow.execute(call))
-            except Exception as err:  # a backend must not crash the env (DESIGN.md §3)
+            except Exception as err:  # a backend must not crash the env (docs/design.md §3)
                 real = f"Error during execution: {type(err).__name__}: {err}"
             record = {
                 "task_id": task.id,

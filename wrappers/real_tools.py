@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 from gymnasium.utils import RecordConstructorArgs
@@ -25,7 +26,7 @@ class RealTools(gym.Wrapper, RecordConstructorArgs):
     fresh `RealBackend` of `backend_factory`. The swap (``env.unwrapped.set_responder(RealBackend(backend_factory))``,
     `envace_gym.responders`) takes effect at the next `reset`.
 
-    Example:
+    Examples:
         >>> import gymnasium as gym, envace_gym  # doctest: +SKIP
         >>> env = RealTools(gym.make("EnvACE-Rehearse-v0"))  # doctest: +SKIP
 
@@ -43,8 +44,12 @@ class RealTools(gym.Wrapper, RecordConstructorArgs):
         * v0.1.0: initial version.
     """
 
-    def __init__(self, env: gym.Env, backend_factory: Callable[[Task], ToolBackend] | None = None,
-                 backend: ToolBackend | None = None) -> None:
+    def __init__(
+        self,
+        env: gym.Env,
+        backend_factory: Callable[[Task], ToolBackend] | None = None,
+        backend: ToolBackend | None = None,
+    ) -> None:
         RecordConstructorArgs.__init__(self, backend_factory=backend_factory, backend=backend)
         gym.Wrapper.__init__(self, env)
         base = env.unwrapped
@@ -54,7 +59,9 @@ class RealTools(gym.Wrapper, RecordConstructorArgs):
             if backend_factory is not None:
                 raise TypeError("give backend_factory or backend, not both")
             # a backend that can open a fresh session per episode (MCPBackend.for_task) keeps episodes apart
-            backend_factory = backend.for_task if callable(getattr(backend, "for_task", None)) else (lambda task: backend)
+            backend_factory = (
+                backend.for_task if callable(getattr(backend, "for_task", None)) else (lambda task: backend)
+            )
         if backend_factory is not None and not callable(backend_factory):
             raise TypeError(f"backend_factory must be callable (Task -> ToolBackend), got {backend_factory!r}")
         base.set_responder(RealBackend(backend_factory))

@@ -1,4 +1,4 @@
-"""`TestTimeRehearsal`: rehearse privately N times, keep a bounded memory, then act for real (DESIGN.md §1).
+"""`TestTimeRehearsal`: rehearse privately N times, keep a bounded memory, then act for real (docs/design.md §1).
 
 Why per user turn, not per episode: the committed context differs at every user turn (new request, real
 observations of the earlier turns), so a memory written before the first turn says nothing useful about
@@ -23,7 +23,8 @@ TEMPLATE (no loss: it is context, not an action). The message is also appended t
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -64,7 +65,7 @@ _TRANSCRIPT_CHARS = 400  # per message, in transcripts shown to the critic and s
 class _InlineRehearser:
     """The `envace_gym.rehearsal.Rehearser` interface (inline mode) over a policy's ``generate``/``decode``.
 
-    `wrappers` does not import `agents` (DESIGN.md §2), so this adapter duck-types the policy: it continues
+    `wrappers` does not import `agents` (docs/design.md §2), so this adapter duck-types the policy: it continues
     each request's ``context_ids`` up to an end-of-message id, like `agents.policy.PolicyRehearser`.
     """
 
@@ -81,8 +82,12 @@ class _InlineRehearser:
             raise ValueError("inline rehearsal needs the request's context_ids")
         out: list[RehearseResponse | None] = [None] * len(requests)
         for (max_new, temperature), idx in requests_by_setting(requests).items():
-            gens = self.policy.generate([list(requests[i].context_ids) for i in idx], max_new_tokens=max_new,
-                                        temperature=temperature, seeds=[requests[i].seed for i in idx])
+            gens = self.policy.generate(
+                [list(requests[i].context_ids) for i in idx],
+                max_new_tokens=max_new,
+                temperature=temperature,
+                seeds=[requests[i].seed for i in idx],
+            )
             for i, g in zip(idx, gens):
                 out[i] = RehearseResponse(self.policy.decode(g.token_ids), g.token_ids, g.logprobs, None, g.stopped)
         assert all(o is not None for o in out), "the engine answered fewer rows than it was given"
@@ -102,9 +107,9 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
 
     Rehearse copies: ``env.unwrapped.fork(responder=Rehearsal(...), seed=...)`` (`ToolUseEnv.fork`: its own
     episode state and random generator), so every tool call in an attempt is answered by the REHEARSE role
-    of ``rehearser_policy`` (or of ``policy``) and the real backend is never reached. An attempt ACTs (``policy``, ``attempt_temperature``)
-    until its turn ends, its episode ends or ``attempt_max_steps`` ACT steps. ``parallel``: the n attempts
-    start from the same committed context, and their ACT steps are batched in one generate call.
+    of ``rehearser_policy`` (or of ``policy``) and the real backend is never reached. An attempt ACTs (``policy``,
+    ``attempt_temperature``) until its turn ends, its episode ends or ``attempt_max_steps`` ACT steps. ``parallel``: the
+    n attempts start from the same committed context, and their ACT steps are batched in one generate call.
     ``sequential``: attempt k starts from the committed context plus a user message listing attempts
     1..k-1 with their critiques. Critiques and the summary are generated from short prompts (the user
     request and the attempt transcripts, each message cut to 400 characters), not from the full context
@@ -123,7 +128,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
     * ``context_tokens_before``, ``context_tokens_after``: length of the committed sequence around the insertion.
     * ``generated_tokens``: all tokens generated for this turn's rehearsal (ACT, REHEARSE, critiques, summary).
 
-    Example:
+    Examples:
         >>> from agents.policy import load_policy  # doctest: +SKIP
         >>> env = TestTimeRehearsal(RealTools(gym.make("EnvACE-Rehearse-v0", model="tiny-random")),  # doctest: +SKIP
         ...                         load_policy("tiny-random"), n=2, mode="parallel")
@@ -177,14 +182,23 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         seed: int | None = None,
     ) -> None:
         RecordConstructorArgs.__init__(
-            self, n=n, mode=mode, memory_tokens=memory_tokens, attempt_max_steps=attempt_max_steps,
-            max_new_tokens=max_new_tokens, critique_tokens=critique_tokens,
-            attempt_temperature=attempt_temperature, seed=seed,
+            self,
+            n=n,
+            mode=mode,
+            memory_tokens=memory_tokens,
+            attempt_max_steps=attempt_max_steps,
+            max_new_tokens=max_new_tokens,
+            critique_tokens=critique_tokens,
+            attempt_temperature=attempt_temperature,
+            seed=seed,
         )
         gym.Wrapper.__init__(self, env)
         base = env.unwrapped
         if not getattr(base, "keeps_tokens", False):
-            raise TypeError(f"TestTimeRehearsal wraps a token-level ToolUseEnv (EnvACE-Tool-v0 or -Rehearse-v0), got {type(base).__name__}")
+            raise TypeError(
+                "TestTimeRehearsal wraps a token-level ToolUseEnv (EnvACE-Tool-v0 or -Rehearse-v0), got "
+                f"{type(base).__name__}"
+            )
         if not hasattr(policy, "act"):
             raise TypeError(f"policy must be an agents.policy.Policy, got {type(policy).__name__}")
         if not isinstance(n, int) or n < 0:
@@ -194,7 +208,9 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         if not isinstance(attempt_max_steps, int) or attempt_max_steps < 1:
             raise ValueError(f"attempt_max_steps must be an int >= 1, got {attempt_max_steps!r}")
         if critique_tokens < 1 or (max_new_tokens is not None and max_new_tokens < 1):
-            raise ValueError(f"critique_tokens and max_new_tokens must be >= 1, got {critique_tokens!r}, {max_new_tokens!r}")
+            raise ValueError(
+                f"critique_tokens and max_new_tokens must be >= 1, got {critique_tokens!r}, {max_new_tokens!r}"
+            )
         if attempt_temperature < 0:
             raise ValueError(f"attempt_temperature must be >= 0, got {attempt_temperature!r}")
         if len(policy.tokenizer) != len(base.renderer.tokenizer):
@@ -204,7 +220,9 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             )
         header_len = len(base.renderer.content_ids(MEMORY_HEADER.format(n=n)))
         if memory_tokens <= header_len:
-            raise ValueError(f"memory_tokens must exceed the memory header's {header_len} tokens, got {memory_tokens!r}")
+            raise ValueError(
+                f"memory_tokens must exceed the memory header's {header_len} tokens, got {memory_tokens!r}"
+            )
         self.policy = policy
         self.n = n
         self.mode: Mode = mode
@@ -275,8 +293,9 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         header = MEMORY_HEADER.format(n=self.n)
         header_ids = base.renderer.content_ids(header)
         prompt = self._prompt(SUMMARY_USER.format(request=request, attempts=self._digest(attempts, texts)))
-        (gen,) = self.policy.generate([prompt], max_new_tokens=self.memory_tokens - len(header_ids),
-                                      temperature=0.0, seeds=[self._seed()])
+        (gen,) = self.policy.generate(
+            [prompt], max_new_tokens=self.memory_tokens - len(header_ids), temperature=0.0, seeds=[self._seed()]
+        )
         summary_ids = [t for t in gen.token_ids if t not in self.policy.stop_ids]
         summary = self.policy.decode(summary_ids)
         content_ids = header_ids + summary_ids
@@ -294,7 +313,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             "context_tokens_before": before,
             "context_tokens_after": len(base.trajectory.token_ids),
             "generated_tokens": sum(a["act_tokens"] + a["rehearse_tokens"] for a in attempts)
-            + sum(k for _, k in critiques) + len(gen.token_ids),
+            + sum(k for _, k in critiques)
+            + len(gen.token_ids),
         }
         self.last_rehearsal = record
         return record
@@ -320,8 +340,12 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         for _ in range(self.attempt_max_steps):
             if not active:
                 break
-            actions = self.policy.act([forks[i].trajectory.token_ids for i in active], max_new_tokens=max_new,
-                                      temperature=self.attempt_temperature, seeds=[self._seed() for _ in active])
+            actions = self.policy.act(
+                [forks[i].trajectory.token_ids for i in active],
+                max_new_tokens=max_new,
+                temperature=self.attempt_temperature,
+                seeds=[self._seed() for _ in active],
+            )
             still = []
             for i, action in zip(active, actions):
                 _, _, terminated, truncated, info = forks[i].step(action)
@@ -340,23 +364,33 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         base = self.env.unwrapped
         for fork, (m0, _), s, t0 in zip(forks, starts, stats, start_tokens):
             rehearsed = sum(len(seg.token_ids) for seg in fork.trajectory.segments if seg.role == Role.REHEARSE)
-            rehearsed += sum(len(r.token_ids) for r in fork.rehearsal_rows[len(base.rehearsal_rows):])
+            rehearsed += sum(len(r.token_ids) for r in fork.rehearsal_rows[len(base.rehearsal_rows) :])
             msgs = fork.trajectory.messages[m0:]
             if s["ended"] == "turn":  # drop the next turn's opening user message(s): not part of the attempt
                 last_assistant = max(i for i, m in enumerate(msgs) if m.role == "assistant")
                 msgs = msgs[: last_assistant + 1]
             base_rehearsed = sum(len(seg.token_ids) for seg in base.trajectory.segments if seg.role == Role.REHEARSE)
-            out.append({"messages": [m.to_dict() for m in msgs], **s, "rehearse_tokens": rehearsed - base_rehearsed,
-                        "start_tokens": t0})
+            out.append(
+                {
+                    "messages": [m.to_dict() for m in msgs],
+                    **s,
+                    "rehearse_tokens": rehearsed - base_rehearsed,
+                    "start_tokens": t0,
+                }
+            )
         return out
 
     def _critique(self, request: str, attempts: list[dict[str, Any]]) -> list[tuple[str, int]]:
         """One critique per attempt, generated in one batch; returns (text, generated token count) pairs."""
         if not attempts:
             return []
-        prompts = [self._prompt(CRITIC_USER.format(request=request, attempt=self._transcript(a)), CRITIC_SYSTEM) for a in attempts]
-        gens = self.policy.generate(prompts, max_new_tokens=self.critique_tokens, temperature=0.0,
-                                    seeds=[self._seed() for _ in attempts])
+        prompts = [
+            self._prompt(CRITIC_USER.format(request=request, attempt=self._transcript(a)), CRITIC_SYSTEM)
+            for a in attempts
+        ]
+        gens = self.policy.generate(
+            prompts, max_new_tokens=self.critique_tokens, temperature=0.0, seeds=[self._seed() for _ in attempts]
+        )
         return [(self.policy.decode(g.token_ids).strip(), len(g.token_ids)) for g in gens]
 
     def _prompt(self, user: str, system: str | None = None) -> list[int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 __all__ = ["bfcl_data_dir"]
@@ -20,7 +20,7 @@ __all__ = ["bfcl_data_dir"]
 os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path.home() / ".cache" / "envace_gym" / "bfcl"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def bfcl_data_dir() -> Path:
     """The ``data/`` folder of the installed bfcl-eval package (found without importing it).
 
@@ -29,5 +29,5 @@ def bfcl_data_dir() -> Path:
     """
     spec = importlib.util.find_spec("bfcl_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("bfcl-eval is not installed; install bfcl-eval==2026.3.23 with --no-deps (DESIGN.md §4)")
+        raise ImportError("bfcl-eval is not installed; install bfcl-eval==2026.3.23 with --no-deps (docs/design.md §4)")
     return Path(list(spec.submodule_search_locations)[0]) / "data"

@@ -1,7 +1,7 @@
 """Real BFCL multi-turn tool backends, one fresh set of instances per rollout.
 
 bfcl-eval's own executor (``multi_turn_utils.py: execute_multi_turn_func_call``) caches instances in module
-globals by test id and runs ``eval`` on model text; it is never called here (DESIGN.md §3). Instead:
+globals by test id and runs ``eval`` on model text; it is never called here (docs/design.md §3). Instead:
 
 * the classes are imported from ``bfcl_eval.eval_checker.multi_turn_eval.func_source_code`` through the
   class-name -> module map bfcl-eval itself uses (``constants/executable_backend_config.py:
@@ -31,13 +31,12 @@ import inspect
 import json
 import math
 import random
-from functools import lru_cache
-from typing import Any, Callable, Mapping, Sequence
-
-from envace_gym.limits import DEFAULT_LIMITS, CallIsolationError, CallLimitExceeded, CallLimits, run_limited
-from envace_gym.types import ToolCall
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from benchmarks.bfcl._env import bfcl_data_dir  # sets BFCL_PROJECT_ROOT first
+from envace_gym.limits import DEFAULT_LIMITS, CallIsolationError, CallLimitExceeded, CallLimits, run_limited
+from envace_gym.types import ToolCall
 
 __all__ = [
     "BFCLBackend",
@@ -51,13 +50,17 @@ __all__ = [
 _EXEC_CONFIG = "bfcl_eval.constants.executable_backend_config"
 
 
-@lru_cache(maxsize=None)
+@functools.cache
 def _backend_config() -> tuple[dict[str, str], dict[str, str], frozenset[str]]:
     cfg = importlib.import_module(_EXEC_CONFIG)
-    return dict(cfg.CLASS_FILE_PATH_MAPPING), dict(cfg.MULTI_TURN_FUNC_DOC_FILE_MAPPING), frozenset(cfg.STATELESS_CLASSES)
+    return (
+        dict(cfg.CLASS_FILE_PATH_MAPPING),
+        dict(cfg.MULTI_TURN_FUNC_DOC_FILE_MAPPING),
+        frozenset(cfg.STATELESS_CLASSES),
+    )
 
 
-@lru_cache(maxsize=None)
+@functools.cache
 def _backend_class(class_name: str) -> type:
     modules, _, _ = _backend_config()
     if class_name not in modules:
@@ -65,7 +68,7 @@ def _backend_class(class_name: str) -> type:
     return getattr(importlib.import_module(modules[class_name]), class_name)
 
 
-@lru_cache(maxsize=None)
+@functools.cache
 def class_function_docs(class_name: str) -> tuple[dict[str, Any], ...]:
     """The BFCL function docs of one backend class, from ``data/multi_turn_func_doc/`` (JSON Lines).
 
@@ -140,8 +143,9 @@ def canonical_state(obj: Any) -> Any:
     by ``repr``, ``random.Random`` by its ``getstate()``, other objects by class name and all their
     attributes (private ones included: ``GorillaFileSystem._current_dir`` is real state). A mutable
     container or object met a second time is written as a reference to its first visit, which also breaks
-    cycles (``Directory.parent``); tuples are immutable, so their aliasing is not recorded. Private ``datetime`` attributes are left out: ``File._last_modified`` is set
-    from the wall clock, so two identical backends built a millisecond apart would otherwise differ.
+    cycles (``Directory.parent``); tuples are immutable, so their aliasing is not recorded. Private ``datetime``
+    attributes are left out: ``File._last_modified`` is set from the wall clock, so two identical backends built a
+    millisecond apart would otherwise differ.
     """
     memo: dict[int, int] = {}
 
@@ -225,8 +229,13 @@ class BFCLBackend:
         ValueError: an unknown class name.
     """
 
-    def __init__(self, involved_classes: Sequence[str], initial_config: Mapping[str, Any] | None = None,
-                 long_context: bool = False, limits: CallLimits = DEFAULT_LIMITS):
+    def __init__(
+        self,
+        involved_classes: Sequence[str],
+        initial_config: Mapping[str, Any] | None = None,
+        long_context: bool = False,
+        limits: CallLimits = DEFAULT_LIMITS,
+    ):
         _, _, stateless = _backend_config()
         self.limits = limits
         initial_config = initial_config or {}
@@ -294,11 +303,12 @@ class BFCLBackend:
             # the `tags`/`mentions` lists and `mention` later extends them), which would otherwise alias the
             # caller's ToolCall and corrupt a later replay of the same calls (e.g. by the verifier).
             method, kwargs = self._methods[name][1], copy.deepcopy(args)
-            return run_limited(functools.partial(_call_to_str, method, kwargs), self.limits,
-                               state=list(self.instances.values()))
+            return run_limited(
+                functools.partial(_call_to_str, method, kwargs), self.limits, state=list(self.instances.values())
+            )
         except CallIsolationError:  # the isolation machinery failed, not the call: a setup error to fix
             raise
-        except Exception as e:  # any failure of the call is an observation, never a crash (DESIGN.md §3)
+        except Exception as e:  # any failure of the call is an observation, never a crash (docs/design.md §3)
             return f"Error during execution: {e}"
 
     def snapshot(self) -> bytes:

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import lru_cache
+from functools import cache
 from typing import Any
-
-from envace_gym.types import Message, Task
 
 from benchmarks.bfcl._env import bfcl_data_dir
 from benchmarks.bfcl.backend import class_function_docs
 from benchmarks.bfcl.schema import build_tool_name_map, function_doc_to_tool_spec
+from envace_gym.types import Message, Task
 
 __all__ = [
     "MULTI_TURN_CATEGORIES",
@@ -143,7 +142,7 @@ def _single_turn_task(entry: dict[str, Any], answer: dict[str, Any] | None, cate
     )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_category_cached(category: str) -> tuple[Task, ...]:
     data = bfcl_data_dir()
     entries = _read_jsonl(data / f"BFCL_v4_{category}.json")

@@ -36,7 +36,8 @@ restores the dotted name before the AST check (`from_tool_name`).
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from envace_gym.types import ToolSpec
 
@@ -105,7 +106,9 @@ def to_json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
         A new dict with ``type`` translated per the module table, ``items`` and ``properties`` translated
         recursively, a non-list ``required`` dropped, and other keys kept.
     """
-    out: dict[str, Any] = {k: copy.deepcopy(v) for k, v in schema.items() if k not in ("items", "properties", "response")}
+    out: dict[str, Any] = {
+        k: copy.deepcopy(v) for k, v in schema.items() if k not in ("items", "properties", "response")
+    }
     bfcl_type = schema.get("type")
     out["type"] = json_schema_type(bfcl_type)
     if bfcl_type == "float":
@@ -133,7 +136,9 @@ def function_doc_to_tool_spec(doc: Mapping[str, Any], hint: str = PYTHON_HINT) -
     schema = to_json_schema(params)
     schema["type"] = "object"
     schema.setdefault("properties", {})
-    return ToolSpec(name=to_tool_name(doc["name"]), description=str(doc.get("description", "")) + hint, parameters=schema)
+    return ToolSpec(
+        name=to_tool_name(doc["name"]), description=str(doc.get("description", "")) + hint, parameters=schema
+    )
 
 
 def to_tool_name(bfcl_name: str) -> str:

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from envace_gym.limits import DEFAULT_LIMITS, CallLimits
-from envace_gym.suites import ToolBackend, VerifierResult
-from envace_gym.types import Task, ToolCall, Trajectory
+from collections.abc import Sequence
 
 from benchmarks.bfcl import data
 from benchmarks.bfcl.backend import SingleTurnBackend
@@ -17,6 +13,9 @@ from benchmarks.bfcl.verify import (
     verify_multi_turn,
     verify_single_turn,
 )
+from envace_gym.limits import DEFAULT_LIMITS, CallLimits
+from envace_gym.suites import ToolBackend, VerifierResult
+from envace_gym.types import Task, ToolCall, Trajectory
 
 __all__ = ["BFCLSuite"]
 
@@ -106,7 +105,9 @@ class BFCLSuite:
             return make_multi_turn_backend(task, self.call_limits)
         if task.verifier == "bfcl.ast":
             return SingleTurnBackend(task.id)
-        raise ValueError(f"task {task.id!r} has verifier {task.verifier!r}; BFCLSuite handles bfcl.multi_turn and bfcl.ast")
+        raise ValueError(
+            f"task {task.id!r} has verifier {task.verifier!r}; BFCLSuite handles bfcl.multi_turn and bfcl.ast"
+        )
 
     def ground_truth(self, task: Task) -> list[list[ToolCall]] | None:
         """A reference solution: the ground-truth calls of each user turn, ``(turns, calls)``.
@@ -150,4 +151,6 @@ class BFCLSuite:
             return verify_multi_turn(task, calls_per_turn, self.call_limits)
         if task.verifier == "bfcl.ast":
             return verify_single_turn(task, calls_per_turn)
-        raise ValueError(f"task {task.id!r} has verifier {task.verifier!r}; BFCLSuite handles bfcl.multi_turn and bfcl.ast")
+        raise ValueError(
+            f"task {task.id!r} has verifier {task.verifier!r}; BFCLSuite handles bfcl.multi_turn and bfcl.ast"
+        )

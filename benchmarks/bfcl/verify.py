@@ -36,17 +36,17 @@ from __future__ import annotations
 import dataclasses
 import sys
 import types
-from functools import lru_cache
-from typing import Any, Callable, Mapping, Sequence
-
-from envace_gym.limits import DEFAULT_LIMITS, CallLimits
-from envace_gym.suites import VerifierResult
-from envace_gym.types import Task, ToolCall
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any
 
 from benchmarks.bfcl import _env  # noqa: F401  (sets BFCL_PROJECT_ROOT before any bfcl_eval import)
 from benchmarks.bfcl.backend import BFCLBackend, parse_call_string
 from benchmarks.bfcl.data import IRRELEVANCE_CATEGORIES
 from benchmarks.bfcl.schema import from_tool_name
+from envace_gym.limits import DEFAULT_LIMITS, CallLimits
+from envace_gym.suites import VerifierResult
+from envace_gym.types import Task, ToolCall
 
 __all__ = [
     "CHECKER_MODEL_NAME",
@@ -72,7 +72,7 @@ class _StandInMapping(dict):
     """``MODEL_CONFIG_MAPPING`` stand-in: knows only `CHECKER_MODEL_NAME`."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _ast_checker() -> tuple[Callable[..., dict], Any]:
     """Import BFCL's ``ast_checker`` and ``Language`` without the vendor SDKs (see the module docstring)."""
     key = CHECKER_MODEL_NAME.replace("_", "/")  # convert_func_name looks names up this way
@@ -105,8 +105,9 @@ def _multi_turn_checkers() -> tuple[Callable[..., dict], Callable[..., dict]]:
 def make_multi_turn_backend(task: Task, limits: CallLimits = DEFAULT_LIMITS) -> BFCLBackend:
     """A fresh `BFCLBackend` in `task`'s initial state (``long_context`` honoured), its calls under `limits`."""
     md = task.metadata
-    return BFCLBackend(md["involved_classes"], md.get("initial_config") or {}, long_context=bool(md.get("long_context")),
-                       limits=limits)
+    return BFCLBackend(
+        md["involved_classes"], md.get("initial_config") or {}, long_context=bool(md.get("long_context")), limits=limits
+    )
 
 
 def ground_truth_tool_calls(task: Task, backend: BFCLBackend | None = None) -> list[list[ToolCall]]:
@@ -163,7 +164,7 @@ def single_turn_ground_truth_calls(task: Task) -> list[ToolCall]:
     inverse = {v: k for k, v in task.metadata.get("tool_name_map", {}).items()}
     calls = []
     for item in gt:
-        (name, params), = item.items()
+        ((name, params),) = item.items()
         args = {}
         for p, alts in params.items():
             present, chosen = _first_alternative(alts)
@@ -177,8 +178,9 @@ def _nonempty_steps(turn: Sequence[Sequence[ToolCall]]) -> list[list[ToolCall]]:
     return [list(step) for step in turn if step]
 
 
-def verify_multi_turn(task: Task, calls_per_turn: Sequence[Sequence[Sequence[ToolCall]]],
-                      limits: CallLimits = DEFAULT_LIMITS) -> VerifierResult:
+def verify_multi_turn(
+    task: Task, calls_per_turn: Sequence[Sequence[Sequence[ToolCall]]], limits: CallLimits = DEFAULT_LIMITS
+) -> VerifierResult:
     """Score a multi-turn trajectory by replay (module docstring, steps 1-4).
 
     Args:
@@ -283,8 +285,10 @@ def verify_single_turn(task: Task, calls_per_turn: Sequence[Sequence[Sequence[To
     if category in IRRELEVANCE_CATEGORIES:
         valid = len(answer) == 0
         if not valid:
-            details.update(error=["Valid syntax. Successfully decode AST when it should not."],
-                           error_type="irrelevance_error:decoder_success")
+            details.update(
+                error=["Valid syntax. Successfully decode AST when it should not."],
+                error_type="irrelevance_error:decoder_success",
+            )
     else:
         ast_checker, python = _ast_checker()
         model_output = []
@@ -292,7 +296,14 @@ def verify_single_turn(task: Task, calls_per_turn: Sequence[Sequence[Sequence[To
             args = call.arguments if isinstance(call.arguments, dict) else {}
             model_output.append({from_tool_name(str(call.name), name_map): dict(args)})
         try:
-            result = ast_checker(task.metadata["functions"], model_output, task.metadata["ground_truth"], python, category, CHECKER_MODEL_NAME)
+            result = ast_checker(
+                task.metadata["functions"],
+                model_output,
+                task.metadata["ground_truth"],
+                python,
+                category,
+                CHECKER_MODEL_NAME,
+            )
         except Exception as e:  # BFCL's checker assumes well-shaped values
             result = {"valid": False, "error": [f"{type(e).__name__}: {e}"], "error_type": "ast_checker:exception"}
         valid = bool(result["valid"])

@@ -33,7 +33,8 @@ Terminated by a closing action; truncated after ``max_steps`` tool calls.
 ``verifier`` (the suite's details). The attribute ``real_calls`` counts every call since the env was made.
 
 ## Arguments
-* ``suite`` (str): a registered stated-rules lab suite (``"lab-stated"``, the default, or a `LabConfig(rules="stated")` variant).
+* ``suite`` (str): a registered stated-rules lab suite (``"lab-stated"``, the default, or a
+  `LabConfig(rules="stated")` variant).
 * ``categories``, ``split``: as `LabSuite.tasks`.
 * ``max_steps`` (int): tool calls per episode; default 8 (``full_job`` needs 6).
 * ``max_boxes`` (int): the highest box label an action can name; default 3.
@@ -45,17 +46,17 @@ Terminated by a closing action; truncated after ``max_steps`` tool calls.
 from __future__ import annotations
 
 import string
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from envace_gym.suites import make_suite
-from envace_gym.types import Task, ToolCall
-
 from benchmarks.lab.tasks import CATEGORIES, ITEMS
 from benchmarks.lab.world import DOCKS
+from envace_gym.suites import make_suite
+from envace_gym.types import Task, ToolCall
 
 __all__ = ["LabDiscreteEnv"]
 
@@ -68,26 +69,37 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, suite: str = "lab-stated", categories: Sequence[str] | None = None, split: str = "train",
-                 max_steps: int = 8, max_boxes: int = 3) -> None:
+    def __init__(
+        self,
+        suite: str = "lab-stated",
+        categories: Sequence[str] | None = None,
+        split: str = "train",
+        max_steps: int = 8,
+        max_boxes: int = 3,
+    ) -> None:
         if max_steps < 1 or max_boxes < 1:
             raise ValueError(f"max_steps and max_boxes must be >= 1, got {max_steps}, {max_boxes}")
         self.suite = make_suite(suite)
         if not hasattr(self.suite, "score"):
             raise ValueError(f"suite {suite!r} is not a lab suite (it has no score(task, calls, reply))")
         if self.suite.config.rules != "stated":
-            raise ValueError(f"suite {suite!r} has hidden rules; the discrete twin's actions (box-k labels, one "
-                             "capacity) are the stated world's: pass suite='lab-stated'")
+            raise ValueError(
+                f"suite {suite!r} has hidden rules; the discrete twin's actions (box-k labels, one "
+                "capacity) are the stated world's: pass suite='lab-stated'"
+            )
         self.tasks: list[Task] = self.suite.tasks(categories, split)
         config = self.suite.config
         self.shelves = list(string.ascii_uppercase[: config.num_shelves])
         self.capacity = config.capacity
         self.max_steps, self.max_boxes = max_steps, max_boxes
         self.actions: list[tuple[str, ...]] = (
-            [("locate", i) for i in ITEMS] + [("list_shelf", s) for s in self.shelves]
-            + [("move", i, s) for i in ITEMS for s in self.shelves] + [("pack", i) for i in ITEMS]
+            [("locate", i) for i in ITEMS]
+            + [("list_shelf", s) for s in self.shelves]
+            + [("move", i, s) for i in ITEMS for s in self.shelves]
+            + [("pack", i) for i in ITEMS]
             + [("ship", f"box-{k}", d) for k in range(1, max_boxes + 1) for d in DOCKS]
-            + [("reply", str(n)) for n in range(self.capacity + 1)] + [("done",)]
+            + [("reply", str(n)) for n in range(self.capacity + 1)]
+            + [("done",)]
         )
         self.action_space = spaces.Discrete(len(self.actions))
         self._blocks = self._block_sizes()
@@ -96,7 +108,9 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
         self.task: Task | None = None
 
     # ------------------------------------------------------------------ gymnasium API
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         """Start a task: ``options={"task_id": ...}``, else one drawn with ``np_random``."""
         super().reset(seed=seed)
         task_id = (options or {}).get("task_id")
@@ -112,11 +126,17 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
         self.last_failed = False
         present = {i for items in self.task.metadata["initial_state"]["shelves"].values() for i in items}
         is_count = self.task.metadata["category"] == "count"
-        self._mask = np.array([
-            (a[0] == "reply") == is_count if a[0] in ("reply", "done")
-            else a[1] in present if a[0] in ("locate", "move", "pack") else True
-            for a in self.actions
-        ], dtype=bool)
+        self._mask = np.array(
+            [
+                (a[0] == "reply") == is_count
+                if a[0] in ("reply", "done")
+                else a[1] in present
+                if a[0] in ("locate", "move", "pack")
+                else True
+                for a in self.actions
+            ],
+            dtype=bool,
+        )
         return self._observe(), {"task_id": self.task.id, "real_calls": 0}
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -127,8 +147,13 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
         info: dict[str, Any] = {"task_id": self.task.id}
         if kind in ("reply", "done"):
             return self._finish(args[0] if kind == "reply" else "Done.", info, terminated=True)
-        names = {"locate": ("item",), "list_shelf": ("shelf",), "move": ("item", "shelf"), "pack": ("item",),
-                 "ship": ("box", "dock")}[kind]
+        names = {
+            "locate": ("item",),
+            "list_shelf": ("shelf",),
+            "move": ("item", "shelf"),
+            "pack": ("item",),
+            "ship": ("box", "dock"),
+        }[kind]
         call = ToolCall(kind, dict(zip(names, args)))
         self.last_failed = self.backend.execute(call).startswith('{"error"')
         self.real_calls += 1
@@ -154,10 +179,16 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
 
     def _block_sizes(self) -> list[tuple[str, int]]:
         places = 1 + len(self.shelves) + self.max_boxes + 1  # absent, shelves, boxes, broken
-        return ([("item places", len(ITEMS) * places), ("box docks", self.max_boxes * (len(DOCKS) + 1)),
-                 ("family", len(CATEGORIES))]
-                + [(f"slot {s}", len(ITEMS) + 1) for s in _SLOT_ITEMS] + [(f"slot {d}", len(DOCKS) + 1) for d in _SLOT_DOCKS]
-                + [("slot shelf", len(self.shelves) + 1), ("last call failed", 1), ("steps used", 1)])
+        return (
+            [
+                ("item places", len(ITEMS) * places),
+                ("box docks", self.max_boxes * (len(DOCKS) + 1)),
+                ("family", len(CATEGORIES)),
+            ]
+            + [(f"slot {s}", len(ITEMS) + 1) for s in _SLOT_ITEMS]
+            + [(f"slot {d}", len(DOCKS) + 1) for d in _SLOT_DOCKS]
+            + [("slot shelf", len(self.shelves) + 1), ("last call failed", 1), ("steps used", 1)]
+        )
 
     def _observe(self) -> np.ndarray:
         state, slots = self.backend.state, self.task.metadata["slots"]
@@ -186,7 +217,12 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
             return v
 
         parts = [where.ravel(), docks.ravel(), family]
-        parts += [one_hot(slots.get(s), ITEMS) for s in _SLOT_ITEMS] + [one_hot(slots.get(d), DOCKS) for d in _SLOT_DOCKS]
-        parts += [one_hot(slots.get("shelf"), self.shelves), np.array([float(self.last_failed)], np.float32),
-                  np.array([len(self.calls) / self.max_steps], np.float32)]
+        parts += [one_hot(slots.get(s), ITEMS) for s in _SLOT_ITEMS] + [
+            one_hot(slots.get(d), DOCKS) for d in _SLOT_DOCKS
+        ]
+        parts += [
+            one_hot(slots.get("shelf"), self.shelves),
+            np.array([float(self.last_failed)], np.float32),
+            np.array([len(self.calls) / self.max_steps], np.float32),
+        ]
         return np.concatenate(parts)

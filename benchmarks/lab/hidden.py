@@ -38,15 +38,24 @@ import functools
 import json
 import random
 import string
-from typing import Any, Callable
-
-from envace_gym.types import Message, Task, ToolCall
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks.lab.tasks import ITEMS, LabConfig, split_turns
 from benchmarks.lab.world import DOCKS, HIDDEN_TOOLS, LabBackend, Warehouse, hidden_capacities
+from envace_gym.types import Message, Task, ToolCall
 
-__all__ = ["HIDDEN_CATEGORIES", "Ask", "solve", "test_task", "train_task", "backend_ask", "make_hidden_task",
-           "hidden_layout_text", "shelves_from_prompt"]
+__all__ = [
+    "HIDDEN_CATEGORIES",
+    "Ask",
+    "solve",
+    "test_task",
+    "train_task",
+    "backend_ask",
+    "make_hidden_task",
+    "hidden_layout_text",
+    "shelves_from_prompt",
+]
 
 HIDDEN_CATEGORIES = ("relocate", "ship", "fill", "make_room", "ship_two", "full_job")
 
@@ -58,6 +67,7 @@ def hidden_layout_text(shelves: dict[str, list[str]]) -> str:
     group Y sits in."""
     placed = ", ".join(f"{item} {s}" for s, items in shelves.items() for item in items)
     return f"Shelves {' '.join(shelves)}. {placed}."
+
 
 Layout = dict[str, list[str]]
 Ask = Callable[[ToolCall], dict[str, Any]]
@@ -76,18 +86,24 @@ def _shelf_of(layout: Layout, item: str) -> str:
 def _texts(category: str, slots: dict[str, str]) -> list[str]:
     """The instruction's parts (one per reference turn when split over two user turns)."""
     s = slots
-    relocate = (f"Move the {s.get('x')} to the shelf where the {s.get('y')} is. If that shelf is full, put the "
-                f"{s.get('x')} on shelf {s.get('e')}.")
+    relocate = (
+        f"Move the {s.get('x')} to the shelf where the {s.get('y')} is. If that shelf is full, put the "
+        f"{s.get('x')} on shelf {s.get('e')}."
+    )
     if category == "relocate":
         return [relocate]
     if category == "ship":
         return [f"Ship the {s['a']} from the {s['d1']} dock."]
     if category == "fill":
-        return [f"Move the {s['x']} and then the {s['w']} to the shelf where the {s['y']} is, as many of the two "
-                "as it has room for."]
+        return [
+            f"Move the {s['x']} and then the {s['w']} to the shelf where the {s['y']} is, as many of the two "
+            "as it has room for."
+        ]
     if category == "make_room":
-        return [f"Move the {s['x']} to the shelf where the {s['y']} is. If that shelf is full, first move the "
-                f"{s['w']} from it to shelf {s['e']}."]
+        return [
+            f"Move the {s['x']} to the shelf where the {s['y']} is. If that shelf is full, first move the "
+            f"{s['w']} from it to shelf {s['e']}."
+        ]
     if category == "ship_two":
         return [f"Ship the {s['a']} from the {s['d1']} dock.", f"Then ship the {s['b']} from the {s['d2']} dock."]
     if category == "full_job":
@@ -113,6 +129,7 @@ def solve(category: str, layout: Layout, slots: dict[str, str], ask: Ask) -> lis
     Raises:
         ValueError: an unknown category.
     """
+
     def call(name: str, **arguments: str) -> tuple[ToolCall, dict[str, Any]]:
         c = ToolCall(name, arguments)
         return c, ask(c)
@@ -166,8 +183,9 @@ def _layout(rng: random.Random, config: LabConfig) -> tuple[Layout, str]:
     return shelves, empty
 
 
-def _draw(rng: random.Random, category: str, config: LabConfig, full: bool, free_target: int
-          ) -> tuple[Layout, dict[str, str]] | None:
+def _draw(
+    rng: random.Random, category: str, config: LabConfig, full: bool, free_target: int
+) -> tuple[Layout, dict[str, str]] | None:
     """One draw of (layout, slots) for `category`, or None when the layout does not fit the branch (`full`: Y's
     shelf is full; `free_target`: the free slots of Y's shelf in ``fill``)."""
     caps = hidden_capacities(config.num_shelves)
@@ -224,8 +242,11 @@ def _key(category: str, layout: Layout, slots: dict[str, str]) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _test_keys(config: LabConfig) -> frozenset[str]:
-    return frozenset(_key(c, *_generate(f"{config.seed}/test/{c}/{i}", c, config))
-                     for c in HIDDEN_CATEGORIES for i in range(config.test_tasks))
+    return frozenset(
+        _key(c, *_generate(f"{config.seed}/test/{c}/{i}", c, config))
+        for c in HIDDEN_CATEGORIES
+        for i in range(config.test_tasks)
+    )
 
 
 def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -> Task:
@@ -246,24 +267,38 @@ def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -
         taken = _test_keys(config)
         redraw = 0
         while True:
-            layout, slots = _generate(f"{config.seed}/train/{category}/{index}" + (f"/{redraw}" if redraw else ""),
-                                      category, config)
+            layout, slots = _generate(
+                f"{config.seed}/train/{category}/{index}" + (f"/{redraw}" if redraw else ""), category, config
+            )
             if _key(category, layout, slots) not in taken:
                 break
             redraw += 1
         task_id = f"{category}_{index}"
     else:
         raise ValueError(f"split must be train or test, got {split!r}")
-    state = Warehouse(capacity=max(hidden_capacities(config.num_shelves).values()),
-                      shelves={s: list(items) for s, items in layout.items()}, rules="hidden")
+    state = Warehouse(
+        capacity=max(hidden_capacities(config.num_shelves).values()),
+        shelves={s: list(items) for s, items in layout.items()},
+        rules="hidden",
+    )
     reference = solve(category, layout, slots, backend_ask(LabBackend(state)))
     system = Message("system", hidden_layout_text(state.shelves))
     turns, reference_turns = split_turns(system, list(zip(_texts(category, slots), reference)), config.user_turns)
     return Task(
-        id=task_id, suite="lab", turns=turns, tools=list(HIDDEN_TOOLS.values()), verifier="lab.final_state",
-        metadata={"category": category, "initial_state": state.to_dict(), "split": split,
-                  "reference": [[c.to_openai() for c in turn] for turn in reference_turns], "answer": None,
-                  "slots": slots, "config": config.__dict__.copy()},
+        id=task_id,
+        suite="lab",
+        turns=turns,
+        tools=list(HIDDEN_TOOLS.values()),
+        verifier="lab.final_state",
+        metadata={
+            "category": category,
+            "initial_state": state.to_dict(),
+            "split": split,
+            "reference": [[c.to_openai() for c in turn] for turn in reference_turns],
+            "answer": None,
+            "slots": slots,
+            "config": config.__dict__.copy(),
+        },
     )
 
 
@@ -291,7 +326,7 @@ def shelves_from_prompt(task: Task) -> Layout:
     header, _, placed = text.partition(". ")
     if not header.startswith("Shelves ") or not placed.endswith("."):
         raise ValueError(f"{task.id}: the system prompt {text!r} is not a hidden-rules layout")
-    shelves: Layout = {s: [] for s in header[len("Shelves "):].split(" ")}
+    shelves: Layout = {s: [] for s in header[len("Shelves ") :].split(" ")}
     if list(shelves) != list(string.ascii_uppercase[: len(shelves)]):
         raise ValueError(f"{task.id}: shelves {list(shelves)} are not A, B, ... in order")
     for entry in placed[:-1].split(", ") if placed != "." else []:

@@ -23,12 +23,11 @@ import collections
 import json
 from typing import Any
 
-from envace_gym.types import ToolCall
-
 from benchmarks.lab.hidden import Ask, backend_ask, shelves_from_prompt, solve
 from benchmarks.lab.suite import LabSuite
 from benchmarks.lab.tasks import LabConfig
 from benchmarks.lab.world import LabBackend, Warehouse, hidden_capacities
+from envace_gym.types import ToolCall
 
 __all__ = ["measure", "most_frequent_outputs", "main"]
 
@@ -42,6 +41,7 @@ def _recording(ask: Ask, seen: list[tuple[str, int, dict[str, Any]]]) -> Ask:
         seen.append((call.name, counts[call.name], out))
         counts[call.name] += 1
         return out
+
     return wrapped
 
 
@@ -54,8 +54,12 @@ def most_frequent_outputs(suite: LabSuite, train_tasks: int) -> dict[tuple[str, 
     for _ in range(train_tasks):
         task = next(stream)
         seen: list[tuple[str, int, dict[str, Any]]] = []
-        solve(task.metadata["category"], task.metadata["initial_state"]["shelves"], task.metadata["slots"],
-              _recording(backend_ask(suite.make_backend(task)), seen))
+        solve(
+            task.metadata["category"],
+            task.metadata["initial_state"]["shelves"],
+            task.metadata["slots"],
+            _recording(backend_ask(suite.make_backend(task)), seen),
+        )
         for tool, k, out in seen:
             for name, value in out.items():
                 if isinstance(value, (str, int)):
@@ -70,6 +74,7 @@ def _table_ask(category: str, table: dict[tuple[str, str, int, str], Any]) -> As
         k = counts[call.name]
         counts[call.name] += 1
         return {f: v for (c, tool, i, f), v in table.items() if (c, tool, i) == (category, call.name, k)}
+
     return ask
 
 
@@ -84,15 +89,22 @@ def measure(config: LabConfig | None = None, train_tasks: int = 2000) -> dict[st
         raise ValueError("the properties are the hidden-rules world's; pass LabConfig(rules='hidden')")
     suite = LabSuite(config)
     table = most_frequent_outputs(suite, train_tasks)
-    scores: dict[str, dict[str, list[float]]] = {s: collections.defaultdict(list)
-                                                  for s in ("reference", "rules_no_outputs", "no_rules")}
+    scores: dict[str, dict[str, list[float]]] = {
+        s: collections.defaultdict(list) for s in ("reference", "rules_no_outputs", "no_rules")
+    }
     for task in suite.tasks(None, "test"):
         category, slots = task.metadata["category"], task.metadata["slots"]
         prompt_layout = shelves_from_prompt(task)
-        private = LabBackend(Warehouse(capacity=max(hidden_capacities(len(prompt_layout)).values()),
-                                       shelves=prompt_layout, rules="hidden"))
-        asks = {"reference": backend_ask(suite.make_backend(task)), "rules_no_outputs": backend_ask(private),
-                "no_rules": _table_ask(category, table)}
+        private = LabBackend(
+            Warehouse(
+                capacity=max(hidden_capacities(len(prompt_layout)).values()), shelves=prompt_layout, rules="hidden"
+            )
+        )
+        asks = {
+            "reference": backend_ask(suite.make_backend(task)),
+            "rules_no_outputs": backend_ask(private),
+            "no_rules": _table_ask(category, table),
+        }
         for solver, ask in asks.items():
             calls = [c for turn in solve(category, prompt_layout, slots, ask) for c in turn]
             reward = suite.score(task, calls, "Done.").reward
@@ -103,8 +115,12 @@ def measure(config: LabConfig | None = None, train_tasks: int = 2000) -> dict[st
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--train-tasks", type=int, default=2000,
-                        help="train-stream tasks (all families together, in turn) for the no-rules table")
+    parser.add_argument(
+        "--train-tasks",
+        type=int,
+        default=2000,
+        help="train-stream tasks (all families together, in turn) for the no-rules table",
+    )
     parser.add_argument("--json", default=None, help="also write the table here")
     args = parser.parse_args(argv)
     config = LabConfig()

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import functools
-
 import random
 import re
-from typing import Iterator, Sequence
-
-from envace_gym.suites import VerifierResult
-from envace_gym.types import Task, ToolCall, Trajectory
+from collections.abc import Iterator, Sequence
 
 from benchmarks.lab.tasks import CATEGORIES, ITEMS, LabConfig, make_task, reference_final_state
 from benchmarks.lab.world import LabBackend, Warehouse
+from envace_gym.suites import VerifierResult
+from envace_gym.types import Task, ToolCall, Trajectory
 
 __all__ = ["LabSuite", "stated_suite"]
 
@@ -77,8 +75,10 @@ class LabSuite:
             ValueError: the suite's rules are stated (its train split is finite), or an unknown category.
         """
         if self.config.rules != "hidden":
-            raise ValueError("train_stream needs the hidden rules (LabConfig(rules='hidden')); the stated-rules "
-                             "world has a finite train split: tasks(split='train')")
+            raise ValueError(
+                "train_stream needs the hidden rules (LabConfig(rules='hidden')); the stated-rules "
+                "world has a finite train split: tasks(split='train')"
+            )
         cats = self._categories(categories)
         index = start
         while True:
@@ -90,8 +90,10 @@ class LabSuite:
         cats = list(categories) if categories else list(self.categories)
         unknown = [c for c in cats if c not in self.categories]
         if unknown:
-            raise ValueError(f"unknown lab categories {unknown} for the {self.config.rules} rules; valid "
-                             f"categories: {', '.join(self.categories)}")
+            raise ValueError(
+                f"unknown lab categories {unknown} for the {self.config.rules} rules; valid "
+                f"categories: {', '.join(self.categories)}"
+            )
         return cats
 
     def tasks(self, categories: Sequence[str] | None = None, split: str = "train") -> list[Task]:
@@ -148,8 +150,11 @@ class LabSuite:
                 full = [s for s, items in state.shelves.items() if s != here and len(items) >= state.capacity_of(s)]
                 if full:
                     out.append((p, ToolCall("move", {"item": item, "shelf": rng.choice(full)})))
-                known = {i for items in state.shelves.values() for i in items} | set(state.boxes.values()) \
+                known = (
+                    {i for items in state.shelves.values() for i in items}
+                    | set(state.boxes.values())
                     | set(state.broken)
+                )
                 unknown = [i for i in ITEMS if i not in known]
                 if unknown:
                     out.append((p, ToolCall(call.name, {**call.arguments, "item": rng.choice(unknown)})))
@@ -184,9 +189,16 @@ class LabSuite:
         answer = task.metadata.get("answer")
         answer_ok = answer is None or (reply is not None and re.findall(r"\d+", reply) == [answer])
         ok = state_ok and answer_ok and errors == 0
-        return VerifierResult(reward=1.0 if ok else 0.0, valid=ok,
-                              details={"state_matches": state_ok, "answer_matches": answer_ok, "failed_calls": errors,
-                                       "broken": state["broken"]})
+        return VerifierResult(
+            reward=1.0 if ok else 0.0,
+            valid=ok,
+            details={
+                "state_matches": state_ok,
+                "answer_matches": answer_ok,
+                "failed_calls": errors,
+                "broken": state["broken"],
+            },
+        )
 
 
 def _near_labels(label: str) -> list[str]:

@@ -36,17 +36,40 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
-from envace_gym.types import Message, Task, ToolCall
-
 from benchmarks.lab.world import DISTRACTOR_TOOLS, DOCKS, RULES, TOOLS, LabBackend, Warehouse, layout_text, rules_text
+from envace_gym.types import Message, Task, ToolCall
 
 __all__ = ["CATEGORIES", "STATED_CATEGORIES", "ITEMS", "LabConfig", "make_task", "reference_final_state"]
 
 STATED_CATEGORIES = ("relocate", "ship", "count", "make_room", "ship_two", "full_job")
 """The families of the stated-rules world."""
 CATEGORIES = STATED_CATEGORIES
-ITEMS = ("apple", "bolt", "cable", "drill", "glove", "hammer", "kettle", "lamp", "mirror", "nail", "rope", "saw",
-         "tape", "vase", "wrench", "brush", "clock", "fan", "jar", "ladder", "mug", "pipe", "sock", "towel")
+ITEMS = (
+    "apple",
+    "bolt",
+    "cable",
+    "drill",
+    "glove",
+    "hammer",
+    "kettle",
+    "lamp",
+    "mirror",
+    "nail",
+    "rope",
+    "saw",
+    "tape",
+    "vase",
+    "wrench",
+    "brush",
+    "clock",
+    "fan",
+    "jar",
+    "ladder",
+    "mug",
+    "pipe",
+    "sock",
+    "towel",
+)
 """Item names; each is a few SmolLM2 tokens."""
 
 
@@ -95,19 +118,24 @@ class LabConfig:
         if self.rules == "hidden" and self.distractors:
             raise ValueError("LabConfig: distractors are a stated-rules knob; set rules='stated' or distractors=False")
         if self.test_tasks < 1 or self.train_tasks < 1:
-            raise ValueError(f"LabConfig: train_tasks and test_tasks must be >= 1, got {self.train_tasks}, "
-                             f"{self.test_tasks}")
+            raise ValueError(
+                f"LabConfig: train_tasks and test_tasks must be >= 1, got {self.train_tasks}, {self.test_tasks}"
+            )
         if self.tasks_per_category < 2 or not 0 < self.test_fraction < 1:
             raise ValueError("LabConfig: tasks_per_category must be >= 2 and test_fraction in (0, 1)")
         if self.rules == "stated" and self.num_test >= self.tasks_per_category:
-            raise ValueError(f"LabConfig: test_fraction {self.test_fraction} leaves no train task of "
-                             f"{self.tasks_per_category}; lower it or raise tasks_per_category")
+            raise ValueError(
+                f"LabConfig: test_fraction {self.test_fraction} leaves no train task of "
+                f"{self.tasks_per_category}; lower it or raise tasks_per_category"
+            )
         if not 3 <= self.num_shelves <= 26 or self.capacity < 2:
             raise ValueError("LabConfig: num_shelves must be in [3, 26] and capacity >= 2")
         least, most = max(4, self.capacity + 1), min(len(ITEMS), (self.num_shelves - 1) * self.capacity - 1)
         if not least <= self.num_items <= most:
-            raise ValueError(f"LabConfig: num_items must be in [{least}, {most}] for {self.num_shelves} shelves of "
-                             f"{self.capacity} (more than one shelf's worth, and one shelf is kept empty)")
+            raise ValueError(
+                f"LabConfig: num_items must be in [{least}, {most}] for {self.num_shelves} shelves of "
+                f"{self.capacity} (more than one shelf's worth, and one shelf is kept empty)"
+            )
         if self.user_turns not in (1, 2):
             raise ValueError(f"LabConfig: user_turns must be 1 or 2, got {self.user_turns}")
 
@@ -158,13 +186,18 @@ def _relocate(rng: random.Random, shelves: Layout, capacity: int):
     if not pairs:
         return None
     x, y = rng.choice(pairs)
-    return (f"Move the {x} to the shelf where the {y} is.",
-            [ToolCall("locate", {"item": y}), ToolCall("move", {"item": x, "shelf": where[y]})], (x, y))
+    return (
+        f"Move the {x} to the shelf where the {y} is.",
+        [ToolCall("locate", {"item": y}), ToolCall("move", {"item": x, "shelf": where[y]})],
+        (x, y),
+    )
 
 
 def _ship(item: str, dock: str, box: int) -> tuple[str, list[ToolCall]]:
-    return (f"ship the {item} from the {dock} dock",
-            [ToolCall("pack", {"item": item}), ToolCall("ship", {"box": f"box-{box}", "dock": dock})])
+    return (
+        f"ship the {item} from the {dock} dock",
+        [ToolCall("pack", {"item": item}), ToolCall("ship", {"box": f"box-{box}", "dock": dock})],
+    )
 
 
 def _make_room(rng: random.Random, config: LabConfig) -> tuple[Layout, Parts, dict[str, str]] | None:
@@ -185,11 +218,16 @@ def _make_room(rng: random.Random, config: LabConfig) -> tuple[Layout, Parts, di
     if full:
         calls.append(ToolCall("move", {"item": w, "shelf": empty}))
     calls.append(ToolCall("move", {"item": x, "shelf": target}))
-    text = f"Move the {x} to the shelf where the {y} is. If that shelf is full, first move the {w} from it to shelf {empty}."
+    text = (
+        f"Move the {x} to the shelf where the {y} is. If that shelf is full, first move the {w} from it to shelf "
+        f"{empty}."
+    )
     return shelves, [(text, calls)], {"x": x, "y": y, "w": w, "shelf": empty}
 
 
-def _family(rng: random.Random, category: str, config: LabConfig) -> tuple[Layout, Parts, str | None, dict[str, str]] | None:
+def _family(
+    rng: random.Random, category: str, config: LabConfig
+) -> tuple[Layout, Parts, str | None, dict[str, str]] | None:
     """One draw of (layout, instruction parts with their reference calls, the expected answer or None, the
     instruction's slots), or None when the drawn layout does not fit the family (the caller draws again).
 
@@ -211,8 +249,12 @@ def _family(rng: random.Random, category: str, config: LabConfig) -> tuple[Layou
         a, b = rng.sample([i for i in where if i not in (x, y)], 2)
         d1, d2 = rng.choice(docks), rng.choice(docks)
         (ta, ca), (tb, cb) = _ship(a, d1, 1), _ship(b, d2, 2)
-        return (shelves, [(text, calls), (f"Then {ta}, and {tb}.", ca + cb)], None,
-                {"x": x, "y": y, "a": a, "b": b, "d1": d1, "d2": d2})
+        return (
+            shelves,
+            [(text, calls), (f"Then {ta}, and {tb}.", ca + cb)],
+            None,
+            {"x": x, "y": y, "a": a, "b": b, "d1": d1, "d2": d2},
+        )
     if category == "ship":
         a, d1 = rng.choice(list(where)), rng.choice(docks)
         text, calls = _ship(a, d1, 1)
@@ -220,14 +262,27 @@ def _family(rng: random.Random, category: str, config: LabConfig) -> tuple[Layou
     if category == "count":
         y = rng.choice(list(where))
         free = config.capacity - len(shelves[where[y]])
-        return (shelves, [(f"How many free slots does the shelf with the {y} have? Answer with the number.",
-                           [ToolCall("locate", {"item": y}), ToolCall("list_shelf", {"shelf": where[y]})])], str(free),
-                {"y": y})
+        return (
+            shelves,
+            [
+                (
+                    f"How many free slots does the shelf with the {y} have? Answer with the number.",
+                    [ToolCall("locate", {"item": y}), ToolCall("list_shelf", {"shelf": where[y]})],
+                )
+            ],
+            str(free),
+            {"y": y},
+        )
     if category == "ship_two":
         a, b = rng.sample(list(where), 2)
         d1, d2 = rng.choice(docks), rng.choice(docks)
         (ta, ca), (tb, cb) = _ship(a, d1, 1), _ship(b, d2, 2)
-        return shelves, [(ta[0].upper() + ta[1:] + ".", ca), (f"Then {tb}.", cb)], None, {"a": a, "b": b, "d1": d1, "d2": d2}
+        return (
+            shelves,
+            [(ta[0].upper() + ta[1:] + ".", ca), (f"Then {tb}.", cb)],
+            None,
+            {"a": a, "b": b, "d1": d1, "d2": d2},
+        )
     raise ValueError(f"unknown lab category {category!r}; categories: {', '.join(CATEGORIES)}")
 
 
@@ -280,10 +335,19 @@ def make_task(config: LabConfig, category: str, index: int, split: str = "train"
     if config.distractors:
         tools += list(DISTRACTOR_TOOLS.values())
     return Task(
-        id=f"{category}_{index}", suite="lab", turns=turns, tools=tools, verifier="lab.final_state",
-        metadata={"category": category, "initial_state": state.to_dict(),
-                  "reference": [[c.to_openai() for c in turn] for turn in reference], "answer": answer, "slots": slots,
-                  "config": config.__dict__.copy()},
+        id=f"{category}_{index}",
+        suite="lab",
+        turns=turns,
+        tools=tools,
+        verifier="lab.final_state",
+        metadata={
+            "category": category,
+            "initial_state": state.to_dict(),
+            "reference": [[c.to_openai() for c in turn] for turn in reference],
+            "answer": answer,
+            "slots": slots,
+            "config": config.__dict__.copy(),
+        },
     )
 
 

@@ -43,23 +43,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/lab_tiny_sft")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
-                    help="initialisation (and batch-order) seeds")
+    ap.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="initialisation (and batch-order) seeds"
+    )
     ap.add_argument("--steps", type=int, default=600, help="SFT optimizer steps")
     ap.add_argument("--rows", type=int, default=16, help="sequences per step")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup-steps", type=int, default=20)
-    ap.add_argument("--group-by-length", nargs="?", const=True, default=False, type=_bool, metavar="BOOL",
-                    help="length-bucketed batches, as envace sft's --group-by-length (default here: false, shuffled "
-                         "batches that mix families)")
+    ap.add_argument(
+        "--group-by-length",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool,
+        metavar="BOOL",
+        help="length-bucketed batches, as envace sft's --group-by-length (default here: false, shuffled "
+        "batches that mix families)",
+    )
     ap.add_argument("--prompt-weight", type=float, default=0.0, help="SFTConfig.prompt_weight")
     ap.add_argument("--error-demos", type=int, default=0, help="SFTConfig.error_demos")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--intermediate", type=int, default=384)
-    ap.add_argument("--mimetic-init", nargs="?", const=True, default=True, type=_bool, metavar="BOOL",
-                    help="LabTinySizes.mimetic_init (false: Transformers' normal initialisation)")
+    ap.add_argument(
+        "--mimetic-init",
+        nargs="?",
+        const=True,
+        default=True,
+        type=_bool,
+        metavar="BOOL",
+        help="LabTinySizes.mimetic_init (false: Transformers' normal initialisation)",
+    )
     ap.add_argument("--limit", type=int, default=100, help="test tasks per family (100: the whole test split)")
     ap.add_argument("--categories", nargs="+", default=None, help="families to train and score (none: all six)")
     ap.add_argument("--threads", type=int, default=2)
@@ -88,8 +103,11 @@ def token_kind_accuracy(model: Any, tokenizer: Any, demos: list[Any]) -> dict[st
     from benchmarks.lab.world import DOCKS
     from envace_gym.types import Role
 
-    kinds = {tokenizer.convert_tokens_to_ids(t): k for k, names in
-             (("item", ITEMS), ("dock", DOCKS), ("letter", string.ascii_uppercase)) for t in names}
+    kinds = {
+        tokenizer.convert_tokens_to_ids(t): k
+        for k, names in (("item", ITEMS), ("dock", DOCKS), ("letter", string.ascii_uppercase))
+        for t in names
+    }
     roles = {int(Role.ACT): "act", int(Role.REHEARSE): "rehearse"}
     hits: dict[tuple[str, str], list[int]] = {}
     model.eval()
@@ -120,45 +138,86 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
     done = folder / "report.json"
     if done.is_file():
         return json.loads(done.read_text())
-    sizes = LabTinySizes(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         intermediate_size=args.intermediate, mimetic_init=args.mimetic_init)
+    sizes = LabTinySizes(
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        intermediate_size=args.intermediate,
+        mimetic_init=args.mimetic_init,
+    )
     init = folder / "init"
     if not (init / "model.safetensors").is_file():
         model, tokenizer = build_lab_tiny(sizes, seed)
         model.save_pretrained(init)
         tokenizer.save_pretrained(init)
     store = ModelStore()
-    config = SFTConfig(run_dir=str(folder / "sft"), model=str(init), data=["lab"], categories=args.categories,
-                       max_steps=args.steps,
-                       batch_tokens=1 << 20, max_batch_rows=args.rows, group_by_length=args.group_by_length,
-                       max_seq_len=512, lr=args.lr,
-                       lr_schedule="constant", warmup_steps=args.warmup_steps, prompt_weight=args.prompt_weight,
-                       error_demos=args.error_demos, gradient_checkpointing=False, save_every=args.steps,
-                       seed=seed, threads=args.threads, malloc_mmap_threshold_kb=0)
+    config = SFTConfig(
+        run_dir=str(folder / "sft"),
+        model=str(init),
+        data=["lab"],
+        categories=args.categories,
+        max_steps=args.steps,
+        batch_tokens=1 << 20,
+        max_batch_rows=args.rows,
+        group_by_length=args.group_by_length,
+        max_seq_len=512,
+        lr=args.lr,
+        lr_schedule="constant",
+        warmup_steps=args.warmup_steps,
+        prompt_weight=args.prompt_weight,
+        error_demos=args.error_demos,
+        gradient_checkpointing=False,
+        save_every=args.steps,
+        seed=seed,
+        threads=args.threads,
+        malloc_mmap_threshold_kb=0,
+    )
     t0 = time.perf_counter()
     history = SFTTrainer(config, models=store, log=None).train(progress=False)
     sft_s = time.perf_counter() - t0
     train_s = sum(h["perf/step_s"] for h in history)
     trained = latest_model(folder / "sft")
-    result = evaluate(EvalConfig(model=trained, suite="lab", categories=args.categories,
-                                 split="test", limit=args.limit,
-                                 max_new_tokens=EVAL_MAX_NEW_TOKENS, max_steps_per_turn=EVAL_MAX_STEPS_PER_TURN,
-                                 temperature=0.0, out=str(folder / "eval"), overwrite=True),
-                      models=store, log=lambda *a, **k: None, progress=False)
+    result = evaluate(
+        EvalConfig(
+            model=trained,
+            suite="lab",
+            categories=args.categories,
+            split="test",
+            limit=args.limit,
+            max_new_tokens=EVAL_MAX_NEW_TOKENS,
+            max_steps_per_turn=EVAL_MAX_STEPS_PER_TURN,
+            temperature=0.0,
+            out=str(folder / "eval"),
+            overwrite=True,
+        ),
+        models=store,
+        log=lambda *a, **k: None,
+        progress=False,
+    )
     last = history[-1] if history else {}
     tokenizer = store.tokenizer(trained)
     probed = [f"{c}_test{i}" for c in args.categories or HIDDEN_CATEGORIES for i in range(0, args.limit, PROBE_EVERY)]
     probe, _ = build_demonstrations(tokenizer, "lab", args.categories, "test", task_ids=probed, max_tokens=None)
     copies = token_kind_accuracy(store.model(trained), tokenizer, probe)
-    report = {"seed": seed, "sft_s": sft_s, "train_steps_s": train_s,
-              "act_loss": last.get("train/loss/act"), "rehearse_loss": last.get("train/loss/rehearse"),
-              "success": {r["category"]: r["accuracy"] for r in result.summary}, "teacher_forced": copies,
-              "test_tasks": result.summary[-1]["n_tasks"]}
+    report = {
+        "seed": seed,
+        "sft_s": sft_s,
+        "train_steps_s": train_s,
+        "act_loss": last.get("train/loss/act"),
+        "rehearse_loss": last.get("train/loss/rehearse"),
+        "success": {r["category"]: r["accuracy"] for r in result.summary},
+        "teacher_forced": copies,
+        "test_tasks": result.summary[-1]["n_tasks"],
+    }
     done.write_text(json.dumps(report, indent=1))
-    log(f"[tiny-sft] seed {seed}: SFT {sft_s:.0f} s (steps {train_s:.0f} s), success "
-        + ", ".join(f"{k} {v:.3f}" for k, v in report["success"].items()))
-    log("[tiny-sft] teacher-forced accuracy by target kind: " + "; ".join(
-        f"{role} " + ", ".join(f"{k} {v:.2f}" for k, v in kinds.items()) for role, kinds in copies.items()))
+    log(
+        f"[tiny-sft] seed {seed}: SFT {sft_s:.0f} s (steps {train_s:.0f} s), success "
+        + ", ".join(f"{k} {v:.3f}" for k, v in report["success"].items())
+    )
+    log(
+        "[tiny-sft] teacher-forced accuracy by target kind: "
+        + "; ".join(f"{role} " + ", ".join(f"{k} {v:.2f}" for k, v in kinds.items()) for role, kinds in copies.items())
+    )
     return report
 
 
@@ -173,22 +232,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     saved.write_text(json.dumps(settings, indent=1))
     reports = [run_seed(args, seed, out / f"seed_{seed}") for seed in args.seeds]
     families = list(reports[0]["success"])
-    print(f"lab-tiny SFT from scratch ({args.layers} layers, width {args.hidden}, {args.heads} heads): {args.steps} "
-          f"steps x {args.rows} {'length-bucketed' if args.group_by_length else 'shuffled'} rows, lr {args.lr}, "
-          f"prompt weight {args.prompt_weight}, error demos {args.error_demos}; greedy test success on "
-          f"{reports[0]['test_tasks']} tasks")
+    print(
+        f"lab-tiny SFT from scratch ({args.layers} layers, width {args.hidden}, {args.heads} heads): {args.steps} "
+        f"steps x {args.rows} {'length-bucketed' if args.group_by_length else 'shuffled'} rows, lr {args.lr}, "
+        f"prompt weight {args.prompt_weight}, error demos {args.error_demos}; greedy test success on "
+        f"{reports[0]['test_tasks']} tasks"
+    )
     print(f"{'seed':>6s}{'sft_s':>8s}" + "".join(f"{f:>10s}" for f in families))
     for r in reports:
         print(f"{r['seed']:6d}{r['sft_s']:8.0f}" + "".join(f"{r['success'][f]:10.3f}" for f in families))
     from benchmarks.stats import mean_ci95
 
     summary = {f: mean_ci95([r["success"][f] for r in reports]) for f in families}
-    print(f"{'mean':>6s}{statistics.fmean(r['sft_s'] for r in reports):8.0f}"
-          + "".join(f"{summary[f][0]:10.3f}" for f in families))
-    print(f"{'+-95%':>6s}{'':8s}" + "".join(f"{summary[f][1]:10.3f}" if summary[f][1] is not None else f"{'n/a':>10s}"
-                                             for f in families))
-    kinds = [(role, kind) for role in ("act", "rehearse") for kind in ("item", "dock", "letter")
-             if all(kind in r["teacher_forced"].get(role, {}) for r in reports)]
+    print(
+        f"{'mean':>6s}{statistics.fmean(r['sft_s'] for r in reports):8.0f}"
+        + "".join(f"{summary[f][0]:10.3f}" for f in families)
+    )
+    print(
+        f"{'+-95%':>6s}{'':8s}"
+        + "".join(f"{summary[f][1]:10.3f}" if summary[f][1] is not None else f"{'n/a':>10s}" for f in families)
+    )
+    kinds = [
+        (role, kind)
+        for role in ("act", "rehearse")
+        for kind in ("item", "dock", "letter")
+        if all(kind in r["teacher_forced"].get(role, {}) for r in reports)
+    ]
     print("teacher-forced accuracy by target kind (an item by chance: 1/24)")
     print(f"{'seed':>6s}" + "".join(f"{role[:3] + ' ' + kind:>14s}" for role, kind in kinds))
     for r in reports:
@@ -200,10 +269,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import sys
 
     command = "python -m benchmarks.lab.tiny_sft " + shlex.join(sys.argv[1:] if argv is None else argv)
-    result = {"kind": "lab_tiny_sft", "command": command.strip(), "date": datetime.date.today().isoformat(),
-              "settings": settings, "seeds": reports,
-              "mean": {f: {"mean": m, "ci95": h} for f, (m, h) in summary.items()},
-              "teacher_forced_mean": {k: {"mean": m, "ci95": h} for k, (m, h) in copies.items()}}
+    result = {
+        "kind": "lab_tiny_sft",
+        "command": command.strip(),
+        "date": datetime.date.today().isoformat(),
+        "settings": settings,
+        "seeds": reports,
+        "mean": {f: {"mean": m, "ci95": h} for f, (m, h) in summary.items()},
+        "teacher_forced_mean": {k: {"mean": m, "ci95": h} for k, (m, h) in copies.items()},
+    }
     (out / "results.json").write_text(json.dumps(result, indent=1))
     return result
 

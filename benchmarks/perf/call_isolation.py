@@ -50,8 +50,9 @@ def time_calls(isolation: str, n: int) -> float:
     from envace_gym.types import ToolCall
 
     suite = BFCLSuite(call_limits=CallLimits(isolation=isolation))
-    task = next(t for t in suite.tasks(["multi_turn_base"], "all")
-                if "GorillaFileSystem" in t.metadata["involved_classes"])
+    task = next(
+        t for t in suite.tasks(["multi_turn_base"], "all") if "GorillaFileSystem" in t.metadata["involved_classes"]
+    )
     backend = suite.make_backend(task)
     backend.execute(ToolCall("ls", {}))  # starts the call server once, outside the timing
     batches = []

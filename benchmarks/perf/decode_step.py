@@ -42,7 +42,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -117,6 +117,7 @@ def hf_step(model: torch.nn.Module, contexts: torch.Tensor, steps: int) -> Calla
     """A timer of plain Transformers decode steps (DynamicCache, last-position logits, greedy argmax) after a
     prefill of ``contexts`` ``(B, L)``: each call returns the seconds per step of `steps` steps (the prefill
     is not timed)."""
+
     @torch.no_grad()
     def one_run() -> float:
         out = model(input_ids=contexts, cache=DynamicCache(), use_cache=True, logits_to_keep=1)
@@ -130,8 +131,9 @@ def hf_step(model: torch.nn.Module, contexts: torch.Tensor, steps: int) -> Calla
     return one_run
 
 
-def our_step(model: torch.nn.Module, contexts: list[list[int]], steps: int, pad_id: int,
-             fast_decode: bool = True) -> Callable[[], float]:
+def our_step(
+    model: torch.nn.Module, contexts: list[list[int]], steps: int, pad_id: int, fast_decode: bool = True
+) -> Callable[[], float]:
     """A timer of `agents.generation.generate` decode steps: each call returns
     ``(t(steps + 1 new tokens) - t(1 new token)) / steps``, temperature 1, no stop id. A `PrefixKVCache`
     primed with the contexts makes each call's prefill one token per row (as in a rollout's later turns), so
@@ -140,8 +142,17 @@ def our_step(model: torch.nn.Module, contexts: list[list[int]], steps: int, pad_
 
     def run(new: int) -> float:
         t = time.perf_counter()
-        generate(model, contexts, max_new_tokens=new, temperature=1.0, stop_ids=[], pad_id=pad_id,
-                 seeds=list(range(len(contexts))), kv_cache=cache, fast_decode=fast_decode)
+        generate(
+            model,
+            contexts,
+            max_new_tokens=new,
+            temperature=1.0,
+            stop_ids=[],
+            pad_id=pad_id,
+            seeds=list(range(len(contexts))),
+            kv_cache=cache,
+            fast_decode=fast_decode,
+        )
         return time.perf_counter() - t
 
     run(1)  # primes the cache
@@ -184,31 +195,46 @@ def main(argv: list[str] | None = None) -> dict:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     vocab = model.get_output_embeddings().weight.shape[0]
     bandwidth = read_bandwidth(args.bandwidth_mb)
-    print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, vocabulary "
-          f"{vocab}; context {args.context} tokens per row; {args.threads} threads; read bandwidth "
-          f"{bandwidth / 1e9:.1f} GB/s (torch.sum over {args.bandwidth_mb} MB)")
+    print(
+        f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, vocabulary "
+        f"{vocab}; context {args.context} tokens per row; {args.threads} threads; read bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s (torch.sum over {args.bandwidth_mb} MB)"
+    )
     columns = {"hf": "HF forward", "ours_forward": "ours, model forward", "ours": "ours"}
     head = f"{'B':>3} | {'bound ms':>8} {'floor ms':>8} | " + " | ".join(
-        f"{label + ' ms':>22} {'tok/s':>6} {'x floor':>7} {'% bound':>7}" for label in columns.values())
+        f"{label + ' ms':>22} {'tok/s':>6} {'x floor':>7} {'% bound':>7}" for label in columns.values()
+    )
     print(head)
     print("-" * len(head))
     rows = []
     for b in args.batches:
         ids = torch.randint(0, vocab, (b, args.context))  # (B, L)
         bound = step_bytes(model, b, args.context) / bandwidth
-        medians = interleaved_medians({
-            "floor": kernel_floor(model, b, args.context),
-            "hf": hf_step(model, ids, args.steps),
-            "ours_forward": our_step(model, ids.tolist(), args.steps, pad_id, fast_decode=False),
-            "ours": our_step(model, ids.tolist(), args.steps, pad_id),
-        }, args.repeats)
+        medians = interleaved_medians(
+            {
+                "floor": kernel_floor(model, b, args.context),
+                "hf": hf_step(model, ids, args.steps),
+                "ours_forward": our_step(model, ids.tolist(), args.steps, pad_id, fast_decode=False),
+                "ours": our_step(model, ids.tolist(), args.steps, pad_id),
+            },
+            args.repeats,
+        )
         floor = medians["floor"]
-        row = dict(batch=b, bound_s=bound, floor_s=floor, bandwidth_Bps=bandwidth,
-                   **{f"{k}_s": medians[k] for k in columns})
+        row = dict(
+            batch=b, bound_s=bound, floor_s=floor, bandwidth_Bps=bandwidth, **{f"{k}_s": medians[k] for k in columns}
+        )
         rows.append(row)
-        print(f"{b:>3} | {bound * 1e3:>8.1f} {floor * 1e3:>8.1f} | " + " | ".join(
-            f"{medians[k] * 1e3:>22.1f} {b / medians[k]:>6.0f} {medians[k] / floor:>7.2f} {100 * bound / medians[k]:>6.0f}%"
-            for k in columns), flush=True)
+        print(
+            f"{b:>3} | {bound * 1e3:>8.1f} {floor * 1e3:>8.1f} | "
+            + " | ".join(
+                (
+                    f"{medians[k] * 1e3:>22.1f} {b / medians[k]:>6.0f} {medians[k] / floor:>7.2f} "
+                    f"{100 * bound / medians[k]:>6.0f}%"
+                )
+                for k in columns
+            ),
+            flush=True,
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

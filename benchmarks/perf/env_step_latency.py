@@ -7,7 +7,8 @@ of each turn (which runs the verifier on the last turn), and times every `env.st
 and max, separately for tool-call steps and turn-ending steps, for `ToolUseEnv` (``EnvACE-Tool-v0``: keeps
 the SmolLM2 token sequence) and `TextToolUseEnv` (no tokens), and the ratio of their medians.
 
-    .venv/bin/python benchmarks/perf/env_step_latency.py [--categories multi_turn_base multi_turn_long_context] [--tasks 50]
+    .venv/bin/python benchmarks/perf/env_step_latency.py \\
+        [--categories multi_turn_base multi_turn_long_context] [--tasks 50]
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ def _time(env, category: str, num_tasks: int) -> dict[str, float]:
     for name, xs in (("reset", resets), ("tool-call step", call_steps), ("turn-ending step", end_steps)):
         ms = np.array(xs) * 1e3
         medians[name] = float(statistics.median(ms))
-        print(f"{label} {name:17s} n={len(ms):5d}  median {medians[name]:7.2f} ms  p90 {np.percentile(ms, 90):7.2f} ms  "
-              f"p99 {np.percentile(ms, 99):7.2f} ms  max {ms.max():7.2f} ms")
+        print(
+            f"{label} {name:17s} n={len(ms):5d}  median {medians[name]:7.2f} ms  p90 {np.percentile(ms, 90):7.2f} ms  "
+            f"p99 {np.percentile(ms, 99):7.2f} ms  max {ms.max():7.2f} ms"
+        )
     return medians
 
 

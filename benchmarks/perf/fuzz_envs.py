@@ -58,7 +58,7 @@ class StepTimeout(Exception):
 def _random_json(rng: np.random.Generator, depth: int = 0) -> Any:
     kind = rng.integers(0, 7 if depth < 3 else 4)
     if kind == 0:
-        return int(rng.integers(-10**6, 10**6))
+        return int(rng.integers(-(10**6), 10**6))
     if kind == 1:
         return float(rng.normal() * 10.0 ** int(rng.integers(-3, 6)))
     if kind == 2:
@@ -92,10 +92,16 @@ def _bad_call(rng: np.random.Generator) -> str:
         "<tool_call>" + "[" * 5000 + "]" * 5000 + "</tool_call>",
         '{"name": "ls"}</tool_call>',
         "[ls(a=__import__('os').system('echo " + MARK + "'))]",
-        "[ls(a=lambda: 1)]", "[os.system('true')]", "[f(*args)]", "[f(x=1) for f in g]",
-        "```python\n[cd(folder='..')]\n```", "<think>[ls()]", "</think>[ls()]",
+        "[ls(a=lambda: 1)]",
+        "[os.system('true')]",
+        "[f(*args)]",
+        "[f(x=1) for f in g]",
+        "```python\n[cd(folder='..')]\n```",
+        "<think>[ls()]",
+        "</think>[ls()]",
         "[" + ", ".join("ls()" for _ in range(500)) + "]",
-        '<tool_call>{"name": "", "arguments": {}}</tool_call>', "<tool_call>null</tool_call>",
+        '<tool_call>{"name": "", "arguments": {}}</tool_call>',
+        "<tool_call>null</tool_call>",
         '<tool_call>{"name": "ls", "arguments": "{not json"}</tool_call>',
     ]
     return cases[int(rng.integers(len(cases)))] + f" {MARK}"
@@ -125,8 +131,9 @@ def _alarm(signum: int, frame: Any) -> None:
     raise StepTimeout
 
 
-def fuzz(env_id: str, category: str, steps: int, seed: int, step_seconds: float, executed: list[int],
-         suite: str = "bfcl") -> dict[str, Any]:
+def fuzz(
+    env_id: str, category: str, steps: int, seed: int, step_seconds: float, executed: list[int], suite: str = "bfcl"
+) -> dict[str, Any]:
     """Play `steps` fuzzed actions in one env of the registered `suite`; returns the row's counts."""
     import gymnasium as gym
 
@@ -174,13 +181,22 @@ def fuzz(env_id: str, category: str, steps: int, seed: int, step_seconds: float,
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10_000, help="actions per (env, category)")
-    parser.add_argument("--categories", nargs="+",
-                        default=["multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
-                                 "multi_turn_long_context", "simple_python"])
+    parser.add_argument(
+        "--categories",
+        nargs="+",
+        default=[
+            "multi_turn_base",
+            "multi_turn_miss_func",
+            "multi_turn_miss_param",
+            "multi_turn_long_context",
+            "simple_python",
+        ],
+    )
     parser.add_argument("--envs", nargs="+", default=["EnvACE-Tool-v0", "EnvACE-Rehearse-v0"])
     parser.add_argument("--step-seconds", type=float, default=10.0, help="wall-clock limit per step")
-    parser.add_argument("--isolation", choices=["process", "none"], default="process",
-                        help="where backend calls run (module docstring)")
+    parser.add_argument(
+        "--isolation", choices=["process", "none"], default="process", help="where backend calls run (module docstring)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
@@ -199,19 +215,27 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     def audit(event: str, event_args: tuple) -> None:
         if event in ("exec", "compile") and event_args:
             source = event_args[0]
-            if isinstance(source, (str, bytes)) and MARK in (source if isinstance(source, str) else source.decode("utf-8", "replace")):
+            if isinstance(source, (str, bytes)) and MARK in (
+                source if isinstance(source, str) else source.decode("utf-8", "replace")
+            ):
                 executed[0] += 1
 
     sys.addaudithook(audit)
-    header = f"{'env':<20} {'category':<26} {'steps':>7} {'episodes':>8} {'exceptions':>10} {'timeouts':>8} {'executed':>8} {'median ms':>9} {'max ms':>8}"
+    header = (
+        f"{'env':<20} {'category':<26} {'steps':>7} {'episodes':>8} {'exceptions':>10} {'timeouts':>8} "
+        f"{'executed':>8} {'median ms':>9} {'max ms':>8}"
+    )
     print(header, flush=True)
     rows = []
     for e in args.envs:
         for c in args.categories:  # each row as soon as it is done: a long run shows its progress
             r = fuzz(e, c, args.steps, args.seed, args.step_seconds, executed, suite)
             rows.append(r)
-            print(f"{r['env']:<20} {r['category']:<26} {r['steps']:>7} {r['episodes']:>8} {r['exceptions']:>10} "
-                  f"{r['timeouts']:>8} {r['executed_model_text']:>8} {r['median_ms']:>9.2f} {r['max_ms']:>8.0f}", flush=True)
+            print(
+                f"{r['env']:<20} {r['category']:<26} {r['steps']:>7} {r['episodes']:>8} {r['exceptions']:>10} "
+                f"{r['timeouts']:>8} {r['executed_model_text']:>8} {r['median_ms']:>9.2f} {r['max_ms']:>8.0f}",
+                flush=True,
+            )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak:.0f} MB (seed {args.seed}, step limit {args.step_seconds:g} s)")
     for r in rows:

@@ -74,8 +74,9 @@ def random_model(out: Path) -> Path:
     return out
 
 
-def run_setting(model: Path, device: str, dtype: str, args: argparse.Namespace, run_dir: Path,
-                engine: str = "hf") -> dict:
+def run_setting(
+    model: Path, device: str, dtype: str, args: argparse.Namespace, run_dir: Path, engine: str = "hf"
+) -> dict:
     """`args.steps` GRPO steps on `device` in `dtype` with `engine`; the per-step metrics and peak GPU memory."""
     import torch
 
@@ -86,12 +87,26 @@ def run_setting(model: Path, device: str, dtype: str, args: argparse.Namespace, 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     config = TrainConfig(
-        run_dir=str(run_dir), model=str(model), suite="lab-stated", categories=["ship", "relocate"], split="train",
-        batch_tasks=args.batch_tasks, group_size=args.group_size, num_steps=args.steps if device != "cpu" else args.cpu_steps,
-        max_new_tokens=args.max_new_tokens, rehearse_max_new_tokens=args.max_new_tokens, max_steps_per_turn=2,
-        min_solvable_fraction=0.0, skip_empty_updates=False, lr=1e-6, device=device, dtype=dtype, tensorboard=False,
+        run_dir=str(run_dir),
+        model=str(model),
+        suite="lab-stated",
+        categories=["ship", "relocate"],
+        split="train",
+        batch_tasks=args.batch_tasks,
+        group_size=args.group_size,
+        num_steps=args.steps if device != "cpu" else args.cpu_steps,
+        max_new_tokens=args.max_new_tokens,
+        rehearse_max_new_tokens=args.max_new_tokens,
+        max_steps_per_turn=2,
+        min_solvable_fraction=0.0,
+        skip_empty_updates=False,
+        lr=1e-6,
+        device=device,
+        dtype=dtype,
+        tensorboard=False,
         engine=engine,
-        save_every=10_000, threads=args.cpu_threads if device == "cpu" else 0,
+        save_every=10_000,
+        threads=args.cpu_threads if device == "cpu" else 0,
     )
     t0 = time.perf_counter()
     trainer = RoleWiseGRPOTrainer(config, log=None)
@@ -106,17 +121,24 @@ def run_setting(model: Path, device: str, dtype: str, args: argparse.Namespace, 
         return sum(values) / len(values) if values else float("nan")
 
     return {
-        "setting": f"{engine} {device} {dtype}", "steps": len(history), "load_s": load_s,
-        "tokens_per_s": mean("perf/rollout_tokens_per_s"), "step_s": mean("perf/step_s"),
-        "rollout_s": mean("perf/rollout_s"), "update_s": mean("perf/update_s"),
+        "setting": f"{engine} {device} {dtype}",
+        "steps": len(history),
+        "load_s": load_s,
+        "tokens_per_s": mean("perf/rollout_tokens_per_s"),
+        "step_s": mean("perf/step_s"),
+        "rollout_s": mean("perf/rollout_s"),
+        "update_s": mean("perf/update_s"),
         "generated_tokens": mean("rollout/tokens/act") + mean("rollout/tokens/rehearse"),
-        "logprob_mismatch": mean("train/logprob_mismatch"), "peak_gpu_gib": peak,
+        "logprob_mismatch": mean("train/logprob_mismatch"),
+        "peak_gpu_gib": peak,
     }
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prepare", action="store_true", help="write benchmarks/gpu_assets/ (on a machine with the venv)")
+    parser.add_argument(
+        "--prepare", action="store_true", help="write benchmarks/gpu_assets/ (on a machine with the venv)"
+    )
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps per CUDA setting (the first is not averaged)")
     parser.add_argument("--cpu-steps", type=int, default=2, help="GRPO steps on CPU")
     parser.add_argument("--cpu-threads", type=int, default=0, help="torch CPU threads for the CPU setting (0: default)")
@@ -133,16 +155,23 @@ def main(argv=None) -> int:
 
     from envace_gym.suites import register_suite
 
-    register_suite("lab-stated", "benchmarks.lab.suite:stated_suite")  # works without `pip install -e .` (no entry points)
+    register_suite(
+        "lab-stated", "benchmarks.lab.suite:stated_suite"
+    )  # works without `pip install -e .` (no entry points)
     if not (MODEL_ASSETS / "config.json").is_file():
-        print(f"missing {MODEL_ASSETS}; run `python benchmarks/perf/gpu_check.py --prepare` where the venv is", file=sys.stderr)
+        print(
+            f"missing {MODEL_ASSETS}; run `python benchmarks/perf/gpu_check.py --prepare` where the venv is",
+            file=sys.stderr,
+        )
         return 2
     cuda = torch.cuda.is_available()
-    print(f"torch {torch.__version__}, CUDA {'available: ' + torch.cuda.get_device_name(0) if cuda else 'not available'}")
+    print(
+        f"torch {torch.__version__}, CUDA {'available: ' + torch.cuda.get_device_name(0) if cuda else 'not available'}"
+    )
     import importlib.util
 
     vllm = cuda and importlib.util.find_spec("vllm") is not None
-    settings = ([("cuda", "bfloat16", "hf"), ("cuda", "float32", "hf")] if cuda else [])
+    settings = [("cuda", "bfloat16", "hf"), ("cuda", "float32", "hf")] if cuda else []
     settings += [("cuda", "bfloat16", "vllm")] if vllm else []
     settings += [("cpu", "float32", "hf")]
     rows = []
@@ -157,17 +186,24 @@ def main(argv=None) -> int:
                 print(f"vllm setting failed: {type(err).__name__}: {err}", flush=True)
                 continue
             print(json.dumps(rows[-1]), flush=True)
-    print(f"\nrole-wise GRPO, lab, B={args.batch_tasks} x K={args.group_size}, max_new_tokens={args.max_new_tokens}, "
-          "random-weight SmolLM2-135M (means over the steps after the first)")
+    print(
+        f"\nrole-wise GRPO, lab, B={args.batch_tasks} x K={args.group_size}, max_new_tokens={args.max_new_tokens}, "
+        "random-weight SmolLM2-135M (means over the steps after the first)"
+    )
     header = ("setting", "gen tok/s", "step s", "rollout s", "update s", "peak GPU GiB", "logprob mismatch")
     print(" | ".join(header))
     for r in rows:
-        print(f"{r['setting']} | {r['tokens_per_s']:.0f} | {r['step_s']:.2f} | {r['rollout_s']:.2f} | {r['update_s']:.2f} | "
-              f"{r['peak_gpu_gib']:.2f} | {r['logprob_mismatch']:.2e}")
+        print(
+            f"{r['setting']} | {r['tokens_per_s']:.0f} | {r['step_s']:.2f} | {r['rollout_s']:.2f} | "
+            f"{r['update_s']:.2f} | "
+            f"{r['peak_gpu_gib']:.2f} | {r['logprob_mismatch']:.2e}"
+        )
     cpu = rows[-1]
     for r in rows[:-1]:
-        print(f"{r['setting']} over cpu float32: generation {r['tokens_per_s'] / cpu['tokens_per_s']:.1f}x tokens/s, "
-              f"step {cpu['step_s'] / r['step_s']:.1f}x faster")
+        print(
+            f"{r['setting']} over cpu float32: generation {r['tokens_per_s'] / cpu['tokens_per_s']:.1f}x tokens/s, "
+            f"step {cpu['step_s'] / r['step_s']:.1f}x faster"
+        )
     if not vllm:
         print("vllm is not importable here (or there is no GPU): no vLLM row")
     if args.json:

@@ -67,6 +67,7 @@ def _bench_dir() -> str:
             return path
     raise SystemExit(f"trl_grpo_step.py (the shared workload) not found in any of {list(BENCH_DIRS)}")
 
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -82,6 +83,7 @@ def run_ours(args) -> dict:
 
     _bench_dir()
     import trl_grpo_step as anchor
+
     from agents.grpo import grpo_advantages, grpo_loss
     from agents.logprobs import token_logprobs
     from agents.policy import Policy
@@ -101,8 +103,11 @@ def run_ours(args) -> dict:
         batch_rows = [rows[(step * PROMPTS_PER_STEP + j) % len(rows)] for j in range(PROMPTS_PER_STEP)]
         clock.begin()
         t_roll = time.perf_counter()
-        prompts = [policy.renderer.prompt_ids([Message(role="user", content=r["prompt"][0]["content"])], None)
-                   for r in batch_rows for _ in range(K)]
+        prompts = [
+            policy.renderer.prompt_ids([Message(role="user", content=r["prompt"][0]["content"])], None)
+            for r in batch_rows
+            for _ in range(K)
+        ]
         t = time.perf_counter()
         model.eval()
         seeds = [args.seed * 1000 + step * 10 + i for i in range(len(prompts))]
@@ -128,8 +133,8 @@ def run_ours(args) -> dict:
             seq = p + g.token_ids
             input_ids[i, : len(seq)] = torch.tensor(seq)
             attention_mask[i, : len(seq)] = 1
-            loss_mask[i, len(p): len(seq)] = True
-            old_lp[i, len(p): len(seq)] = torch.tensor(g.logprobs)
+            loss_mask[i, len(p) : len(seq)] = True
+            old_lp[i, len(p) : len(seq)] = torch.tensor(g.logprobs)
         advantages = adv.view(n, 1).expand(n, width)  # (N, T)
         clock.add("rollout", time.perf_counter() - t_roll)
         t = time.perf_counter()
@@ -144,8 +149,11 @@ def run_ours(args) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         clock.add("optim", time.perf_counter() - t)
-        rec = clock.end(global_step=step + 1, mean_completion_len=sum(len(g.token_ids) for g in gens) / n,
-                        mean_prompt_len=sum(len(p) for p in prompts) / n)
+        rec = clock.end(
+            global_step=step + 1,
+            mean_completion_len=sum(len(g.token_ids) for g in gens) / n,
+            mean_prompt_len=sum(len(p) for p in prompts) / n,
+        )
         print("STEP " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}), flush=True)
     measured = [r for r in clock.steps if r["global_step"] > args.warmup]
     return {
@@ -194,9 +202,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--natural-length", dest="full_length", action="store_false",
-                    help="let completions stop at the end-of-message id (the two sides then sample different "
-                         "lengths and no step ratio is printed); default: every completion is exactly 64 tokens")
+    ap.add_argument(
+        "--natural-length",
+        dest="full_length",
+        action="store_false",
+        help="let completions stop at the end-of-message id (the two sides then sample different "
+        "lengths and no step ratio is printed); default: every completion is exactly 64 tokens",
+    )
     args = ap.parse_args(argv)
     bench_dir = _bench_dir()
     if not args.smol_path:
@@ -206,40 +218,76 @@ def main(argv: list[str] | None = None) -> None:
     if args.impl == "ours":
         print(json.dumps(run_ours(args)), flush=True)
         return
-    common = ["--model", args.model, "--smol-path", args.smol_path, "--max-steps", str(args.max_steps),
-              "--warmup", str(args.warmup), "--threads", str(args.threads), "--seed", str(args.seed)]
+    common = [
+        "--model",
+        args.model,
+        "--smol-path",
+        args.smol_path,
+        "--max-steps",
+        str(args.max_steps),
+        "--warmup",
+        str(args.warmup),
+        "--threads",
+        str(args.threads),
+        "--seed",
+        str(args.seed),
+    ]
     length = ["--full-length"] if args.full_length else []
-    ours_cmd = [sys.executable, os.path.abspath(__file__), "--impl", "ours", *common,
-                *([] if args.full_length else ["--natural-length"])]
+    ours_cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--impl",
+        "ours",
+        *common,
+        *([] if args.full_length else ["--natural-length"]),
+    ]
     trl_cmd = [args.trl_python, os.path.join(bench_dir, "trl_grpo_step.py"), *common, *length]
     if args.impl == "trl":
         print(json.dumps(_subprocess(trl_cmd)), flush=True)
         return
     runs = {"ours": [], "trl": []}
     for r in range(args.rounds):
-        for name, cmd in (("ours", ours_cmd), ("trl", trl_cmd)) if r % 2 == 0 else (("trl", trl_cmd), ("ours", ours_cmd)):
+        for name, cmd in (
+            (("ours", ours_cmd), ("trl", trl_cmd)) if r % 2 == 0 else (("trl", trl_cmd), ("ours", ours_cmd))
+        ):
             res = _subprocess(cmd)
             runs[name].append(res)
-            print(f"round {r} {name:4s} median step {res['step_s']['median']:.3f}s  generate "
-                  f"{res['phase_s']['generate']['median']:.3f}s  peak RSS {res['peak_rss_mib']:.0f} MiB  "
-                  f"completion len {res['mean_completion_len'].get('median')}", flush=True)
+            print(
+                f"round {r} {name:4s} median step {res['step_s']['median']:.3f}s  generate "
+                f"{res['phase_s']['generate']['median']:.3f}s  peak RSS {res['peak_rss_mib']:.0f} MiB  "
+                f"completion len {res['mean_completion_len'].get('median')}",
+                flush=True,
+            )
     med = {k: statistics.median(x["step_s"]["median"] for x in v) for k, v in runs.items()}
     gen = {k: statistics.median(x["phase_s"]["generate"]["median"] for x in v) for k, v in runs.items()}
-    update = {k: statistics.median(sum(x["phase_s"][p]["median"] for p in ("loss_fwd", "backward", "optim")) for x in v)
-              for k, v in runs.items()}
+    update = {
+        k: statistics.median(sum(x["phase_s"][p]["median"] for p in ("loss_fwd", "backward", "optim")) for x in v)
+        for k, v in runs.items()
+    }
     rss = {k: max(x["peak_rss_mib"] for x in v) for k, v in runs.items()}
     rows = K * PROMPTS_PER_STEP
     completion = {k: statistics.median(x["mean_completion_len"]["median"] for x in v) for k, v in runs.items()}
-    prompt = {"ours": statistics.median(x["mean_prompt_len"]["median"] for x in runs["ours"]),
-              "trl": _trl_prompt_len(args.smol_path, runs["trl"], args.warmup)}
+    prompt = {
+        "ours": statistics.median(x["mean_prompt_len"]["median"] for x in runs["ours"]),
+        "trl": _trl_prompt_len(args.smol_path, runs["trl"], args.warmup),
+    }
     generated = {k: rows * completion[k] for k in runs}  # tokens sampled per step
     trained = {k: rows * (prompt[k] + completion[k]) for k in runs}  # real tokens through fwd + bwd per step
-    gap = {"generated": abs(generated["ours"] / generated["trl"] - 1), "trained": abs(trained["ours"] / trained["trl"] - 1)}
+    gap = {
+        "generated": abs(generated["ours"] / generated["trl"] - 1),
+        "trained": abs(trained["ours"] / trained["trl"] - 1),
+    }
     equal = all(g <= 0.05 for g in gap.values())
     summary = {
-        "model": args.model, "rounds": args.rounds, "full_length": args.full_length,
-        "median_step_s": med, "median_generate_s": gen, "median_update_s": update, "peak_rss_mib": rss,
-        "generated_tokens_per_step": generated, "trained_tokens_per_step": trained,
+        "model": args.model,
+        "rounds": args.rounds,
+        "full_length": args.full_length,
+        "median_step_s": med,
+        "median_generate_s": gen,
+        "median_update_s": update,
+        "peak_rss_mib": rss,
+        "generated_tokens_per_step": generated,
+        "trained_tokens_per_step": trained,
         "token_gap": {k: round(v, 3) for k, v in gap.items()},
         "generate_ms_per_generated_token": {k: round(1e3 * gen[k] / generated[k], 2) for k in runs},
         "update_ms_per_trained_token": {k: round(1e3 * update[k] / trained[k], 3) for k in runs},
@@ -251,8 +299,10 @@ def main(argv: list[str] | None = None) -> None:
         summary["update_ratio_ours_over_trl"] = round(update["ours"] / update["trl"], 3)
     else:
         summary["step_ratio_ours_over_trl"] = None
-        summary["refused"] = (f"the two sides did different work (generated tokens differ by {gap['generated']:.1%}, "
-                              f"trained tokens by {gap['trained']:.1%}; the limit is 5%): compare the per-token times")
+        summary["refused"] = (
+            f"the two sides did different work (generated tokens differ by {gap['generated']:.1%}, "
+            f"trained tokens by {gap['trained']:.1%}; the limit is 5%): compare the per-token times"
+        )
     print(json.dumps(summary), flush=True)
 
 
@@ -260,9 +310,8 @@ def _trl_prompt_len(smol_path: str, trl_runs: list[dict], warmup: int) -> float:
     """Mean prompt tokens of the rows TRL trained on in its measured steps: the prompts its script reports
     per step (``step_prompt_idx``; TRL's sampler orders the rows itself) through the tokenizer's chat template
     with the generation prompt, as TRL encodes them (its script reports only completion lengths)."""
-    from transformers import AutoTokenizer
-
     import trl_grpo_step as anchor
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smol_path)
     rows = anchor.build_rows()

@@ -65,10 +65,17 @@ def run(side: str, model_name: str, tasks, k: int, turns: int, new: int, seed: i
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     bytes_per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * base.model.dtype.itemsize  # keys and values
     stored = engine.after_call
-    return {"side": side, "wall_s": wall, "generated_tokens": generated, "s_per_token": wall / max(generated, 1),
-            "calls": len(stored), "stored_peak_tokens": max(stored), "stored_mean_tokens": statistics.mean(stored),
-            "stored_peak_mb": max(stored) * bytes_per_token / 2**20,
-            "trajectories": [t.token_ids for t in trajs]}
+    return {
+        "side": side,
+        "wall_s": wall,
+        "generated_tokens": generated,
+        "s_per_token": wall / max(generated, 1),
+        "calls": len(stored),
+        "stored_peak_tokens": max(stored),
+        "stored_mean_tokens": statistics.mean(stored),
+        "stored_peak_mb": max(stored) * bytes_per_token / 2**20,
+        "trajectories": [t.token_ids for t in trajs],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -88,21 +95,38 @@ def main(argv: list[str] | None = None) -> dict:
     res = {"shared": [], "whole": []}
     for r in range(args.rounds):
         outs = {}
-        for side in (("shared", "whole") if r % 2 == 0 else ("whole", "shared")):
+        for side in ("shared", "whole") if r % 2 == 0 else ("whole", "shared"):
             outs[side] = out = run(side, args.model, tasks, args.k, args.turns, args.new, args.seed + r)
             res[side].append(out)
-            print(f"round {r} {side:6s} wall {out['wall_s']:8.2f}s  generated {out['generated_tokens']:6d}  "
-                  f"calls {out['calls']:3d}  stored tokens peak {out['stored_peak_tokens']:7d} "
-                  f"({out['stored_peak_mb']:.0f} MB) mean {out['stored_mean_tokens']:9.0f}", flush=True)
+            print(
+                f"round {r} {side:6s} wall {out['wall_s']:8.2f}s  generated {out['generated_tokens']:6d}  "
+                f"calls {out['calls']:3d}  stored tokens peak {out['stored_peak_tokens']:7d} "
+                f"({out['stored_peak_mb']:.0f} MB) mean {out['stored_mean_tokens']:9.0f}",
+                flush=True,
+            )
         if outs["shared"]["trajectories"] != outs["whole"]["trajectories"]:
             raise SystemExit("the two sides played different trajectories: the comparison is not of equal work")
-    med = {side: {key: statistics.median(x[key] for x in v)
-                  for key in ("wall_s", "s_per_token", "stored_peak_tokens", "stored_mean_tokens", "stored_peak_mb")}
-           for side, v in res.items()}
-    ratios = {f"{key}_shared_over_whole": round(med["shared"][key] / med["whole"][key], 3)
-              for key in ("stored_peak_tokens", "stored_mean_tokens", "wall_s")}
-    summary = {"model": args.model, "tasks": [t.id for t in tasks], "k": args.k, "turns": args.turns, "new": args.new,
-               "generated_tokens": res["shared"][0]["generated_tokens"], "median": med, "ratios": ratios}
+    med = {
+        side: {
+            key: statistics.median(x[key] for x in v)
+            for key in ("wall_s", "s_per_token", "stored_peak_tokens", "stored_mean_tokens", "stored_peak_mb")
+        }
+        for side, v in res.items()
+    }
+    ratios = {
+        f"{key}_shared_over_whole": round(med["shared"][key] / med["whole"][key], 3)
+        for key in ("stored_peak_tokens", "stored_mean_tokens", "wall_s")
+    }
+    summary = {
+        "model": args.model,
+        "tasks": [t.id for t in tasks],
+        "k": args.k,
+        "turns": args.turns,
+        "new": args.new,
+        "generated_tokens": res["shared"][0]["generated_tokens"],
+        "median": med,
+        "ratios": ratios,
+    }
     print(json.dumps(summary), flush=True)
     return summary
 

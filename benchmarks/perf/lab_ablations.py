@@ -6,7 +6,7 @@ the same test-split tasks against the real backend (greedy, as the recipe's eval
 test task of the hidden-rules world, 100 per family), and its rehearsal fidelity is measured on the first
 ``--fidelity-limit`` test tasks of each family:
 
-| arm | what changes (DESIGN.md §1; the paper's ablations) |
+| arm | what changes (docs/design.md §1; the paper's ablations) |
 |---|---|
 | ``role_grpo`` | EnvACE: one shared policy, rehearsed rollouts, one baseline per (group, role) |
 | ``role_grpo_token`` | the same with the baseline's weights per token instead of per turn (``weighting=token``) |
@@ -36,12 +36,12 @@ executed on the real backend to build them); every arm starts from it. Writes ``
 final when it equals ``"seeds"``). Every stage has its own folder and is skipped when run again (an
 interrupted run resumes; GRPO from its newest checkpoint).
 
-    .venv/bin/python benchmarks/perf/lab_ablations.py --quick        # 2 seeds, 2 GRPO steps, 6 test tasks
-    .venv/bin/python benchmarks/perf/lab_ablations.py                # 10 seeds, the recipe's GRPO budget, 600 test tasks
+    .venv/bin/python benchmarks/perf/lab_ablations.py --quick       # 2 seeds, 2 GRPO steps, 6 test tasks
+    .venv/bin/python benchmarks/perf/lab_ablations.py               # 10 seeds, the recipe's GRPO budget, 600 test tasks
 
 Nothing here is tuned toward a result: the world, the seeds (0..S-1) and the budgets are the recipe's (or
 the options'), the same for every arm, and the script reports whatever the runs give.
-"""
+"""  # noqa: E501 (a markdown table row in this docstring cannot be wrapped)
 
 from __future__ import annotations
 
@@ -84,15 +84,51 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=10, help="GRPO seeds per arm (0..S-1)")
     ap.add_argument("--grpo-steps", type=int, default=None, help="GRPO steps per run (default: the recipe's)")
     ap.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
-    ap.add_argument("--ttr-n", type=int, nargs="*", default=[], help="test-time rehearsal attempts per turn (each >= 1), parallel, the trained policy rehearsing (none by default); N = 0 is each arm's own evaluation, always run")
-    ap.add_argument("--ttr-sequential-n", type=int, nargs="*", default=None, help="the same, sequential attempts (default: --ttr-n)")
-    ap.add_argument("--base-rehearser-n", type=int, nargs="*", default=None, help="the same, parallel, the pre-RL (warm-start) model rehearsing: the base-rehearser control (default: --ttr-n)")
-    ap.add_argument("--ttr-memory-tokens", type=int, default=128, help="bound on the rehearsal memory (the same for every N)")
+    ap.add_argument(
+        "--ttr-n",
+        type=int,
+        nargs="*",
+        default=[],
+        help=(
+            "test-time rehearsal attempts per turn (each >= 1), parallel, the trained policy rehearsing (none by "
+            "default); N = 0 is each arm's own evaluation, always run"
+        ),
+    )
+    ap.add_argument(
+        "--ttr-sequential-n", type=int, nargs="*", default=None, help="the same, sequential attempts (default: --ttr-n)"
+    )
+    ap.add_argument(
+        "--base-rehearser-n",
+        type=int,
+        nargs="*",
+        default=None,
+        help=(
+            "the same, parallel, the pre-RL (warm-start) model rehearsing: the base-rehearser control (default: "
+            "--ttr-n)"
+        ),
+    )
+    ap.add_argument(
+        "--ttr-memory-tokens", type=int, default=128, help="bound on the rehearsal memory (the same for every N)"
+    )
     ap.add_argument("--ttr-critique-tokens", type=int, default=32, help="cap per critique (the same for every N)")
-    ap.add_argument("--limit", type=int, default=100, help="test tasks per category (100: every test task of the hidden-rules world)")
-    ap.add_argument("--fidelity-limit", type=int, default=25, help="test tasks per category of each fidelity evaluation (0: none)")
+    ap.add_argument(
+        "--limit",
+        type=int,
+        default=100,
+        help="test tasks per category (100: every test task of the hidden-rules world)",
+    )
+    ap.add_argument(
+        "--fidelity-limit", type=int, default=25, help="test tasks per category of each fidelity evaluation (0: none)"
+    )
     ap.add_argument("--sb3-timesteps", type=int, default=50_000, help="MaskablePPO env steps per seed (0: no SB3 row)")
-    ap.add_argument("--quick", action="store_true", help="2 seeds, 2 GRPO steps, 1 test task per category (fidelity too), test-time rehearsal N <= 2 parallel only, SB3 10,000 steps")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=(
+            "2 seeds, 2 GRPO steps, 1 test task per category (fidelity too), test-time rehearsal N <= 2 parallel "
+            "only, SB3 10,000 steps"
+        ),
+    )
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     if args.quick:
@@ -103,8 +139,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.ttr_sequential_n = list(args.ttr_n)
     if args.base_rehearser_n is None:
         args.base_rehearser_n = list(args.ttr_n)
-    if args.seeds < 1 or (args.grpo_steps is not None and args.grpo_steps < 1) or any(
-            n < 1 for n in args.ttr_n + args.ttr_sequential_n + args.base_rehearser_n):
+    if (
+        args.seeds < 1
+        or (args.grpo_steps is not None and args.grpo_steps < 1)
+        or any(n < 1 for n in args.ttr_n + args.ttr_sequential_n + args.base_rehearser_n)
+    ):
         ap.error("--seeds, --grpo-steps and every test-time rehearsal N must be >= 1")
     if "role_grpo" not in args.arms:
         ap.error("--arms must include role_grpo: every comparison and the rehearsal rows are made against it")
@@ -138,7 +177,15 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     from agents.config import TrainConfig, load_dataclass
     from agents.models import default_store
-    from agents.pipeline import PipelineConfig, StageRunner, grpo_stage, latest_model, sft_stage, stage_ignores, stage_settings
+    from agents.pipeline import (
+        PipelineConfig,
+        StageRunner,
+        grpo_stage,
+        latest_model,
+        sft_stage,
+        stage_ignores,
+        stage_settings,
+    )
     from envace_gym.suites import make_suite
 
     torch.set_num_threads(args.threads)
@@ -166,15 +213,20 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     warm_fid = fidelity("warm_start/fidelity", warm)
     # the warm start's real calls are the reference solutions of its demonstrations, executed to build them
     used = set(warm_info["task_ids"])
-    warm_calls = sum(len(turn) for t in suite.tasks(recipe.categories, "train") if t.id in used
-                     for turn in suite.ground_truth(t))
-    settings = ([("trained", None, "parallel", n) for n in args.ttr_n]
-                + [("trained", None, "sequential", n) for n in args.ttr_sequential_n]
-                + [("base", warm, "parallel", n) for n in args.base_rehearser_n])
+    warm_calls = sum(
+        len(turn) for t in suite.tasks(recipe.categories, "train") if t.id in used for turn in suite.ground_truth(t)
+    )
+    settings = (
+        [("trained", None, "parallel", n) for n in args.ttr_n]
+        + [("trained", None, "sequential", n) for n in args.ttr_sequential_n]
+        + [("base", warm, "parallel", n) for n in args.base_rehearser_n]
+    )
     run_sb3 = bool(args.sb3_timesteps) and stated
     if args.sb3_timesteps and not stated:
-        log("[ablations] no MaskablePPO row: the hidden-rules world has no discrete twin (EnvACE-LabDiscrete-v0 "
-            "is the stated-rules world's)")
+        log(
+            "[ablations] no MaskablePPO row: the hidden-rules world has no discrete twin (EnvACE-LabDiscrete-v0 "
+            "is the stated-rules world's)"
+        )
 
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
     rehearsal: dict[str, list[dict[str, Any]]] = {}
@@ -183,45 +235,82 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     for seed in range(args.seeds):
         for arm in args.arms:
             name = f"{arm}/seed{seed}"
-            config = dataclasses.replace(recipe.grpo_config(out / name / "grpo", warm), seed=seed, num_steps=steps,
-                                         save_every=steps, **ARMS[arm])
-            info = stages.stage(f"{name}/grpo", lambda _, config=config: grpo_stage(config, models, log),
-                                stage_settings(config), ignore=stage_ignores(TrainConfig))
+            config = dataclasses.replace(
+                recipe.grpo_config(out / name / "grpo", warm), seed=seed, num_steps=steps, save_every=steps, **ARMS[arm]
+            )
+            info = stages.stage(
+                f"{name}/grpo",
+                lambda _, config=config: grpo_stage(config, models, log),
+                stage_settings(config),
+                ignore=stage_ignores(TrainConfig),
+            )
             trained = latest_model(out / name / "grpo")
             row = evaluation(f"{name}/eval", trained)
             row["task_rewards"] = _task_rewards(out / name / "eval")
-            runs[arm].append({"seed": seed, "model": trained, "eval": row, "train": {k: info[k] for k in _TOTALS},
-                              "fidelity": fidelity(f"{name}/fidelity", trained), "train_s": info["seconds"],
-                              "eval_s": stages.timings[f"{name}/eval"]})
+            runs[arm].append(
+                {
+                    "seed": seed,
+                    "model": trained,
+                    "eval": row,
+                    "train": {k: info[k] for k in _TOTALS},
+                    "fidelity": fidelity(f"{name}/fidelity", trained),
+                    "train_s": info["seconds"],
+                    "eval_s": stages.timings[f"{name}/eval"],
+                }
+            )
         for rehearser, rehearser_model, mode, n in settings:
             stage = f"role_grpo/seed{seed}/ttr_{rehearser}_{mode}_n{n}"
-            row = evaluation(stage, runs["role_grpo"][-1]["model"], rehearsal_n=n, rehearsal_mode=mode,
-                             rehearser_model=rehearser_model, memory_tokens=args.ttr_memory_tokens,
-                             critique_tokens=args.ttr_critique_tokens)
+            row = evaluation(
+                stage,
+                runs["role_grpo"][-1]["model"],
+                rehearsal_n=n,
+                rehearsal_mode=mode,
+                rehearser_model=rehearser_model,
+                memory_tokens=args.ttr_memory_tokens,
+                critique_tokens=args.ttr_critique_tokens,
+            )
             row["task_rewards"] = _task_rewards(out / stage)
             rehearsal.setdefault(f"N={n} {mode}, {rehearser} rehearser", []).append(
-                {"seed": seed, "eval": row, "eval_s": stages.timings[stage]})
+                {"seed": seed, "eval": row, "eval_s": stages.timings[stage]}
+            )
         if run_sb3:
             from benchmarks.perf.lab_sb3_baseline import run_seed
 
-            sb3_settings = {"timesteps": args.sb3_timesteps, "categories": recipe.categories, "limit": recipe.eval.limit}
-            sb3.append(stages.stage(f"sb3_maskable_ppo/seed{seed}",
-                                    lambda _, seed=seed: {"row": run_seed(seed, args.sb3_timesteps, recipe.categories,
-                                                                          limit=recipe.eval.limit),
-                                                          "config": sb3_settings}, sb3_settings)["row"])
+            sb3_settings = {
+                "timesteps": args.sb3_timesteps,
+                "categories": recipe.categories,
+                "limit": recipe.eval.limit,
+            }
+            sb3.append(
+                stages.stage(
+                    f"sb3_maskable_ppo/seed{seed}",
+                    lambda _, seed=seed, sb3_settings=sb3_settings: {
+                        "row": run_seed(seed, args.sb3_timesteps, recipe.categories, limit=recipe.eval.limit),
+                        "config": sb3_settings,
+                    },
+                    sb3_settings,
+                )["row"]
+            )
         warm_s = stages.timings["warm_start/sft"] + stages.timings["warm_start/eval"]
         results = _results(args, recipe, steps, warm_eval, warm_fid, (warm_s, warm_calls), runs, rehearsal, sb3)
-        results.update(seeds_done=seed + 1, wall_s=time.perf_counter() - t_start, kind="lab_ablations",
-                       command=("python benchmarks/perf/lab_ablations.py " + shlex.join(getattr(args, "argv", []))).strip(),
-                       date=datetime.date.today().isoformat(), stage_seconds=dict(stages.timings),
-                       stage_minutes=sum(stages.timings.values()) / 60)
+        results.update(
+            seeds_done=seed + 1,
+            wall_s=time.perf_counter() - t_start,
+            kind="lab_ablations",
+            command=("python benchmarks/perf/lab_ablations.py " + shlex.join(getattr(args, "argv", []))).strip(),
+            date=datetime.date.today().isoformat(),
+            stage_seconds=dict(stages.timings),
+            stage_minutes=sum(stages.timings.values()) / 60,
+        )
         (out / "results.json").write_text(json.dumps(results, indent=1))
         plot(results, out / "ablations.png")
         log(f"[ablations] {seed + 1}/{args.seeds} seeds in {out / 'results.json'}")
     for line in table(results):
         log(line)
-    log(f"[ablations] plot: {out / 'ablations.png'}; results: {out / 'results.json'}; "
-        f"stage time {results['stage_minutes']:.1f} min")
+    log(
+        f"[ablations] plot: {out / 'ablations.png'}; results: {out / 'results.json'}; "
+        f"stage time {results['stage_minutes']:.1f} min"
+    )
     return results
 
 
@@ -247,8 +336,11 @@ _TOTALS = ("real_tool_calls", "verifier_replay_calls", "groups_with_reward_varia
 """The training totals of a GRPO stage (`agents.pipeline.grpo_stage`) that the table reads."""
 
 
-FIDELITY_SPLITS = {"exact": "fidelity_exact_match", "ordinary exact": "fidelity_ordinary_exact_match",
-                   "error exact": "fidelity_error_exact_match"}
+FIDELITY_SPLITS = {
+    "exact": "fidelity_exact_match",
+    "ordinary exact": "fidelity_ordinary_exact_match",
+    "error exact": "fidelity_error_exact_match",
+}
 """Per-row fidelity columns: exact match over every rehearsed output, over ordinary outputs, over error outputs."""
 
 
@@ -266,75 +358,139 @@ def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, sb
     ref_tasks = [r["eval"]["task_rewards"] for r in runs["role_grpo"]]
     warm_s, warm_calls = warm
     warm_success = summarize([warm_eval["accuracy"]])  # one model: its difference to each role_grpo seed is paired
-    warm_success.update({k: v for k, v in summarize([warm_eval["accuracy"]] * len(reference), reference).items()
-                         if k.startswith("diff_")})
-    rows: list[dict[str, Any]] = [{"row": "warm start (SFT, pre-RL)", "success": warm_success,
-                                   "paired_tasks": paired_tasks([warm_eval["task_rewards"]] * len(ref_tasks), ref_tasks),
-                                   "real_tool_calls": warm_calls, "verifier_replay_calls": 0, "wall_s": warm_s,
-                                   "fidelity": _row_fidelity([warm_fid])}]
+    warm_success.update(
+        {
+            k: v
+            for k, v in summarize([warm_eval["accuracy"]] * len(reference), reference).items()
+            if k.startswith("diff_")
+        }
+    )
+    rows: list[dict[str, Any]] = [
+        {
+            "row": "warm start (SFT, pre-RL)",
+            "success": warm_success,
+            "paired_tasks": paired_tasks([warm_eval["task_rewards"]] * len(ref_tasks), ref_tasks),
+            "real_tool_calls": warm_calls,
+            "verifier_replay_calls": 0,
+            "wall_s": warm_s,
+            "fidelity": _row_fidelity([warm_fid]),
+        }
+    ]
     for arm, rs in runs.items():
-        rows.append({
-            "row": arm, "success": summarize([r["eval"]["accuracy"] for r in rs], None if arm == "role_grpo" else reference),
-            **({} if arm == "role_grpo" else {"paired_tasks": paired_tasks([r["eval"]["task_rewards"] for r in rs], ref_tasks)}),
-            "real_tool_calls": float(np.mean([r["train"]["real_tool_calls"] for r in rs])),
-            "verifier_replay_calls": float(np.mean([r["train"]["verifier_replay_calls"] for r in rs])),
-            "groups_with_signal": float(np.mean([sum(r["train"]["groups_with_reward_variance"]) for r in rs])),
-            "wall_s": float(np.mean([r["train_s"] + r["eval_s"] for r in rs])),
-            "fidelity": _row_fidelity([r["fidelity"] for r in rs]),
-        })
+        rows.append(
+            {
+                "row": arm,
+                "success": summarize([r["eval"]["accuracy"] for r in rs], None if arm == "role_grpo" else reference),
+                **(
+                    {}
+                    if arm == "role_grpo"
+                    else {"paired_tasks": paired_tasks([r["eval"]["task_rewards"] for r in rs], ref_tasks)}
+                ),
+                "real_tool_calls": float(np.mean([r["train"]["real_tool_calls"] for r in rs])),
+                "verifier_replay_calls": float(np.mean([r["train"]["verifier_replay_calls"] for r in rs])),
+                "groups_with_signal": float(np.mean([sum(r["train"]["groups_with_reward_variance"]) for r in rs])),
+                "wall_s": float(np.mean([r["train_s"] + r["eval_s"] for r in rs])),
+                "fidelity": _row_fidelity([r["fidelity"] for r in rs]),
+            }
+        )
     for key, rs in rehearsal.items():
-        rows.append({"row": f"role_grpo + TTR {key}", "success": summarize([r["eval"]["accuracy"] for r in rs], reference),
-                     "paired_tasks": paired_tasks([r["eval"]["task_rewards"] for r in rs], ref_tasks),
-                     "wall_s": float(np.mean([r["eval_s"] for r in rs]))})
+        rows.append(
+            {
+                "row": f"role_grpo + TTR {key}",
+                "success": summarize([r["eval"]["accuracy"] for r in rs], reference),
+                "paired_tasks": paired_tasks([r["eval"]["task_rewards"] for r in rs], ref_tasks),
+                "wall_s": float(np.mean([r["eval_s"] for r in rs])),
+            }
+        )
     if sb3:
-        rows.append({"row": f"MaskablePPO ({args.sb3_timesteps} steps, real backend)",
-                     "success": summarize([r["test_success"] for r in sb3]),
-                     "real_tool_calls": float(np.mean([r["train_real_calls"] for r in sb3])), "verifier_replay_calls": 0,
-                     "wall_s": float(np.mean([r["train_s"] for r in sb3]))})
+        rows.append(
+            {
+                "row": f"MaskablePPO ({args.sb3_timesteps} steps, real backend)",
+                "success": summarize([r["test_success"] for r in sb3]),
+                "real_tool_calls": float(np.mean([r["train_real_calls"] for r in sb3])),
+                "verifier_replay_calls": 0,
+                "wall_s": float(np.mean([r["train_s"] for r in sb3])),
+            }
+        )
     fidelity_after = [r["fidelity"] for r in runs["role_grpo"] if r["fidelity"]]
-    fidelity = {"before": _fidelity(warm_fid),
-                "after": {m: summarize([f[f"fidelity_{m}"] for f in fidelity_after if f.get(f"fidelity_{m}") is not None])
-                          for m in FIDELITY_METRICS}}
-    return {"recipe": str(args.recipe), "model": recipe.model, "seeds": args.seeds, "grpo_steps": steps,
-            "grpo": {k: getattr(recipe.grpo, k) for k in ("batch_tasks", "group_size", "lr", "max_new_tokens",
-                                                           "rehearse_max_new_tokens", "max_steps_per_turn", "temperature")},
-            "test_tasks": warm_eval["n_tasks"], "fidelity_tasks": warm_fid.get("n_tasks"), "rows": rows,
-            "fidelity": fidelity}
+    fidelity = {
+        "before": _fidelity(warm_fid),
+        "after": {
+            m: summarize([f[f"fidelity_{m}"] for f in fidelity_after if f.get(f"fidelity_{m}") is not None])
+            for m in FIDELITY_METRICS
+        },
+    }
+    return {
+        "recipe": str(args.recipe),
+        "model": recipe.model,
+        "seeds": args.seeds,
+        "grpo_steps": steps,
+        "grpo": {
+            k: getattr(recipe.grpo, k)
+            for k in (
+                "batch_tasks",
+                "group_size",
+                "lr",
+                "max_new_tokens",
+                "rehearse_max_new_tokens",
+                "max_steps_per_turn",
+                "temperature",
+            )
+        },
+        "test_tasks": warm_eval["n_tasks"],
+        "fidelity_tasks": warm_fid.get("n_tasks"),
+        "rows": rows,
+        "fidelity": fidelity,
+    }
 
 
 def table(results: dict[str, Any]) -> list[str]:
     """The printed table: one line per row of `results` (`run`'s), then the fidelity lines."""
     done = results.get("seeds_done", results["seeds"])
     progress = "" if done == results["seeds"] else f" (PARTIAL: {done} of {results['seeds']} seeds done)"
-    lines = [f"EnvACE-Lab ablations: {results['model']}, {done} seeds, {results['grpo_steps']} GRPO steps "
-             f"(B={results['grpo']['batch_tasks']}, K={results['grpo']['group_size']}), {results['test_tasks']} test tasks, "
-             f"success on the real backend, mean +- 95% CI over seeds{progress}",
-             f"{'row':<40} {'success':>15} {'vs role_grpo':>15} {'tasks +/-':>9} {'real calls':>10} {'replays':>8} "
-             f"{'seconds':>8} {'fid ord':>7} {'fid err':>7}"]
+    lines = [
+        f"EnvACE-Lab ablations: {results['model']}, {done} seeds, {results['grpo_steps']} GRPO steps "
+        f"(B={results['grpo']['batch_tasks']}, K={results['grpo']['group_size']}), {results['test_tasks']} test tasks, "
+        f"success on the real backend, mean +- 95% CI over seeds{progress}",
+        f"{'row':<40} {'success':>15} {'vs role_grpo':>15} {'tasks +/-':>9} {'real calls':>10} {'replays':>8} "
+        f"{'seconds':>8} {'fid ord':>7} {'fid err':>7}",
+    ]
     for row in results["rows"]:
         s = row["success"]
         success = f"{s['mean']:.3f}" + ("" if s["ci95"] is None else f" +- {s['ci95']:.3f}")
-        diff = "" if "diff_mean" not in s else (
-            f"{s['diff_mean']:+.3f}" + ("" if s["diff_ci95"] is None else f" +- {s['diff_ci95']:.3f}"))
+        diff = (
+            ""
+            if "diff_mean" not in s
+            else (f"{s['diff_mean']:+.3f}" + ("" if s["diff_ci95"] is None else f" +- {s['diff_ci95']:.3f}"))
+        )
         paired = f"+{row['paired_tasks']['gained']}/-{row['paired_tasks']['lost']}" if "paired_tasks" in row else ""
         calls = "" if row.get("real_tool_calls") is None else f"{row['real_tool_calls']:.0f}"
         replays = "" if row.get("verifier_replay_calls") is None else f"{row['verifier_replay_calls']:.0f}"
         secs = f"{row['wall_s']:.0f}" if "wall_s" in row else ""
         fid = row.get("fidelity") or {}
         ordinary, error = (("" if fid.get(k) is None else f"{fid[k]:.3f}") for k in ("ordinary exact", "error exact"))
-        lines.append(f"{row['row']:<40} {success:>15} {diff:>15} {paired:>9} {calls:>10} {replays:>8} {secs:>8} "
-                     f"{ordinary:>7} {error:>7}")
-    lines.append("tasks +/-: the test tasks the row solved that role_grpo did not / that role_grpo solved and the row "
-                 "did not, summed over seeds" + ("; one seed: no interval over seeds (no +-)" if done < 2 else ""))
+        lines.append(
+            f"{row['row']:<40} {success:>15} {diff:>15} {paired:>9} {calls:>10} {replays:>8} {secs:>8} "
+            f"{ordinary:>7} {error:>7}"
+        )
+    lines.append(
+        "tasks +/-: the test tasks the row solved that role_grpo did not / that role_grpo solved and the row "
+        "did not, summed over seeds" + ("; one seed: no interval over seeds (no +-)" if done < 2 else "")
+    )
     if results.get("fidelity_tasks"):
-        lines.append(f"fid ord / fid err: rehearsal fidelity, exact match on ordinary / error tool outputs, mean over "
-                     f"seeds, on {results['fidelity_tasks']} test tasks")
+        lines.append(
+            f"fid ord / fid err: rehearsal fidelity, exact match on ordinary / error tool outputs, mean over "
+            f"seeds, on {results['fidelity_tasks']} test tasks"
+        )
     before, after = results["fidelity"]["before"], results["fidelity"]["after"]
     for m in FIDELITY_METRICS:
         b = "n/a" if before[m] is None else f"{before[m]:.3f}"
         a = after[m]
-        lines.append(f"fidelity {m:<21} before GRPO {b:>6}   after {plus_minus(a['mean'], a['ci95'])}" if a["n"]
-                     else f"fidelity {m:<21} before GRPO {b:>6}   after n/a")
+        lines.append(
+            f"fidelity {m:<21} before GRPO {b:>6}   after {plus_minus(a['mean'], a['ci95'])}"
+            if a["n"]
+            else f"fidelity {m:<21} before GRPO {b:>6}   after n/a"
+        )
     return lines
 
 
@@ -349,18 +505,29 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 0.35 * len(rows) + 2.5), gridspec_kw={"width_ratios": [3, 1]})
     ys = np.arange(len(rows))[::-1]
     nan = float("nan")  # no interval (one seed): no error bar, rather than a zero-width one
-    ax.barh(ys, [r["success"]["mean"] for r in rows], capsize=3,
-            xerr=[nan if r["success"]["ci95"] is None else r["success"]["ci95"] for r in rows])
+    ax.barh(
+        ys,
+        [r["success"]["mean"] for r in rows],
+        capsize=3,
+        xerr=[nan if r["success"]["ci95"] is None else r["success"]["ci95"] for r in rows],
+    )
     ax.set_yticks(ys, [r["row"] for r in rows], fontsize=8)
     ax.set_xlim(0, 1)
-    ax.set_xlabel(f"test success, real backend ({results['test_tasks']} tasks; mean, 95% CI over "
-                  f"{results.get('seeds_done', results['seeds'])} seeds)")
+    ax.set_xlabel(
+        f"test success, real backend ({results['test_tasks']} tasks; mean, 95% CI over "
+        f"{results.get('seeds_done', results['seeds'])} seeds)"
+    )
     before, after = results["fidelity"]["before"], results["fidelity"]["after"]
     xs = np.arange(len(FIDELITY_METRICS))
     bx.bar(xs - 0.2, [before[m] or 0 for m in FIDELITY_METRICS], 0.4, label="before GRPO")
-    bx.bar(xs + 0.2, [after[m]["mean"] if after[m]["n"] else 0 for m in FIDELITY_METRICS], 0.4,
-           yerr=[nan if not after[m]["n"] or after[m]["ci95"] is None else after[m]["ci95"] for m in FIDELITY_METRICS],
-           capsize=3, label="after GRPO")
+    bx.bar(
+        xs + 0.2,
+        [after[m]["mean"] if after[m]["n"] else 0 for m in FIDELITY_METRICS],
+        0.4,
+        yerr=[nan if not after[m]["n"] or after[m]["ci95"] is None else after[m]["ci95"] for m in FIDELITY_METRICS],
+        capsize=3,
+        label="after GRPO",
+    )
     bx.set_xticks(xs, ["exact", "structure", "token F1"])
     bx.set_ylim(0, 1)
     bx.set_title("rehearsal fidelity", fontsize=9)

@@ -25,7 +25,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import envace_gym  # noqa: E402,F401
-
 from benchmarks.stats import mean_ci95  # noqa: E402
 
 
@@ -61,8 +60,14 @@ def run_seed(seed: int, timesteps: int, categories: list[str] | None, limit: int
             done = terminated or truncated
         wins.setdefault(task.metadata["category"], []).append(reward)
     every = [r for rs in wins.values() for r in rs]
-    return {"seed": seed, "test_success": float(np.mean(every)), "per_category": {c: float(np.mean(r)) for c, r in wins.items()},
-            "train_real_calls": train.real_calls, "train_s": train_s, "test_tasks": len(every)}
+    return {
+        "seed": seed,
+        "test_success": float(np.mean(every)),
+        "per_category": {c: float(np.mean(r)) for c, r in wins.items()},
+        "train_real_calls": train.real_calls,
+        "train_s": train_s,
+        "test_tasks": len(every),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -81,15 +86,25 @@ def main(argv: list[str] | None = None) -> dict:
     for seed in range(args.seeds):
         row = run_seed(seed, args.timesteps, args.categories)
         rows.append(row)
-        print(f"seed {seed}: test success {row['test_success']:.3f} ({row['test_tasks']} tasks), "
-              f"{row['train_real_calls']} real tool calls in training, {row['train_s']:.0f} s  "
-              + " ".join(f"{c}={v:.2f}" for c, v in row["per_category"].items()))
+        print(
+            f"seed {seed}: test success {row['test_success']:.3f} ({row['test_tasks']} tasks), "
+            f"{row['train_real_calls']} real tool calls in training, {row['train_s']:.0f} s  "
+            + " ".join(f"{c}={v:.2f}" for c, v in row["per_category"].items())
+        )
     success, half = mean_ci95([r["test_success"] for r in rows])
     calls, calls_half = mean_ci95([float(r["train_real_calls"]) for r in rows])
-    print(f"MaskablePPO, {args.timesteps} steps, {args.seeds} seeds: test success {plus_minus(success, half)} (95% CI), "
-          f"real tool calls in training {plus_minus(calls, calls_half, '.0f')}")
-    result = {"timesteps": args.timesteps, "seeds": args.seeds, "rows": rows, "test_success_mean": success,
-              "test_success_ci95": half, "train_real_calls_mean": calls}
+    print(
+        f"MaskablePPO, {args.timesteps} steps, {args.seeds} seeds: test success {plus_minus(success, half)} (95% CI), "
+        f"real tool calls in training {plus_minus(calls, calls_half, '.0f')}"
+    )
+    result = {
+        "timesteps": args.timesteps,
+        "seeds": args.seeds,
+        "rows": rows,
+        "test_success_mean": success,
+        "test_success_ci95": half,
+        "train_real_calls_mean": calls,
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

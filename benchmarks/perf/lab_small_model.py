@@ -1,24 +1,26 @@
-"""Can a model much cheaper than ``smollm2-lab`` learn EnvACE-Lab by SFT on 2 CPU cores? (how the lab's model was chosen)
+"""Can a model much cheaper than ``smollm2-lab`` learn EnvACE-Lab by SFT on 2 CPU cores?
+(how the lab's model was chosen)
 
 Builds a randomly initialised Llama from a config with ``smollm2-lab``'s tokenizer (the lab world's ~630
 tokens; tied embeddings, head size 64, MLP width 3 x hidden), fine-tunes it on real executions of the
 reference solutions of a large generated lab corpus (both roles, `agents.sft.SFTTrainer`), then scores it
 greedily on the standard lab test split against the real backend (`agents.evaluate`), with the evaluation
-budget of ``configs/recipes/lab-stated.yaml`` (tokens per message, messages per turn). ``--init smollm2-prefix`` starts instead from ``smollm2-lab``'s first ``--layers``
-decoder layers (pretrained weights, the cut vocabulary).
+budget of ``configs/recipes/lab-stated.yaml`` (tokens per message, messages per turn). ``--init smollm2-prefix`` starts
+instead from ``smollm2-lab``'s first ``--layers`` decoder layers (pretrained weights, the cut vocabulary).
 
 The corpus is the ``lab-stated`` suite's generator with another task seed (``LabConfig(rules="stated",
-seed=--corpus-seed, tasks_per_category=--tasks-per-family)``, registered as suite ``lab-corpus``, split ``all``); the script
-refuses to train when any corpus task's prompt (the warehouse layout together with the instruction) equals a
+seed=--corpus-seed, tasks_per_category=--tasks-per-family)``, registered as suite ``lab-corpus``, split ``all``); the
+script refuses to train when any corpus task's prompt (the warehouse layout together with the instruction) equals a
 test-split task's, so the score is on unseen tasks. An instruction alone may recur under another layout.
 
 Printed: parameters, SFT seconds and trained tokens/s, the last step's ACT and REHEARSE losses, test success
 per family and overall, parse errors per task and the fraction of ACT steps that made a tool call.
 
-    .venv/bin/python benchmarks/perf/lab_small_model.py                         # 0.9M Llama, 6,000 tasks, 1,200 steps (~25 min)
+    .venv/bin/python benchmarks/perf/lab_small_model.py                 # 0.9M Llama, 6,000 tasks, 1,200 steps (~25 min)
     .venv/bin/python benchmarks/perf/lab_small_model.py --steps 50 --tasks-per-family 20 --limit 1   # a smoke run
 
-The README's paragraph on how ``smollm2-lab`` was chosen reports what the default run gave.
+It is the probe behind `agents.models.LAB_MODEL_LAYERS`: on the stated-rules world with a byte-level
+tokenizer, a model this small learns the call format but not to copy an item from the instruction.
 """
 
 from __future__ import annotations
@@ -38,10 +40,14 @@ RECIPE = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab-stat
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/lab_small_model", help="folder of the initial model, SFT run and evaluation")
-    ap.add_argument("--init", choices=("random", "smollm2-prefix"), default="random",
-                    help="a random Llama from a config, or smollm2-lab's first --layers layers")
+    ap.add_argument(
+        "--init",
+        choices=("random", "smollm2-prefix"),
+        default="random",
+        help="a random Llama from a config, or smollm2-lab's first --layers layers",
+    )
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=128, help="hidden size (a multiple of 64; --init random only)")
     ap.add_argument("--tasks-per-family", type=int, default=1000, help="corpus tasks per lab family (x6 families)")
@@ -75,11 +81,20 @@ def build_initial_model(args: argparse.Namespace, folder: Path, tokenizer) -> in
     torch.manual_seed(args.seed)
     if args.init == "random":
         heads = args.hidden // 64
-        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=3 * args.hidden,
-                             num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=heads,
-                             head_dim=64, max_position_embeddings=2048, tie_word_embeddings=True,
-                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=args.hidden,
+            intermediate_size=3 * args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            head_dim=64,
+            max_position_embeddings=2048,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_pretrained(ensure_lab_model(), dtype=torch.float32)
@@ -113,8 +128,9 @@ def run(args: argparse.Namespace, log=print) -> dict:
     test_prompts = {_prompts(t) for t in make_suite("lab-stated").tasks(None, "test")}
     shared = [t.id for t in corpus.tasks(None, "all") if _prompts(t) in test_prompts]
     if shared:
-        raise SystemExit(f"{len(shared)} corpus tasks have a test-split prompt (e.g. {shared[:3]}); "
-                         "choose another --corpus-seed")
+        raise SystemExit(
+            f"{len(shared)} corpus tasks have a test-split prompt (e.g. {shared[:3]}); choose another --corpus-seed"
+        )
     store = default_store()
     tokenizer = store.tokenizer(LAB_MODEL)
     # a rerun into the same folder reuses its initial model and finished SFT run: only with the same settings
@@ -131,14 +147,30 @@ def run(args: argparse.Namespace, log=print) -> dict:
         params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(init).parameters())
     else:
         params = build_initial_model(args, init, tokenizer)
-    log(f"[small-model] {args.init}, {args.layers} layers, {params / 1e6:.2f}M parameters; corpus "
-        f"{6 * args.tasks_per_family} tasks (seed {args.corpus_seed}), none with a test prompt")
+    log(
+        f"[small-model] {args.init}, {args.layers} layers, {params / 1e6:.2f}M parameters; corpus "
+        f"{6 * args.tasks_per_family} tasks (seed {args.corpus_seed}), none with a test prompt"
+    )
 
     t0 = time.perf_counter()
-    sft = SFTConfig(run_dir=str(out / "sft"), model=str(init), data=["lab-corpus"], categories=[], split="all",
-                    max_steps=args.steps, batch_tokens=args.batch_tokens, max_batch_rows=24, lr=args.lr,
-                    lr_schedule="cosine", warmup_steps=min(100, args.steps // 10), max_seq_len=1024,
-                    gradient_checkpointing=False, save_every=args.steps, seed=args.seed, threads=args.threads)
+    sft = SFTConfig(
+        run_dir=str(out / "sft"),
+        model=str(init),
+        data=["lab-corpus"],
+        categories=[],
+        split="all",
+        max_steps=args.steps,
+        batch_tokens=args.batch_tokens,
+        max_batch_rows=24,
+        lr=args.lr,
+        lr_schedule="cosine",
+        warmup_steps=min(100, args.steps // 10),
+        max_seq_len=1024,
+        gradient_checkpointing=False,
+        save_every=args.steps,
+        seed=args.seed,
+        threads=args.threads,
+    )
     history = SFTTrainer(sft, models=store).train()
     sft_s = time.perf_counter() - t0
     last = history[-1] if history else {}
@@ -146,26 +178,43 @@ def run(args: argparse.Namespace, log=print) -> dict:
 
     t0 = time.perf_counter()
     budget = load_dataclass(PipelineConfig, RECIPE).eval
-    evaluation = EvalConfig(model=latest_model(out / "sft"), suite="lab-stated", categories=[], split="test",
-                            limit=args.limit, max_new_tokens=budget.max_new_tokens,
-                            max_steps_per_turn=budget.max_steps_per_turn, temperature=0.0,
-                            out=str(out / "eval"), overwrite=True)
+    evaluation = EvalConfig(
+        model=latest_model(out / "sft"),
+        suite="lab-stated",
+        categories=[],
+        split="test",
+        limit=args.limit,
+        max_new_tokens=budget.max_new_tokens,
+        max_steps_per_turn=budget.max_steps_per_turn,
+        temperature=0.0,
+        out=str(out / "eval"),
+        overwrite=True,
+    )
     result = evaluate(evaluation, models=store)
     eval_s = time.perf_counter() - t0
     overall = result.summary[-1]
     report = {
-        "parameters": params, "sft_s": sft_s, "trained_target_tokens_per_s": tokens / sft_s if history else None,
-        "act_loss": last.get("train/loss/act"), "rehearse_loss": last.get("train/loss/rehearse"),
+        "parameters": params,
+        "sft_s": sft_s,
+        "trained_target_tokens_per_s": tokens / sft_s if history else None,
+        "act_loss": last.get("train/loss/act"),
+        "rehearse_loss": last.get("train/loss/rehearse"),
         "test_success": {r["category"]: r["accuracy"] for r in result.summary},
-        "test_tasks": overall["n_tasks"], "parse_errors_per_task": overall["parse_errors_per_task"],
-        "tool_call_fraction": overall["tool_call_fraction"], "eval_s": eval_s,
+        "test_tasks": overall["n_tasks"],
+        "parse_errors_per_task": overall["parse_errors_per_task"],
+        "tool_call_fraction": overall["tool_call_fraction"],
+        "eval_s": eval_s,
     }
-    log(f"[small-model] SFT {args.steps} steps in {sft_s:.0f} s ({report['trained_target_tokens_per_s'] or 0:.0f} "
-        f"trained target tokens/s); last step: ACT loss {report['act_loss']}, REHEARSE loss {report['rehearse_loss']}")
-    log(f"[small-model] test success on {overall['n_tasks']} tasks: "
+    log(
+        f"[small-model] SFT {args.steps} steps in {sft_s:.0f} s ({report['trained_target_tokens_per_s'] or 0:.0f} "
+        f"trained target tokens/s); last step: ACT loss {report['act_loss']}, REHEARSE loss {report['rehearse_loss']}"
+    )
+    log(
+        f"[small-model] test success on {overall['n_tasks']} tasks: "
         + ", ".join(f"{k} {v:.3f}" for k, v in report["test_success"].items())
         + f"; parse errors per task {overall['parse_errors_per_task']:.2f}, ACT steps with a call "
-        f"{overall['tool_call_fraction']:.2f} ({eval_s:.0f} s)")
+        f"{overall['tool_call_fraction']:.2f} ({eval_s:.0f} s)"
+    )
     return report
 
 

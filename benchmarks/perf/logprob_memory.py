@@ -108,10 +108,26 @@ def _child(args: argparse.Namespace) -> dict:
 
 def _run_variant(args: argparse.Namespace, variant: str) -> dict:
     cmd = [
-        sys.executable, "-m", "benchmarks.perf.logprob_memory", "--child", "--variant", variant,
-        "--model", args.model, "--rows", str(args.rows), "--tokens", str(args.tokens),
-        "--chunk-size", str(args.chunk_size), "--threads", str(args.threads), "--seed", str(args.seed),
-        "--malloc-mmap-threshold-kb", str(args.malloc_mmap_threshold_kb),
+        sys.executable,
+        "-m",
+        "benchmarks.perf.logprob_memory",
+        "--child",
+        "--variant",
+        variant,
+        "--model",
+        args.model,
+        "--rows",
+        str(args.rows),
+        "--tokens",
+        str(args.tokens),
+        "--chunk-size",
+        str(args.chunk_size),
+        "--threads",
+        str(args.threads),
+        "--seed",
+        str(args.seed),
+        "--malloc-mmap-threshold-kb",
+        str(args.malloc_mmap_threshold_kb),
     ]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1")
@@ -173,11 +189,15 @@ def main(argv: list[str] | None = None) -> None:
         "--variants", default=DEFAULT_VARIANTS, help=f"comma-separated subset of {','.join(VARIANTS)}, run in order"
     )
     parser.add_argument(
-        "--malloc-mmap-threshold-kb", type=int, default=128,
+        "--malloc-mmap-threshold-kb",
+        type=int,
+        default=128,
         help="glibc mmap threshold every child fixes (0: glibc's dynamic default); see agents.allocator",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--variant", choices=VARIANTS + tuple(v + GLIBC_SUFFIX for v in VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--variant", choices=VARIANTS + tuple(v + GLIBC_SUFFIX for v in VARIANTS), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(_child(args)))

@@ -65,20 +65,43 @@ def run_ours(args, rollout: str) -> dict:
     ids = task_ids(args)
     with tempfile.TemporaryDirectory() as tmp:
         config = TrainConfig(
-            run_dir=tmp, model=args.model, suite="bfcl", categories=[args.category], task_ids=ids, batch_tasks=len(ids),
-            group_size=args.k, rollout=rollout, max_new_tokens=args.max_new_tokens,
-            rehearse_max_new_tokens=args.max_new_tokens, max_steps_per_turn=args.max_steps_per_turn, temperature=1.0,
-            lr=1e-6, num_steps=1, seed=args.seed, min_solvable_fraction=0.0, tensorboard=False, threads=args.threads,
-            device="cpu", skip_empty_updates=not args.force_update,
+            run_dir=tmp,
+            model=args.model,
+            suite="bfcl",
+            categories=[args.category],
+            task_ids=ids,
+            batch_tasks=len(ids),
+            group_size=args.k,
+            rollout=rollout,
+            max_new_tokens=args.max_new_tokens,
+            rehearse_max_new_tokens=args.max_new_tokens,
+            max_steps_per_turn=args.max_steps_per_turn,
+            temperature=1.0,
+            lr=1e-6,
+            num_steps=1,
+            seed=args.seed,
+            min_solvable_fraction=0.0,
+            tensorboard=False,
+            threads=args.threads,
+            device="cpu",
+            skip_empty_updates=not args.force_update,
         )
         trainer = RoleWiseGRPOTrainer(config, log=None)
         (m,) = trainer.train(progress=False)
         trainer.close()
     generated = m["rollout/tokens/act"] + m["rollout/tokens/rehearse"]
     trained = generated if rollout == "rehearse" else m["rollout/tokens/act"]
-    return {"side": rollout, "step_s": m["perf/step_s"], "rollout_s": m["perf/rollout_s"], "update_s": m["perf/update_s"],
-            "generated_tokens": generated, "trained_tokens": trained, "reward_mean": m["rollout/reward_mean"],
-            "real_tool_calls": m["rollout/real_tool_calls"], "skipped_update": bool(m["train/skipped_update"])}
+    return {
+        "side": rollout,
+        "step_s": m["perf/step_s"],
+        "rollout_s": m["perf/rollout_s"],
+        "update_s": m["perf/update_s"],
+        "generated_tokens": generated,
+        "trained_tokens": trained,
+        "reward_mean": m["rollout/reward_mean"],
+        "real_tool_calls": m["rollout/real_tool_calls"],
+        "skipped_update": bool(m["train/skipped_update"]),
+    }
 
 
 def run_trl(args) -> dict:
@@ -95,33 +118,82 @@ def run_trl(args) -> dict:
     tokenizer = store.tokenizer(args.model)
     tokenizer.padding_side = "left"
     dataset = envace_dataset("bfcl", [args.category]).filter(lambda row: row["task_id"] in ids)
-    rollout = EnvACERollout(suite="bfcl", categories=[args.category], max_new_tokens=args.max_new_tokens,
-                            max_steps_per_turn=args.max_steps_per_turn)
+    rollout = EnvACERollout(
+        suite="bfcl",
+        categories=[args.category],
+        max_new_tokens=args.max_new_tokens,
+        max_steps_per_turn=args.max_steps_per_turn,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         config = GRPOConfig(
-            output_dir=tmp, use_cpu=True, report_to="none", per_device_train_batch_size=len(ids) * args.k,
-            num_generations=args.k, max_completion_length=args.max_new_tokens, max_steps=1, logging_steps=1,
-            learning_rate=1e-6, beta=0.0, temperature=1.0, gradient_checkpointing=True, save_strategy="no",
-            seed=args.seed, dataloader_num_workers=0,
+            output_dir=tmp,
+            use_cpu=True,
+            report_to="none",
+            per_device_train_batch_size=len(ids) * args.k,
+            num_generations=args.k,
+            max_completion_length=args.max_new_tokens,
+            max_steps=1,
+            logging_steps=1,
+            learning_rate=1e-6,
+            beta=0.0,
+            temperature=1.0,
+            gradient_checkpointing=True,
+            save_strategy="no",
+            seed=args.seed,
+            dataloader_num_workers=0,
         )
-        trainer = GRPOTrainer(model=model, reward_funcs=envace_reward, args=config, train_dataset=dataset,
-                              rollout_func=rollout, processing_class=tokenizer)
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=envace_reward,
+            args=config,
+            train_dataset=dataset,
+            rollout_func=rollout,
+            processing_class=tokenizer,
+        )
         t0 = time.perf_counter()
         trainer.train()
         wall = time.perf_counter() - t0
     logged = trainer.state.log_history[0]
     step_s = float(logged.get("step_time", wall))
     stats = rollout.last_stats
-    return {"side": "trl", "step_s": step_s, "rollout_s": stats["rollout_s"], "update_s": step_s - stats["rollout_s"],
-            "generated_tokens": stats["generated_tokens"], "trained_tokens": stats["act_tokens"],
-            "reward_mean": stats["reward_mean"], "real_tool_calls": None, "skipped_update": False}
+    return {
+        "side": "trl",
+        "step_s": step_s,
+        "rollout_s": stats["rollout_s"],
+        "update_s": step_s - stats["rollout_s"],
+        "generated_tokens": stats["generated_tokens"],
+        "trained_tokens": stats["act_tokens"],
+        "reward_mean": stats["reward_mean"],
+        "real_tool_calls": None,
+        "skipped_update": False,
+    }
 
 
 def _subprocess(args, side: str) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--tasks", str(args.tasks), "--k", str(args.k),
-           "--category", args.category, "--model", args.model, "--max-new-tokens", str(args.max_new_tokens),
-           "--max-steps-per-turn", str(args.max_steps_per_turn), "--threads", str(args.threads), "--seed", str(args.seed),
-           "--force-update", str(args.force_update)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--side",
+        side,
+        "--tasks",
+        str(args.tasks),
+        "--k",
+        str(args.k),
+        "--category",
+        args.category,
+        "--model",
+        args.model,
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--max-steps-per-turn",
+        str(args.max_steps_per_turn),
+        "--threads",
+        str(args.threads),
+        "--seed",
+        str(args.seed),
+        "--force-update",
+        str(args.force_update),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_DATASETS_OFFLINE="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if proc.returncode != 0:
@@ -133,8 +205,10 @@ def _subprocess(args, side: str) -> dict:
 
 
 def per_token(row: dict) -> dict:
-    return {"rollout_s_per_generated_token": row["rollout_s"] / max(row["generated_tokens"], 1),
-            "update_s_per_trained_token": row["update_s"] / max(row["trained_tokens"], 1)}
+    return {
+        "rollout_s_per_generated_token": row["rollout_s"] / max(row["generated_tokens"], 1),
+        "update_s_per_trained_token": row["update_s"] / max(row["trained_tokens"], 1),
+    }
 
 
 def main(argv=None) -> int:
@@ -150,10 +224,15 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--force-update", type=int, choices=[0, 1], default=1,
-                    help="1: envace-gym runs its update even when every advantage is 0 (skip_empty_updates false; "
-                         "by default it skips such batches, TRL runs its forward and backward on every batch), so "
-                         "both sides do the update's work; 0: envace-gym's default")
+    ap.add_argument(
+        "--force-update",
+        type=int,
+        choices=[0, 1],
+        default=1,
+        help="1: envace-gym runs its update even when every advantage is 0 (skip_empty_updates false; "
+        "by default it skips such batches, TRL runs its forward and backward on every batch), so "
+        "both sides do the update's work; 0: envace-gym's default",
+    )
     args = ap.parse_args(argv)
     if args.side:
         row = run_trl(args) if args.side == "trl" else run_ours(args, args.side)
@@ -165,39 +244,66 @@ def main(argv=None) -> int:
         for side in sides if r % 2 == 0 else sides[::-1]:
             row = _subprocess(args, side)
             runs[side].append(row)
-            print(f"round {r} {side:8s} step {row['step_s']:.1f} s (rollout {row['rollout_s']:.1f} + update "
-                  f"{row['update_s']:.1f}), generated {row['generated_tokens']} trained {row['trained_tokens']} tokens, "
-                  f"reward {row['reward_mean']:.3f}", flush=True)
+            print(
+                f"round {r} {side:8s} step {row['step_s']:.1f} s (rollout {row['rollout_s']:.1f} + update "
+                f"{row['update_s']:.1f}), generated {row['generated_tokens']} trained {row['trained_tokens']} tokens, "
+                f"reward {row['reward_mean']:.3f}",
+                flush=True,
+            )
     summary = {}
     for side, rows in runs.items():
-        med = {k: statistics.median(x[k] for x in rows) for k in ("step_s", "rollout_s", "update_s", "generated_tokens",
-                                                                    "trained_tokens")}
+        med = {
+            k: statistics.median(x[k] for x in rows)
+            for k in ("step_s", "rollout_s", "update_s", "generated_tokens", "trained_tokens")
+        }
         summary[side] = {**med, **per_token(med)}
     ratios = {}
     names = list(summary)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             ga, gb = summary[a]["generated_tokens"], summary[b]["generated_tokens"]
             gap = abs(ga - gb) / max(ga, gb, 1)
             key = f"{a}/{b}"
             per_gen = summary[a]["rollout_s_per_generated_token"] / summary[b]["rollout_s_per_generated_token"]
             per_trained = summary[a]["update_s_per_trained_token"] / summary[b]["update_s_per_trained_token"]
-            ratios[key] = {"rollout_per_generated_token": round(per_gen, 3), "update_per_trained_token": round(per_trained, 3),
-                           "generated_token_gap": round(gap, 3)}
+            ratios[key] = {
+                "rollout_per_generated_token": round(per_gen, 3),
+                "update_per_trained_token": round(per_trained, 3),
+                "generated_token_gap": round(gap, 3),
+            }
             if gap <= EQUAL_WORK_TOLERANCE:
                 ratios[key]["step"] = round(summary[a]["step_s"] / summary[b]["step_s"], 3)
             else:
-                ratios[key]["step"] = f"not printed: generated tokens differ by {gap:.0%} (> {EQUAL_WORK_TOLERANCE:.0%})"
+                ratios[key]["step"] = (
+                    f"not printed: generated tokens differ by {gap:.0%} (> {EQUAL_WORK_TOLERANCE:.0%})"
+                )
     skipped = {side: any(x["skipped_update"] for x in rows) for side, rows in runs.items()}
     for key in ratios:
         a, b = key.split("/")
         if skipped[a] or skipped[b]:
             ratios[key]["update_per_trained_token"] = "not printed: one side skipped its update (no learning signal)"
             ratios[key]["step"] = "not printed: one side skipped its update (no learning signal)"
-    print(json.dumps({"workload": {"category": args.category, "B": args.tasks, "K": args.k, "model": args.model,
-                                   "max_new_tokens": args.max_new_tokens, "max_steps_per_turn": args.max_steps_per_turn,
-                                   "rounds": args.rounds, "force_update": bool(args.force_update)},
-                      "sides": summary, "skipped_update": skipped, "ratios": ratios}, indent=1), flush=True)
+    print(
+        json.dumps(
+            {
+                "workload": {
+                    "category": args.category,
+                    "B": args.tasks,
+                    "K": args.k,
+                    "model": args.model,
+                    "max_new_tokens": args.max_new_tokens,
+                    "max_steps_per_turn": args.max_steps_per_turn,
+                    "rounds": args.rounds,
+                    "force_update": bool(args.force_update),
+                },
+                "sides": summary,
+                "skipped_update": skipped,
+                "ratios": ratios,
+            },
+            indent=1,
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -23,7 +23,8 @@ with 32 tokens: rollout 2.99-3.28x, cold 1.93-2.03x (two runs). The cold ratio i
 prefill, which batching cannot shrink: it is the same per-token work on both sides (attention over the
 3-5k-token prompt), and it dominates the vector env's time.
 
-    .venv/bin/python benchmarks/perf/rehearse_throughput.py [--num-envs 8] [--model tiny-random] [--steps 3] [--max-new-tokens 64]
+    .venv/bin/python benchmarks/perf/rehearse_throughput.py [--num-envs 8] [--model tiny-random] [--steps 3] \\
+        [--max-new-tokens 64]
 """
 
 from __future__ import annotations
@@ -94,22 +95,35 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--model", default="tiny-random")
     parser.add_argument("--steps", type=int, default=3, help="tool-call steps per episode")
-    parser.add_argument("--max-new-tokens", type=int, default=64,
-                        help="cap on tokens per rehearsed tool response (64: TrainConfig.rehearse_max_new_tokens)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=64,
+        help="cap on tokens per rehearsed tool response (64: TrainConfig.rehearse_max_new_tokens)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rehearser = make_policy_rehearser(policy=load_policy(args.model))
-    kw = dict(suite="bfcl", categories=["multi_turn_base"], split="train", rehearser=rehearser,
-              max_new_tokens=args.max_new_tokens, temperature=1.0, max_steps_per_turn=args.steps + 1)
+    kw = dict(
+        suite="bfcl",
+        categories=["multi_turn_base"],
+        split="train",
+        rehearser=rehearser,
+        max_new_tokens=args.max_new_tokens,
+        temperature=1.0,
+        max_steps_per_turn=args.steps + 1,
+    )
     envs = [RehearseEnv(**kw) for _ in range(args.num_envs)]
     venv = RehearseVectorEnv(num_envs=args.num_envs, **kw)
     task_ids = [t.id for t in envs[0].tasks[: args.num_envs]]
     actions = _actions(envs[0], task_ids, args.steps)
     policy = rehearser.policy
-    print(f"model={args.model} N={args.num_envs} steps={args.steps} max_new_tokens={args.max_new_tokens} "
-          f"threads={args.threads} repeats={args.repeats}")
+    print(
+        f"model={args.model} N={args.num_envs} steps={args.steps} max_new_tokens={args.max_new_tokens} "
+        f"threads={args.threads} repeats={args.repeats}"
+    )
     for setting, encoder in (("cold", None), ("rollout", policy)):
         seq, vec = [], []
         for r in range(args.repeats):
@@ -120,10 +134,14 @@ def main() -> None:
         seq_tps = statistics.median(tok / s for s, tok in seq)
         vec_tps = statistics.median(tok / s for s, tok in vec)
         same = all(a[1] == b[1] for a, b in zip(seq, vec))
-        print(f"[{setting}] sequential single envs : {seq_tps:8.1f} rehearsed tokens/s  "
-              f"(median of {[f'{s:.2f}s' for s, _ in seq]})")
-        print(f"[{setting}] batched vector env     : {vec_tps:8.1f} rehearsed tokens/s  "
-              f"(median of {[f'{s:.2f}s' for s, _ in vec]})")
+        print(
+            f"[{setting}] sequential single envs : {seq_tps:8.1f} rehearsed tokens/s  "
+            f"(median of {[f'{s:.2f}s' for s, _ in seq]})"
+        )
+        print(
+            f"[{setting}] batched vector env     : {vec_tps:8.1f} rehearsed tokens/s  "
+            f"(median of {[f'{s:.2f}s' for s, _ in vec]})"
+        )
         print(f"[{setting}] ratio vector/sequential: {vec_tps / seq_tps:.2f}x   (same rehearsed token counts: {same})")
 
 

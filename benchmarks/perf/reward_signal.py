@@ -13,7 +13,8 @@ where the reward is lost:
 
 Usage (after ``make demo``, on its SFT checkpoint; ``make demo-bfcl`` writes ``runs/demo``)::
 
-    .venv/bin/python benchmarks/perf/reward_signal.py --suite lab-stated --model runs/lab/sft/checkpoints/step_000024/model \\
+    .venv/bin/python benchmarks/perf/reward_signal.py --suite lab-stated \\
+        --model runs/lab-stated/sft/checkpoints/step_000024/model \\
         --tasks 12 --group-size 4 --max-steps-per-turn 8 --max-new-tokens 48 --rehearse-max-new-tokens 32 --seed 1
     .venv/bin/python benchmarks/perf/reward_signal.py --model runs/demo/sft/checkpoints/step_000008/model \\
         --tasks 4 --group-size 4 --seed 0
@@ -59,8 +60,15 @@ def act_messages(trajectory: Any) -> list[tuple[int, int, Any]]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="model name, local HF folder, or tiny-random")
-    parser.add_argument("--suite", default="bfcl", help="task suite registered in envace_gym.suites (bfcl, lab, tau2, ...)")
-    parser.add_argument("--categories", nargs="+", default=None, help="the suite's categories (default: the suite's default categories; bfcl: multi_turn_base)")
+    parser.add_argument(
+        "--suite", default="bfcl", help="task suite registered in envace_gym.suites (bfcl, lab, tau2, ...)"
+    )
+    parser.add_argument(
+        "--categories",
+        nargs="+",
+        default=None,
+        help="the suite's categories (default: the suite's default categories; bfcl: multi_turn_base)",
+    )
     parser.add_argument("--split", default="train", choices=["train", "test", "all"])
     parser.add_argument("--tasks", type=int, default=4, help="B: tasks (drawn with --seed from the split)")
     parser.add_argument("--group-size", type=int, default=4, help="K: trajectories per task")
@@ -89,14 +97,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     chosen = [pool[i] for i in rng.choice(len(pool), size=min(args.tasks, len(pool)), replace=False)]
     policy = load_policy(args.model)
     env = RehearseVectorEnv(
-        num_envs=len(chosen) * args.group_size, suite=args.suite, tasks=chosen,
-        rehearser=PolicyRehearser(policy), max_new_tokens=args.rehearse_max_new_tokens,
-        temperature=args.temperature, max_steps_per_turn=args.max_steps_per_turn,
+        num_envs=len(chosen) * args.group_size,
+        suite=args.suite,
+        tasks=chosen,
+        rehearser=PolicyRehearser(policy),
+        max_new_tokens=args.rehearse_max_new_tokens,
+        temperature=args.temperature,
+        max_steps_per_turn=args.max_steps_per_turn,
     )
     t0 = time.perf_counter()
     trajectories, stats = collect_rollouts(
-        policy, env, [t.id for t in chosen], args.group_size, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, seed=args.seed, rollout=args.rollout,
+        policy,
+        env,
+        [t.id for t in chosen],
+        args.group_size,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        rollout=args.rollout,
     )
     seconds = time.perf_counter() - t0
 
@@ -127,25 +145,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lo, hi = wilson(sum(solved), n)
     per_task = {t.id: int(sum(s for s, g in zip(solved, groups) if g == i)) for i, t in enumerate(chosen)}
     out = {
-        "model": args.model, "rollout": args.rollout, "seed": args.seed, "tasks": [t.id for t in chosen],
-        "group_size": args.group_size, "trajectories": n, "solved": int(sum(solved)), "solved_ci95": [lo, hi],
-        "groups_with_reward_variance": with_variance, "solved_per_task": per_task,
-        "turns_checked": turns_checked, "turns_valid": turns_valid,
+        "model": args.model,
+        "rollout": args.rollout,
+        "seed": args.seed,
+        "tasks": [t.id for t in chosen],
+        "group_size": args.group_size,
+        "trajectories": n,
+        "solved": int(sum(solved)),
+        "solved_ci95": [lo, hi],
+        "groups_with_reward_variance": with_variance,
+        "solved_per_task": per_task,
+        "turns_checked": turns_checked,
+        "turns_valid": turns_valid,
         "turns_valid_ci95": list(wilson(turns_valid, turns_checked)),
-        "first_turns_checked": first_checked, "first_turns_valid": first_valid,
-        "act_messages": acts, "tool_calls": calls, "calls_to_offered_tools": known, "parse_errors": parse_errors,
-        "truncated": int(stats.truncated), "seconds": seconds,
+        "first_turns_checked": first_checked,
+        "first_turns_valid": first_valid,
+        "act_messages": acts,
+        "tool_calls": calls,
+        "calls_to_offered_tools": known,
+        "parse_errors": parse_errors,
+        "truncated": int(stats.truncated),
+        "seconds": seconds,
     }
-    print(f"[reward_signal] {args.model} ({args.rollout} rollouts, seed {args.seed}): {n} trajectories = "
-          f"{len(chosen)} tasks x K={args.group_size} in {seconds:.0f} s")
+    print(
+        f"[reward_signal] {args.model} ({args.rollout} rollouts, seed {args.seed}): {n} trajectories = "
+        f"{len(chosen)} tasks x K={args.group_size} in {seconds:.0f} s"
+    )
     rows = [
         ("tasks solved (R = 1)", f"{out['solved']}/{n}", f"[{lo:.3f}, {hi:.3f}]"),
         ("groups with reward variance", f"{with_variance}/{len(chosen)}", ""),
     ]
     if turns_checked:  # suites whose verifier checks each user turn (BFCL's replay)
         rows += [
-            ("checked user turns that pass the replay", f"{turns_valid}/{turns_checked}",
-             "[{:.3f}, {:.3f}]".format(*out["turns_valid_ci95"])),
+            (
+                "checked user turns that pass the replay",
+                f"{turns_valid}/{turns_checked}",
+                "[{:.3f}, {:.3f}]".format(*out["turns_valid_ci95"]),
+            ),
             ("first user turns that pass", f"{first_valid}/{first_checked}", ""),
         ]
     rows += [

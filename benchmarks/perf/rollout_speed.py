@@ -15,12 +15,12 @@ Equal work: by default neither side is given an end-of-message id (`FixedLength`
 ``--new`` tokens per segment (a test checks both engines on it). Samples still differ (different RNG use),
 so a segment that parses as a tool call on one side may not on the other, which changes the episode and
 the number of segments: 3,072 tokens (48 segments of 64) against 2,688 (42 of 64) were measured, so that
-ratio was refused. The wall-time ratio is printed only
-when the two sides generated within 5% of the same tokens; the time per generated token always is. Runs alternate ``--rounds`` times in this one process; the ratio is of the medians.
+ratio was refused. The wall-time ratio is printed only when the two sides generated within 5% of the same tokens; the
+time per generated token always is. Runs alternate ``--rounds`` times in this one process; the ratio is of the medians.
 
 Usage::
 
-    BFCL_PROJECT_ROOT=/tmp/envace_bfcl_root HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/rollout_speed.py \
+    BFCL_PROJECT_ROOT=/tmp/envace_bfcl_root HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/rollout_speed.py \\
         --model smollm2-135m --tasks 2 --k 4 --turns 3 --new 64
     ... benchmarks/perf/rollout_speed.py --model tiny-random          # quick check
 """
@@ -54,17 +54,32 @@ class FixedLength:
         return getattr(self.engine, name)
 
     def generate(self, contexts, *, max_new_tokens, temperature, stop_ids, seeds=None, use_cache=True):
-        return self.engine.generate(contexts, max_new_tokens=max_new_tokens, temperature=temperature, stop_ids=[],
-                                    seeds=seeds, use_cache=use_cache)
+        return self.engine.generate(
+            contexts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            stop_ids=[],
+            seeds=seeds,
+            use_cache=use_cache,
+        )
 
 
 def run(kind: str, model_name: str, tasks, k: int, turns: int, new: int, seed: int, full_length: bool = True) -> dict:
     base = load_policy(model_name)
-    engine = HFEngine(base.model, base.pad_id, kv_cache=True) if kind == "ours" else HFGenerateEngine(base.model, base.pad_id)
+    engine = (
+        HFEngine(base.model, base.pad_id, kv_cache=True)
+        if kind == "ours"
+        else HFGenerateEngine(base.model, base.pad_id)
+    )
     policy = Policy(base.model, base.tokenizer, engine=FixedLength(engine) if full_length else engine)
     trajs, wall, generated = scripted_inline_rollouts(policy, tasks, k, turns, new, seed)
-    return {"kind": kind, "wall_s": wall, "generated_tokens": generated, "s_per_token": wall / max(generated, 1),
-            "traj_len_mean": sum(len(t.token_ids) for t in trajs) / len(trajs)}
+    return {
+        "kind": kind,
+        "wall_s": wall,
+        "generated_tokens": generated,
+        "s_per_token": wall / max(generated, 1),
+        "traj_len_mean": sum(len(t.token_ids) for t in trajs) / len(trajs),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -77,20 +92,27 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--natural-length", dest="full_length", action="store_false",
-                    help="let segments stop at the end-of-message id (the sides then do different work and no "
-                         "ratio is printed); default: every generated segment is exactly --new tokens")
+    ap.add_argument(
+        "--natural-length",
+        dest="full_length",
+        action="store_false",
+        help="let segments stop at the end-of-message id (the sides then do different work and no "
+        "ratio is printed); default: every generated segment is exactly --new tokens",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     tasks = pick_tasks(args.tasks)
     load_policy(args.model)  # load once, outside the timings
     res = {"ours": [], "hf": []}
     for r in range(args.rounds):
-        for kind in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
+        for kind in ("ours", "hf") if r % 2 == 0 else ("hf", "ours"):
             out = run(kind, args.model, tasks, args.k, args.turns, args.new, args.seed + r, args.full_length)
             res[kind].append(out)
-            print(f"round {r} {kind:4s} wall {out['wall_s']:8.2f}s  generated {out['generated_tokens']:6d}  "
-                  f"s/token {out['s_per_token']:.4f}  traj_len {out['traj_len_mean']:.0f}", flush=True)
+            print(
+                f"round {r} {kind:4s} wall {out['wall_s']:8.2f}s  generated {out['generated_tokens']:6d}  "
+                f"s/token {out['s_per_token']:.4f}  traj_len {out['traj_len_mean']:.0f}",
+                flush=True,
+            )
     wall = {k: statistics.median(x["wall_s"] for x in v) for k, v in res.items()}
     per_tok = {k: statistics.median(x["s_per_token"] for x in v) for k, v in res.items()}
     tokens = {k: statistics.median(x["generated_tokens"] for x in v) for k, v in res.items()}
@@ -101,9 +123,22 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         ratios["wall_hf_over_ours"] = None
         ratios["refused"] = f"generated tokens differ by {gap:.1%} (limit 5%): compare s/token"
-    print(json.dumps({"model": args.model, "tasks": [t.id for t in tasks], "k": args.k, "turns": args.turns,
-                      "new": args.new, "full_length": args.full_length, "generated_tokens": tokens,
-                      "wall_s": wall, "ratios": ratios}), flush=True)
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "tasks": [t.id for t in tasks],
+                "k": args.k,
+                "turns": args.turns,
+                "new": args.new,
+                "full_length": args.full_length,
+                "generated_tokens": tokens,
+                "wall_s": wall,
+                "ratios": ratios,
+            }
+        ),
+        flush=True,
+    )
     return ratios
 
 

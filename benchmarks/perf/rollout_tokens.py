@@ -99,7 +99,9 @@ def scripts_for(tasks) -> dict[str, list[str]]:
     for t in tasks:
         calls = ground_truth_tool_calls(t)
         out[t.id] = [
-            "<tool_call>" + json.dumps({"name": c[0].name, "arguments": c[0].arguments}) + "</tool_call>" if c else "OK."
+            "<tool_call>" + json.dumps({"name": c[0].name, "arguments": c[0].arguments}) + "</tool_call>"
+            if c
+            else "OK."
             for c in calls
         ]
     return out
@@ -135,8 +137,9 @@ def scripted_inline_rollouts(policy: Policy, tasks, k: int, turns: int, new: int
     venv = make_venv(policy, "inline", len(tasks) * k, new, tasks)
     actor = ScriptedFirstCall(policy, venv, scripts_for(tasks))
     t0 = time.perf_counter()
-    trajs, _ = collect_rollouts(actor, venv, [t.id for t in tasks], k, max_new_tokens=new, temperature=1.0,
-                                seed=seed, max_steps=2 * turns)
+    trajs, _ = collect_rollouts(
+        actor, venv, [t.id for t in tasks], k, max_new_tokens=new, temperature=1.0, seed=seed, max_steps=2 * turns
+    )
     wall = time.perf_counter() - t0
     generated = sum(len(s.token_ids) for t in trajs for s in t.segments if s.logprobs is not None)
     return trajs, wall, generated
@@ -153,8 +156,9 @@ def run_once(model_name: str, prompt_mode: str, cached: bool, tasks, k: int, new
     counter = TokenCounter(policy.model)
     t0 = time.perf_counter()
     try:
-        trajs, stats = collect_rollouts(actor, venv, [t.id for t in tasks], k, max_new_tokens=new,
-                                        temperature=1.0, seed=seed, max_steps=2 * TURNS)
+        trajs, stats = collect_rollouts(
+            actor, venv, [t.id for t in tasks], k, max_new_tokens=new, temperature=1.0, seed=seed, max_steps=2 * TURNS
+        )
     finally:
         counter.close()
     wall = time.perf_counter() - t0
@@ -189,17 +193,29 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     by = {r["mode"]: r for r in rows}
     for r in rows:
-        print(f"{r['mode']:20s} tokens/traj {r['tokens_per_traj']:10.1f}  positions/traj {r['positions_per_traj']:10.1f}"
-              f"  forwards {r['forwards']:4d}  traj_len {r['traj_len_mean']:8.1f}  wall {r['wall_s']:7.2f}s")
+        print(
+            f"{r['mode']:20s} tokens/traj {r['tokens_per_traj']:10.1f}  positions/traj {r['positions_per_traj']:10.1f}"
+            f"  forwards {r['forwards']:4d}  traj_len {r['traj_len_mean']:8.1f}  wall {r['wall_s']:7.2f}s"
+        )
     same = by["inline_cached"]["samples"] == by["inline_reencode"]["samples"]
     ratios = {
         "reencode_over_cached": by["inline_reencode"]["tokens_per_traj"] / by["inline_cached"]["tokens_per_traj"],
         "separate_over_cached": by["separate_cached"]["tokens_per_traj"] / by["inline_cached"]["tokens_per_traj"],
-        "separate_reencode_over_cached": by["separate_reencode"]["tokens_per_traj"] / by["inline_cached"]["tokens_per_traj"],
+        "separate_reencode_over_cached": by["separate_reencode"]["tokens_per_traj"]
+        / by["inline_cached"]["tokens_per_traj"],
         "same_trajectories_cached_vs_reencode": same,
     }
-    print(json.dumps({"tasks": [t.id for t in tasks], "k": args.k, "new": args.new, "model": args.model,
-                      "ratios": {k: round(v, 2) if isinstance(v, float) else v for k, v in ratios.items()}}))
+    print(
+        json.dumps(
+            {
+                "tasks": [t.id for t in tasks],
+                "k": args.k,
+                "new": args.new,
+                "model": args.model,
+                "ratios": {k: round(v, 2) if isinstance(v, float) else v for k, v in ratios.items()},
+            }
+        )
+    )
     return ratios
 
 

@@ -27,7 +27,7 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    from agents.models import LAB_TINY_MODEL, default_store
+    from agents.models import LAB_TINY_MODEL
     from agents.rollout import Role
     from agents.sft import SFTConfig, SFTTrainer, collate
 
@@ -38,9 +38,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as run_dir:
-        config = SFTConfig(run_dir=run_dir, model=LAB_TINY_MODEL, data=["lab"], max_steps=10_000, lr=1e-3,
-                           batch_tokens=1 << 20, max_batch_rows=args.rows, max_seq_len=512, save_every=10_000,
-                           gradient_checkpointing=False, threads=args.threads, resume=False)
+        config = SFTConfig(
+            run_dir=run_dir,
+            model=LAB_TINY_MODEL,
+            data=["lab"],
+            max_steps=10_000,
+            lr=1e-3,
+            batch_tokens=1 << 20,
+            max_batch_rows=args.rows,
+            max_seq_len=512,
+            save_every=10_000,
+            gradient_checkpointing=False,
+            threads=args.threads,
+            resume=False,
+        )
         trainer = SFTTrainer(config, log=None)
         model = copy.deepcopy(trainer.model).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -47,14 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     """Print the table; returns 0 (the counts are the output, not a pass/fail)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--domains", nargs="*", default=["airline", "retail", "mock"])
-    ap.add_argument("--mcp", action="store_true", help="also compare the airline domain over MCP with the in-process one")
+    ap.add_argument(
+        "--mcp", action="store_true", help="also compare the airline domain over MCP with the in-process one"
+    )
     ap.add_argument("--failures", action="store_true", help="list the ids of tasks whose reference does not score 1.0")
     args = ap.parse_args(argv)
     suite = make_suite("tau2")
-    print(f"{'domain':8s} {'included':>8s} {'excluded':>8s} {'passed':>7s} {'score':>7s} {'step ms (median, p90)':>22s} {'secs':>6s}")
+    print(
+        f"{'domain':8s} {'included':>8s} {'excluded':>8s} {'passed':>7s} {'score':>7s} "
+        f"{'step ms (median, p90)':>22s} {'secs':>6s}"
+    )
     for domain in args.domains:
         t0 = time.perf_counter()
-        env = gym.make("EnvACE-Tool-v0", suite="tau2", categories=[domain], split="all", max_steps_per_turn=100).unwrapped
+        env = gym.make(
+            "EnvACE-Tool-v0", suite="tau2", categories=[domain], split="all", max_steps_per_turn=100
+        ).unwrapped
         failed, steps = [], []
         for task in env.tasks:
             reward, step_s = play_reference(env, suite, task)
@@ -63,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(task.id)
         n = len(env.tasks)
         median, p90 = (np.percentile(steps, [50, 90]) * 1000) if steps else (float("nan"), float("nan"))
-        print(f"{domain:8s} {n:8d} {len(suite.excluded[domain]):8d} {n - len(failed):7d} {(n - len(failed)) / n:7.2%} "
-              f"{median:11.1f}, {p90:8.1f} {time.perf_counter() - t0:6.1f}")
+        print(
+            f"{domain:8s} {n:8d} {len(suite.excluded[domain]):8d} {n - len(failed):7d} {(n - len(failed)) / n:7.2%} "
+            f"{median:11.1f}, {p90:8.1f} {time.perf_counter() - t0:6.1f}"
+        )
         if args.failures:
             for tid in failed:
                 print(f"    FAIL {tid}")
@@ -79,9 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         for task in tasks:
             for k, v in compare_with_in_process(task, suite).items():
                 totals[k] += v
-        print(f"airline over MCP vs in-process, {len(tasks)} tasks: reference calls agreeing {totals['calls_agree']}/"
-              f"{totals['calls']}, read-backs of touched users and reservations agreeing {totals['read_backs_agree']}/"
-              f"{totals['read_backs']} ({time.perf_counter() - t0:.0f} s)")
+        print(
+            f"airline over MCP vs in-process, {len(tasks)} tasks: reference calls agreeing {totals['calls_agree']}/"
+            f"{totals['calls']}, read-backs of touched users and reservations agreeing {totals['read_backs_agree']}/"
+            f"{totals['read_backs']} ({time.perf_counter() - t0:.0f} s)"
+        )
     return 0
 
 

@@ -9,4 +9,13 @@ environments, evaluators); see `benchmarks.tau2.suite`.
 from benchmarks.tau2.suite import DEFAULT_DOMAINS, SYSTEM_PROMPT, Tau2Backend, Tau2Suite
 from benchmarks.tau2.users import STOP_SIGNALS, ModelUser, ScriptedUser, UserSimulator
 
-__all__ = ["Tau2Suite", "Tau2Backend", "SYSTEM_PROMPT", "DEFAULT_DOMAINS", "UserSimulator", "ScriptedUser", "ModelUser", "STOP_SIGNALS"]
+__all__ = [
+    "Tau2Suite",
+    "Tau2Backend",
+    "SYSTEM_PROMPT",
+    "DEFAULT_DOMAINS",
+    "UserSimulator",
+    "ScriptedUser",
+    "ModelUser",
+    "STOP_SIGNALS",
+]

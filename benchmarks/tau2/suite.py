@@ -30,13 +30,13 @@ scores 0, as τ² scores a premature termination.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
-
-from envace_gym.suites import UserTurns, VerifierResult
-from envace_gym.types import Message, Task, ToolCall, ToolSpec, Trajectory
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from benchmarks.tau2.environment import DOMAINS, domain_paths, domain_policy, environment_constructor, make_environment
 from benchmarks.tau2.users import ScriptedUser, opening_text
+from envace_gym.suites import UserTurns, VerifierResult
+from envace_gym.types import Message, Task, ToolCall, ToolSpec, Trajectory
 
 __all__ = ["Tau2Suite", "Tau2Backend", "SYSTEM_PROMPT", "DEFAULT_DOMAINS"]
 
@@ -69,8 +69,11 @@ class Tau2Backend:
         self.environment = make_environment(domain)
         state = getattr(tau2_task, "initial_state", None)
         if state is not None:
-            self.environment.set_state(initialization_data=state.initialization_data,
-                                       initialization_actions=state.initialization_actions, message_history=[])
+            self.environment.set_state(
+                initialization_data=state.initialization_data,
+                initialization_actions=state.initialization_actions,
+                message_history=[],
+            )
         self.calls = 0
 
     def execute(self, call: ToolCall) -> str:
@@ -79,8 +82,12 @@ class Tau2Backend:
 
         self.calls += 1
         try:
-            tau_call = TauToolCall(id=call.id or f"call_{self.calls}", name=call.name,
-                                   arguments=dict(call.arguments), requestor="assistant")
+            tau_call = TauToolCall(
+                id=call.id or f"call_{self.calls}",
+                name=call.name,
+                arguments=dict(call.arguments),
+                requestor="assistant",
+            )
         except Exception as err:  # arguments τ² cannot hold (not a dict of JSON values)
             return f"Error: {err}"
         return self.environment.get_response(tau_call).content or ""
@@ -131,13 +138,22 @@ class Tau2Suite:
                     excluded[str(tau.id)] = reason
                     continue
                 scenario = tau.user_scenario.model_dump(mode="json")
-                out.append(Task(
-                    id=f"{domain}_{tau.id}", suite="tau2", turns=[[system, Message("user", opening_text(scenario))]],
-                    tools=tools, verifier="tau2.official",
-                    metadata={"category": domain, "domain": domain, "tau2_id": str(tau.id),
-                              "tau2_task": tau.model_dump(mode="json"),
-                              "reward_basis": [r.value for r in tau.evaluation_criteria.reward_basis]},
-                ))
+                out.append(
+                    Task(
+                        id=f"{domain}_{tau.id}",
+                        suite="tau2",
+                        turns=[[system, Message("user", opening_text(scenario))]],
+                        tools=tools,
+                        verifier="tau2.official",
+                        metadata={
+                            "category": domain,
+                            "domain": domain,
+                            "tau2_id": str(tau.id),
+                            "tau2_task": tau.model_dump(mode="json"),
+                            "reward_basis": [r.value for r in tau.evaluation_criteria.reward_basis],
+                        },
+                    )
+                )
             self._tasks[domain], self.excluded[domain] = out, excluded
         return self._tasks[domain]
 
@@ -214,15 +230,24 @@ class Tau2Suite:
                 calls = []
                 for c in m.tool_calls or []:
                     n += 1
-                    calls.append(TauToolCall(id=f"call_{n}", name=c.name, arguments=dict(c.arguments), requestor="assistant"))
+                    calls.append(
+                        TauToolCall(id=f"call_{n}", name=c.name, arguments=dict(c.arguments), requestor="assistant")
+                    )
                 # what the agent said beside its calls counts too (τ²'s COMMUNICATE check reads every agent text)
                 text = (text_outside_tool_calls(m.content) if calls else m.content).strip()
                 if calls:
                     messages.append(AssistantMessage(role="assistant", content=text or None, tool_calls=calls))
                     for c in calls:
                         response = replay.environment.get_response(c)
-                        messages.append(ToolMessage(id=c.id, role="tool", content=response.content,
-                                                    requestor="assistant", error=response.error))
+                        messages.append(
+                            ToolMessage(
+                                id=c.id,
+                                role="tool",
+                                content=response.content,
+                                requestor="assistant",
+                                error=response.error,
+                            )
+                        )
                 elif text:
                     messages.append(AssistantMessage(role="assistant", content=text))
         return messages, n
@@ -238,7 +263,9 @@ class Tau2Suite:
         basis = set(tau.evaluation_criteria.reward_basis)
         reward, breakdown, details = 1.0, {}, {}
         if basis & {RewardType.DB, RewardType.ENV_ASSERTION}:
-            info = EnvironmentEvaluator.calculate_reward(environment_constructor(task.metadata["domain"]), tau, messages)
+            info = EnvironmentEvaluator.calculate_reward(
+                environment_constructor(task.metadata["domain"]), tau, messages
+            )
             reward *= info.reward
             breakdown.update({k.value: v for k, v in (info.reward_breakdown or {}).items()})
         if RewardType.ACTION in basis:

@@ -12,12 +12,22 @@ ends the episode (``reply`` returns None), which the suite's verifier scores as 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from envace_gym.types import Message, Trajectory
 
-__all__ = ["UserSimulator", "ScriptedUser", "ModelUser", "STOP_SIGNALS", "FIRST_AGENT_MESSAGE", "instructions_text",
-           "opening_text", "ends_conversation", "user_system_prompt"]
+__all__ = [
+    "UserSimulator",
+    "ScriptedUser",
+    "ModelUser",
+    "STOP_SIGNALS",
+    "FIRST_AGENT_MESSAGE",
+    "instructions_text",
+    "opening_text",
+    "ends_conversation",
+    "user_system_prompt",
+]
 
 STOP_SIGNALS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
 """τ²'s user-simulator tokens that end a conversation (``tau2.user.user_simulator``)."""
@@ -31,11 +41,9 @@ user's first message answers it."""
 class UserSimulator(Protocol):
     """`envace_gym.suites.UserTurns` for one τ² task: ``opening()`` and ``reply(trajectory)``."""
 
-    def opening(self) -> list[Message]:
-        ...
+    def opening(self) -> list[Message]: ...
 
-    def reply(self, trajectory: Trajectory) -> list[Message] | None:
-        ...
+    def reply(self, trajectory: Trajectory) -> list[Message] | None: ...
 
 
 def ends_conversation(text: str) -> bool:
@@ -123,8 +131,13 @@ class ModelUser:
         ValueError: ``max_turns < 1``.
     """
 
-    def __init__(self, scenario: dict[str, Any], generate: Callable[[Sequence[Message], int], str], seed: int = 0,
-                 max_turns: int = 10) -> None:
+    def __init__(
+        self,
+        scenario: dict[str, Any],
+        generate: Callable[[Sequence[Message], int], str],
+        seed: int = 0,
+        max_turns: int = 10,
+    ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.system = user_system_prompt(scenario)

@@ -8,7 +8,7 @@ __all__ = ["RehearseEnv"]
 
 
 class RehearseEnv(ToolUseEnv):
-    """`ToolUseEnv` whose default responder is the policy's REHEARSE role (EnvACE, DESIGN.md §1).
+    """`ToolUseEnv` whose default responder is the policy's REHEARSE role (EnvACE, docs/design.md §1).
 
     ``RehearseEnv(...)`` is ``ToolUseEnv(..., responder=Rehearsal(rehearser))``: every argument, method and
     info key is `ToolUseEnv`'s, and without a ``rehearser`` one is built with ``make_rehearser("policy",

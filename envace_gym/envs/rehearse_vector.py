@@ -4,16 +4,16 @@ Gymnasium's `SyncVectorEnv` would step the envs one after another, so N envs wou
 generate calls. Here every env's step runs as a coroutine (`ToolUseEnv.step_coroutine`); the vector env
 collects the pending tool call of every env, answers all of them with ONE `Rehearser.rehearse` call, and
 repeats while any env has calls left (a message with k calls takes k rounds, because the i-th rehearsal of
-an env must see the env's (i-1)-th rehearsed response). DESIGN.md §3, "Batch the model, not the env".
+an env must see the env's (i-1)-th rehearsed response). docs/design.md §3, "Batch the model, not the env".
 
 Made by ``gym.make_vec("EnvACE-Rehearse-v0", num_envs=N, vectorization_mode="vector_entry_point")``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
@@ -50,7 +50,9 @@ class RehearseVectorEnv(VectorEnv):
         if kwargs.get("rehearser") is None:
             extra = {"models": kwargs.pop("models")} if kwargs.get("models") is not None else {}
             kwargs["rehearser"] = make_rehearser(
-                "policy", model=kwargs.pop("model", "smollm2-135m"), prompt_mode=kwargs.get("prompt_mode", "inline"),
+                "policy",
+                model=kwargs.pop("model", "smollm2-135m"),
+                prompt_mode=kwargs.get("prompt_mode", "inline"),
                 **extra,
             )
         self.rehearser = kwargs["rehearser"]
@@ -94,7 +96,9 @@ class RehearseVectorEnv(VectorEnv):
         self._autoreset[:] = False
         return tuple(obs), infos
 
-    def step(self, actions: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step(
+        self, actions: Sequence[str]
+    ) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env; answer all their pending tool calls with one batched rehearsal per round."""
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")

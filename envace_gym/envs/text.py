@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -49,7 +50,7 @@ class TextToolUseEnv(gym.Env[str, str]):
     """A tool-use task from a suite (BFCL v4 by default), text in and text out (see the module docstring).
 
     ## Description
-    The agent is the ACT role of DESIGN.md §1: each action is one assistant message. Tool calls in it
+    The agent is the ACT role of docs/design.md §1: each action is one assistant message. Tool calls in it
     (Hermes ``<tool_call>{...}</tool_call>`` blocks or BFCL's Python-call list ``[f(a=1)]``) are parsed with
     `envace_gym.parsing` (``json`` and ``ast`` only, nothing is executed) and sent to the task's backend, one
     fresh isolated backend per episode. The environment is text-level and never raises on an action: a
@@ -143,8 +144,9 @@ class TextToolUseEnv(gym.Env[str, str]):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.suite: Suite = make_suite(suite, **suite_options)
-        self.tasks: list[Task] = ([self._as_task(t) for t in tasks] if tasks is not None
-                                  else self.suite.tasks(categories, split))
+        self.tasks: list[Task] = (
+            [self._as_task(t) for t in tasks] if tasks is not None else self.suite.tasks(categories, split)
+        )
         if not self.tasks:
             raise ValueError(f"no tasks for suite={suite!r} categories={categories!r} split={split!r}")
         self._task_index = {t.id: i for i, t in enumerate(self.tasks)}
@@ -153,7 +155,9 @@ class TextToolUseEnv(gym.Env[str, str]):
         self.count_tokens = count_tokens or utf8_quarter_tokens
         self.backend_factory = backend_factory or self.suite.make_backend
         self.render_mode = render_mode
-        self.responder: Responder = self._checked(responder) if responder is not None else RealBackend(self.backend_factory)
+        self.responder: Responder = (
+            self._checked(responder) if responder is not None else RealBackend(self.backend_factory)
+        )
         self._next_responder: Responder | None = None
 
         self.action_space = printable_text(min_length=0)
@@ -168,7 +172,9 @@ class TextToolUseEnv(gym.Env[str, str]):
             return item
         make = getattr(self.suite, "make_task", None)
         if not callable(make):
-            raise TypeError(f"tasks must be Task objects; suite {self.suite.name!r} makes none from {type(item).__name__}")
+            raise TypeError(
+                f"tasks must be Task objects; suite {self.suite.name!r} makes none from {type(item).__name__}"
+            )
         return make(item)
 
     # ------------------------------------------------------------------ gymnasium API
@@ -218,7 +224,7 @@ class TextToolUseEnv(gym.Env[str, str]):
         """`step` as a coroutine: yields each parsed tool call, receives its response text, returns the step tuple.
 
         `step` drives it with `_respond`; a vector env drives many envs' coroutines in lockstep so that one
-        batched model call answers the current call of every env (DESIGN.md §3, "Batch the model").
+        batched model call answers the current call of every env (docs/design.md §3, "Batch the model").
         """
         if self.task is None or self.trajectory is None:
             raise RuntimeError("call reset() before step()")
@@ -229,8 +235,11 @@ class TextToolUseEnv(gym.Env[str, str]):
         clean = replace_surrogates(text)
         if clean is not text:  # keep a generated action's ids and logprobs; only its text is fixed
             ids = getattr(action, "token_ids", None)
-            action = GeneratedText(clean, ids, getattr(action, "logprobs", None), getattr(action, "stopped", True)) \
-                if ids is not None else clean
+            action = (
+                GeneratedText(clean, ids, getattr(action, "logprobs", None), getattr(action, "stopped", True))
+                if ids is not None
+                else clean
+            )
         assistant = Message(role="assistant", content=str(action))
         self._record(assistant, action)
         self._step_in_turn += 1
@@ -257,7 +266,9 @@ class TextToolUseEnv(gym.Env[str, str]):
         elif calls and not single_step:
             for call in calls:
                 result = yield call
-                message = Message(role="tool", content=replace_surrogates(str(result)), tool_call_id=call.id, name=call.name)
+                message = Message(
+                    role="tool", content=replace_surrogates(str(result)), tool_call_id=call.id, name=call.name
+                )
                 self._record(message)
                 new.append(message)
         else:  # no tool call (or a single-step task): the user turn ends
@@ -316,12 +327,15 @@ class TextToolUseEnv(gym.Env[str, str]):
         """`responder`, checked for this env (a `RealBackend` without a factory gets ``backend_factory``)."""
         if isinstance(responder, Rehearsal):
             if not self.keeps_tokens:
-                raise TypeError(f"{type(self).__name__} keeps no token sequence; Rehearsal needs a token-level env "
-                                "(EnvACE-Tool-v0 or EnvACE-Rehearse-v0)")
+                raise TypeError(
+                    f"{type(self).__name__} keeps no token sequence; Rehearsal needs a token-level env "
+                    "(EnvACE-Tool-v0 or EnvACE-Rehearse-v0)"
+                )
             mode = getattr(self, "prompt_mode", responder.rehearser.prompt_mode)
             if responder.rehearser.prompt_mode != mode:
-                raise ValueError(f"the rehearser's prompt_mode is {responder.rehearser.prompt_mode!r} but the env's "
-                                 f"is {mode!r}")
+                raise ValueError(
+                    f"the rehearser's prompt_mode is {responder.rehearser.prompt_mode!r} but the env's is {mode!r}"
+                )
         elif not all(callable(getattr(responder, m, None)) for m in ("start", "respond", "fork")):
             raise TypeError(f"a responder needs start, respond and fork (envace_gym.responders), got {responder!r}")
         if isinstance(responder, RealBackend) and responder.factory is None:
@@ -375,8 +389,7 @@ class TextToolUseEnv(gym.Env[str, str]):
         twin.user = copy.deepcopy(self.user, dict(keep))
         twin.responder = responder if responder is not None else self.responder.fork()
         twin._next_responder = None
-        twin.np_random = (copy.deepcopy(self.np_random) if seed is None
-                          else np.random.Generator(np.random.PCG64(seed)))
+        twin.np_random = copy.deepcopy(self.np_random) if seed is None else np.random.Generator(np.random.PCG64(seed))
         return twin
 
     # ------------------------------------------------------------------ overridable dynamics
@@ -445,4 +458,3 @@ class TextToolUseEnv(gym.Env[str, str]):
         """The parsed ACT calls so far: turns × steps × calls (`Trajectory.calls_per_turn`)."""
         assert self.trajectory is not None
         return self.trajectory.calls_per_turn()
-

@@ -5,13 +5,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
 
 from envace_gym.envs.text import TextToolUseEnv
 from envace_gym.registry import resolve_entry_point
-from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse, Rehearser, make_rehearser
+from envace_gym.rehearsal import PromptMode, Rehearser, RehearseRequest, RehearseResponse, make_rehearser
 from envace_gym.rendering import ChatRenderer
-from envace_gym.responders import RealBackend, Rehearsal, Responder
+from envace_gym.responders import Rehearsal, Responder
 from envace_gym.suites import ToolBackend
 from envace_gym.types import Message, RehearsalRecord, Role, Segment, Task, ToolCall
 
@@ -30,9 +31,9 @@ class ToolUseEnv(TextToolUseEnv):
     The rules (parsing, error handling, user turns, termination, truncation, the verifier's reward) are
     `TextToolUseEnv`'s. Who answers a tool call is the ``responder`` (`envace_gym.responders`): the suite's
     real backend (``RealBackend()``, the default: ``EnvACE-Tool-v0``), the policy's REHEARSE role
-    (``Rehearsal(rehearser)``: ``EnvACE-Rehearse-v0``, EnvACE, DESIGN.md §1), a recorded trajectory
+    (``Rehearsal(rehearser)``: ``EnvACE-Rehearse-v0``, EnvACE, docs/design.md §1), a recorded trajectory
     (``RecordedResponses``), or one of your own. The final reward always comes from the task's verifier
-    replaying the ACT calls on a fresh *real* backend (DESIGN.md §3), so a rehearser that invents
+    replaying the ACT calls on a fresh *real* backend (docs/design.md §3), so a rehearser that invents
     convenient observations earns nothing.
 
     The env keeps the trajectory's token sequence (``self.trajectory.segments``), built by appending ids,
@@ -142,7 +143,9 @@ class ToolUseEnv(TextToolUseEnv):
             )
         self.rehearser: Rehearser | None = rehearser
         if tokenizer is None:
-            tokenizer = rehearser.tokenizer if rehearser is not None else resolve_entry_point(TOKENIZER_LOADER)(model, **store)
+            tokenizer = (
+                rehearser.tokenizer if rehearser is not None else resolve_entry_point(TOKENIZER_LOADER)(model, **store)
+            )
         self.renderer = ChatRenderer(tokenizer)
         self.prompt_mode: PromptMode = prompt_mode  # before the base class checks the responder against it
         if responder is None:
@@ -178,7 +181,7 @@ class ToolUseEnv(TextToolUseEnv):
         first_turn = [Message(role=m.role, content=m.content) for m in self.trajectory.messages]  # the user's opening
         prompt = self.renderer.prompt_ids(first_turn, self.task.tools_at_turn(0))
         opener = self.renderer.open_ids("assistant")
-        if prompt[len(prompt) - len(opener):] != opener:
+        if prompt[len(prompt) - len(opener) :] != opener:
             raise RuntimeError("the rendered prompt does not end with the assistant opener; unsupported template")
         self.trajectory.segments = [
             Segment(Role.PROMPT, prompt[: len(prompt) - len(opener)], None, ""),
@@ -285,8 +288,10 @@ class ToolUseEnv(TextToolUseEnv):
     def _respond_context_full(self) -> str:
         """Answer without a model call when a rehearsal would pass ``max_context_tokens``: an error
         observation (no loss), like any tool failure, so the token sequence stays well formed."""
-        text = (f"Error: the episode's {self._episode_tokens} tokens leave no room for a rehearsal within "
-                f"max_context_tokens={self.max_context_tokens}")
+        text = (
+            f"Error: the episode's {self._episode_tokens} tokens leave no room for a rehearsal within "
+            f"max_context_tokens={self.max_context_tokens}"
+        )
         self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(text), None, text, generated=False)
         return text
 
@@ -316,10 +321,16 @@ class ToolUseEnv(TextToolUseEnv):
             # the rehearser continued the tool message, so it may have written the close's text before the
             # stop token too (Qwen: "\n</tool_response>"); that is template, not the tool's output
             text = self.renderer.generated_content(response.text, "tool")
-        self._rehearsals.append(RehearsalRecord(
-            call=call.to_openai(), text=text, token_ids=list(response.token_ids), logprobs=list(response.logprobs),
-            prompt_ids=list(response.prompt_ids) if response.prompt_ids is not None else None, stopped=response.stopped,
-        ))
+        self._rehearsals.append(
+            RehearsalRecord(
+                call=call.to_openai(),
+                text=text,
+                token_ids=list(response.token_ids),
+                logprobs=list(response.logprobs),
+                prompt_ids=list(response.prompt_ids) if response.prompt_ids is not None else None,
+                stopped=response.stopped,
+            )
+        )
         if self.prompt_mode == "inline":
             self._append(Role.REHEARSE, response.token_ids, response.logprobs, text)
             self._close("tool", response.token_ids)
@@ -348,7 +359,9 @@ class ToolUseEnv(TextToolUseEnv):
             if getattr(self, "_tool_tokens_recorded", False):
                 self._tool_tokens_recorded = False
                 return
-            self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(message.content), None, message.content, generated=False)
+            self._append_tool_message(
+                Role.OBSERVATION, self.renderer.content_ids(message.content), None, message.content, generated=False
+            )
             self._tool_tokens_recorded = False
         else:  # user (or system) turn opening
             self._append(Role.TEMPLATE, self.renderer.open_ids(message.role))
@@ -370,11 +383,16 @@ class ToolUseEnv(TextToolUseEnv):
         if not ids:
             return
         assert self.trajectory is not None
-        self.trajectory.segments.append(Segment(role, list(ids), list(logprobs) if logprobs is not None else None, text))
+        self.trajectory.segments.append(
+            Segment(role, list(ids), list(logprobs) if logprobs is not None else None, text)
+        )
         self._episode_tokens += len(ids)
 
     def _token_info(self) -> dict[str, Any]:
         assert self.trajectory is not None
         counts = self.trajectory.tokens_per_role()
-        return {"num_tokens": sum(counts.values()), "rehearsal_tokens": counts["REHEARSE"],
-                "cut_generations": self.cut_generations}
+        return {
+            "num_tokens": sum(counts.values()),
+            "rehearsal_tokens": counts["REHEARSE"],
+            "cut_generations": self.cut_generations,
+        }

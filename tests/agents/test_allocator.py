@@ -39,7 +39,11 @@ _FRAGMENT = textwrap.dedent(
 
 def _rss_after_fragmenting(mode: str) -> int:
     out = subprocess.run(
-        [sys.executable, "-c", _FRAGMENT, mode], capture_output=True, text=True, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        [sys.executable, "-c", _FRAGMENT, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     return int(out.stdout.strip().splitlines()[-1]) * 1024
 

@@ -9,8 +9,20 @@ import tests.testing_env  # noqa: F401  (registers the scripted suites)
 from agents.cli import main
 from agents.config import TrainConfig, load_config
 
-TRAIN = ["train", "--model", "tiny-random", "--suite", "scripted", "--categories", "--batch-tasks", "2",
-         "--group-size", "2", "--min-solvable-fraction", "0"]
+TRAIN = [
+    "train",
+    "--model",
+    "tiny-random",
+    "--suite",
+    "scripted",
+    "--categories",
+    "--batch-tasks",
+    "2",
+    "--group-size",
+    "2",
+    "--min-solvable-fraction",
+    "0",
+]
 BAD_TRAIN = [
     (["--temperature", "nan"], "temperature"),
     (["--max-grad-norm", "-1"], "max_grad_norm"),
@@ -60,12 +72,15 @@ def test_yaml_strings_are_coerced_by_the_field_type(tmp_path):
     assert config.max_episode_tokens is None and isinstance(TrainConfig(lr=1).lr, float)
 
 
-@pytest.mark.parametrize("extra, field", [
-    (["--temperature", "-1"], "temperature"),
-    (["--max-new-tokens", "0"], "max_new_tokens"),
-    (["--max-steps-per-turn", "0"], "max_steps_per_turn"),
-    (["--categories", "foo"], "unknown BFCL category 'foo'"),
-])
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        (["--temperature", "-1"], "temperature"),
+        (["--max-new-tokens", "0"], "max_new_tokens"),
+        (["--max-steps-per-turn", "0"], "max_steps_per_turn"),
+        (["--categories", "foo"], "unknown BFCL category 'foo'"),
+    ],
+)
 def test_bad_eval_options_fail_fast(tmp_path, no_model_loads, capsys, extra, field):
     assert main(["eval", "--model", "tiny-random", "--limit", "1", "--out", str(tmp_path / "ev"), *extra]) == 2
     assert field in capsys.readouterr().err

@@ -37,22 +37,39 @@ def _contexts(worker: int, call: int) -> list[list[int]]:
 
 def _job(batcher, engine, worker: int, calls: int, max_new_tokens: int = 4):
     def job():
-        return [batcher.generate(engine, _contexts(worker, c), max_new_tokens=max_new_tokens, temperature=1.0,
-                                 stop_ids=STOP, seeds=[100 * worker + c]) for c in range(calls)]
+        return [
+            batcher.generate(
+                engine,
+                _contexts(worker, c),
+                max_new_tokens=max_new_tokens,
+                temperature=1.0,
+                stop_ids=STOP,
+                seeds=[100 * worker + c],
+            )
+            for c in range(calls)
+        ]
+
     return job
 
 
 def test_workers_calls_merge_and_each_row_is_what_its_own_call_samples(tiny_model):
     engine = CountingEngine(tiny_model)
-    direct = [[engine.generate(_contexts(w, c), max_new_tokens=4, temperature=1.0, stop_ids=STOP, seeds=[100 * w + c])
-               for c in range(2 + (w == 0))] for w in range(4)]
+    direct = [
+        [
+            engine.generate(_contexts(w, c), max_new_tokens=4, temperature=1.0, stop_ids=STOP, seeds=[100 * w + c])
+            for c in range(2 + (w == 0))
+        ]
+        for w in range(4)
+    ]
     engine.batches.clear()
     batcher = BatchCoordinator()
     merged = batcher.run([_job(batcher, engine, w, 2 + (w == 0)) for w in range(4)])  # worker 0 makes one call more
     assert engine.batches == [4, 4, 1]  # two rounds of all four workers, then worker 0 alone
     assert batcher.merged_calls == 3 and batcher.requests == 9
     for w in range(4):
-        assert [[g.token_ids for g in call] for call in merged[w]] == [[g.token_ids for g in call] for call in direct[w]]
+        assert [[g.token_ids for g in call] for call in merged[w]] == [
+            [g.token_ids for g in call] for call in direct[w]
+        ]
     # a thread that is not a worker calls the engine itself, unmerged
     batcher.generate(engine, _contexts(0, 0), max_new_tokens=2, temperature=0.0, stop_ids=STOP)
     assert engine.batches[-1] == 1 and batcher.requests == 9
@@ -62,8 +79,9 @@ def test_different_settings_are_separate_calls_of_one_flush(tiny_model):
     engine = CountingEngine(tiny_model)
     batcher = BatchCoordinator()
     out = batcher.run([_job(batcher, engine, w, 1, max_new_tokens=3 if w % 2 else 5) for w in range(4)])
-    assert sorted(engine.batches) == [2, 2] and all(len(gens[0][0].token_ids) <= (3 if w % 2 else 5)
-                                                     for w, gens in enumerate(out))
+    assert sorted(engine.batches) == [2, 2] and all(
+        len(gens[0][0].token_ids) <= (3 if w % 2 else 5) for w, gens in enumerate(out)
+    )
 
 
 def test_an_engine_error_reaches_every_caller_of_the_merged_call_and_nobody_hangs(tiny_model):
@@ -89,6 +107,10 @@ def test_coalesced_swaps_the_engines_of_distinct_policies_and_puts_them_back(tin
     batcher = BatchCoordinator()
     with coalesced([policy, None, policy], batcher):
         assert policy.engine.engine is own and policy.engine.coordinator is batcher
-        batcher.run([lambda: policy.generate([[5, 6]], max_new_tokens=2, seeds=[1]),
-                     lambda: policy.generate([[7]], max_new_tokens=2, seeds=[2])])
+        batcher.run(
+            [
+                lambda: policy.generate([[5, 6]], max_new_tokens=2, seeds=[1]),
+                lambda: policy.generate([[7]], max_new_tokens=2, seeds=[2]),
+            ]
+        )
     assert policy.engine is own and batcher.merged_calls == 1 and batcher.requests == 2

@@ -94,8 +94,9 @@ def test_bfcl_fractions_old_and_new_defaults(smol_tokenizer):
     with pytest.raises(BudgetError, match=r"--max-new-tokens to \d+ or more.*--min-solvable-fraction"):
         require_solvable(old, 0.9, command="test", log=None)
     cfg = TrainConfig()
-    new = budget_report(tasks, suite, smol_tokenizer, max_steps_per_turn=cfg.max_steps_per_turn,
-                        max_new_tokens=cfg.max_new_tokens)
+    new = budget_report(
+        tasks, suite, smol_tokenizer, max_steps_per_turn=cfg.max_steps_per_turn, max_new_tokens=cfg.max_new_tokens
+    )
     assert new.fraction >= cfg.min_solvable_fraction
     assert new.solvable_one_call_per_message <= new.solvable
     require_solvable(new, cfg.min_solvable_fraction, command="test", log=None)  # does not raise
@@ -104,11 +105,17 @@ def test_bfcl_fractions_old_and_new_defaults(smol_tokenizer):
 def test_episode_token_budget_uses_the_real_demonstration(smol_tokenizer):
     suite = BFCLSuite()
     tasks = suite.tasks(["multi_turn_base"], "test")[:3]
-    report = budget_report(tasks, suite, smol_tokenizer, max_steps_per_turn=20, max_new_tokens=256, max_episode_tokens=10)
+    report = budget_report(
+        tasks, suite, smol_tokenizer, max_steps_per_turn=20, max_new_tokens=256, max_episode_tokens=10
+    )
     assert report.solvable == 0 and report.blocked_by == {"max_episode_tokens": 3}
     need = report.needed["max_episode_tokens"]
-    assert budget_report(tasks, suite, smol_tokenizer, max_steps_per_turn=20, max_new_tokens=256,
-                         max_episode_tokens=need).fraction >= 0.9
+    assert (
+        budget_report(
+            tasks, suite, smol_tokenizer, max_steps_per_turn=20, max_new_tokens=256, max_episode_tokens=need
+        ).fraction
+        >= 0.9
+    )
 
 
 def _refused(capsys, argv, pattern):
@@ -120,8 +127,22 @@ def _refused(capsys, argv, pattern):
 
 
 def test_train_refuses_unsolvable_budgets_before_loading_a_model(tmp_path, no_model_loads, capsys):
-    args = ["train", "--run-dir", str(tmp_path), "--model", "tiny-random", "--suite", "scripted", "--categories",
-            "--max-new-tokens", "6", "--batch-tasks", "2", "--group-size", "2"]
+    args = [
+        "train",
+        "--run-dir",
+        str(tmp_path),
+        "--model",
+        "tiny-random",
+        "--suite",
+        "scripted",
+        "--categories",
+        "--max-new-tokens",
+        "6",
+        "--batch-tasks",
+        "2",
+        "--group-size",
+        "2",
+    ]
     assert main(args) == 2
     captured = capsys.readouterr()
     assert "[budget] envace train: 0/3 (0.0%)" in captured.out
@@ -131,24 +152,64 @@ def test_train_refuses_unsolvable_budgets_before_loading_a_model(tmp_path, no_mo
 
 
 def test_eval_sft_and_pipeline_refuse_before_loading_a_model(tmp_path, no_model_loads, capsys):
-    _refused(capsys, ["eval", "--model", "tiny-random", "--categories", "multi_turn_base", "--limit", "3",
-                      "--max-steps-per-turn", "1", "--out", str(tmp_path / "ev")], "--max-steps-per-turn")
-    _refused(capsys, ["sft", "--run-dir", str(tmp_path / "sft"), "--model", "tiny-random", "--max-seq-len", "3000",
-                      "--max-demos", "20"], "--max-seq-len=3000")
-    _refused(capsys, ["pipeline", "--run-dir", str(tmp_path / "p"), "--model", "tiny-random",
-                      "--grpo.max-steps-per-turn", "2"], "--grpo.max-steps-per-turn")
-    _refused(capsys, ["pipeline", "--run-dir", str(tmp_path / "p"), "--model", "tiny-random",
-                      "--eval.max-steps-per-turn", "1"], "--eval.max-steps-per-turn")
+    _refused(
+        capsys,
+        [
+            "eval",
+            "--model",
+            "tiny-random",
+            "--categories",
+            "multi_turn_base",
+            "--limit",
+            "3",
+            "--max-steps-per-turn",
+            "1",
+            "--out",
+            str(tmp_path / "ev"),
+        ],
+        "--max-steps-per-turn",
+    )
+    _refused(
+        capsys,
+        [
+            "sft",
+            "--run-dir",
+            str(tmp_path / "sft"),
+            "--model",
+            "tiny-random",
+            "--max-seq-len",
+            "3000",
+            "--max-demos",
+            "20",
+        ],
+        "--max-seq-len=3000",
+    )
+    _refused(
+        capsys,
+        ["pipeline", "--run-dir", str(tmp_path / "p"), "--model", "tiny-random", "--grpo.max-steps-per-turn", "2"],
+        "--grpo.max-steps-per-turn",
+    )
+    _refused(
+        capsys,
+        ["pipeline", "--run-dir", str(tmp_path / "p"), "--model", "tiny-random", "--eval.max-steps-per-turn", "1"],
+        "--eval.max-steps-per-turn",
+    )
 
 
 def test_the_removed_episode_cap_says_what_replaced_it(tmp_path, capsys):
     from agents.config import load_config
 
-    _refused(capsys, ["train", "--run-dir", str(tmp_path), "--model", "tiny-random", "--max-rollout-steps", "6"],
-             "max_rollout_steps.*max_steps_per_turn")
+    _refused(
+        capsys,
+        ["train", "--run-dir", str(tmp_path), "--model", "tiny-random", "--max-rollout-steps", "6"],
+        "max_rollout_steps.*max_steps_per_turn",
+    )
     path = tmp_path / "c.yaml"
     path.write_text("max_rollout_steps: 6\n")
     with pytest.raises(ValueError, match="per user turn"):
         load_config(path)
-    _refused(capsys, ["pipeline", "--run-dir", str(tmp_path / "p"), "--grpo-max-rollout-steps", "3"],
-             "grpo.max_steps_per_turn")
+    _refused(
+        capsys,
+        ["pipeline", "--run-dir", str(tmp_path / "p"), "--grpo-max-rollout-steps", "3"],
+        "grpo.max_steps_per_turn",
+    )

@@ -64,10 +64,30 @@ def test_an_eval_yaml_and_options_combine_and_bools_take_a_bare_flag(tmp_path):
     path = tmp_path / "eval.yaml"
     path.write_text("model: tiny-random\nsuite: scripted\nsplit: all\nlimit: 1\nmax_new_tokens: 4\n")
     out = tmp_path / "ev"
-    assert main(["eval", "--config", str(path), "--max-steps-per-turn", "1", "--min-solvable-fraction", "0",
-                 "--out", str(out), "--overwrite"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--config",
+                str(path),
+                "--max-steps-per-turn",
+                "1",
+                "--min-solvable-fraction",
+                "0",
+                "--out",
+                str(out),
+                "--overwrite",
+            ]
+        )
+        == 0
+    )
     saved = yaml.safe_load((out / "eval_config.json").read_text())
-    assert (saved["model"], saved["suite"], saved["limit"], saved["max_steps_per_turn"]) == ("tiny-random", "scripted", 1, 1)
+    assert (saved["model"], saved["suite"], saved["limit"], saved["max_steps_per_turn"]) == (
+        "tiny-random",
+        "scripted",
+        1,
+        1,
+    )
 
 
 def test_bad_values_name_their_field():
@@ -82,7 +102,9 @@ def test_domains_is_another_name_for_the_categories_of_eval_and_train():
     from agents.config import dataclass_from_args
 
     parser = build_parser()
-    config = dataclass_from_args(EvalConfig, parser.parse_args(["eval", "--suite", "tau2", "--domains", "airline", "retail"]))
+    config = dataclass_from_args(
+        EvalConfig, parser.parse_args(["eval", "--suite", "tau2", "--domains", "airline", "retail"])
+    )
     assert config.categories == ["airline", "retail"]
     config = dataclass_from_args(TrainConfig, parser.parse_args(["train", "--suite", "tau2", "--domains", "retail"]))
     assert config.categories == ["retail"]

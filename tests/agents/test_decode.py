@@ -18,8 +18,19 @@ def test_lean_decode_steps_give_the_model_forwards_ids_and_logprobs(arch):
     assert supports_decode_step(model)
     contexts = [[5, 9, 17, 33, 8], [40, 41], [7, 7, 7, 7, 7, 7, 7, 7, 7], [40, 41]]  # ragged: padded columns
     for temperature in (0.0, 1.0):
-        runs = [generate(model, contexts, max_new_tokens=12, temperature=temperature, stop_ids=[], pad_id=0,
-                         seeds=[3, 4, 5, 6], fast_decode=fast) for fast in (True, False)]
+        runs = [
+            generate(
+                model,
+                contexts,
+                max_new_tokens=12,
+                temperature=temperature,
+                stop_ids=[],
+                pad_id=0,
+                seeds=[3, 4, 5, 6],
+                fast_decode=fast,
+            )
+            for fast in (True, False)
+        ]
         for lean, plain in zip(*runs):
             assert lean.token_ids == plain.token_ids
             torch.testing.assert_close(torch.tensor(lean.logprobs), torch.tensor(plain.logprobs), atol=1e-5, rtol=0)

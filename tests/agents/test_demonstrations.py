@@ -85,7 +85,11 @@ def test_cap_length_truncates_to_a_prefix_or_drops(bfcl_demos):
     n = len(demo.token_ids)
     first_act = demo.role_mask.index(int(Role.ACT))
     cut, was_cut = cap_length(demo, first_act + 5)
-    assert was_cut and cut.token_ids == demo.token_ids[: first_act + 5] and cut.role_mask == demo.role_mask[: first_act + 5]
+    assert (
+        was_cut
+        and cut.token_ids == demo.token_ids[: first_act + 5]
+        and cut.role_mask == demo.role_mask[: first_act + 5]
+    )
     assert cap_length(demo, n) == (demo, False)
     assert cap_length(demo, n - 1, "drop") == (None, False)
     assert cap_length(demo, first_act, "truncate") == (None, False)  # nothing left to train
@@ -129,13 +133,19 @@ def test_jsonl_rejection_sampling_keeps_records_above_threshold(tmp_path):
     path = tmp_path / "rollouts.jsonl"
     env = RecordTrajectories(
         RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random")),
-        path, include_tokens=True,
+        path,
+        include_tokens=True,
     )
     good = _episode(env, "scripted_0", [ADD.format(v=2), "done"])  # target total 2: reward 1
-    bad = _episode(env, "scripted_0", [ADD.format(v=5), "<tool_call>{not json</tool_call>", "done"])  # total 5, and a parse error
+    bad = _episode(
+        env, "scripted_0", [ADD.format(v=5), "<tool_call>{not json</tool_call>", "done"]
+    )  # total 5, and a parse error
     assert good["trajectory_record"]["reward"] == 1.0 and bad["trajectory_record"]["reward"] == 0.0
-    plain = RecordTrajectories(RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None,
-                                                  model="tiny-random")), path, include_tokens=False)
+    plain = RecordTrajectories(
+        RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random")),
+        path,
+        include_tokens=False,
+    )
     _episode(plain, "scripted_0", [ADD.format(v=2), "done"])  # reward 1 but no tokens recorded
 
     stop = ChatRenderer(env.unwrapped.rehearser.tokenizer).stop_token_ids
@@ -173,8 +183,9 @@ ERROR_TASKS = ["relocate_1", "ship_two_0", "make_room_0"]
 
 @pytest.fixture(scope="module")
 def lab_error_demos(smol_tokenizer):
-    demos, stats = build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=ERROR_TASKS, max_tokens=None,
-                                        mutations=10, seed=0)
+    demos, stats = build_demonstrations(
+        smol_tokenizer, "lab", None, "train", task_ids=ERROR_TASKS, max_tokens=None, mutations=10, seed=0
+    )
     return demos, stats
 
 
@@ -196,7 +207,8 @@ def _replay(task, calls):
 
 
 def test_error_demos_hold_the_real_backends_error_output_and_train_it_but_not_the_mistaken_call(
-        lab_error_demos, smol_tokenizer):
+    lab_error_demos, smol_tokenizer
+):
     import torch
 
     from agents.sft import collate, role_weights
@@ -226,7 +238,7 @@ def test_error_demos_hold_the_real_backends_error_output_and_train_it_but_not_th
         assert role == Role.PROMPT and seg.token_ids[-1] == stop and seg.logprobs is None
         assert set(role_mask[row, a:b].tolist()) == {int(Role.PROMPT)} and float(weights[row, a:b].sum()) == 0.0
         # the next tool content is the error output as a REHEARSE target (ending with <|im_end|>), with loss
-        role, a, b, seg = next(x for x in spans[k + 1:] if x[0] in (Role.REHEARSE, Role.OBSERVATION))
+        role, a, b, seg = next(x for x in spans[k + 1 :] if x[0] in (Role.REHEARSE, Role.OBSERVATION))
         assert role == Role.REHEARSE and smol_tokenizer.decode(seg.token_ids[:-1]) == m["output"]
         assert bool(torch.all(weights[row, a:b] == 1.0))
         # the reference ACT messages before the mistake still carry loss
@@ -273,7 +285,7 @@ def test_a_broken_item_ends_its_demonstration_after_the_error_and_a_failed_call_
             assert call.arguments["item"] not in {i for items in initial.values() for i in items}
         # the next ACT message is the reference call the mistake preceded, and the episode ends as the reference
         mistaken = [i for i, s in enumerate(demo.segments) if s.role == Role.PROMPT][-1]
-        nxt = next(s for s in demo.segments[mistaken + 1:] if s.role == Role.ACT)
+        nxt = next(s for s in demo.segments[mistaken + 1 :] if s.role == Role.ACT)
         (parsed,) = parse_tool_calls(nxt.text)
         assert (parsed.name, parsed.arguments) == (right.name, right.arguments)
         assert demo.terminated
@@ -285,17 +297,20 @@ def test_a_broken_item_ends_its_demonstration_after_the_error_and_a_failed_call_
 def test_reference_demos_are_unchanged_by_mutations_and_draws_follow_the_seed(lab_error_demos, smol_tokenizer):
     demos, _ = lab_error_demos
     plain, stats = build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=ERROR_TASKS, max_tokens=None)
-    zero, _ = build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=ERROR_TASKS, max_tokens=None,
-                                   mutations=0, seed=5)
+    zero, _ = build_demonstrations(
+        smol_tokenizer, "lab", None, "train", task_ids=ERROR_TASKS, max_tokens=None, mutations=0, seed=5
+    )
     assert stats.error_demos == 0 and all("mutation" not in d.task.metadata for d in plain)
     references = [d for d in demos if "mutation" not in d.task.metadata]
     for got in (references, zero):
-        assert [(d.task.id, d.token_ids, d.role_mask) for d in got] == \
-            [(d.task.id, d.token_ids, d.role_mask) for d in plain]
+        assert [(d.task.id, d.token_ids, d.role_mask) for d in got] == [
+            (d.task.id, d.token_ids, d.role_mask) for d in plain
+        ]
 
     def drawn(seed):
-        got, _ = build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=ERROR_TASKS, max_tokens=None,
-                                      mutations=1, seed=seed)
+        got, _ = build_demonstrations(
+            smol_tokenizer, "lab", None, "train", task_ids=ERROR_TASKS, max_tokens=None, mutations=1, seed=seed
+        )
         return [(d.task.id, d.task.metadata.get("mutation"), d.token_ids) for d in got]
 
     first = drawn(0)
@@ -304,11 +319,20 @@ def test_reference_demos_are_unchanged_by_mutations_and_draws_follow_the_seed(la
 
 
 def test_all_calls_per_message_splits_the_turn_around_the_mistake(smol_tokenizer):
-    demos, stats = build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=["ship_two_0"], max_tokens=None,
-                                        mutations=10, calls_per_message="all")
+    demos, stats = build_demonstrations(
+        smol_tokenizer,
+        "lab",
+        None,
+        "train",
+        task_ids=["ship_two_0"],
+        max_tokens=None,
+        mutations=10,
+        calls_per_message="all",
+    )
     (demo,) = [d for d in demos if d.task.metadata.get("mutation", {}).get("position") == 1]
-    acts = [parse_tool_calls(s.text) if "<tool_call>" in s.text else s.text
-            for s in demo.segments if s.role == Role.ACT]
+    acts = [
+        parse_tool_calls(s.text) if "<tool_call>" in s.text else s.text for s in demo.segments if s.role == Role.ACT
+    ]
     reference = demo.task.metadata["reference"][0]
     assert [[c.name for c in a] for a in acts[:2]] == [["pack"], [c["function"]["name"] for c in reference[1:]]]
     assert acts[2] == DONE_MESSAGE and len(acts) == 3 and demo.terminated

@@ -126,16 +126,26 @@ def test_pipeline_and_eval_refuse_to_run_once_per_rank(monkeypatch, capsys):
 
 
 def _venv(n):
-    return gym.make_vec("EnvACE-Rehearse-v0", num_envs=n, vectorization_mode="vector_entry_point", suite="scripted",
-                        categories=None, model="tiny-random", max_new_tokens=6, temperature=1.0)
+    return gym.make_vec(
+        "EnvACE-Rehearse-v0",
+        num_envs=n,
+        vectorization_mode="vector_entry_point",
+        suite="scripted",
+        categories=None,
+        model="tiny-random",
+        max_new_tokens=6,
+        temperature=1.0,
+    )
 
 
 def test_rollout_shards_play_what_the_whole_rollout_plays():
     policy = load_policy("tiny-random")
     tasks, k = ["scripted_0", "scripted_1"], 2
     whole, stats = collect_rollouts(policy, _venv(4), tasks, k, max_new_tokens=6, seed=5)
-    shards = [collect_rollouts(policy, _venv(2), [task], k, max_new_tokens=6, seed=5, first_env=i * k,
-                               num_global_envs=4) for i, task in enumerate(tasks)]
+    shards = [
+        collect_rollouts(policy, _venv(2), [task], k, max_new_tokens=6, seed=5, first_env=i * k, num_global_envs=4)
+        for i, task in enumerate(tasks)
+    ]
     assert [t.token_ids for t in whole] == [t.token_ids for part, _ in shards for t in part]
     merged = RolloutStats.concat([s for _, s in shards])
     assert merged.group_ids == stats.group_ids == [0, 0, 1, 1]
@@ -159,8 +169,9 @@ def test_shard_losses_and_gradients_add_up_to_the_whole_batch(aggregation):
 
     def loss_and_grad(rows, count=None):
         x = logits[rows].clone().requires_grad_(True)
-        loss, _ = grpo_loss(torch.log_softmax(x, -1), old[rows], adv[rows], mask[rows], aggregation=aggregation,
-                            count=count)
+        loss, _ = grpo_loss(
+            torch.log_softmax(x, -1), old[rows], adv[rows], mask[rows], aggregation=aggregation, count=count
+        )
         loss.backward()
         return loss, x.grad
 
@@ -170,8 +181,10 @@ def test_shard_losses_and_gradients_add_up_to_the_whole_batch(aggregation):
     torch.testing.assert_close(parts[0][0] + parts[1][0], whole)
     torch.testing.assert_close(torch.cat([parts[0][1], parts[1][1]]), whole_grad)
     # without the whole batch's count the shards' mean of means is not the whole batch's loss
-    own = [grpo_loss(torch.log_softmax(logits[r], -1), old[r], adv[r], mask[r], aggregation=aggregation)[0]
-           for r in (slice(0, 2), slice(2, 6))]
+    own = [
+        grpo_loss(torch.log_softmax(logits[r], -1), old[r], adv[r], mask[r], aggregation=aggregation)[0]
+        for r in (slice(0, 2), slice(2, 6))
+    ]
     assert abs(float((own[0] + own[1]).detach() / 2 - whole.detach())) > 1e-4
 
 
@@ -190,10 +203,33 @@ def test_sft_shard_losses_add_up_to_the_whole_batch(normalization):
 
 
 # ------------------------------------------------------------------------------------------- two processes
-GRPO = ["--model", "tiny-random", "--suite", "scripted-length", "--categories", "--batch-tasks", "2", "--group-size", "2",
-        "--max-new-tokens", "6", "--rehearse-max-new-tokens", "6", "--max-steps-per-turn", "2",
-        "--min-solvable-fraction", "0", "--lr", "1e-3", "--tensorboard", "false", "--save-every", "1",
-        "--ppo-epochs", "2"]  # the second epoch's ratios differ from 1, so the token-mean statistics are exercised
+GRPO = [
+    "--model",
+    "tiny-random",
+    "--suite",
+    "scripted-length",
+    "--categories",
+    "--batch-tasks",
+    "2",
+    "--group-size",
+    "2",
+    "--max-new-tokens",
+    "6",
+    "--rehearse-max-new-tokens",
+    "6",
+    "--max-steps-per-turn",
+    "2",
+    "--min-solvable-fraction",
+    "0",
+    "--lr",
+    "1e-3",
+    "--tensorboard",
+    "false",
+    "--save-every",
+    "1",
+    "--ppo-epochs",
+    "2",
+]  # the second epoch's ratios differ from 1, so the token-mean statistics are exercised
 
 
 def _free_port() -> int:
@@ -206,8 +242,17 @@ def _launch(args: list[str], config: Path = ACCELERATE_CONFIG) -> None:
     """``accelerate launch --config_file configs/accelerate/cpu_2proc.yaml`` (or `config`) of the envace
     command line."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-           "--main_process_port", str(_free_port()), str(REPO / "tests" / "fixtures" / "launch_entry.py"), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config),
+        "--main_process_port",
+        str(_free_port()),
+        str(REPO / "tests" / "fixtures" / "launch_entry.py"),
+        *args,
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -332,8 +377,16 @@ def test_fsdp_ranks_that_ran_different_forwards_while_gathered_still_train_toget
     """A rank whose rollouts never ran a model (per-role REHEARSE, no tool call) and one that did must still
     pair every collective of the next update (FSDP orders its backward prefetches by the forwards it saw)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG),
-           "--main_process_port", str(_free_port()), str(REPO / "tests" / "fixtures" / "fsdp_gathered_entry.py")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(FSDP_CONFIG),
+        "--main_process_port",
+        str(_free_port()),
+        str(REPO / "tests" / "fixtures" / "fsdp_gathered_entry.py"),
+    ]
     # the ranks' collectives time out after 30 s (the script sets it), so a hang ends as a failed launch
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, "the ranks did not train together:\n" + done.stdout[-3000:] + done.stderr[-3000:]
@@ -348,7 +401,7 @@ def test_fsdp_trains_per_role_policies_and_refuses_zero_one(tmp_path):
     assert main(["train", "--run-dir", str(tmp_path / "one"), *args]) == 0
     _launch(["train", "--run-dir", str(tmp_path / "fsdp"), *args], FSDP_CONFIG)
     for name in ("model", "rehearse_model"):
-        folder = lambda run: run / "checkpoints" / "step_000001" / name / "model.safetensors"  # noqa: E731
+        folder = lambda run, name=name: run / "checkpoints" / "step_000001" / name / "model.safetensors"  # noqa: E731
         from safetensors.torch import load_file
 
         one, fsdp = load_file(str(folder(tmp_path / "one"))), load_file(str(folder(tmp_path / "fsdp")))
@@ -368,8 +421,21 @@ def test_two_processes_fine_tune_what_one_fine_tunes(tmp_path, config):
 
     data = tmp_path / "rollouts.jsonl"
     _record(data, n_good=3)  # 3 rows in one batch: rank 0 trains rows 0 and 2, rank 1 row 1
-    args = ["sft", "--model", "tiny-random", "--data", str(data), "--min-reward", "1.0", "--lr", "3e-3", "--max-steps", "2",
-            "--save-every", "2"]
+    args = [
+        "sft",
+        "--model",
+        "tiny-random",
+        "--data",
+        str(data),
+        "--min-reward",
+        "1.0",
+        "--lr",
+        "3e-3",
+        "--max-steps",
+        "2",
+        "--save-every",
+        "2",
+    ]
     assert main([*args, "--run-dir", str(tmp_path / "one")]) == 0
     _launch([*args, "--run-dir", str(tmp_path / "two")], config)
     one, two = _weights(tmp_path / "one", 2), _weights(tmp_path / "two", 2)

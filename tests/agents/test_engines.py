@@ -14,16 +14,24 @@ from agents.policy import load_policy
 from agents.trainer import RoleWiseGRPOTrainer
 
 FAST = dict(
-    model="tiny-random", suite="scripted-length", categories=[], batch_tasks=2, group_size=2,
-    max_new_tokens=6, rehearse_max_new_tokens=6, max_steps_per_turn=2, min_solvable_fraction=0.0,
-    lr=1e-3, tensorboard=False,
+    model="tiny-random",
+    suite="scripted-length",
+    categories=[],
+    batch_tasks=2,
+    group_size=2,
+    max_new_tokens=6,
+    rehearse_max_new_tokens=6,
+    max_steps_per_turn=2,
+    min_solvable_fraction=0.0,
+    lr=1e-3,
+    tensorboard=False,
 )
 
 
 class RecordingEngine(HFEngine):
     """The HF engine, counting the rows it sampled and the versions it was told about."""
 
-    instances: list["RecordingEngine"] = []
+    instances: list[RecordingEngine] = []
 
     def __init__(self, model, pad_id):
         super().__init__(model, pad_id, kv_cache=False)
@@ -55,9 +63,32 @@ def test_a_built_engine_can_be_passed_to_the_trainer_and_eval_takes_an_engine_by
     trainer.train(progress=False)
     assert engine.rows > 0 and engine.weight_version == 1
     RecordingEngine.instances.clear()
-    assert main(["eval", "--model", "tiny-random", "--suite", "scripted", "--split", "all", "--limit", "1",
-                 "--max-new-tokens", "4", "--max-steps-per-turn", "1", "--min-solvable-fraction", "0",
-                 "--engine", "recording", "--out", str(tmp_path / "ev")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                "tiny-random",
+                "--suite",
+                "scripted",
+                "--split",
+                "all",
+                "--limit",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--max-steps-per-turn",
+                "1",
+                "--min-solvable-fraction",
+                "0",
+                "--engine",
+                "recording",
+                "--out",
+                str(tmp_path / "ev"),
+            ]
+        )
+        == 0
+    )
     assert RecordingEngine.instances and RecordingEngine.instances[-1].rows > 0
 
 

@@ -35,8 +35,27 @@ def _rule(ctx):
 
 def test_cli_eval_writes_jsonl_and_csv_with_the_right_columns(tmp_path):
     out = tmp_path / "ev"
-    rc = main(["eval", "--model", "tiny-random", "--suite", "scripted", "--split", "all", "--limit", "2",
-               "--max-new-tokens", "6", "--max-steps-per-turn", "1", "--min-solvable-fraction", "0", "--out", str(out)])
+    rc = main(
+        [
+            "eval",
+            "--model",
+            "tiny-random",
+            "--suite",
+            "scripted",
+            "--split",
+            "all",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--max-steps-per-turn",
+            "1",
+            "--min-solvable-fraction",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     episodes = [json.loads(line) for line in open(out / "episodes.jsonl", encoding="utf-8")]
     assert [e["task_id"] for e in episodes] == ["scripted_0", "scripted_1"]
@@ -50,9 +69,20 @@ def test_cli_eval_writes_jsonl_and_csv_with_the_right_columns(tmp_path):
 
 def test_accuracy_matches_rewards_and_rehearsal_columns(tmp_path):
     policy = ScriptedPolicy(_rule)
-    config = EvalConfig(model="tiny-random", suite="scripted", split="all", limit=2, max_new_tokens=6,
-                        max_steps_per_turn=3, rehearsal_n=1, memory_tokens=32, attempt_max_steps=1, min_solvable_fraction=0.0,
-                        critique_tokens=4, out=str(tmp_path / "r"))
+    config = EvalConfig(
+        model="tiny-random",
+        suite="scripted",
+        split="all",
+        limit=2,
+        max_new_tokens=6,
+        max_steps_per_turn=3,
+        rehearsal_n=1,
+        memory_tokens=32,
+        attempt_max_steps=1,
+        min_solvable_fraction=0.0,
+        critique_tokens=4,
+        out=str(tmp_path / "r"),
+    )
     result = evaluate(config, policy=policy, log=None)
     rewards = {e["task_id"]: e["reward"] for e in result.episodes}
     assert rewards == {"scripted_0": 1.0, "scripted_1": 0.0}
@@ -64,7 +94,9 @@ def test_accuracy_matches_rewards_and_rehearsal_columns(tmp_path):
     assert 0 < e1["memory_tokens"] <= 2 * 32
     assert e0["valid"] is True and e1["valid"] is False and e0["parse_errors"] == 0
     # transcripts.jsonl: what each episode said, and where each turn's memory went in it
-    transcripts = {t["task_id"]: t for t in map(json.loads, open(tmp_path / "r" / "transcripts.jsonl", encoding="utf-8"))}
+    transcripts = {
+        t["task_id"]: t for t in map(json.loads, open(tmp_path / "r" / "transcripts.jsonl", encoding="utf-8"))
+    }
     t1 = transcripts["scripted_1"]
     assert t1["reward"] == 0.0 and len(t1["rehearsals"]) == 2
     assert all(m["role"] != "system" for m in t1["messages"])
@@ -75,12 +107,22 @@ def test_accuracy_matches_rewards_and_rehearsal_columns(tmp_path):
 
 
 def test_transcripts_leave_out_the_system_prompt_and_keep_the_rest(tmp_path):
-    """The lab suite opens every episode with a system prompt (the world's rules and tools); the transcript drops only it."""
+    """The lab suite opens every episode with a system prompt (the world's rules and tools); the transcript drops only
+    it."""
     from agents.evaluate import _transcript_record
 
     policy = ScriptedPolicy(always("done"))
-    config = EvalConfig(model="tiny-random", suite="lab-stated", categories=["ship"], split="test", limit=1, max_new_tokens=6,
-                        max_steps_per_turn=2, min_solvable_fraction=0.0, out=str(tmp_path / "lab"))
+    config = EvalConfig(
+        model="tiny-random",
+        suite="lab-stated",
+        categories=["ship"],
+        split="test",
+        limit=1,
+        max_new_tokens=6,
+        max_steps_per_turn=2,
+        min_solvable_fraction=0.0,
+        out=str(tmp_path / "lab"),
+    )
     evaluate(config, policy=policy, log=None)
     (t,) = map(json.loads, open(tmp_path / "lab" / "transcripts.jsonl", encoding="utf-8"))
     assert [m["role"] for m in t["messages"]][:2] == ["user", "assistant"]
@@ -106,9 +148,21 @@ def test_overall_is_the_unweighted_category_mean():
 
 def test_fidelity_eval_and_report_write_tables_and_pngs(tmp_path):
     policy = ScriptedPolicy(_rule)
-    fid = evaluate(EvalConfig(model="tiny-random", suite="scripted", split="all", limit=1, max_new_tokens=6,
-                              max_steps_per_turn=2, fidelity=True, min_solvable_fraction=0.0, out=str(tmp_path / "fid")),
-                   policy=policy, log=None)
+    fid = evaluate(
+        EvalConfig(
+            model="tiny-random",
+            suite="scripted",
+            split="all",
+            limit=1,
+            max_new_tokens=6,
+            max_steps_per_turn=2,
+            fidelity=True,
+            min_solvable_fraction=0.0,
+            out=str(tmp_path / "fid"),
+        ),
+        policy=policy,
+        log=None,
+    )
     assert fid.episodes[0]["fidelity_calls"] == 1 and fid.fidelity_calls[0]["real"] == '{"total": 2}'
     fields, rows = _read_csv(tmp_path / "fid" / "fidelity_per_tool.csv")
     assert fields == FIDELITY_FIELDS and [r["group"] for r in rows] == ["add", "all"]
@@ -117,14 +171,39 @@ def test_fidelity_eval_and_report_write_tables_and_pngs(tmp_path):
     run = tmp_path
     with open(run / "metrics.jsonl", "w") as f:
         for step in (1, 2, 3):
-            f.write(json.dumps({"step": step, "rollout/reward_mean": 0.1 * step, "rollout/reward_mean/act": 0.1,
-                                "rollout/reward_mean/rehearse": 0.2, "train/loss": 1.0 / step,
-                                "train/clip_fraction": 0.01, "train/approx_kl": 0.001, "train/kl": 0.0}) + "\n")
-    for n, mode, acc in [(0, "parallel", 0.2), (1, "parallel", 0.3), (2, "parallel", 0.4), (1, "sequential", 0.25), (2, "sequential", 0.35)]:
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "rollout/reward_mean": 0.1 * step,
+                        "rollout/reward_mean/act": 0.1,
+                        "rollout/reward_mean/rehearse": 0.2,
+                        "train/loss": 1.0 / step,
+                        "train/clip_fraction": 0.01,
+                        "train/approx_kl": 0.001,
+                        "train/kl": 0.0,
+                    }
+                )
+                + "\n"
+            )
+    for n, mode, acc in [
+        (0, "parallel", 0.2),
+        (1, "parallel", 0.3),
+        (2, "parallel", 0.4),
+        (1, "sequential", 0.25),
+        (2, "sequential", 0.35),
+    ]:
         d = run / f"ev_n{n}_{mode}"
         d.mkdir()
-        (d / "summary.json").write_text(json.dumps({"config": {"rehearsal_n": n, "rehearsal_mode": mode, "fidelity": False},
-                                                    "overall_accuracy": acc, "categories": {}}))
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "config": {"rehearsal_n": n, "rehearsal_mode": mode, "fidelity": False},
+                    "overall_accuracy": acc,
+                    "categories": {},
+                }
+            )
+        )
     assert main(["report", str(run)]) == 0
     pngs = sorted(p.name for p in (run / "plots").glob("*.png"))
     assert pngs == ["accuracy_vs_rehearsal_n.png", "fidelity_per_tool_fid.png", "training_curves.png"]
@@ -150,8 +229,17 @@ class InterruptAfter(ScriptedPolicy):
 
 
 def _cfg(out, **kw):
-    return EvalConfig(model="tiny-random", suite="scripted", split="all", limit=2, max_new_tokens=6,
-                      max_steps_per_turn=3, min_solvable_fraction=0.0, out=str(out), **kw)
+    return EvalConfig(
+        model="tiny-random",
+        suite="scripted",
+        split="all",
+        limit=2,
+        max_new_tokens=6,
+        max_steps_per_turn=3,
+        min_solvable_fraction=0.0,
+        out=str(out),
+        **kw,
+    )
 
 
 def test_an_interrupted_eval_keeps_finished_tasks_and_resumes(tmp_path):

@@ -1,6 +1,6 @@
 """Tests of agents/grpo.py: role-wise advantages on a hand-worked group, hypothesis invariants, and the loss.
 
-The advantage tests check the formula of DESIGN.md §1 (A = R − b(q, ρ), b a weighted mean over the role's
+The advantage tests check the formula of docs/design.md §1 (A = R − b(q, ρ), b a weighted mean over the role's
 segments in the group) against numbers worked out by hand in the comments and against a plain-Python loop
 written independently of the vectorised code.
 """
@@ -124,8 +124,16 @@ def test_std_scaling_of_tied_rewards_is_zero_even_without_eps():
     tenth = torch.tensor([0.1, 0.1, 0.1])
     three = torch.tensor([0, 1, 2])
     for weighting in ("turn", "token", "trajectory"):
-        adv = role_wise_advantages(tenth, torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.long), three,
-                                   torch.tensor([1, 2, 3]), weighting=weighting, scale_by_std=True, eps=0.0)
+        adv = role_wise_advantages(
+            tenth,
+            torch.zeros(3, dtype=torch.long),
+            torch.ones(3, dtype=torch.long),
+            three,
+            torch.tensor([1, 2, 3]),
+            weighting=weighting,
+            scale_by_std=True,
+            eps=0.0,
+        )
         assert adv.eq(0).all(), (weighting, adv)
     for eps in (-1e-6, float("nan")):
         with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
@@ -214,9 +222,9 @@ def batches(draw, both_roles=False, max_k=4, rewards=st.floats(-10, 10, allow_na
 
 
 def oracle(segments, weighting, scale_by_std=False, eps=1e-6):
-    """Plain-Python A = R − b(q, ρ) with the weights of DESIGN.md §1, written without torch."""
+    """Plain-Python A = R − b(q, ρ) with the weights of docs/design.md §1, written without torch."""
     n_role_segs = defaultdict(int)
-    for r, g, ro, tr, n in segments:
+    for _r, g, ro, tr, _n in segments:
         n_role_segs[(g, ro, tr)] += 1
     weight = {
         "turn": lambda g, ro, tr, n: 1.0,
@@ -234,7 +242,7 @@ def oracle(segments, weighting, scale_by_std=False, eps=1e-6):
         if sums[(g, ro)][1] > 0:
             var[(g, ro)] += weight(g, ro, tr, n) * (r - sums[(g, ro)][0] / sums[(g, ro)][1]) ** 2 / sums[(g, ro)][1]
     out = []
-    for r, g, ro, tr, n in segments:
+    for r, g, ro, _tr, _n in segments:
         num, den = sums[(g, ro)]
         if len(trajs[(g, ro)]) < 2 or den == 0:
             out.append(0.0)
@@ -418,9 +426,11 @@ def test_loss_validation():
 
 def test_clip_ranges_are_checked():
     x, mask = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
-    for low, high, message in ((1.0, 0.2, r"clip_eps_low must be in \[0, 1\), got 1.0"),
-                               (-0.1, 0.2, r"clip_eps_low must be in \[0, 1\), got -0.1"),
-                               (0.2, -0.1, r"clip_eps_high must be >= 0, got -0.1")):
+    for low, high, message in (
+        (1.0, 0.2, r"clip_eps_low must be in \[0, 1\), got 1.0"),
+        (-0.1, 0.2, r"clip_eps_low must be in \[0, 1\), got -0.1"),
+        (0.2, -0.1, r"clip_eps_high must be >= 0, got -0.1"),
+    ):
         with pytest.raises(ValueError, match=message):
             grpo_loss(x, x, x, mask, clip_eps_low=low, clip_eps_high=high)
 
@@ -432,8 +442,15 @@ def test_only_the_current_logprobs_carry_gradient():
     mask = torch.tensor([[True, True, False], [True, False, False]])
     logprobs = (torch.rand(2, 3) - 2).requires_grad_()
     constants = {name: (torch.rand(2, 3) - 2).requires_grad_() for name in ("old", "ref", "adv", "weights")}
-    loss, _ = grpo_loss(logprobs, constants["old"], constants["adv"], mask, ref_logprobs=constants["ref"],
-                        beta=0.1, token_weights=constants["weights"].abs())
+    loss, _ = grpo_loss(
+        logprobs,
+        constants["old"],
+        constants["adv"],
+        mask,
+        ref_logprobs=constants["ref"],
+        beta=0.1,
+        token_weights=constants["weights"].abs(),
+    )
     loss.backward()
     assert logprobs.grad is not None and logprobs.grad[mask].abs().sum() > 0
     assert all(t.grad is None for t in constants.values()), {k: t.grad for k, t in constants.items()}

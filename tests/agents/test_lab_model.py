@@ -8,7 +8,12 @@ import torch
 
 from agents.demonstrations import build_demonstrations
 from agents.models import (
-    LAB_MODEL, LAB_MODEL_LAYERS, ensure_lab_model, lab_model_dir, load_model, load_tokenizer,
+    LAB_MODEL,
+    LAB_MODEL_LAYERS,
+    ensure_lab_model,
+    lab_model_dir,
+    load_model,
+    load_tokenizer,
 )
 
 pytestmark = pytest.mark.slow  # the first build converts SmolLM2 (~30 s) and cuts it (~15 s); later runs load it

@@ -8,8 +8,14 @@ import json
 import pytest
 import torch
 
-from agents.lab_tiny import (LAB_TINY_MODEL, LabTinySizes, build_lab_tokenizer, lab_tiny_dir, lab_tiny_model,
-                             lab_vocabulary)
+from agents.lab_tiny import (
+    LAB_TINY_MODEL,
+    LabTinySizes,
+    build_lab_tokenizer,
+    lab_tiny_dir,
+    lab_tiny_model,
+    lab_vocabulary,
+)
 from benchmarks.lab import LabSuite
 from benchmarks.lab.tasks import ITEMS
 from envace_gym.parsing import format_tool_calls, parse_tool_calls
@@ -51,8 +57,12 @@ def test_every_test_task_text_round_trips_with_no_unknown_piece(tokenizer, suite
 def test_an_item_is_one_token_wherever_it_appears(tokenizer):
     for item in ITEMS:
         prose = tokenizer.encode(f"Move the {item} to", add_special_tokens=False)
-        call = tokenizer.encode(format_tool_calls([__import__("envace_gym.types", fromlist=["ToolCall"]).ToolCall(
-            "pack", {"item": item})], "hermes"), add_special_tokens=False)
+        call = tokenizer.encode(
+            format_tool_calls(
+                [__import__("envace_gym.types", fromlist=["ToolCall"]).ToolCall("pack", {"item": item})], "hermes"
+            ),
+            add_special_tokens=False,
+        )
         (item_id,) = tokenizer.encode(item, add_special_tokens=False)
         assert item_id in prose and item_id in call
 
@@ -81,11 +91,23 @@ def test_a_space_is_a_token_only_between_two_entities(tokenizer, suite):
 
 
 def test_the_token_before_an_item_names_its_part_in_the_instruction(tokenizer):
-    pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode(
-        "Move the lamp to the shelf where the drill is. If that shelf is full, put the lamp on shelf B.",
-        add_special_tokens=False))
-    assert pieces == ["Move the ", "lamp", " to the shelf where the ", "drill", " is. If that shelf is full, put the ",
-                      "lamp", " on shelf ", "B", "."]
+    pieces = tokenizer.convert_ids_to_tokens(
+        tokenizer.encode(
+            "Move the lamp to the shelf where the drill is. If that shelf is full, put the lamp on shelf B.",
+            add_special_tokens=False,
+        )
+    )
+    assert pieces == [
+        "Move the ",
+        "lamp",
+        " to the shelf where the ",
+        "drill",
+        " is. If that shelf is full, put the ",
+        "lamp",
+        " on shelf ",
+        "B",
+        ".",
+    ]
 
 
 def test_text_no_phrase_covers_falls_back_to_known_words(tokenizer):
@@ -159,9 +181,9 @@ def test_sft_on_a_few_demonstrations_learns_them(tokenizer):
     """The model, the template and the demonstrations fit together: 40 steps on 8 demonstrations cut the ACT
     and REHEARSE loss by more than half."""
     from agents.demonstrations import build_demonstrations
+    from agents.logprobs import token_logprobs
     from agents.rollout import Role
     from agents.sft import collate, role_weights, sft_loss
-    from agents.logprobs import token_logprobs
 
     demos, _ = build_demonstrations(tokenizer, "lab", None, "train", max_tokens=None, limit=8)
     model = lab_tiny_model(len(tokenizer), tokenizer.eos_token_id, seed=0).train()
@@ -188,8 +210,10 @@ def test_a_value_follows_the_same_key_token_in_a_call_and_in_its_output(tokenize
     item = task.metadata["initial_state"]["shelves"]
     item = next(i for shelf in item.values() for i in shelf)
     call = format_tool_calls([ToolCall("pack", {"item": item})], "hermes")
-    pieces = [tokenizer.convert_ids_to_tokens(tokenizer.encode(t, add_special_tokens=False))
-              for t in (call, backend.execute(ToolCall("pack", {"item": item})))]
+    pieces = [
+        tokenizer.convert_ids_to_tokens(tokenizer.encode(t, add_special_tokens=False))
+        for t in (call, backend.execute(ToolCall("pack", {"item": item})))
+    ]
     for seq in pieces:
         assert seq[seq.index(item) - 1] == 'item": "', seq
 

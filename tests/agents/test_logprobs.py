@@ -1,5 +1,5 @@
 """Chunked selected-token logprobs (`agents.logprobs`) against the full-logits reference, and against
-the logprobs `agents.generation.generate` records (token in, token out: DESIGN.md §3)."""
+the logprobs `agents.generation.generate` records (token in, token out: docs/design.md §3)."""
 
 from __future__ import annotations
 
@@ -121,7 +121,9 @@ def test_entropy_matches_naive(tiny_model, batch):
     input_ids, attention_mask = batch
     with torch.no_grad():
         ref_lp, ref_ent = naive_token_logprobs(tiny_model, input_ids, attention_mask, 0.7, return_entropy=True)
-        lp, ent = token_logprobs(tiny_model, input_ids, attention_mask, temperature=0.7, chunk_size=5, return_entropy=True)
+        lp, ent = token_logprobs(
+            tiny_model, input_ids, attention_mask, temperature=0.7, chunk_size=5, return_entropy=True
+        )
     assert ent.shape == input_ids.shape and ent.dtype == torch.float32
     assert (lp - ref_lp).abs().max().item() < 1e-5
     assert (ent - ref_ent).abs().max().item() < 1e-4
@@ -149,7 +151,12 @@ def test_entropy_gradient_matches_naive(batch):
 def test_matches_logprobs_recorded_by_generate(tiny_model, temperature):
     contexts = [[1, 520, 33, 9001, 77, 4, 12], [1, 6000, 301]]
     gens = generate(
-        tiny_model, contexts, max_new_tokens=6, temperature=temperature, stop_ids=[2], pad_id=SMOLLM2_PAD_TOKEN_ID,
+        tiny_model,
+        contexts,
+        max_new_tokens=6,
+        temperature=temperature,
+        stop_ids=[2],
+        pad_id=SMOLLM2_PAD_TOKEN_ID,
         seeds=[11, 12],
     )
     rows = [ctx + g.token_ids for ctx, g in zip(contexts, gens)]
@@ -158,7 +165,7 @@ def test_matches_logprobs_recorded_by_generate(tiny_model, temperature):
     with torch.no_grad():
         lp = token_logprobs(tiny_model, input_ids, attention_mask, temperature=temperature, chunk_size=4)
     for i, (ctx, g) in enumerate(zip(contexts, gens)):
-        recomputed = lp[i, len(ctx): len(ctx) + len(g.token_ids)]
+        recomputed = lp[i, len(ctx) : len(ctx) + len(g.token_ids)]
         torch.testing.assert_close(recomputed, torch.tensor(g.logprobs), rtol=0, atol=1e-4)
 
 

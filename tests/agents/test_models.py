@@ -151,7 +151,13 @@ def test_folder_without_config_or_a_file_is_a_value_error(tmp_path):
 def test_smollm2_converts_once_then_loads_from_cache_and_answers(smol_tokenizer, caplog):
     folder = ensure_smollm2_converted()
     assert folder == smollm2_model_dir()
-    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
         assert (folder / name).is_file(), name
     assert "quantization_config" not in (folder / "config.json").read_text()
     stamp = (folder / "model.safetensors").stat().st_mtime_ns

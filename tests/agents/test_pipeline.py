@@ -9,12 +9,39 @@ import pytest
 from agents.cli import build_parser, main
 from agents.config import dataclass_from_args, load_dataclass
 from agents.pipeline import (
-    REHEARSAL_STAGE, SAME_TASKS_ROW, PipelineConfig, run_pipeline, same_tasks_row, stage_rows, stage_table,
+    REHEARSAL_STAGE,
+    SAME_TASKS_ROW,
+    PipelineConfig,
+    run_pipeline,
+    same_tasks_row,
+    stage_rows,
+    stage_table,
 )
 
-ARGS = ["--model", "tiny-random", "--sft.max-steps", "1", "--sft.max-demos", "1", "--grpo.num-steps", "1",
-        "--eval.limit", "1", "--grpo.max-new-tokens", "4", "--eval.max-new-tokens", "4", "--grpo.rehearse-max-new-tokens", "4",
-        "--grpo.max-steps-per-turn", "2", "--eval.max-steps-per-turn", "2", "--min-solvable-fraction", "0"]
+ARGS = [
+    "--model",
+    "tiny-random",
+    "--sft.max-steps",
+    "1",
+    "--sft.max-demos",
+    "1",
+    "--grpo.num-steps",
+    "1",
+    "--eval.limit",
+    "1",
+    "--grpo.max-new-tokens",
+    "4",
+    "--eval.max-new-tokens",
+    "4",
+    "--grpo.rehearse-max-new-tokens",
+    "4",
+    "--grpo.max-steps-per-turn",
+    "2",
+    "--eval.max-steps-per-turn",
+    "2",
+    "--min-solvable-fraction",
+    "0",
+]
 
 
 @pytest.mark.slow
@@ -67,9 +94,18 @@ def test_bad_pipeline_config_fails_fast():
         PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=0, eval={"limit": None})
     with pytest.raises(ValueError, match="runs only with --test-time-rehearsal-n N > 0"):
         PipelineConfig(test_time_rehearsal_limit=1)
-    assert PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=5, eval={"limit": None}).rehearsal_subset_limit() == 5
-    assert PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=3).rehearsal_subset_limit() == 3  # eval.limit 4
-    assert PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=4).rehearsal_subset_limit() is None  # all 4
+    assert (
+        PipelineConfig(
+            test_time_rehearsal_n=1, test_time_rehearsal_limit=5, eval={"limit": None}
+        ).rehearsal_subset_limit()
+        == 5
+    )
+    assert (
+        PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=3).rehearsal_subset_limit() == 3
+    )  # eval.limit 4
+    assert (
+        PipelineConfig(test_time_rehearsal_n=1, test_time_rehearsal_limit=4).rehearsal_subset_limit() is None
+    )  # all 4
     assert PipelineConfig(test_time_rehearsal_n=1).rehearsal_subset_limit() is None
 
 
@@ -94,8 +130,26 @@ def test_the_pipeline_runs_on_a_suite_defined_in_tests(tmp_path):
     import tests.testing_env  # noqa: F401  (registers the scripted suites)
 
     run = tmp_path / "run"
-    assert main(["pipeline", "--run-dir", str(run), "--suite", "scripted-user", "--categories", *ARGS[:-2],
-                 "--min-solvable-fraction", "0", "--grpo.max-new-tokens", "24", "--eval.max-new-tokens", "24"]) == 0
+    assert (
+        main(
+            [
+                "pipeline",
+                "--run-dir",
+                str(run),
+                "--suite",
+                "scripted-user",
+                "--categories",
+                *ARGS[:-2],
+                "--min-solvable-fraction",
+                "0",
+                "--grpo.max-new-tokens",
+                "24",
+                "--eval.max-new-tokens",
+                "24",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["config"]["suite"] == "scripted-user"
     ran = summary["stage_configs"]
@@ -110,28 +164,51 @@ def test_the_pipeline_runs_on_a_suite_defined_in_tests(tmp_path):
 @pytest.mark.slow
 def test_pipeline_adds_fidelity_and_test_time_rehearsal_stages(tmp_path, capsys):
     run = tmp_path / "lab"
-    lab = ["--suite", "lab-stated", "--categories", "ship", "--fidelity", "true", "--test-time-rehearsal-limit", "1",
-           "--test-time-rehearsal-n", "1"]
+    lab = [
+        "--suite",
+        "lab-stated",
+        "--categories",
+        "ship",
+        "--fidelity",
+        "true",
+        "--test-time-rehearsal-limit",
+        "1",
+        "--test-time-rehearsal-n",
+        "1",
+    ]
     assert main(["pipeline", "--run-dir", str(run), *ARGS, "--eval.limit", "2", *lab]) == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert set(summary["evals"]) == {"eval_base", "fidelity_base", "eval_sft", "fidelity_sft", "eval_grpo",
-                                     "fidelity_grpo", REHEARSAL_STAGE}
+    assert set(summary["evals"]) == {
+        "eval_base",
+        "fidelity_base",
+        "eval_sft",
+        "fidelity_sft",
+        "eval_grpo",
+        "fidelity_grpo",
+        REHEARSAL_STAGE,
+    }
     assert summary["stage_configs"][REHEARSAL_STAGE]["rehearsal_n"] == 1
     assert summary["stage_configs"]["fidelity_sft"]["fidelity"] is True
-    assert summary["stage_configs"][REHEARSAL_STAGE]["limit"] == 1 and summary["stage_configs"]["eval_grpo"]["limit"] == 2
+    assert (
+        summary["stage_configs"][REHEARSAL_STAGE]["limit"] == 1 and summary["stage_configs"]["eval_grpo"]["limit"] == 2
+    )
     assert set(summary["budgets"]) == {"grpo", "eval", REHEARSAL_STAGE}
     rows = summary["rows"]
     assert list(rows) == ["base", "sft", "grpo", SAME_TASKS_ROW, "grpo+rehearsal"]
     assert rows["grpo"]["n_tasks"] == 2 and rows[SAME_TASKS_ROW]["n_tasks"] == rows["grpo+rehearsal"]["n_tasks"] == 1
     plain = [json.loads(line) for line in open(run / "eval_grpo" / "episodes.jsonl", encoding="utf-8")]
     assert rows[SAME_TASKS_ROW]["accuracy"] == plain[0]["reward"]  # the first task of the two
-    assert rows["grpo"]["fidelity_calls"] == len((run / "fidelity_grpo" / "fidelity_calls.jsonl").read_text().splitlines())
+    assert rows["grpo"]["fidelity_calls"] == len(
+        (run / "fidelity_grpo" / "fidelity_calls.jsonl").read_text().splitlines()
+    )
     grpo = rows["grpo"]
     assert grpo["fidelity_error_calls"] + grpo["fidelity_ordinary_calls"] == grpo["fidelity_calls"]
     out = capsys.readouterr().out
     assert "grpo+rehearsal" in out and "fid exact" in out and "error outputs" in out
-    changed = dataclass_from_args(PipelineConfig, build_parser().parse_args(
-        ["pipeline", "--run-dir", str(run), *ARGS, "--eval.limit", "2", *lab[:-1], "2"]))  # test_time_rehearsal_n 1 -> 2
+    changed = dataclass_from_args(
+        PipelineConfig,
+        build_parser().parse_args(["pipeline", "--run-dir", str(run), *ARGS, "--eval.limit", "2", *lab[:-1], "2"]),
+    )  # test_time_rehearsal_n 1 -> 2
     with pytest.raises(ValueError, match="eval_grpo_rehearsal was run with other settings .*rehearsal_n"):
         run_pipeline(changed)
 
@@ -139,11 +216,21 @@ def test_pipeline_adds_fidelity_and_test_time_rehearsal_stages(tmp_path, capsys)
 def test_stage_rows_merge_fidelity_and_the_table_marks_what_was_not_measured():
     evals = {
         "eval_base": {"accuracy": 0.25, "tool_call_fraction": 0.0, "parse_errors_per_task": 1.0, "n_tasks": 4},
-        "fidelity_base": {"accuracy": 0.0, "fidelity_exact_match": None, "fidelity_json_structure_match": None,
-                          "fidelity_token_f1": None, "fidelity_calls": 0},
+        "fidelity_base": {
+            "accuracy": 0.0,
+            "fidelity_exact_match": None,
+            "fidelity_json_structure_match": None,
+            "fidelity_token_f1": None,
+            "fidelity_calls": 0,
+        },
         "eval_grpo": {"accuracy": 0.5, "tool_call_fraction": 0.75, "parse_errors_per_task": 0.0, "n_tasks": 4},
-        "fidelity_grpo": {"accuracy": 0.4, "fidelity_exact_match": 0.6, "fidelity_json_structure_match": 0.8,
-                          "fidelity_token_f1": 0.9, "fidelity_calls": 10},
+        "fidelity_grpo": {
+            "accuracy": 0.4,
+            "fidelity_exact_match": 0.6,
+            "fidelity_json_structure_match": 0.8,
+            "fidelity_token_f1": 0.9,
+            "fidelity_calls": 10,
+        },
         REHEARSAL_STAGE: {"accuracy": 0.75, "tool_call_fraction": 0.5, "parse_errors_per_task": 0.0, "n_tasks": 4},
     }
     rows = stage_rows(evals)
@@ -160,21 +247,34 @@ def test_stage_rows_merge_fidelity_and_the_table_marks_what_was_not_measured():
 
 def test_a_rehearsal_stage_on_fewer_tasks_is_compared_with_the_plain_evaluation_on_the_same_tasks(tmp_path):
     def episode(task_id, category, reward):
-        return {"task_id": task_id, "category": category, "reward": reward, "valid": True, "steps": 2,
-                "parse_errors": 0, "tool_call_fraction": 1.0}
+        return {
+            "task_id": task_id,
+            "category": category,
+            "reward": reward,
+            "valid": True,
+            "steps": 2,
+            "parse_errors": 0,
+            "tool_call_fraction": 1.0,
+        }
 
     plain, rehearsed = tmp_path / "eval_grpo", tmp_path / REHEARSAL_STAGE
-    for folder, episodes in ((plain, [episode("a_0", "a", 1.0), episode("a_1", "a", 0.0), episode("b_0", "b", 1.0),
-                                      episode("b_1", "b", 0.0)]),
-                             (rehearsed, [episode("a_0", "a", 0.0), episode("b_0", "b", 1.0)])):
+    for folder, episodes in (
+        (
+            plain,
+            [episode("a_0", "a", 1.0), episode("a_1", "a", 0.0), episode("b_0", "b", 1.0), episode("b_1", "b", 0.0)],
+        ),
+        (rehearsed, [episode("a_0", "a", 0.0), episode("b_0", "b", 1.0)]),
+    ):
         folder.mkdir()
         (folder / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
     row = same_tasks_row(plain, rehearsed)
     assert row["n_tasks"] == 2 and row["accuracy"] == 1.0  # a_0 and b_0 solved; all four tasks: 0.5
     (rehearsed / "episodes.jsonl").write_text(json.dumps(episode("a_1", "a", 0.0)) + "\n")
     assert same_tasks_row(plain, rehearsed)["accuracy"] == 0.0
-    evals = {"eval_grpo": {"accuracy": 0.5, "tool_call_fraction": 1.0, "parse_errors_per_task": 0.0},
-             REHEARSAL_STAGE: {"accuracy": 0.0, "tool_call_fraction": 1.0, "parse_errors_per_task": 0.0}}
+    evals = {
+        "eval_grpo": {"accuracy": 0.5, "tool_call_fraction": 1.0, "parse_errors_per_task": 0.0},
+        REHEARSAL_STAGE: {"accuracy": 0.0, "tool_call_fraction": 1.0, "parse_errors_per_task": 0.0},
+    }
     rows = stage_rows(evals, row)
     assert list(rows) == ["grpo", SAME_TASKS_ROW, "grpo+rehearsal"]
     line = next(line for line in stage_table(rows, {REHEARSAL_STAGE: 9.0}) if line.startswith(SAME_TASKS_ROW))
@@ -221,14 +321,21 @@ def test_a_finished_stage_is_skipped_only_with_its_settings_wherever_the_run_fol
 
     def settings(run):
         run = Path(run)  # as the pipeline builds its stage configs: run / "name"
-        return {"run_dir": str(run / "train/grpo"), "init": str(run / "sft/checkpoints/step_1/model"), "model": "smollm2-lab",
-                "lr": 1e-5, "threads": 2, "elsewhere": "runs/ax/model"}  # starts like runs/a, is not in it
+        return {
+            "run_dir": str(run / "train/grpo"),
+            "init": str(run / "sft/checkpoints/step_1/model"),
+            "model": "smollm2-lab",
+            "lr": 1e-5,
+            "threads": 2,
+            "elsewhere": "runs/ax/model",
+        }  # starts like runs/a, is not in it
 
     def run_stage(run, ignore=("threads",), **changes):
         calls = []
         expected = {**settings(run), **changes}
-        StageRunner(run, log=lambda *_: None).stage("train/grpo", lambda _: calls.append(1) or {"config": expected},
-                                                   expected, ignore)
+        StageRunner(run, log=lambda *_: None).stage(
+            "train/grpo", lambda _: calls.append(1) or {"config": expected}, expected, ignore
+        )
         return len(calls)
 
     monkeypatch.chdir(tmp_path)

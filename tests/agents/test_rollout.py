@@ -2,7 +2,7 @@
 
 The key check: logprobs recomputed by one forward pass (`agents.logprobs.token_logprobs`) over the batch
 rows equal the logprobs recorded at generation on every loss position, in both prompt modes. A token at
-the wrong offset, a wrong mask or a re-tokenised piece would break it (token in, token out; DESIGN.md §3).
+the wrong offset, a wrong mask or a re-tokenised piece would break it (token in, token out; docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def test_rows_masks_and_advantages(policy, rollouts, mode):
     else:
         # env 1 made two calls, envs 0 and 3 one each (the model's own later actions may add more)
         assert n_reh >= 4 and batch.num_rows == B * K + n_reh
-        assert batch.row_kinds[B * K:] == ["rehearsal"] * n_reh
+        assert batch.row_kinds[B * K :] == ["rehearsal"] * n_reh
         assert not any(s.role == Role.REHEARSE for t in trajs for s in t.segments)
     # group ids: group-major layout, rehearsal rows inherit their trajectory's group
     assert stats.group_ids == [0, 0, 1, 1] and stats.task_ids == ["scripted_0"] * 2 + ["scripted_1"] * 2
@@ -184,7 +184,9 @@ def _check_advantage_layout(batch: RolloutBatch):
 def test_real_rollout_then_rehearsal_again_reproduces_the_seeded_rollout(policy, venvs, rollouts):
     # One vector step is enough: the forced first actions are tool calls (capped envs end truncated).
     first_step = dict(max_new_tokens=NEW, temperature=1.0, seed=3, max_steps=1)
-    trajs, stats = collect_rollouts(FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, rollout="real", **first_step)
+    trajs, stats = collect_rollouts(
+        FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, rollout="real", **first_step
+    )
     assert stats.rollout == "real"
     for t in trajs:
         assert Role.REHEARSE not in {s.role for s in t.segments}
@@ -215,8 +217,16 @@ def test_real_rollout_then_rehearsal_again_reproduces_the_seeded_rollout(policy,
 def test_null_rollout_answers_every_call_with_the_same_text_and_touches_no_backend(policy, venvs):
     from envace_gym.responders import NULL_TOOL_OUTPUT, ConstantResponse
 
-    trajs, stats = collect_rollouts(FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, rollout="null",
-                                    max_new_tokens=NEW, temperature=1.0, seed=3)
+    trajs, stats = collect_rollouts(
+        FirstStepScript(policy, FIRST),
+        venvs["inline"],
+        TASKS,
+        K,
+        rollout="null",
+        max_new_tokens=NEW,
+        temperature=1.0,
+        seed=3,
+    )
     assert stats.rollout == "null"
     envs = [e.unwrapped for e in venvs["inline"].unwrapped.envs]
     assert all(isinstance(e.responder, ConstantResponse) and e.responder.backend is None for e in envs)
@@ -229,8 +239,15 @@ def test_null_rollout_answers_every_call_with_the_same_text_and_touches_no_backe
 
 def test_empty_action_penalty_and_step_cap(policy, venvs):
     trajs, stats = collect_rollouts(
-        EmptyFirst(policy), venvs["inline"], TASKS, K, max_new_tokens=2, temperature=1.0, seed=1,
-        invalid_action_penalty=0.1, max_steps=1,
+        EmptyFirst(policy),
+        venvs["inline"],
+        TASKS,
+        K,
+        max_new_tokens=2,
+        temperature=1.0,
+        seed=1,
+        invalid_action_penalty=0.1,
+        max_steps=1,
     )
     # env 0 (single-turn scripted_0) ends on its empty answer: verifier 0, penalised to -0.1
     assert stats.empty_actions[0] == 1 and trajs[0].terminated
@@ -265,8 +282,16 @@ def test_a_turn_that_uses_up_its_steps_is_truncated_with_zero_reward(policy, ven
     """max_steps_per_turn=1: the scripted first action calls a tool, so its turn can never close."""
     venv = venvs["inline"]
     try:
-        trajs, stats = collect_rollouts(FirstStepScript(policy, FIRST), venv, TASKS, K, max_new_tokens=NEW,
-                                        temperature=1.0, seed=5, max_steps_per_turn=1)
+        trajs, stats = collect_rollouts(
+            FirstStepScript(policy, FIRST),
+            venv,
+            TASKS,
+            K,
+            max_new_tokens=NEW,
+            temperature=1.0,
+            seed=5,
+            max_steps_per_turn=1,
+        )
     finally:
         for env in venv.unwrapped.envs:
             env.max_steps_per_turn = 20  # the module-scoped envs' default
@@ -300,7 +325,9 @@ def test_argument_errors(policy, venvs, rollouts):
 def test_a_generated_segment_that_opens_its_row_is_refused():
     """Position 0 has no logit predicting it, so its token would train on a made-up logprob."""
     first = Trajectory(task=_TASK, segments=[Segment(Role.ACT, [5, 6], [-0.5, -0.5])], reward=1.0)
-    second = Trajectory(task=_TASK, segments=[Segment(Role.PROMPT, [1]), Segment(Role.ACT, [5, 6], [-0.5, -0.5])], reward=0.0)
+    second = Trajectory(
+        task=_TASK, segments=[Segment(Role.PROMPT, [1]), Segment(Role.ACT, [5, 6], [-0.5, -0.5])], reward=0.0
+    )
     with pytest.raises(ValueError, match="ACT segment of 2 tokens with 2 logprobs at position 0"):
         build_batch([first, second], [0, 0], pad_id=0)
     assert build_batch([second, second], [0, 0], pad_id=0).loss_mask.sum() == 4
@@ -334,15 +361,28 @@ def synthetic(draw):
         if separate:
             for _ in range(draw(st.integers(0, 2))):
                 ids = draw(st.lists(st.integers(0, 99), min_size=1, max_size=3))
-                rows.append(RehearsalRecord(call={}, text="", prompt_ids=draw(st.lists(st.integers(0, 99), min_size=1, max_size=3)),
-                                            token_ids=ids, logprobs=[-0.25] * len(ids)))
+                rows.append(
+                    RehearsalRecord(
+                        call={},
+                        text="",
+                        prompt_ids=draw(st.lists(st.integers(0, 99), min_size=1, max_size=3)),
+                        token_ids=ids,
+                        logprobs=[-0.25] * len(ids),
+                    )
+                )
         reward = float(draw(st.sampled_from([0.0, 1.0, -0.1, 0.9])))
-        trajs.append(Trajectory(task=_TASK, segments=segs, reward=reward, turn_info=[TurnInfo(turn=0, rehearsals=rows)]))
+        trajs.append(
+            Trajectory(task=_TASK, segments=segs, reward=reward, turn_info=[TurnInfo(turn=0, rehearsals=rows)])
+        )
     return trajs, group_ids_for(num_groups, k), "separate" if separate else "inline"
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=synthetic(), algo=st.sampled_from(["role_grpo", "grpo"]), weighting=st.sampled_from(["turn", "token", "trajectory"]))
+@given(
+    data=synthetic(),
+    algo=st.sampled_from(["role_grpo", "grpo"]),
+    weighting=st.sampled_from(["turn", "token", "trajectory"]),
+)
 def test_build_batch_invariants(data, algo, weighting):
     trajs, gids, mode = data
     batch = build_batch(trajs, gids, prompt_mode=mode, algo=algo, weighting=weighting, pad_id=7)
@@ -363,7 +403,7 @@ def test_build_batch_invariants(data, algo, weighting):
     assert batch.seg_rows.tolist() == [e[0] for e in expected]
     assert batch.seg_roles.tolist() == [int(e[1]) for e in expected]
     assert batch.seg_traj_ids.tolist() == [e[3] for e in expected]
-    for s, (r, _, lps, _) in enumerate(expected):
+    for s, (_r, _, lps, _) in enumerate(expected):
         assert batch.old_logprobs[batch.segment_ids == s].tolist() == pytest.approx(lps)
     if expected:
         rewards = torch.tensor([trajs[e[3]].reward for e in expected])

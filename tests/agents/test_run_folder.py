@@ -10,19 +10,27 @@ import sys
 
 import gymnasium as gym
 import pytest
-import torch
 
 import envace_gym  # noqa: F401
 import tests.testing_env  # noqa: F401
 from agents.checkpoint import CheckpointError, load_checkpoint
 from agents.cli import main
 from agents.config import TrainConfig
-from agents.run_folder import RunFolderError, RunLock, read_jsonl
+from agents.run_folder import RunFolderError, read_jsonl
 from agents.trainer import RoleWiseGRPOTrainer
 
 FAST = dict(
-    model="tiny-random", suite="scripted-length", categories=[], batch_tasks=2, group_size=2, max_new_tokens=6,
-    rehearse_max_new_tokens=6, max_steps_per_turn=2, min_solvable_fraction=0.0, lr=1e-3, tensorboard=False,
+    model="tiny-random",
+    suite="scripted-length",
+    categories=[],
+    batch_tasks=2,
+    group_size=2,
+    max_new_tokens=6,
+    rehearse_max_new_tokens=6,
+    max_steps_per_turn=2,
+    min_solvable_fraction=0.0,
+    lr=1e-3,
+    tensorboard=False,
     beta=0.05,  # a KL term, so every step updates (the tests need weights that move)
 )
 
@@ -65,9 +73,19 @@ def test_metrics_are_trimmed_to_the_resumed_step(tmp_path):
 
 
 def test_a_second_writer_is_refused_and_a_stale_lock_taken_over(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from agents.run_folder import RunLock; lock = RunLock(sys.argv[1]).acquire(); "
-        "print('held', flush=True); time.sleep(60)"), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from agents.run_folder import RunLock; lock = RunLock(sys.argv[1]).acquire(); "
+                "print('held', flush=True); time.sleep(60)"
+            ),
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunFolderError, match="another process"):
@@ -141,7 +159,12 @@ def test_lone_surrogates_and_huge_actions_never_raise():
     rehearse = gym.make("EnvACE-Rehearse-v0", suite="scripted", model="tiny-random", max_new_tokens=4)
     for env in (tool, rehearse):
         env.reset(seed=0, options={"task_id": "scripted_2"})
-        for action in ("\ud800", "x\udfff[add(value=1)]", "y" * 1_000_000, '<tool_call>{"name": "echo\ud800"}</tool_call>'):
+        for action in (
+            "\ud800",
+            "x\udfff[add(value=1)]",
+            "y" * 1_000_000,
+            '<tool_call>{"name": "echo\ud800"}</tool_call>',
+        ):
             obs, reward, terminated, truncated, info = env.step(action)
             assert "\ud800" not in obs and "\udfff" not in obs
             if terminated or truncated:
@@ -158,8 +181,22 @@ def test_a_truncated_init_model_names_its_folder(tmp_path, capsys):
     model_dir = tmp_path / "a" / "checkpoints" / "step_000001" / "model"
     weights = model_dir / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:50])
-    args = ["train", "--run-dir", str(tmp_path / "b"), "--init", str(model_dir), "--suite", "scripted", "--categories",
-            "--batch-tasks", "2", "--group-size", "2", "--min-solvable-fraction", "0"]
+    args = [
+        "train",
+        "--run-dir",
+        str(tmp_path / "b"),
+        "--init",
+        str(model_dir),
+        "--suite",
+        "scripted",
+        "--categories",
+        "--batch-tasks",
+        "2",
+        "--group-size",
+        "2",
+        "--min-solvable-fraction",
+        "0",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"cannot load the model in {model_dir}" in err and "Traceback" not in err

@@ -119,13 +119,17 @@ def test_masked_tokens_are_left_out_of_the_loss(tiny_model, demo):
     base = _loss(tiny_model, demo)
     # the last token is a template piece (no target after it): changing its id leaves the loss unchanged
     assert demo.segments[-1].role == Role.TEMPLATE
-    changed = type(demo)(task=demo.task, segments=[*demo.segments[:-1], type(demo.segments[-1])(
-        Role.TEMPLATE, [5] * len(demo.segments[-1].token_ids))])
+    changed = type(demo)(
+        task=demo.task,
+        segments=[*demo.segments[:-1], type(demo.segments[-1])(Role.TEMPLATE, [5] * len(demo.segments[-1].token_ids))],
+    )
     assert _loss(tiny_model, changed) == pytest.approx(base, abs=1e-6)
     # relabelling untrained tokens among PROMPT/TEMPLATE/OBSERVATION leaves it unchanged
     swap = {Role.PROMPT: Role.OBSERVATION, Role.TEMPLATE: Role.PROMPT, Role.OBSERVATION: Role.TEMPLATE}
-    relabelled = type(demo)(task=demo.task, segments=[
-        type(s)(swap.get(s.role, s.role), s.token_ids, s.logprobs, s.text) for s in demo.segments])
+    relabelled = type(demo)(
+        task=demo.task,
+        segments=[type(s)(swap.get(s.role, s.role), s.token_ids, s.logprobs, s.text) for s in demo.segments],
+    )
     assert _loss(tiny_model, relabelled) == pytest.approx(base, abs=1e-6)
     # but relabelling a target as untrained, or changing a target id, does change it (the test can fail)
     first_act = next(i for i, s in enumerate(demo.segments) if s.role == Role.ACT)
@@ -145,8 +149,11 @@ def test_masked_tokens_are_left_out_of_the_loss(tiny_model, demo):
 
 
 def _record(path, n_good=1):
-    env = RecordTrajectories(RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None,
-                                                model="tiny-random")), path, include_tokens=True)
+    env = RecordTrajectories(
+        RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random")),
+        path,
+        include_tokens=True,
+    )
     for _ in range(n_good):
         _play(env, "scripted_1", [ADD.format(v=3), "Done.", ADD.format(v=4), "Done."])
     _play(env, "scripted_1", [ADD.format(v=1), "Done.", "Done."])  # reward 0: filtered out
@@ -158,8 +165,25 @@ def test_cli_checkpoint_is_a_grpo_init_and_resume_is_exact(tmp_path):
 
     data = tmp_path / "rollouts.jsonl"
     _record(data)
-    args = ["sft", "--model", "tiny-random", "--data", str(data), "--min-reward", "1.0", "--lr", "3e-3",
-            "--lr-schedule", "linear", "--warmup-steps", "1", "--max-steps", "3", "--save-every", "2"]
+    args = [
+        "sft",
+        "--model",
+        "tiny-random",
+        "--data",
+        str(data),
+        "--min-reward",
+        "1.0",
+        "--lr",
+        "3e-3",
+        "--lr-schedule",
+        "linear",
+        "--warmup-steps",
+        "1",
+        "--max-steps",
+        "3",
+        "--save-every",
+        "2",
+    ]
     assert main(args + ["--run-dir", str(tmp_path / "a")]) == 0
     stats = json.loads((tmp_path / "a" / "data_stats.json").read_text())[str(data)]
     assert stats["kept"] == 1 and stats["skipped_reward"] == 1
@@ -167,11 +191,28 @@ def test_cli_checkpoint_is_a_grpo_init_and_resume_is_exact(tmp_path):
     assert (ckpt / "model" / "model.safetensors").is_file() and (ckpt / "optimizer.pt").is_file()
 
     # resume: 2 steps and a checkpoint, then a new trainer continues to 3 == 3 straight
-    straight = SFTTrainer(SFTConfig(run_dir=str(tmp_path / "a"), model="tiny-random", data=[str(data)], max_steps=3,
-                                    lr=3e-3, lr_schedule="linear", warmup_steps=1))
+    straight = SFTTrainer(
+        SFTConfig(
+            run_dir=str(tmp_path / "a"),
+            model="tiny-random",
+            data=[str(data)],
+            max_steps=3,
+            lr=3e-3,
+            lr_schedule="linear",
+            warmup_steps=1,
+        )
+    )
     assert straight.step == 3
-    cfg = dict(run_dir=str(tmp_path / "b"), model="tiny-random", data=[str(data)], lr=3e-3, lr_schedule="linear",
-               warmup_steps=1, max_steps=3, save_every=2)
+    cfg = dict(
+        run_dir=str(tmp_path / "b"),
+        model="tiny-random",
+        data=[str(data)],
+        lr=3e-3,
+        lr_schedule="linear",
+        warmup_steps=1,
+        max_steps=3,
+        save_every=2,
+    )
     first = SFTTrainer(SFTConfig(**cfg))
     first.train_step()
     first.train_step()
@@ -182,12 +223,23 @@ def test_cli_checkpoint_is_a_grpo_init_and_resume_is_exact(tmp_path):
     a, c = straight.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], c[k]) for k in a)
 
-    grpo = RoleWiseGRPOTrainer(TrainConfig(
-        run_dir=str(tmp_path / "grpo"), init=str(ckpt / "model"), model="tiny-random", suite="scripted-length",
-        categories=[], batch_tasks=2, group_size=2, max_new_tokens=4, rehearse_max_new_tokens=4, max_steps_per_turn=2,
-        min_solvable_fraction=0.0,
-        num_steps=1, tensorboard=False,
-    ))
+    grpo = RoleWiseGRPOTrainer(
+        TrainConfig(
+            run_dir=str(tmp_path / "grpo"),
+            init=str(ckpt / "model"),
+            model="tiny-random",
+            suite="scripted-length",
+            categories=[],
+            batch_tasks=2,
+            group_size=2,
+            max_new_tokens=4,
+            rehearse_max_new_tokens=4,
+            max_steps_per_turn=2,
+            min_solvable_fraction=0.0,
+            num_steps=1,
+            tensorboard=False,
+        )
+    )
     g = grpo.policy.model.state_dict()
     assert all(torch.equal(a[k], g[k]) for k in a if k in g)
     (m,) = grpo.train(progress=False)
@@ -210,7 +262,9 @@ def test_lora_trains_adapters_only_and_saves_a_merged_model(tmp_path, demo):
     assert demo_logprobs(merged, [demo], trainer.pad_id)["logprob/act"] == pytest.approx(after["logprob/act"], abs=1e-4)
     resumed = SFTTrainer(_cfg(tmp_path, lora=True, lora_r=4, lr=1e-2, max_steps=2, save_every=2), demos=[demo])
     assert resumed.step == 2
-    assert demo_logprobs(resumed.model, [demo], trainer.pad_id)["logprob/act"] == pytest.approx(after["logprob/act"], abs=1e-5)
+    assert demo_logprobs(resumed.model, [demo], trainer.pad_id)["logprob/act"] == pytest.approx(
+        after["logprob/act"], abs=1e-5
+    )
 
 
 def test_config_validation_and_measurement(tmp_path):

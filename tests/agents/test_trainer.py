@@ -14,9 +14,17 @@ from agents.config import TrainConfig, load_config
 from agents.trainer import RoleWiseGRPOTrainer
 
 FAST = dict(
-    model="tiny-random", suite="scripted-length", categories=[], batch_tasks=2, group_size=2,
-    max_new_tokens=6, rehearse_max_new_tokens=6, max_steps_per_turn=2, min_solvable_fraction=0.0,
-    lr=1e-3, tensorboard=False,
+    model="tiny-random",
+    suite="scripted-length",
+    categories=[],
+    batch_tasks=2,
+    group_size=2,
+    max_new_tokens=6,
+    rehearse_max_new_tokens=6,
+    max_steps_per_turn=2,
+    min_solvable_fraction=0.0,
+    lr=1e-3,
+    tensorboard=False,
 )
 
 
@@ -26,9 +34,32 @@ def _params(model):
 
 def test_envace_train_cli_one_step_writes_checkpoint_and_metrics(tmp_path):
     run = tmp_path / "run"
-    args = ["train", "--run-dir", str(run), "--model", "tiny-random", "--suite", "scripted-length", "--categories",
-            "--num-steps", "1", "--batch-tasks", "2", "--group-size", "2", "--max-new-tokens", "6",
-            "--rehearse-max-new-tokens", "6", "--max-steps-per-turn", "2", "--min-solvable-fraction", "0", "--tensorboard", "true"]
+    args = [
+        "train",
+        "--run-dir",
+        str(run),
+        "--model",
+        "tiny-random",
+        "--suite",
+        "scripted-length",
+        "--categories",
+        "--num-steps",
+        "1",
+        "--batch-tasks",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--rehearse-max-new-tokens",
+        "6",
+        "--max-steps-per-turn",
+        "2",
+        "--min-solvable-fraction",
+        "0",
+        "--tensorboard",
+        "true",
+    ]
     assert main(args) == 0
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 1
@@ -92,7 +123,9 @@ def test_logprob_mismatch_is_logged_and_truncated_importance_sampling_keeps_on_p
     (m,) = plain.train(progress=False)
     assert m["train/skipped_update"] == 0.0
     assert 0.0 <= m["train/logprob_mismatch"] < 1e-3 and m["train/tis_weight_mean"] is None
-    tis = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "tis"), num_steps=1, importance_sampling_cap=2.0, **FAST))
+    tis = RoleWiseGRPOTrainer(
+        TrainConfig(run_dir=str(tmp_path / "tis"), num_steps=1, importance_sampling_cap=2.0, **FAST)
+    )
     (t,) = tis.train(progress=False)
     assert 0.0 <= t["train/logprob_mismatch"] < 1e-3 and t["train/tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
     a, b = _params(plain.policy.model), _params(tis.policy.model)
@@ -102,16 +135,26 @@ def test_logprob_mismatch_is_logged_and_truncated_importance_sampling_keeps_on_p
     # an engine whose logprobs sit 1 nat below the trainer's: every ratio is e > cap, so every weight is the cap
     from agents.rollout import build_batch, collect_rollouts
 
-    capped = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "cap"), num_steps=1, importance_sampling_cap=2.0, **FAST))
+    capped = RoleWiseGRPOTrainer(
+        TrainConfig(run_dir=str(tmp_path / "cap"), num_steps=1, importance_sampling_cap=2.0, **FAST)
+    )
     cfg = capped.config
-    trajs, stats = collect_rollouts(capped.policy, capped.env, capped.sample_task_ids(0), cfg.group_size,
-                                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=0)
+    trajs, stats = collect_rollouts(
+        capped.policy,
+        capped.env,
+        capped.sample_task_ids(0),
+        cfg.group_size,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        seed=0,
+    )
     batch = build_batch(trajs, stats.group_ids, pad_id=capped.policy.pad_id)
     batch.old_logprobs = torch.where(batch.loss_mask, batch.old_logprobs - 1.0, batch.old_logprobs)
     update = capped.update(batch)
     assert update.tis_weight_mean == pytest.approx(2.0) and update.logprob_mismatch == pytest.approx(1.0, abs=1e-3)
-    low = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "bf16"), num_steps=1, dtype="bfloat16",
-                                          importance_sampling_cap=2.0, **FAST))
+    low = RoleWiseGRPOTrainer(
+        TrainConfig(run_dir=str(tmp_path / "bf16"), num_steps=1, dtype="bfloat16", importance_sampling_cap=2.0, **FAST)
+    )
     assert next(low.policy.model.parameters()).dtype == torch.bfloat16
     (w,) = low.train(progress=False)
     assert math.isfinite(w["train/loss"]) and w["train/logprob_mismatch"] is not None
@@ -124,7 +167,9 @@ def test_micro_batches_add_up_to_the_whole_minibatch_update(tmp_path, aggregatio
     cfg = dict(FAST, aggregation=aggregation, beta=0.1, entropy_coef=0.01, skip_empty_updates=False)
     runs = {}
     for name, tokens in (("whole", 10**6), ("rows", 1)):
-        trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / name), num_steps=1, micro_batch_tokens=tokens, **cfg))
+        trainer = RoleWiseGRPOTrainer(
+            TrainConfig(run_dir=str(tmp_path / name), num_steps=1, micro_batch_tokens=tokens, **cfg)
+        )
         (metrics,) = trainer.train(progress=False)
         runs[name] = (metrics, _params(trainer.policy.model))
     (whole, w), (rows, r) = runs["whole"], runs["rows"]
@@ -144,11 +189,24 @@ def test_rows_without_signal_are_left_out_of_the_update_with_the_same_result(tmp
 
     runs = {}
     for name, skip in (("pruned", True), ("every_row", False)):
-        trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / name), num_steps=1, skip_empty_updates=skip,
-                                                  **{**FAST, "aggregation": aggregation}))
+        trainer = RoleWiseGRPOTrainer(
+            TrainConfig(
+                run_dir=str(tmp_path / name),
+                num_steps=1,
+                skip_empty_updates=skip,
+                **{**FAST, "aggregation": aggregation},
+            )
+        )
         cfg = trainer.config
-        trajs, stats = collect_rollouts(trainer.policy, trainer.env, trainer.sample_task_ids(0), cfg.group_size,
-                                        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=0)
+        trajs, stats = collect_rollouts(
+            trainer.policy,
+            trainer.env,
+            trainer.sample_task_ids(0),
+            cfg.group_size,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            seed=0,
+        )
         batch = build_batch(trajs, stats.group_ids, pad_id=trainer.policy.pad_id)
         first_group = torch.tensor([g == stats.group_ids[0] for g in stats.group_ids])  # (N,) bool
         batch.advantages[first_group] = 0.0  # as if the first group's K rewards had been equal
@@ -169,11 +227,19 @@ def test_a_minibatch_without_signal_still_takes_its_optimizer_step(tmp_path):
 
     weights = {}
     for name, skip in (("pruned", True), ("every_row", False)):
-        trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / name), num_steps=1, skip_empty_updates=skip,
-                                                  num_minibatches=2, **FAST))
+        trainer = RoleWiseGRPOTrainer(
+            TrainConfig(run_dir=str(tmp_path / name), num_steps=1, skip_empty_updates=skip, num_minibatches=2, **FAST)
+        )
         cfg = trainer.config
-        trajs, stats = collect_rollouts(trainer.policy, trainer.env, trainer.sample_task_ids(0), cfg.group_size,
-                                        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=0)
+        trajs, stats = collect_rollouts(
+            trainer.policy,
+            trainer.env,
+            trainer.sample_task_ids(0),
+            cfg.group_size,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            seed=0,
+        )
         batch = build_batch(trajs, stats.group_ids, pad_id=trainer.policy.pad_id)
         batch.advantages[1:] = 0.0  # only row 0 carries signal: one of the two minibatches has none
         assert bool((batch.advantages[0] != 0).any())
@@ -182,8 +248,6 @@ def test_a_minibatch_without_signal_still_takes_its_optimizer_step(tmp_path):
         weights[name] = _params(trainer.policy.model)
     p, e = weights["pruned"], weights["every_row"]
     assert all(torch.allclose(p[k], e[k], atol=1e-6) for k in p)
-
-
 
     from agents.trainer import micro_batches
 
@@ -260,8 +324,11 @@ def test_truncation_and_budget_metrics_are_logged(tmp_path):
 
 def test_per_role_statistics_average_only_models_with_loss_tokens(tmp_path):
     """No tool call is made, so the REHEARSE model has no token: its empty target must not halve the ratio."""
-    trainer = RoleWiseGRPOTrainer(TrainConfig(
-        run_dir=str(tmp_path), num_steps=1, **{**FAST, "suite": "scripted", "policy": "per_role", "beta": 0.05}))
+    trainer = RoleWiseGRPOTrainer(
+        TrainConfig(
+            run_dir=str(tmp_path), num_steps=1, **{**FAST, "suite": "scripted", "policy": "per_role", "beta": 0.05}
+        )
+    )
     (m,) = trainer.train(progress=False)
     assert m["rollout/tokens/rehearse"] == 0 and m["rollout/tokens/act"] > 0
     assert m["train/update_targets"] == 1 and m["train/skipped_update"] == 0
@@ -281,7 +348,10 @@ def test_prefix_kv_is_cleared_after_a_fused_adamw_step(tmp_path):
     before = _params(model)
     entries_during_update = []
     step = trainer._minibatch_step
-    trainer._minibatch_step = lambda *a, **k: (entries_during_update.append(len(trainer.policy.kv_cache)), step(*a, **k))[1]
+    trainer._minibatch_step = lambda *a, **k: (
+        entries_during_update.append(len(trainer.policy.kv_cache)),
+        step(*a, **k),
+    )[1]
     trainer.train_step()
     assert entries_during_update == [0]  # the rollouts' KV is dropped before an update's passes (its memory)
     assert [p._version for p in model.parameters()] == versions  # the fingerprint alone would miss this update
@@ -291,13 +361,14 @@ def test_prefix_kv_is_cleared_after_a_fused_adamw_step(tmp_path):
     (g,) = trainer.policy.generate([prompt], max_new_tokens=4, temperature=1.0, seeds=[0])
     ids = torch.tensor([prompt + g.token_ids])
     with torch.no_grad():
-        recomputed = token_logprobs(model.eval(), ids, torch.ones_like(ids))[0, len(prompt):]
+        recomputed = token_logprobs(model.eval(), ids, torch.ones_like(ids))[0, len(prompt) :]
     assert torch.allclose(recomputed, torch.tensor(g.logprobs), atol=1e-4)
 
 
 def test_non_finite_gradients_are_skipped_then_stop_the_run(tmp_path):
-    trainer = RoleWiseGRPOTrainer(TrainConfig(
-        run_dir=str(tmp_path), num_steps=3, **{**FAST, "beta": 0.05, "max_nonfinite_steps": 2}))
+    trainer = RoleWiseGRPOTrainer(
+        TrainConfig(run_dir=str(tmp_path), num_steps=3, **{**FAST, "beta": 0.05, "max_nonfinite_steps": 2})
+    )
     embed = trainer.policy.model.get_input_embeddings().weight
     embed.register_hook(lambda g: g * float("nan"))
     before = _params(trainer.policy.model)
@@ -306,8 +377,9 @@ def test_non_finite_gradients_are_skipped_then_stop_the_run(tmp_path):
     after = _params(trainer.policy.model)
     assert all(torch.equal(before[k], after[k]) for k in before)  # nothing was applied
     trainer.save()
-    resumed = RoleWiseGRPOTrainer(TrainConfig(
-        run_dir=str(tmp_path), num_steps=3, **{**FAST, "beta": 0.05, "max_nonfinite_steps": 2}))
+    resumed = RoleWiseGRPOTrainer(
+        TrainConfig(run_dir=str(tmp_path), num_steps=3, **{**FAST, "beta": 0.05, "max_nonfinite_steps": 2})
+    )
     assert resumed.step == 1 and resumed.nonfinite_in_a_row == {"model": 1}  # the count survives a resume
     with pytest.raises(FloatingPointError, match="2 optimizer steps in a row.*--max-nonfinite-steps"):
         trainer.train_step()

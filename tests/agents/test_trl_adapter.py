@@ -36,11 +36,13 @@ class ScriptedEngine:
 def test_episodes_become_prompt_completion_and_a_mask_of_act_tokens():
     rollout = EnvACERollout(suite="scripted", categories=None, max_new_tokens=64, max_steps_per_turn=3)
     good = [ADD.format(v=3), "Done.", ADD.format(v=4), "Done."]  # the task's answer: reward 1
-    wrong = [ADD.format(v=1), "Done.", "Done."]                   # reward 0
+    wrong = [ADD.format(v=1), "Done.", "Done."]  # reward 0
     prompts = [[{"role": "user", "content": "", TASK_KEY: "scripted_1"}]] * 2
     out = rollout(prompts, ScriptedEngine([good, wrong]))
     assert out["envace_reward"] == [1.0, 0.0]
-    assert "Now add 4." in default_store().tokenizer("tiny-random").decode(out["completion_ids"][0])  # the 2nd user turn
+    assert "Now add 4." in default_store().tokenizer("tiny-random").decode(
+        out["completion_ids"][0]
+    )  # the 2nd user turn
     assert envace_reward(prompts, [None, None], **{k: v for k, v in out.items() if k == "envace_reward"}) == [1.0, 0.0]
     tok = default_store().tokenizer("tiny-random")
     for ids, mask, script in zip(out["completion_ids"], out["env_mask"], (good, wrong)):
@@ -69,12 +71,28 @@ def test_one_trl_grpo_step_trains_on_envace_episodes(tmp_path):
     dataset = envace_dataset("scripted-length", None)
     assert set(dataset[0]) == {"prompt", "task_id"} and dataset[0]["prompt"][0][TASK_KEY] == dataset[0]["task_id"]
     rollout = EnvACERollout(suite="scripted-length", categories=None, max_new_tokens=8, max_steps_per_turn=2)
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4,
-                      num_generations=2, max_completion_length=8, max_steps=1, logging_steps=1, learning_rate=1e-3,
-                      save_strategy="no", seed=0)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        max_steps=1,
+        logging_steps=1,
+        learning_rate=1e-3,
+        save_strategy="no",
+        seed=0,
+    )
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    trainer = GRPOTrainer(model=model, reward_funcs=envace_reward, args=args, train_dataset=dataset,
-                          rollout_func=rollout, processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=envace_reward,
+        args=args,
+        train_dataset=dataset,
+        rollout_func=rollout,
+        processing_class=tokenizer,
+    )
     trainer.train()
     logged = trainer.state.log_history[0]
     assert rollout.last_stats["episodes"] == 4

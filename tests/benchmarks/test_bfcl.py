@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.bfcl import BFCLBackend, BFCLSuite, MULTI_TURN_CATEGORIES, SINGLE_TURN_CATEGORIES
-from benchmarks.bfcl import schema
+from benchmarks.bfcl import MULTI_TURN_CATEGORIES, SINGLE_TURN_CATEGORIES, BFCLBackend, BFCLSuite, schema
 from benchmarks.bfcl.data import ADDITIONAL_FUNCTION_PROMPT, IRRELEVANCE_CATEGORIES, split_of
 from benchmarks.bfcl.verify import ground_truth_tool_calls, single_turn_ground_truth_calls
 from envace_gym.limits import CallLimits
@@ -86,11 +85,13 @@ def test_unknown_category_and_split_raise(suite):
 def test_multi_turn_tasks_match_raw_data(suite):
     from benchmarks.bfcl._env import bfcl_data_dir
 
-    raw = [json.loads(l) for l in open(bfcl_data_dir() / "BFCL_v4_multi_turn_base.json")]
+    raw = [json.loads(line) for line in open(bfcl_data_dir() / "BFCL_v4_multi_turn_base.json")]
     tasks = suite.tasks(["multi_turn_base"], split="all")
     for entry, task in zip(raw, tasks):
         assert task.id == entry["id"]
-        assert [[m.content for m in turn] for turn in task.turns] == [[m["content"] for m in t] for t in entry["question"]]
+        assert [[m.content for m in turn] for turn in task.turns] == [
+            [m["content"] for m in t] for t in entry["question"]
+        ]
         assert task.metadata["involved_classes"] == entry["involved_classes"]
         assert task.metadata["initial_config"] == entry["initial_config"]
         assert task.metadata["long_context"] is False
@@ -146,7 +147,9 @@ def test_split_does_not_depend_on_the_process():
     outs = set()
     for seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        outs.add(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout)
+        outs.add(
+            subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+        )
     assert len(outs) == 1 and outs.pop().strip()
 
 
@@ -185,8 +188,15 @@ def test_json_schema_translation_nested():
     assert spec.name == "a_b" and spec.description.endswith(schema.PYTHON_HINT)
     assert p["type"] == "object" and p["required"] == ["x"] and "response" not in p
     assert p["properties"]["x"]["type"] == "number" and p["properties"]["x"]["format"] == "float"
-    assert p["properties"]["pts"]["items"] == {"type": "array", "items": {"type": "number", "format": "float", "description": " This is a float type value."}}
-    assert p["properties"]["cfg"] == {"type": "object", "properties": {"k": {"type": "string"}, "n": {"type": "integer"}}, "required": ["k"]}
+    assert p["properties"]["pts"]["items"] == {
+        "type": "array",
+        "items": {"type": "number", "format": "float", "description": " This is a float type value."},
+    }
+    assert p["properties"]["cfg"] == {
+        "type": "object",
+        "properties": {"k": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["k"],
+    }
     assert p["properties"]["s"] == {"type": "string", "enum": ["a", "b"], "default": "a"}
     assert p["properties"]["u"]["type"] == "string"
 
@@ -239,7 +249,9 @@ def test_dotted_name_emitted_either_way_verifies(suite):
 
 
 def _state_changing_call(task: Task) -> ToolCall:
-    backend = BFCLBackend(task.metadata["involved_classes"], task.metadata["initial_config"], task.metadata["long_context"])
+    backend = BFCLBackend(
+        task.metadata["involved_classes"], task.metadata["initial_config"], task.metadata["long_context"]
+    )
     before = backend.snapshot()
     for turn in ground_truth_tool_calls(task):
         for call in turn:
@@ -249,7 +261,9 @@ def _state_changing_call(task: Task) -> ToolCall:
     raise AssertionError(f"no ground-truth call of {task.id} changes state")
 
 
-@pytest.mark.parametrize("task_id", ["multi_turn_base_0", "multi_turn_base_60", "multi_turn_long_context_110", "multi_turn_base_170"])
+@pytest.mark.parametrize(
+    "task_id", ["multi_turn_base_0", "multi_turn_base_60", "multi_turn_long_context_110", "multi_turn_base_170"]
+)
 def test_backends_are_isolated(suite, task_id):
     task = suite.task(task_id)
     call = _state_changing_call(task)
@@ -289,8 +303,14 @@ def test_error_strings_never_exceptions(suite):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    name=st.one_of(st.sampled_from(["cd", "mv", "ls", "post_tweet", "_load_scenario", "diff", "sort"]), st.text(max_size=12)),
-    args=st.dictionaries(st.text(max_size=8), st.one_of(st.none(), st.integers(), st.text(max_size=8), st.lists(st.integers(), max_size=3)), max_size=3),
+    name=st.one_of(
+        st.sampled_from(["cd", "mv", "ls", "post_tweet", "_load_scenario", "diff", "sort"]), st.text(max_size=12)
+    ),
+    args=st.dictionaries(
+        st.text(max_size=8),
+        st.one_of(st.none(), st.integers(), st.text(max_size=8), st.lists(st.integers(), max_size=3)),
+        max_size=3,
+    ),
 )
 def test_execute_never_raises(name, args):
     task = BFCLSuite().task("multi_turn_base_0")
@@ -448,7 +468,8 @@ def test_ast_checker_loads_without_vendor_sdks():
         "assert s.verify_calls(t, [[single_turn_ground_truth_calls(t)]]).valid\n"
         "assert 'bfcl_eval.eval_checker.ast_eval.ast_checker' in sys.modules\n"
         "assert 'bfcl_eval.constants.model_config' not in sys.modules\n"
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('openai', 'anthropic', 'google', 'mistralai', 'cohere', 'boto3', 'vllm')]\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('openai', 'anthropic', 'google', 'mistralai', 'cohere', "
+        "'boto3', 'vllm')]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import envace_gym  # noqa: F401
-from benchmarks.lab import CATEGORIES, LabConfig, LabSuite
+from benchmarks.lab import LabConfig, LabSuite
 from benchmarks.lab.world import DISTRACTOR_TOOLS, TOOLS, LabBackend, Warehouse
 from envace_gym.parsing import format_tool_calls
 from envace_gym.suites import make_suite, register_suite
@@ -58,7 +58,10 @@ def test_tasks_are_a_function_of_the_config_and_the_splits_are_disjoint(suite):
     again = LabSuite(LabConfig(rules="stated"))
     assert [t.to_dict() for t in suite.tasks(None, "all")] == [t.to_dict() for t in again.tasks(None, "all")]
     other = LabSuite(LabConfig(rules="stated", seed=1))
-    assert [t.turns[0][0].content for t in other.tasks(["relocate"])] != [t.turns[0][0].content for t in suite.tasks(["relocate"])]
+    assert [t.turns[0][0].content for t in other.tasks(["relocate"])] != [
+        t.turns[0][0].content for t in suite.tasks(["relocate"])
+    ]
+
     def content(t):
         return json.dumps([[m.content for m in turn] for turn in t.turns])
 
@@ -116,7 +119,11 @@ def test_a_failed_call_costs_the_reward_even_when_the_final_state_is_right(suite
     no_shelf = ToolCall("move", {"item": calls[-1].arguments["item"]})  # a missing argument: an error, no change
     reward, info = _play(tool_env, task.id, [calls + [no_shelf]])
     assert reward == 0.0 and info["verifier"]["details"] == {
-        "state_matches": True, "answer_matches": True, "failed_calls": 1, "broken": []}
+        "state_matches": True,
+        "answer_matches": True,
+        "failed_calls": 1,
+        "broken": [],
+    }
     assert _play(tool_env, task.id, [[no_shelf] + calls])[0] == 0.0
     assert _play(tool_env, task.id, [calls])[0] == 1.0
 
@@ -132,8 +139,21 @@ def test_a_count_task_is_scored_on_the_number_in_the_reply(suite, tool_env):
 
 
 def test_knobs_change_the_tasks_and_keep_them_solvable(tool_env):
-    register_suite("lab-knobs", lambda: LabSuite(LabConfig(rules="stated", seed=3, tasks_per_category=10, distractors=True,
-                                                           user_turns=2, num_shelves=5, capacity=4, num_items=9)))
+    register_suite(
+        "lab-knobs",
+        lambda: LabSuite(
+            LabConfig(
+                rules="stated",
+                seed=3,
+                tasks_per_category=10,
+                distractors=True,
+                user_turns=2,
+                num_shelves=5,
+                capacity=4,
+                num_items=9,
+            )
+        ),
+    )
     suite = make_suite("lab-knobs")
     tasks = suite.tasks(None, "all")
     assert all(len(t.tools) == len(TOOLS) + len(DISTRACTOR_TOOLS) for t in tasks)
@@ -150,8 +170,10 @@ def test_knobs_change_the_tasks_and_keep_them_solvable(tool_env):
         LabConfig(rules="stated", user_turns=3)
     with pytest.raises(ValueError, match="no train task"):
         LabConfig(rules="stated", tasks_per_category=3, test_fraction=0.9)
-    for odd in (LabConfig(rules="stated", num_shelves=3, capacity=4, num_items=5, tasks_per_category=40),
-                LabConfig(rules="stated", num_shelves=3, capacity=8, num_items=9, tasks_per_category=40)):
+    for odd in (
+        LabConfig(rules="stated", num_shelves=3, capacity=4, num_items=5, tasks_per_category=40),
+        LabConfig(rules="stated", num_shelves=3, capacity=8, num_items=9, tasks_per_category=40),
+    ):
         LabSuite(odd)  # every family draws a fitting layout for every config LabConfig accepts
 
 
@@ -164,8 +186,14 @@ def _mostly(*valid: str):
     return st.tuples(st.sampled_from(valid), st.integers(0, 4), _junk).map(lambda t: t[2] if t[1] == 0 else t[0])
 
 
-_args = st.fixed_dictionaries({"item": _mostly("apple", "bolt", "cable"), "shelf": _mostly("A", "B", "C"),
-                               "box": _mostly("box-1", "box-2", "box-3"), "dock": _mostly("north", "west")})
+_args = st.fixed_dictionaries(
+    {
+        "item": _mostly("apple", "bolt", "cable"),
+        "shelf": _mostly("A", "B", "C"),
+        "box": _mostly("box-1", "box-2", "box-3"),
+        "dock": _mostly("north", "west"),
+    }
+)
 _calls = st.builds(ToolCall, _names, st.one_of(_args, st.dictionaries(st.text(max_size=4), _junk, max_size=2)))
 
 
@@ -189,20 +217,42 @@ def test_the_rehearse_env_vector_env_demonstrations_and_budgets_run_on_lab(smol_
     from agents.budgets import check_task_budgets
     from agents.demonstrations import build_demonstrations
 
-    env = gym.make("EnvACE-Rehearse-v0", suite="lab-stated", categories=["relocate"], model="tiny-random", max_new_tokens=6)
+    env = gym.make(
+        "EnvACE-Rehearse-v0", suite="lab-stated", categories=["relocate"], model="tiny-random", max_new_tokens=6
+    )
     obs, info = env.reset(seed=0)
-    obs, reward, terminated, truncated, info = env.step('<tool_call>{"name": "locate", "arguments": {"item": "x"}}</tool_call>')
+    obs, reward, terminated, truncated, info = env.step(
+        '<tool_call>{"name": "locate", "arguments": {"item": "x"}}</tool_call>'
+    )
     assert len(info["rehearsals"]) == 1 and not (terminated or truncated)
-    venv = gym.make_vec("EnvACE-Rehearse-v0", num_envs=2, vectorization_mode="vector_entry_point", suite="lab-stated",
-                        categories=["ship"], model="tiny-random", max_new_tokens=4)
+    venv = gym.make_vec(
+        "EnvACE-Rehearse-v0",
+        num_envs=2,
+        vectorization_mode="vector_entry_point",
+        suite="lab-stated",
+        categories=["ship"],
+        model="tiny-random",
+        max_new_tokens=4,
+    )
     venv.reset(seed=0)
-    _, _, terminated, _, infos = venv.step(['<tool_call>{"name": "pack", "arguments": {"item": "x"}}</tool_call>', "Done."])
+    _, _, terminated, _, infos = venv.step(
+        ['<tool_call>{"name": "pack", "arguments": {"item": "x"}}</tool_call>', "Done."]
+    )
     assert list(terminated) == [False, True] and len(infos["rehearsals"][0]) == 1  # ship has one user turn
     demos, stats = build_demonstrations(smol_tokenizer, "lab-stated", None, "train", progress=False)
     assert stats.kept == len(demos) == 6 * 96 and stats.skipped_reward == 0
     assert max(len(d.token_ids) for d in demos) < 1500  # short prompts: what makes the lab fast on a CPU
-    report = check_task_budgets(make_suite("lab-stated").tasks(None, "train"), "lab-stated", smol_tokenizer, max_steps_per_turn=8,
-                                max_new_tokens=64, max_episode_tokens=None, min_fraction=0.0, command="test", log=None)
+    report = check_task_budgets(
+        make_suite("lab-stated").tasks(None, "train"),
+        "lab-stated",
+        smol_tokenizer,
+        max_steps_per_turn=8,
+        max_new_tokens=64,
+        max_episode_tokens=None,
+        min_fraction=0.0,
+        command="test",
+        log=None,
+    )
     assert report.fraction == 1.0
 
 
@@ -210,14 +260,23 @@ def test_fidelity_and_test_time_rehearsal_wrap_a_lab_env_unchanged():
     from agents.policy import load_policy
     from wrappers import RealTools, RehearsalFidelity, TestTimeRehearsal
 
-    env = RehearsalFidelity(gym.make("EnvACE-Rehearse-v0", suite="lab-stated", categories=["ship"], model="tiny-random",
-                                     max_new_tokens=6))
+    env = RehearsalFidelity(
+        gym.make("EnvACE-Rehearse-v0", suite="lab-stated", categories=["ship"], model="tiny-random", max_new_tokens=6)
+    )
     env.reset(seed=0)
     _, _, _, _, info = env.step('<tool_call>{"name": "pack", "arguments": {"item": "x"}}</tool_call>')
     assert len(info["fidelity"]["calls"]) == 1 and info["fidelity"]["episode"]["num_calls"] == 1
     policy = load_policy("tiny-random")
-    ttr = TestTimeRehearsal(RealTools(gym.make("EnvACE-Rehearse-v0", suite="lab-stated", categories=["relocate"],
-                                               model="tiny-random", max_new_tokens=4)),
-                            policy, n=1, attempt_max_steps=1, critique_tokens=4)
+    ttr = TestTimeRehearsal(
+        RealTools(
+            gym.make(
+                "EnvACE-Rehearse-v0", suite="lab-stated", categories=["relocate"], model="tiny-random", max_new_tokens=4
+            )
+        ),
+        policy,
+        n=1,
+        attempt_max_steps=1,
+        critique_tokens=4,
+    )
     _, info = ttr.reset(seed=0)
     assert len(info["rehearsal"]["attempts"]) == 1

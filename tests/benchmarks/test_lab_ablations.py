@@ -12,10 +12,20 @@ from benchmarks.perf import lab_ablations
 from envace_gym.suites import make_suite
 
 RECIPE = {
-    "model": "tiny-random", "suite": "lab-stated", "categories": ["relocate", "count"], "min_solvable_fraction": 0.0,
+    "model": "tiny-random",
+    "suite": "lab-stated",
+    "categories": ["relocate", "count"],
+    "min_solvable_fraction": 0.0,
     "sft": {"max_steps": 1, "max_demos": 2, "max_batch_rows": 1, "gradient_checkpointing": False},
-    "grpo": {"num_steps": 1, "batch_tasks": 1, "group_size": 2, "max_new_tokens": 4, "rehearse_max_new_tokens": 4,
-             "max_steps_per_turn": 2, "gradient_checkpointing": False},
+    "grpo": {
+        "num_steps": 1,
+        "batch_tasks": 1,
+        "group_size": 2,
+        "max_new_tokens": 4,
+        "rehearse_max_new_tokens": 4,
+        "max_steps_per_turn": 2,
+        "gradient_checkpointing": False,
+    },
     "eval": {"limit": 1, "max_new_tokens": 4, "max_steps_per_turn": 2},
 }
 
@@ -25,16 +35,47 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(RECIPE))
     out = tmp_path / "ablations"
-    argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "2", "--ttr-n", "1", "--ttr-sequential-n", "1",
-            "--base-rehearser-n", "1", "--ttr-memory-tokens", "40", "--ttr-critique-tokens", "2", "--sb3-timesteps", "64",
-            "--limit", "1", "--fidelity-limit", "1"]
+    argv = [
+        "--recipe",
+        str(recipe),
+        "--out",
+        str(out),
+        "--seeds",
+        "2",
+        "--ttr-n",
+        "1",
+        "--ttr-sequential-n",
+        "1",
+        "--base-rehearser-n",
+        "1",
+        "--ttr-memory-tokens",
+        "40",
+        "--ttr-critique-tokens",
+        "2",
+        "--sb3-timesteps",
+        "64",
+        "--limit",
+        "1",
+        "--fidelity-limit",
+        "1",
+    ]
     results = lab_ablations.main(argv)
     rows = {r["row"]: r for r in results["rows"]}
-    assert list(rows)[:7] == ["warm start (SFT, pre-RL)", "role_grpo", "role_grpo_token", "grpo", "per_role",
-                              "real_rollouts", "null_rehearser"]
+    assert list(rows)[:7] == [
+        "warm start (SFT, pre-RL)",
+        "role_grpo",
+        "role_grpo_token",
+        "grpo",
+        "per_role",
+        "real_rollouts",
+        "null_rehearser",
+    ]
     ttr = [name for name in rows if "TTR" in name]
-    assert ttr == ["role_grpo + TTR N=1 parallel, trained rehearser", "role_grpo + TTR N=1 sequential, trained rehearser",
-                   "role_grpo + TTR N=1 parallel, base rehearser"]
+    assert ttr == [
+        "role_grpo + TTR N=1 parallel, trained rehearser",
+        "role_grpo + TTR N=1 sequential, trained rehearser",
+        "role_grpo + TTR N=1 parallel, base rehearser",
+    ]
     assert any("MaskablePPO" in name for name in rows)
     for name in ("role_grpo_token", "grpo", "per_role", "real_rollouts", "null_rehearser", *ttr):
         s = rows[name]["success"]
@@ -44,11 +85,16 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
         assert (paired["gained"] - paired["lost"]) / paired["tasks"] == pytest.approx(s["diff_mean"])
     demos = json.loads((out / "warm_start/sft/stage_done.json").read_text())["task_ids"]
     assert rows["warm start (SFT, pre-RL)"]["real_tool_calls"] == sum(  # the references its demonstrations ran
-        len(turn) for t in make_suite("lab-stated").tasks(RECIPE["categories"], "train") if t.id in demos
-        for turn in make_suite("lab-stated").ground_truth(t))
+        len(turn)
+        for t in make_suite("lab-stated").tasks(RECIPE["categories"], "train")
+        if t.id in demos
+        for turn in make_suite("lab-stated").ground_truth(t)
+    )
     for seed in (0, 1):  # the per-seed runs are distinct GRPO runs from the one shared warm start
         config = json.loads((out / f"grpo/seed{seed}/grpo/stage_done.json").read_text())["config"]
-        assert config["seed"] == seed and config["algo"] == "grpo" and config["init"].startswith(str(out / "warm_start"))
+        assert (
+            config["seed"] == seed and config["algo"] == "grpo" and config["init"].startswith(str(out / "warm_start"))
+        )
     assert (out / "per_role/seed0/grpo/checkpoints").is_dir()
     assert rows["null_rehearser"]["real_tool_calls"] == 0  # answered by the constant, never by a backend
     for seed in (0, 1):  # every arm's policy of every seed has its own fidelity evaluation on the limited tasks
@@ -63,7 +109,11 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
 
     again = lab_ablations.main(argv)
     printed = capsys.readouterr().out
-    assert "[stage] warm_start/sft ..." not in printed and printed.count("already done") >= 20 and "sb3_maskable_ppo/seed1: already done" in printed
+    assert (
+        "[stage] warm_start/sft ..." not in printed
+        and printed.count("already done") >= 20
+        and "sb3_maskable_ppo/seed1: already done" in printed
+    )
     assert [r["success"] for r in again["rows"]] == [r["success"] for r in results["rows"]]
 
 
@@ -78,11 +128,21 @@ def test_paired_task_counts_and_a_single_seed_prints_no_interval():
     assert lab_ablations.paired_tasks(rows[::-1], refs) == {"gained": 1, "lost": 1, "tasks": 6}  # seed i with seed i
     one = lab_ablations.summarize([0.5], [0.25])
     assert one["ci95"] is None and one["diff_mean"] == 0.25 and one["diff_ci95"] is None
-    results = {"model": "m", "seeds": 1, "grpo_steps": 8, "grpo": {"batch_tasks": 6, "group_size": 4}, "test_tasks": 4,
-               "rows": [{"row": "role_grpo", "success": lab_ablations.summarize([0.25])},
-                        {"row": "grpo", "success": one, "paired_tasks": {"gained": 2, "lost": 1, "tasks": 4}}],
-               "fidelity": {"before": dict.fromkeys(lab_ablations.FIDELITY_METRICS),
-                            "after": {m: lab_ablations.summarize([0.5]) for m in lab_ablations.FIDELITY_METRICS}}}
+    results = {
+        "model": "m",
+        "seeds": 1,
+        "grpo_steps": 8,
+        "grpo": {"batch_tasks": 6, "group_size": 4},
+        "test_tasks": 4,
+        "rows": [
+            {"row": "role_grpo", "success": lab_ablations.summarize([0.25])},
+            {"row": "grpo", "success": one, "paired_tasks": {"gained": 2, "lost": 1, "tasks": 4}},
+        ],
+        "fidelity": {
+            "before": dict.fromkeys(lab_ablations.FIDELITY_METRICS),
+            "after": {m: lab_ablations.summarize([0.5]) for m in lab_ablations.FIDELITY_METRICS},
+        },
+    }
     lines = lab_ablations.table(results)
     grpo = next(line for line in lines if line.startswith("grpo"))
     assert grpo.split() == ["grpo", "0.500", "+0.250", "+2/-1"] and "+-" not in "".join(lines[2:4])

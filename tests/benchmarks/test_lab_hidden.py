@@ -10,8 +10,7 @@ import gymnasium as gym
 import pytest
 
 import envace_gym  # noqa: F401
-from benchmarks.lab import LabConfig, LabSuite
-from benchmarks.lab import hidden
+from benchmarks.lab import LabConfig, LabSuite, hidden
 from benchmarks.lab.hidden import HIDDEN_CATEGORIES, shelves_from_prompt, train_task
 from benchmarks.lab.properties import measure
 from benchmarks.lab.world import HIDDEN_TOOLS, LabBackend, Warehouse
@@ -59,8 +58,10 @@ def test_the_prompt_states_no_rule(suite):
 def test_splits_are_large_fixed_and_disjoint(suite):
     test = suite.tasks(None, "test")
     assert len(test) == 6 * 100 and {t.metadata["category"] for t in test} == set(HIDDEN_CATEGORIES)
-    keys = {json.dumps([t.metadata["initial_state"]["shelves"], [m.content for turn in t.turns for m in turn]])
-            for t in test}
+    keys = {
+        json.dumps([t.metadata["initial_state"]["shelves"], [m.content for turn in t.turns for m in turn]])
+        for t in test
+    }
     assert len(keys) == len(test)  # no test pair twice
     stream = suite.train_stream(start=500)
     for _ in range(600):
@@ -105,7 +106,7 @@ def test_reference_solutions_score_one_through_the_registered_env_and_a_guessed_
     env = gym.make("EnvACE-Tool-v0", suite="lab", split="test", max_steps_per_turn=8).unwrapped
     for task in env.tasks[::25]:
         env.reset(options={"task_id": task.id})
-        for t, calls in enumerate(suite.ground_truth(task)):
+        for _t, calls in enumerate(suite.ground_truth(task)):
             for call in calls:
                 env.step(format_tool_calls([call], "hermes"))
             _, reward, terminated, _, info = env.step("Done.")

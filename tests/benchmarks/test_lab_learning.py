@@ -1,12 +1,12 @@
 """Learning regression: role-wise GRPO on EnvACE-Lab must beat its warm start on the test split.
 
-The stated-rules lab recipe (`configs/recipes/lab-stated.yaml`) end to end with `smollm2-lab` and nothing replaced: its SFT warm start (seed 0), then its
-role-wise GRPO stage (rehearsed rollouts, B=6 x K=4, lr 5e-6) for `GRPO_STEPS` steps, both scored greedily on
-the same 48 test tasks (8 per family) against the real backend. The margin comes from the measured spread
-(measured 2026-12-03): from this warm start, 8 steps gave 0.583 -> 0.646 (+3 of 48 tasks, none
+The stated-rules lab recipe (`configs/recipes/lab-stated.yaml`) end to end with `smollm2-lab` and nothing replaced: its
+SFT warm start (seed 0), then its role-wise GRPO stage (rehearsed rollouts, B=6 x K=4, lr 5e-6) for `GRPO_STEPS` steps,
+both scored greedily on the same 48 test tasks (8 per family) against the real backend. The margin comes from the
+measured spread (measured 2026-12-03): from this warm start, 8 steps gave 0.583 -> 0.646 (+3 of 48 tasks, none
 lost) with GRPO seed 0 and with seed 1; 4 and 6 steps gave +1 to +2. `MIN_GAINED_MINUS_LOST` asks for one task
-more than the warm start solves, net of any lost, two less than either seed gained; a trainer that stops updating (the gain is then
-exactly 0) or follows the wrong sign (lr 2e-5 already lost 10 tasks) fails it.
+more than the warm start solves, net of any lost, two less than either seed gained; a trainer that stops updating (the
+gain is then exactly 0) or follows the wrong sign (lr 2e-5 already lost 10 tasks) fails it.
 
 What the margin does not cover: GRPO samples at temperature 1, so a machine whose kernels round differently
 (another torch build, AVX-512 instead of AVX2) plays another random draw, not a small perturbation of this one.
@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # 26 minutes on 2 cores: SFT 4.3 min, 8 GRPO steps 16 min, 2 evaluations of 48 tasks 4.6 min
+pytestmark = (
+    pytest.mark.slow
+)  # 26 minutes on 2 cores: SFT 4.3 min, 8 GRPO steps 16 min, 2 evaluations of 48 tasks 4.6 min
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab-stated.yaml"
 GRPO_STEPS = 8
@@ -53,8 +55,9 @@ def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(tmp_path, two
     stages = StageRunner(tmp_path)
     stages.stage("sft", lambda folder: sft_stage(recipe, folder, models))
     warm = latest_model(tmp_path / "sft")
-    config = dataclasses.replace(recipe.grpo_config(tmp_path / "grpo", warm), num_steps=GRPO_STEPS, save_every=GRPO_STEPS,
-                                 seed=GRPO_SEED)
+    config = dataclasses.replace(
+        recipe.grpo_config(tmp_path / "grpo", warm), num_steps=GRPO_STEPS, save_every=GRPO_STEPS, seed=GRPO_SEED
+    )
     trained_info = stages.stage("grpo", lambda _: grpo_stage(config, models))
     trained = latest_model(tmp_path / "grpo")
     assert sum(trained_info["groups_with_reward_variance"]) > 0  # some step had advantages to learn from
@@ -69,7 +72,9 @@ def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(tmp_path, two
     sft, grpo = rewards("eval_sft"), rewards("eval_grpo")
     gained = sorted(t for t in sft if grpo[t] > sft[t])
     lost = sorted(t for t in sft if grpo[t] < sft[t])
-    report = (f"warm start {before['accuracy']:.3f} -> GRPO {after['accuracy']:.3f} on {len(sft)} test tasks; "
-              f"gained {gained}, lost {lost}")
+    report = (
+        f"warm start {before['accuracy']:.3f} -> GRPO {after['accuracy']:.3f} on {len(sft)} test tasks; "
+        f"gained {gained}, lost {lost}"
+    )
     print(report)
     assert len(gained) - len(lost) >= MIN_GAINED_MINUS_LOST, report

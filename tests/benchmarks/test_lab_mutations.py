@@ -54,8 +54,11 @@ def test_every_proposed_mistake_fails_on_the_real_backend_where_it_is_played(nam
 def test_a_ship_task_without_a_full_shelf_proposes_no_break_and_a_look_proposes_nothing():
     suite = make_suite("lab")
     caps = hidden_capacities(4)
-    task = next(t for t in suite.tasks(["ship"], "train")
-                if all(len(v) < caps[s] for s, v in t.metadata["initial_state"]["shelves"].items()))
+    task = next(
+        t
+        for t in suite.tasks(["ship"], "train")
+        if all(len(v) < caps[s] for s, v in t.metadata["initial_state"]["shelves"].items())
+    )
     calls = [c for turn in suite.ground_truth(task) for c in turn]
     proposed = suite.mutations(task, calls, random.Random(0))
     # no shelf is full: no move that breaks; the label mistake sits before the ship, the unknown item before pack

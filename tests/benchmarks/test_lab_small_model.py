@@ -23,8 +23,22 @@ def test_bad_sizes_fail_fast():
 
 @pytest.mark.slow
 def test_the_probe_trains_and_scores_a_small_llama(tmp_path):
-    argv = ["--out", str(tmp_path / "probe"), "--layers", "1", "--hidden", "64", "--tasks-per-family", "3",
-            "--steps", "2", "--batch-tokens", "2048", "--limit", "1"]
+    argv = [
+        "--out",
+        str(tmp_path / "probe"),
+        "--layers",
+        "1",
+        "--hidden",
+        "64",
+        "--tasks-per-family",
+        "3",
+        "--steps",
+        "2",
+        "--batch-tokens",
+        "2048",
+        "--limit",
+        "1",
+    ]
     report = lab_small_model.main(argv)
     assert report["test_tasks"] == 6 and set(report["test_success"]) >= {"relocate", "full_job", "overall"}
     assert math.isfinite(report["act_loss"]) and math.isfinite(report["rehearse_loss"])

@@ -56,7 +56,8 @@ def test_token_kind_accuracy_is_one_for_a_model_that_predicts_the_demonstration(
 
     by_sequence = {tuple(d.token_ids): d.token_ids for d in demos}
     perfect = tiny_sft.token_kind_accuracy(
-        Oracle(lambda ids, t: by_sequence[tuple(ids)][min(t + 1, len(ids) - 1)]), tokenizer, demos)
+        Oracle(lambda ids, t: by_sequence[tuple(ids)][min(t + 1, len(ids) - 1)]), tokenizer, demos
+    )
     assert all(v == 1.0 for kinds in perfect.values() for v in kinds.values()) and "item" in perfect["act"]
     eos = tiny_sft.token_kind_accuracy(Oracle(lambda ids, t: tokenizer.eos_token_id), tokenizer, demos)
     assert eos["act"]["item"] == 0.0 and eos["rehearse"]["dock"] == 0.0
@@ -64,7 +65,7 @@ def test_token_kind_accuracy_is_one_for_a_model_that_predicts_the_demonstration(
 
 def test_mean_ci95_matches_the_t_table():
     mean, half = mean_ci95([0.2, 0.4, 0.6])
-    assert mean == pytest.approx(0.4) and half == pytest.approx(4.303 * 0.2 / 3 ** 0.5)
+    assert mean == pytest.approx(0.4) and half == pytest.approx(4.303 * 0.2 / 3**0.5)
     assert mean_ci95([0.5]) == (0.5, None)
     with pytest.raises(ValueError):
         mean_ci95([])

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
-import pytest
 
 import envace_gym  # noqa: F401
 from benchmarks.mcp import MCPBackend
@@ -64,8 +63,13 @@ def test_a_hung_or_crashed_server_becomes_an_error_observation_and_a_clean_resta
 
 
 def test_the_mcp_suite_in_the_registered_envs_and_realtools_with_an_mcp_backend(smol_tokenizer):
-    env = gym.make("EnvACE-Tool-v0", suite="mcp", server=SERVER, tokenizer=smol_tokenizer,
-                   tasks=[{"id": "sum", "prompt": "What is 2 + 3?"}]).unwrapped
+    env = gym.make(
+        "EnvACE-Tool-v0",
+        suite="mcp",
+        server=SERVER,
+        tokenizer=smol_tokenizer,
+        tasks=[{"id": "sum", "prompt": "What is 2 + 3?"}],
+    ).unwrapped
     assert [t.name for t in env.tasks[0].tools] == ["add", "count", "nap", "die"]
     env.reset(options={"task_id": "sum"})
     obs, _, _, _, info = env.step(format_tool_calls([_call("add", a=2, b=3)], "hermes"))
@@ -73,8 +77,13 @@ def test_the_mcp_suite_in_the_registered_envs_and_realtools_with_an_mcp_backend(
     _, reward, terminated, _, info = env.step("It is 5.")
     assert terminated and reward == 0.0 and "no verifier" in info["verifier"]["details"]["note"]
 
-    rehearse = gym.make("EnvACE-Rehearse-v0", model="tiny-random", suite="mcp", server=SERVER,
-                        tasks=[{"id": "count", "prompt": "Count."}])
+    rehearse = gym.make(
+        "EnvACE-Rehearse-v0",
+        model="tiny-random",
+        suite="mcp",
+        server=SERVER,
+        tasks=[{"id": "count", "prompt": "Count."}],
+    )
     real = RealTools(rehearse, backend=MCPBackend(SERVER))
     for _ in range(2):  # every episode gets its own server session: the count starts again
         real.reset(options={"task_id": "count"})

@@ -13,13 +13,29 @@ from benchmarks.stats import mean_ci95
 
 def _tiny_sft_result(rng: random.Random) -> dict:
     families = ["ship", "overall"]
-    seeds = [{"seed": s, "sft_s": rng.uniform(100, 200), "test_tasks": 200,
-              "success": {f: rng.random() for f in families}} for s in range(3)]
+    seeds = [
+        {"seed": s, "sft_s": rng.uniform(100, 200), "test_tasks": 200, "success": {f: rng.random() for f in families}}
+        for s in range(3)
+    ]
     mean = {f: dict(zip(("mean", "ci95"), mean_ci95([r["success"][f] for r in seeds]))) for f in families}
-    settings = {"layers": 4, "hidden": 128, "heads": 2, "mimetic_init": True, "steps": 600, "rows": 16,
-                "group_by_length": False, "lr": 0.002}
-    return {"kind": "lab_tiny_sft", "command": "python -m benchmarks.lab.tiny_sft --seeds 0 1 2", "settings": settings,
-            "seeds": seeds, "mean": mean, "teacher_forced_mean": {"act/item": {"mean": 0.5, "ci95": 0.1}}}
+    settings = {
+        "layers": 4,
+        "hidden": 128,
+        "heads": 2,
+        "mimetic_init": True,
+        "steps": 600,
+        "rows": 16,
+        "group_by_length": False,
+        "lr": 0.002,
+    }
+    return {
+        "kind": "lab_tiny_sft",
+        "command": "python -m benchmarks.lab.tiny_sft --seeds 0 1 2",
+        "settings": settings,
+        "seeds": seeds,
+        "mean": mean,
+        "teacher_forced_mean": {"act/item": {"mean": 0.5, "ci95": 0.1}},
+    }
 
 
 def test_a_stored_result_is_rendered_with_its_numbers_and_command(tmp_path):
@@ -37,7 +53,9 @@ def test_a_stored_result_is_rendered_with_its_numbers_and_command(tmp_path):
     overall = data["mean"]["overall"]
     assert f"{overall['mean']:.3f} ± {overall['ci95']:.3f}" in page
     for r in data["seeds"]:
-        assert f"| {r['seed']} | {r['sft_s']:.0f} | {r['success']['ship']:.3f} | {r['success']['overall']:.3f} |" in page
+        assert (
+            f"| {r['seed']} | {r['sft_s']:.0f} | {r['success']['ship']:.3f} | {r['success']['overall']:.3f} |" in page
+        )
 
 
 def test_an_empty_store_renders_a_page_that_says_so_and_unknown_files_are_refused(tmp_path):

@@ -124,13 +124,21 @@ def test_numeric_state_is_restored_after_each_in_process_call():
 
 @linux_only
 def test_isolated_calls_leave_the_same_backend_state_as_in_process_calls():
-    task = next(t for t in BFCLSuite().tasks(["multi_turn_base"], "all")
-                if {"GorillaFileSystem", "TwitterAPI"} <= set(t.metadata["involved_classes"]))
-    calls = [ToolCall("mkdir", {"dir_name": "made"}), ToolCall("cd", {"folder": "made"}),
-             ToolCall("touch", {"file_name": "a.txt"}), ToolCall("echo", {"content": "hi", "file_name": "a.txt"}),
-             ToolCall("authenticate_twitter", {"username": "u", "password": "p"}),
-             ToolCall("post_tweet", {"content": "c", "tags": ["#t"], "mentions": ["@m"]}),
-             ToolCall("cd", {"folder": "nowhere"}), ToolCall("ls", {})]
+    task = next(
+        t
+        for t in BFCLSuite().tasks(["multi_turn_base"], "all")
+        if {"GorillaFileSystem", "TwitterAPI"} <= set(t.metadata["involved_classes"])
+    )
+    calls = [
+        ToolCall("mkdir", {"dir_name": "made"}),
+        ToolCall("cd", {"folder": "made"}),
+        ToolCall("touch", {"file_name": "a.txt"}),
+        ToolCall("echo", {"content": "hi", "file_name": "a.txt"}),
+        ToolCall("authenticate_twitter", {"username": "u", "password": "p"}),
+        ToolCall("post_tweet", {"content": "c", "tags": ["#t"], "mentions": ["@m"]}),
+        ToolCall("cd", {"folder": "nowhere"}),
+        ToolCall("ls", {}),
+    ]
     here, isolated = (BFCLSuite(call_limits=limits).make_backend(task) for limits in (IN_PROCESS, ISOLATED))
     for call in calls:
         assert here.execute(call) == isolated.execute(call)
@@ -173,7 +181,9 @@ def test_bfcl_calls_that_hung_become_error_observations(action):
 
 def test_the_verifier_replays_under_the_same_limits():
     suite, task = BFCLSuite(), _math_task()
-    calls = [[[ToolCall("square_root", {"number": 2, "precision": 100000000})]]] + [[[]] for _ in range(task.num_turns - 1)]
+    calls = [[[ToolCall("square_root", {"number": 2, "precision": 100000000})]]] + [
+        [[]] for _ in range(task.num_turns - 1)
+    ]
     t0 = time.perf_counter()
     result = suite.verify_calls(task, calls)
     assert result.reward == 0.0 and time.perf_counter() - t0 < 5.0

@@ -26,7 +26,13 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 # ---------------------------------------------------------------------------------------------- strategies
 
-json_scalars = st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**30), 10**30)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -113,7 +119,34 @@ def test_format_rejects_what_cannot_round_trip(call, style):
 # ------------------------------------------------------------------------------------------- never crashes
 
 fragments = st.sampled_from(
-    ["<tool_call>", "</tool_call>", "<think>", "</think>", "[", "]", "(", ")", "{", "}", '"name"', ":", ",", "=", "f", "a.b", "'", '"', "1", "-", "```", "\n", " ", "*", "**", "x"]
+    [
+        "<tool_call>",
+        "</tool_call>",
+        "<think>",
+        "</think>",
+        "[",
+        "]",
+        "(",
+        ")",
+        "{",
+        "}",
+        '"name"',
+        ":",
+        ",",
+        "=",
+        "f",
+        "a.b",
+        "'",
+        '"',
+        "1",
+        "-",
+        "```",
+        "\n",
+        " ",
+        "*",
+        "**",
+        "x",
+    ]
 )
 markupish = st.lists(fragments | st.text(max_size=5), max_size=30).map("".join)
 
@@ -151,8 +184,17 @@ def test_any_text_inside_markup_parses_or_raises_parse_error(inner, outer):
         "[f(a=" + "not " * 50_000 + "1)]",
         "<tool_call>" + "[" * 100_000 + "</tool_call>",
         '<tool_call>{"name": "f", "arguments": ' + "[" * 100_000 + "]" * 100_000 + "}</tool_call>",
-        '<tool_call>{"name": "f", "arguments": {"a": ' + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "}}</tool_call>",
-        "[f(a=" + "[" * (MAX_DEPTH // 2) + "{'k': " * (MAX_DEPTH // 2) + "1" + "}" * (MAX_DEPTH // 2) + "]" * (MAX_DEPTH // 2) + ")]",
+        '<tool_call>{"name": "f", "arguments": {"a": '
+        + "[" * (MAX_DEPTH + 1)
+        + "]" * (MAX_DEPTH + 1)
+        + "}}</tool_call>",
+        "[f(a="
+        + "[" * (MAX_DEPTH // 2)
+        + "{'k': " * (MAX_DEPTH // 2)
+        + "1"
+        + "}" * (MAX_DEPTH // 2)
+        + "]" * (MAX_DEPTH // 2)
+        + ")]",
         '<tool_call>{"name": "f", "arguments": {"a": ' + "9" * 10_000 + "}}</tool_call>",
         "[f(a=" + "9" * 10_000 + ")]",
         "[f(a='" + "x" * (MAX_MARKUP_CHARS + 1) + "')]",
@@ -197,7 +239,14 @@ def test_bounds_are_not_hit_by_ordinary_nesting():
 
 
 def test_plain_answers_have_no_calls():
-    for text in ["", "The answer is 42.", "Use f(x) = 2x.", "a [bracket] inside text", "{\"name\": \"f\"}", "[f(a=1)] is what I would call"]:
+    for text in [
+        "",
+        "The answer is 42.",
+        "Use f(x) = 2x.",
+        "a [bracket] inside text",
+        '{"name": "f"}',
+        "[f(a=1)] is what I would call",
+    ]:
         assert parse_tool_calls(text) == []
     assert parse_tool_calls("[]") == []
     assert parse_tool_calls("no tags here", "hermes") == []
@@ -206,7 +255,8 @@ def test_plain_answers_have_no_calls():
 
 def test_hermes_several_blocks_and_string_arguments():
     text = (
-        'I will call two tools.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>\n'
+        'I will call two tools.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n'
+        "</tool_call>\n"
         '<tool_call>{"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}</tool_call>'
         '<tool_call>{"name": "now"}</tool_call>'
     )
@@ -223,10 +273,26 @@ def test_hermes_block_inside_code_fence_and_extra_keys():
 
 
 def test_python_literals_dotted_names_and_tuples():
-    text = "[math.factorial(n=5), g(a=-1, b=-2.5, c=True, d=False, e=None, f=(1, (2, 3)), g={'k': [1, {'z': 'y'}]}, h=\"q\")]"
+    text = (
+        "[math.factorial(n=5), g(a=-1, b=-2.5, c=True, d=False, e=None, f=(1, (2, 3)), g={'k': [1, {'z': 'y'}]}, "
+        'h="q")]'
+    )
     assert parse_tool_calls(text) == [
         ToolCall("math.factorial", {"n": 5}, "call_0"),
-        ToolCall("g", {"a": -1, "b": -2.5, "c": True, "d": False, "e": None, "f": [1, [2, 3]], "g": {"k": [1, {"z": "y"}]}, "h": "q"}, "call_1"),
+        ToolCall(
+            "g",
+            {
+                "a": -1,
+                "b": -2.5,
+                "c": True,
+                "d": False,
+                "e": None,
+                "f": [1, [2, 3]],
+                "g": {"k": [1, {"z": "y"}]},
+                "h": "q",
+            },
+            "call_1",
+        ),
     ]
 
 
@@ -235,7 +301,7 @@ def test_python_literals_dotted_names_and_tuples():
 
 def test_think_blocks_are_ignored():
     assert parse_tool_calls('<think>maybe <tool_call>{"bad</think>The answer is 4.') == []
-    assert parse_tool_calls('<think>[f(a=1)]</think>[g(b=2)]') == [ToolCall("g", {"b": 2}, "call_0")]
+    assert parse_tool_calls("<think>[f(a=1)]</think>[g(b=2)]") == [ToolCall("g", {"b": 2}, "call_0")]
     hermes = '<think>plan</think>\n<tool_call>{"name": "f", "arguments": {}}</tool_call>'
     assert parse_tool_calls(hermes) == [ToolCall("f", {}, "call_0")]
 
@@ -266,7 +332,10 @@ HERMES_ERRORS = {
     "empty name": ('<tool_call>{"name": "", "arguments": {}}</tool_call>', 'no "name"'),
     "name not string": ('<tool_call>{"name": ["f"], "arguments": {}}</tool_call>', 'no "name"'),
     "arguments list": ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>', "must be a JSON object, got an array"),
-    "arguments bad string": ('<tool_call>{"name": "f", "arguments": "a=1"}</tool_call>', "string that is not a JSON object"),
+    "arguments bad string": (
+        '<tool_call>{"name": "f", "arguments": "a=1"}</tool_call>',
+        "string that is not a JSON object",
+    ),
     "arguments string non-object": ('<tool_call>{"name": "f", "arguments": "[1]"}</tool_call>', "got an array"),
     "nan": ('<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>', "not a valid JSON number"),
 }
@@ -332,7 +401,10 @@ def test_parser_never_executes_code(tmp_path):
 # issue threads): a close tag inside a string argument, "parameters" for "arguments", several calls as one
 # JSON array in one block.
 def test_close_tag_inside_a_json_string_does_not_cut_the_block():
-    text = '<tool_call>{"name": "echo", "arguments": {"text": "write </tool_call> here"}}</tool_call> then <tool_call>{"name": "g"}</tool_call>'
+    text = (
+        '<tool_call>{"name": "echo", "arguments": {"text": "write </tool_call> here"}}</tool_call> then '
+        '<tool_call>{"name": "g"}</tool_call>'
+    )
     calls = parse_tool_calls(text)
     assert [(c.name, c.arguments) for c in calls] == [("echo", {"text": "write </tool_call> here"}), ("g", {})]
 
@@ -345,15 +417,20 @@ def test_parameters_key_is_read_as_the_arguments():
 
 
 def test_an_array_of_calls_in_one_block():
-    calls = parse_tool_calls('<tool_call>[{"name": "f", "arguments": {"x": 1}}, {"name": "g", "parameters": {}}]</tool_call>')
+    calls = parse_tool_calls(
+        '<tool_call>[{"name": "f", "arguments": {"x": 1}}, {"name": "g", "parameters": {}}]</tool_call>'
+    )
     assert [(c.name, c.arguments) for c in calls] == [("f", {"x": 1}), ("g", {})]
 
 
 def test_text_outside_tool_calls_keeps_what_was_said_beside_the_blocks():
     from envace_gym.parsing import text_outside_tool_calls
 
-    text = ('Your refund is 120 USD. <tool_call>{"name": "note", "arguments": {"text": "a </tool_call> inside"}}</tool_call>'
-            ' Anything else?<tool_call>\n```json\n{"name": "x", "arguments": {}}\n```\n</tool_call>')
+    text = (
+        'Your refund is 120 USD. <tool_call>{"name": "note", "arguments": {"text": "a </tool_call> '
+        'inside"}}</tool_call>'
+        ' Anything else?<tool_call>\n```json\n{"name": "x", "arguments": {}}\n```\n</tool_call>'
+    )
     assert parse_tool_calls(text)[0].arguments == {"text": "a </tool_call> inside"}
     assert text_outside_tool_calls(text) == "Your refund is 120 USD.  Anything else?"
     assert text_outside_tool_calls("no markup") == "no markup"

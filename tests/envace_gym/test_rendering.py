@@ -20,7 +20,8 @@ from envace_gym.types import Message, ToolCall, ToolSpec
 QWEN_LIKE_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- else %}{{- 'You are Qwen.' }}{%- endif %}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- else %}{{- 'You are Qwen.' }}{%- endif "
+    "%}"
     "{{- '\\n\\n# Tools\\n\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
     "{{- '\\n</tools><|im_end|>\\n' }}"
@@ -44,7 +45,11 @@ TOOLS = [
     ToolSpec(
         "get_weather",
         "Current weather for a city.",
-        {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]},
+        {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
     ),
     ToolSpec("math.factorial", "n!", {"type": "object", "properties": {"n": {"type": "integer"}}}),
 ]
@@ -160,7 +165,10 @@ def test_pieces_qwen_like_tool_role(qwen_tokenizer):
     assert dec(r.open_ids("tool")) == "<|im_start|>user\n<tool_response>\n"
     assert dec(r.close_ids("tool")) == "\n</tool_response><|im_end|>\n"
     assert dec(r.open_ids("assistant")) == "<|im_start|>assistant\n"
-    assert dec(r.message_ids(Message("tool", "42"))) == "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+    assert (
+        dec(r.message_ids(Message("tool", "42")))
+        == "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+    )
 
 
 def test_after_generation_ids(renderer):

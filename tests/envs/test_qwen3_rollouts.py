@@ -46,8 +46,15 @@ class ScriptedRehearser:
             role = "tool" if self.prompt_mode == "inline" else "assistant"
             ids = self.renderer.content_ids(text) + (self.renderer.generation_end_ids(role) if self.end else [])
             shown = self.tokenizer.decode(ids[:-1] if self.end else ids)
-            out.append(RehearseResponse(shown, ids, [-1.0] * len(ids), prompt_ids=[1, 2] if self.prompt_mode == "separate" else None,
-                                        stopped=self.end))
+            out.append(
+                RehearseResponse(
+                    shown,
+                    ids,
+                    [-1.0] * len(ids),
+                    prompt_ids=[1, 2] if self.prompt_mode == "separate" else None,
+                    stopped=self.end,
+                )
+            )
         return out
 
 
@@ -98,7 +105,12 @@ def test_scripted_rollout_equals_the_whole_render(qwen_tok, r, mode):
     rehearser = ScriptedRehearser(qwen_tok, r, ['{"total": 3}', '{"total": 7}'], prompt_mode=mode)
     env = RehearseEnv(suite="scripted", rehearser=rehearser, prompt_mode=mode, max_steps_per_turn=3)
     env.reset(options={"task_id": "scripted_1"})
-    for action in (_call(3), "<think>\nDone.\n</think>\n\nThe total is 3.", _call(4, "Add 4."), "<think>\nok\n</think>\n\nTotal 7."):
+    for action in (
+        _call(3),
+        "<think>\nDone.\n</think>\n\nThe total is 3.",
+        _call(4, "Add 4."),
+        "<think>\nok\n</think>\n\nTotal 7.",
+    ):
         obs, reward, terminated, truncated, _ = env.step(_act(r, action))
     assert terminated and reward == 1.0 and not truncated
     traj = env.trajectory
@@ -111,12 +123,16 @@ def test_scripted_rollout_equals_the_whole_render(qwen_tok, r, mode):
     if mode == "inline":
         rehearse = [s for s in traj.segments if s.role == Role.REHEARSE]
         assert [qwen_tok.decode(s.token_ids) for s in rehearse] == [
-            '{"total": 3}\n</tool_response><|im_end|>', '{"total": 7}\n</tool_response><|im_end|>']
+            '{"total": 3}\n</tool_response><|im_end|>',
+            '{"total": 7}\n</tool_response><|im_end|>',
+        ]
 
 
 def test_single_turn_rollout_ids_equal_the_whole_render(qwen_tok, r):
     """One user turn: the template keeps every think block, so text and ids both match the whole render."""
-    env = RehearseEnv(suite="scripted", rehearser=ScriptedRehearser(qwen_tok, r, ['{"total": 2}']), max_steps_per_turn=3)
+    env = RehearseEnv(
+        suite="scripted", rehearser=ScriptedRehearser(qwen_tok, r, ['{"total": 2}']), max_steps_per_turn=3
+    )
     env.reset(options={"task_id": "scripted_0"})
     env.step(_act(r, _call(2)))
     *_, terminated, _, _ = env.step(_act(r, "<think>\nfinished\n</think>\n\nThe total is 2."))
@@ -131,8 +147,15 @@ def test_recorded_logprobs_match_a_recompute(qwen_tok, r, mode):
 
     torch.manual_seed(0)
     policy = Policy(tiny_random_model("qwen3", seed=1), qwen_tok)
-    env = RehearseEnv(suite="scripted", rehearser=PolicyRehearser(policy, prompt_mode=mode), prompt_mode=mode,
-                      max_new_tokens=6, temperature=1.0, max_steps_per_turn=3, seed=0)
+    env = RehearseEnv(
+        suite="scripted",
+        rehearser=PolicyRehearser(policy, prompt_mode=mode),
+        prompt_mode=mode,
+        max_new_tokens=6,
+        temperature=1.0,
+        max_steps_per_turn=3,
+        seed=0,
+    )
     env.reset(options={"task_id": "scripted_0"})
     env.step(_act(r, _call(2)))  # a scripted call, so the model rehearses
     done = False
@@ -159,7 +182,9 @@ def test_sft_targets_end_as_rollouts_do(qwen_tok, r):
     assert stats.kept == 1
     act = [s for s in demo.segments if s.role == Role.ACT]
     rehearse = [s for s in demo.segments if s.role == Role.REHEARSE]
-    assert rehearse and all(s.token_ids[-len(r.generation_end_ids("tool")):] == r.generation_end_ids("tool") for s in rehearse)
+    assert rehearse and all(
+        s.token_ids[-len(r.generation_end_ids("tool")) :] == r.generation_end_ids("tool") for s in rehearse
+    )
     assert all(s.token_ids[-1] == r.stop_token_ids[0] for s in act)
 
     class Replay:
@@ -175,7 +200,9 @@ def test_sft_targets_end_as_rollouts_do(qwen_tok, r):
                 out.append(RehearseResponse(qwen_tok.decode(ids[:-1]), ids, [0.0] * len(ids)))
             return out
 
-    env = RehearseEnv(suite="bfcl", categories=["multi_turn_base"], split="train", rehearser=Replay(), max_steps_per_turn=50)
+    env = RehearseEnv(
+        suite="bfcl", categories=["multi_turn_base"], split="train", rehearser=Replay(), max_steps_per_turn=50
+    )
     env.reset(options={"task_id": demo.task.id})
     for s in act:
         env.step(GeneratedText(s.text, s.token_ids, None))

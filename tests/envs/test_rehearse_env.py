@@ -125,7 +125,14 @@ def test_real_tools_with_bfcl_backend():
 
 def test_vector_env_batches_one_rehearsal_per_round_and_matches_single_envs():
     n = 3
-    venv = gym.make_vec("EnvACE-Rehearse-v0", num_envs=n, vectorization_mode="vector_entry_point", suite="scripted", categories=None, **TINY)
+    venv = gym.make_vec(
+        "EnvACE-Rehearse-v0",
+        num_envs=n,
+        vectorization_mode="vector_entry_point",
+        suite="scripted",
+        categories=None,
+        **TINY,
+    )
     task_ids = ["scripted_0", "scripted_1", "scripted_2"]
     obs, infos = venv.reset(seed=10, options={"task_ids": task_ids})
     actions = [ADD3, "[echo(text='a'), add(value=1)]", "no call"]

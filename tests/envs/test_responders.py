@@ -33,12 +33,20 @@ def _rehearse_env(**kw):
 
 @pytest.mark.parametrize("token_level", [False, True], ids=["tool", "rehearse"])
 def test_a_recording_replays_a_real_episode_exactly(token_level):
-    real = RealTools(_rehearse_env()).unwrapped if token_level else gym.make(
-        "EnvACE-Tool-v0", suite="scripted", categories=None).unwrapped
+    real = (
+        RealTools(_rehearse_env()).unwrapped
+        if token_level
+        else gym.make("EnvACE-Tool-v0", suite="scripted", categories=None).unwrapped
+    )
     played = _play(real, ACTIONS)
     assert played[-1][1:] == (1.0, True, False)
-    replay = _rehearse_env(responder=RecordedResponses(real.trajectory)) if token_level else gym.make(
-        "EnvACE-Tool-v0", suite="scripted", categories=None, responder=RecordedResponses(real.trajectory)).unwrapped
+    replay = (
+        _rehearse_env(responder=RecordedResponses(real.trajectory))
+        if token_level
+        else gym.make(
+            "EnvACE-Tool-v0", suite="scripted", categories=None, responder=RecordedResponses(real.trajectory)
+        ).unwrapped
+    )
     assert _play(replay, ACTIONS) == played
     assert [m.to_dict() for m in replay.trajectory.messages] == [m.to_dict() for m in real.trajectory.messages]
     if token_level:
@@ -119,7 +127,7 @@ def test_insert_message_extends_the_sequence_before_the_pending_act_step():
     env.insert_message("user", "Remember: add exactly 2.")
     ids = env.trajectory.token_ids
     assert ids[: len(ids_before) - len(opener)] == ids_before[: len(ids_before) - len(opener)]
-    assert ids[-len(opener):] == opener and env.trajectory.messages[-1].content == "Remember: add exactly 2."
+    assert ids[-len(opener) :] == opener and env.trajectory.messages[-1].content == "Remember: add exactly 2."
     assert env.step(ADD.format(v=2))[4]["num_tokens"] > len(ids)
     with pytest.raises(ValueError, match="user or system"):
         env.insert_message("assistant", "no")
@@ -138,8 +146,15 @@ def test_a_message_inserted_mid_turn_stays_in_its_turn():
 
 
 def test_a_vector_env_gives_each_env_its_own_responder():
-    venv = gym.make_vec("EnvACE-Rehearse-v0", num_envs=3, vectorization_mode="vector_entry_point", suite="scripted",
-                        categories=None, model="tiny-random", responder=RealBackend())
+    venv = gym.make_vec(
+        "EnvACE-Rehearse-v0",
+        num_envs=3,
+        vectorization_mode="vector_entry_point",
+        suite="scripted",
+        categories=None,
+        model="tiny-random",
+        responder=RealBackend(),
+    )
     envs = venv.unwrapped.envs
     venv.reset(seed=0, options={"task_ids": ["scripted_0"] * 3})
     assert len({id(e.responder) for e in envs}) == 3 and len({id(e.backend) for e in envs}) == 3

@@ -38,10 +38,14 @@ def _play(env, actions):
     return out, info
 
 
-@pytest.mark.parametrize("make", [
-    lambda: gym.make("EnvACE-Tool-v0", suite="scripted-user", categories=None),
-    lambda: RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted-user", categories=None, model="tiny-random")),
-], ids=["tool", "rehearse+real"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: gym.make("EnvACE-Tool-v0", suite="scripted-user", categories=None),
+        lambda: RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted-user", categories=None, model="tiny-random")),
+    ],
+    ids=["tool", "rehearse+real"],
+)
 def test_a_simulated_user_sets_the_turns_and_the_final_backend_state_is_verified(make):
     env = make()
     steps, info = _play(env, [ADD1, "done", ADD1, "<tool_call>{bad</tool_call>", "done", ADD1, "done", "extra"])
@@ -72,13 +76,56 @@ def test_a_suite_defined_in_tests_trains_evaluates_and_gives_demonstrations(tmp_
 
     demos, stats = build_demonstrations(smol_tokenizer, "scripted-user", None, "train", max_tokens=None)
     assert stats.kept == 1 and demos[0].reward == 1.0 and len(demos[0].final_responses()) == 3
-    assert main(["train", "--model", "tiny-random", "--suite", "scripted-user", "--categories", "--batch-tasks", "1",
-                 "--group-size", "2", "--num-steps", "1", "--max-new-tokens", "24", "--min-solvable-fraction", "0",
-                 "--run-dir", str(tmp_path / "run")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "tiny-random",
+                "--suite",
+                "scripted-user",
+                "--categories",
+                "--batch-tasks",
+                "1",
+                "--group-size",
+                "2",
+                "--num-steps",
+                "1",
+                "--max-new-tokens",
+                "24",
+                "--min-solvable-fraction",
+                "0",
+                "--run-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
     metrics = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8")]
     assert [m["step"] for m in metrics] == [1]
-    assert main(["eval", "--model", "tiny-random", "--suite", "scripted-user", "--split", "all", "--limit", "1",
-                 "--max-new-tokens", "6", "--max-steps-per-turn", "2", "--min-solvable-fraction", "0",
-                 "--out", str(tmp_path / "ev")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                "tiny-random",
+                "--suite",
+                "scripted-user",
+                "--split",
+                "all",
+                "--limit",
+                "1",
+                "--max-new-tokens",
+                "6",
+                "--max-steps-per-turn",
+                "2",
+                "--min-solvable-fraction",
+                "0",
+                "--out",
+                str(tmp_path / "ev"),
+            ]
+        )
+        == 0
+    )
     (episode,) = [json.loads(line) for line in open(tmp_path / "ev" / "episodes.jsonl", encoding="utf-8")]
     assert episode["task_id"] == "user_0" and episode["reward"] in (0.0, 1.0)

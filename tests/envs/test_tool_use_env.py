@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 
-import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +18,7 @@ from envace_gym.parsing import format_tool_calls
 from envace_gym.types import ToolCall
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=20),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
     max_leaves=8,
 )
@@ -55,7 +54,7 @@ def _run_episode(env, task_id, actions):
 
 
 def _check_invariants(env, steps):
-    for i, (obs, reward, terminated, truncated, info) in enumerate(steps):
+    for i, (obs, reward, terminated, truncated, _info) in enumerate(steps):
         assert isinstance(obs, str) and env.observation_space.contains(obs)
         assert math.isfinite(reward) and 0.0 <= reward <= 1.0
         assert not (terminated and truncated)
@@ -84,7 +83,9 @@ SUITES = {
 
 
 @pytest.mark.parametrize("suite", ["scripted"])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_arbitrary_actions_never_raise_and_keep_invariants(suite, data):
     task_ids, names = SUITES[suite]
@@ -162,10 +163,14 @@ BFCL_TASKS = ["multi_turn_base_0", "multi_turn_base_167", "multi_turn_long_conte
 
 @pytest.fixture(scope="module")
 def bfcl_env():
-    return ToolUseEnv(suite="bfcl", categories=["multi_turn_base", "multi_turn_long_context"], split="all", max_steps_per_turn=5)
+    return ToolUseEnv(
+        suite="bfcl", categories=["multi_turn_base", "multi_turn_long_context"], split="all", max_steps_per_turn=5
+    )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_bfcl_arbitrary_actions_keep_invariants_and_replay(bfcl_env, data):
     """Same properties on real BFCL backends, with calls drawn over each task's own tool names."""

@@ -93,7 +93,9 @@ def test_wrapped_env_records_each_call_against_a_shadow_that_follows_the_rehears
 
 def test_rejects_envs_with_real_tools():
     with pytest.raises(TypeError, match="rehearsing"):
-        RehearsalFidelity(RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random")))
+        RehearsalFidelity(
+            RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random"))
+        )
     with pytest.raises(TypeError):
         RehearsalFidelity(gym.make("EnvACE-Tool-v0", suite="scripted", categories=None))
 
@@ -115,8 +117,12 @@ def _record(real, exact, structure, f1):
 def test_summary_and_tables_split_error_and_ordinary_outputs():
     from agents.evaluate import FIDELITY_FIELDS, fidelity_tables
 
-    records = [_record('{"error": "no box"}', 1.0, 1.0, 1.0), _record('{"box": "A1-1"}', 0.0, 1.0, 0.5),
-               _record('{"box": "B2-2"}', 0.0, 0.0, 0.25), _record("Error during execution: boom", 0.0, 0.0, 0.0)]
+    records = [
+        _record('{"error": "no box"}', 1.0, 1.0, 1.0),
+        _record('{"box": "A1-1"}', 0.0, 1.0, 0.5),
+        _record('{"box": "B2-2"}', 0.0, 0.0, 0.25),
+        _record("Error during execution: boom", 0.0, 0.0, 0.0),
+    ]
     for r, tool, cat in zip(records, ["ship", "pack", "pack", "ship"], ["x", "x", "y", "y"]):
         r.update(tool=tool, category=cat)
     got = fidelity_summary(records)
@@ -150,7 +156,8 @@ def test_wrapped_lab_env_reports_fidelity_on_a_real_error_apart_from_ordinary_ou
     (look,) = info["fidelity"]["calls"]
     assert not look["real_error"] and look["exact_match"] == 0.0 and look["json_structure_match"] == 1.0
     _, _, _, _, info = env.step(
-        f'<tool_call>{{"name": "move", "arguments": {{"item": "{item}", "shelf": "{full}"}}}}</tool_call>')
+        f'<tool_call>{{"name": "move", "arguments": {{"item": "{item}", "shelf": "{full}"}}}}</tool_call>'
+    )
     (move,) = info["fidelity"]["calls"]
     assert move["real"] == broke and move["real_error"] and move["exact_match"] == 1.0
     episode = info["fidelity"]["episode"]

@@ -40,8 +40,10 @@ def test_real_tools_never_rehearses_and_records_observations():
 
 
 def test_custom_backend_factory_and_tool_env():
-    env = RealTools(gym.make("EnvACE-Tool-v0", suite="scripted", categories=None),
-                    backend_factory=lambda task: ScriptedBackend(start=100))
+    env = RealTools(
+        gym.make("EnvACE-Tool-v0", suite="scripted", categories=None),
+        backend_factory=lambda task: ScriptedBackend(start=100),
+    )
     env.reset(seed=0, options={"task_id": "scripted_0"})
     obs, *_ = env.step("[add(value=1)]")
     assert '"total": 101' in obs

@@ -16,7 +16,8 @@ def test_records_each_finished_episode(tmp_path):
     path = tmp_path / "sub" / "traj.jsonl"
     env = RecordTrajectories(
         gym.make("EnvACE-Rehearse-v0", model="tiny-random", max_new_tokens=6, suite="scripted", categories=None),
-        path, include_tokens=True,
+        path,
+        include_tokens=True,
     )
     for task_id, actions in [("scripted_0", ["[add(value=2)]", "done"]), ("scripted_0", ["[add(value=5)]", "done"])]:
         env.reset(seed=0, options={"task_id": task_id})
@@ -36,8 +37,10 @@ def test_records_each_finished_episode(tmp_path):
 def test_text_env_records_without_tokens_and_the_tool_env_with_real_observations(tmp_path):
     from envace_gym.envs.text import TextToolUseEnv
 
-    for name, env in (("text", TextToolUseEnv(suite="scripted")),
-                      ("tool", gym.make("EnvACE-Tool-v0", suite="scripted", categories=None))):
+    for name, env in (
+        ("text", TextToolUseEnv(suite="scripted")),
+        ("tool", gym.make("EnvACE-Tool-v0", suite="scripted", categories=None)),
+    ):
         path = tmp_path / f"{name}.jsonl"
         env = RecordTrajectories(env, path)
         env.reset(seed=0, options={"task_id": "scripted_0"})

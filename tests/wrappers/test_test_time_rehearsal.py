@@ -79,8 +79,11 @@ def test_scripted_attempts_memory_and_untouched_backend(mode):
     assert [s.role for s in segs[-4:]] == [Role.TEMPLATE, Role.PROMPT, Role.TEMPLATE, Role.TEMPLATE]
     assert len(segs[-3].token_ids) == rec["memory_tokens"]
     assert segs[-1].token_ids == base.renderer.open_ids("assistant")
-    assert rec["context_tokens_after"] == len(base.trajectory.token_ids) == rec["context_tokens_before"] + sum(
-        len(s.token_ids) for s in segs[-4:-1])
+    assert (
+        rec["context_tokens_after"]
+        == len(base.trajectory.token_ids)
+        == rec["context_tokens_before"] + sum(len(s.token_ids) for s in segs[-4:-1])
+    )
     # token in, token out: the appended pieces decode to the same text as rendering the history whole
     renderer = ChatRenderer(policy.tokenizer)
     whole = renderer.render([Message(m.role, m.content) for m in base.trajectory.messages], base.task.tools, True)
@@ -118,7 +121,11 @@ def test_bfcl_rehearsals_leave_the_real_backend_byte_identical():
     policy = ScriptedPolicy(always("[list_all_airports()]"))
     env = TestTimeRehearsal(
         make_env(suite="bfcl", categories=["multi_turn_base"], split="all"),
-        policy, n=2, mode="parallel", seed=0, **{**SMALL, "attempt_max_steps": 1},
+        policy,
+        n=2,
+        mode="parallel",
+        seed=0,
+        **{**SMALL, "attempt_max_steps": 1},
     )
     obs, info = env.reset(seed=0, options={"task_id": "multi_turn_base_167"})
     base = env.unwrapped
