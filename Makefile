@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   the main job: the EnvACE recipe on the hidden-rules EnvACE-Lab world with lab-tiny (trained from scratch)
 #   make test   the test suite (the default run: every test not marked slow)
-# make test-slow runs the tests marked slow (CI runs both); make lint runs ruff; make docs builds the documentation site (strict, as CI)
+# make test-slow runs the tests marked slow (CI runs both); make lint runs ruff and mypy; make docs builds the documentation site (strict, as CI)
 # and make docs-serve serves it at http://127.0.0.1:8000.
 # make demo-bfcl runs the same pipeline on real BFCL tasks with SmolLM2-135M-Instruct.
 # Both create (or reuse) the virtual environment in .venv.
@@ -43,10 +43,12 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
-# ruff: the rules and line length are in pyproject.toml ([tool.ruff]); `ruff format` fixes what the check reports
+# ruff (lint and format; `ruff format` fixes what the format check reports) and mypy (types), both configured in
+# pyproject.toml ([tool.ruff], [tool.mypy])
 lint: $(STAMP)
 	$(VENV)/bin/ruff check envace_gym agents wrappers benchmarks tests
 	$(VENV)/bin/ruff format --check envace_gym agents wrappers benchmarks tests
+	$(VENV)/bin/mypy
 
 # --strict: a broken link, a missing page or a docstring the API reference cannot read fails the build
 docs: $(STAMP)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from envace_gym.parsing import format_tool_calls
 from envace_gym.types import Task, ToolCall
@@ -124,10 +124,11 @@ class TaskNeeds:
 
     def blocked_by(self, budgets: dict[str, int | None], one_call_per_message: bool = False) -> str | None:
         """The first budget (a `BUDGET_KINDS` name) that makes the task impossible, or None if it is solvable."""
-        steps = self.steps_needed(int(budgets["max_new_tokens"]), one_call_per_message)
+        # these two budgets are always set (None only ever stands for an unlimited max_episode_tokens)
+        steps = self.steps_needed(int(cast(int, budgets["max_new_tokens"])), one_call_per_message)
         if steps is None:
             return "max_new_tokens"
-        if steps > int(budgets["max_steps_per_turn"]):
+        if steps > int(cast(int, budgets["max_steps_per_turn"])):
             return "max_steps_per_turn"
         cap = budgets.get("max_episode_tokens")
         if cap is not None and self.demo_tokens is not None and self.demo_tokens > cap:

@@ -23,8 +23,9 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -83,7 +84,8 @@ def save_checkpoint(
     tmp.mkdir(parents=True)
     for name, model in models.items():
         state = model_state_dicts.get(name)
-        model.save_pretrained(
+        hf_model: Any = model  # a Transformers model: save_pretrained is not on nn.Module
+        hf_model.save_pretrained(
             tmp / name, safe_serialization=True, **({"state_dict": state} if state is not None else {})
         )
         tokenizer.save_pretrained(tmp / name)
@@ -95,7 +97,8 @@ def save_checkpoint(
         tmp / "optimizer.pt",
     )
     torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "scheduler.pt")
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # the legacy form, always a tuple for the global MT19937 generator (numpy's stubs also allow a dict)
+    name, keys, pos, has_gauss, cached = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     numpy_state = {
         "name": name,
         "keys": torch.from_numpy(keys.astype(np.int64)),
@@ -144,7 +147,7 @@ def _torch_load(path: Path) -> Any:
     is allowed too, for RNG files written before the NumPy state was stored as a tensor. Tensors load on the
     CPU (``load_state_dict`` moves them to the parameters' device), so a checkpoint written on a GPU resumes
     on any device and no rank piles every state onto the GPU rank 0 saved from."""
-    safe = [np.ndarray, np.dtype, type(np.dtype("uint32"))]
+    safe: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [np.ndarray, np.dtype, type(np.dtype("uint32"))]
     try:
         from numpy.core.multiarray import _reconstruct  # noqa: PLC0415 - numpy < 2 and >= 2 both expose it
 
@@ -218,7 +221,8 @@ def load_checkpoint(
                 f"checkpoint {folder / name} does not match the model: missing {missing}, unexpected {unexpected}"
             )
         if getattr(model.config, "tie_word_embeddings", False) and not _is_sharded(model):
-            model.tie_weights()
+            hf_model: Any = model  # a Transformers model: tie_weights is not on nn.Module
+            hf_model.tie_weights()
     for name, opt in optimizers.items():
         _load_optimizer_state(opt, models.get(name), data["optimizers"][name])
     for name, sched in schedulers.items():

@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main", "build_parser"]
 
@@ -72,7 +73,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     env = gym.make("EnvACE-Rehearse-v0", **kwargs)
     options = {"task_id": args.task_id} if args.task_id else None
     obs, info = env.reset(seed=args.seed, options=options)
-    base = env.unwrapped
+    base: Any = env.unwrapped  # the RehearseEnv under gym.make's wrappers
     traj = base.trajectory
     tok = policy.tokenizer
     print(
@@ -88,9 +89,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     print("=" * 30 + " generated ACT turn " + "=" * 27)
     print(action)
+    logprobs = action.logprobs or []  # (Policy.act always records them)
     print(
-        f"[demo] {len(action.token_ids)} tokens in {dt:.1f} s; "
-        f"mean logprob {sum(action.logprobs) / max(1, len(action.logprobs)):.3f}"
+        f"[demo] {len(action.token_ids)} tokens in {dt:.1f} s; mean logprob {sum(logprobs) / max(1, len(logprobs)):.3f}"
     )
     try:
         calls = parse_tool_calls(str(action))

@@ -21,7 +21,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import yaml
 
@@ -59,7 +59,7 @@ def coerce_fields(obj: Any) -> None:
     cls = type(obj)
     hints = typing.get_type_hints(cls)
 
-    def fail(name: str, what: str, value: Any) -> None:
+    def fail(name: str, what: str, value: Any) -> NoReturn:
         raise ValueError(f"invalid {cls.__name__}: {name} must be {what}, got {value!r}")
 
     def coerce(name: str, hint: Any, value: Any) -> Any:
@@ -121,7 +121,8 @@ def coerce_fields(obj: Any) -> None:
         if not f.init:
             continue
         value, hint = getattr(obj, f.name), hints[f.name]
-        if dataclasses.is_dataclass(hint):  # a stage config inside another: a mapping (YAML) over its defaults
+        # a stage config inside another: a mapping (YAML) over its defaults
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             if isinstance(value, dict):
                 value = _load(hint, None, {**f.metadata.get("defaults", {}), **value})
             elif not isinstance(value, hint):
@@ -134,7 +135,7 @@ def coerce_fields(obj: Any) -> None:
 def config_field(default: Any, help: str, **kw: Any) -> Any:
     """A dataclass field whose ``metadata["help"]`` is its one description (the ``--help`` text)."""
     if isinstance(default, list):
-        return field(default_factory=lambda d=default: list(d), metadata={"help": help, **kw})
+        return field(default_factory=lambda: list(default), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -368,7 +369,7 @@ class TrainConfig:
     trajectories_per_step: int = field(default=0, init=False, metadata={"help": "B*K (computed)", "computed": True})
 
     def __post_init__(self) -> None:
-        def fail(msg: str) -> None:
+        def fail(msg: str) -> NoReturn:
             raise ValueError(f"invalid TrainConfig: {msg}")
 
         coerce_fields(self)
@@ -505,7 +506,9 @@ def _settable_fields(cls: type = TrainConfig) -> list[dataclasses.Field]:
 
 def field_default(f: dataclasses.Field) -> Any:
     """The default value of a dataclass field (its ``default_factory()`` when it has one)."""
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[operator]  # MISSING is a sentinel object: mypy does not narrow it
 
 
 def load_dataclass(cls: type, path: str | Path | None = None, **overrides: Any) -> Any:
@@ -585,7 +588,7 @@ def add_dataclass_arguments(parser: Any, cls: type, prefix: str = "", defaults: 
         )
     for f in _settable_fields(cls):
         hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             group = parser.add_argument_group(f"{prefix}{f.name}", f.metadata["help"].replace("%", "%%"))
             add_dataclass_arguments(group, hint, f"{prefix}{f.name}.", f.metadata.get("defaults", {}))
             continue

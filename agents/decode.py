@@ -18,6 +18,8 @@ numbers up to float rounding.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -52,14 +54,16 @@ def supports_decode_step(model: torch.nn.Module) -> bool:
         return False
     if not _SDPA_GQA or any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
         return False
-    linears = [model.lm_head] + [layer.get_submodule(name) for layer in model.model.layers for name in _PROJECTIONS]
+    inner: Any = model.model  # a LlamaModel / Qwen3Model: its submodules are attributes nn.Module's stubs do not know
+    linears = [model.lm_head] + [layer.get_submodule(name) for layer in inner.layers for name in _PROJECTIONS]
     if any(type(m) is not torch.nn.Linear for m in linears):
         return False
     return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
-def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
-    """``norm(x)`` for a Llama/Qwen3 RMSNorm: statistics in float32, scaled by its weight."""
+def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """``norm(x)`` for a Llama/Qwen3 RMSNorm module (`norm`, with ``weight`` and ``variance_epsilon``): statistics
+    in float32, scaled by its weight."""
     if x.dtype == torch.float32:  # one fused kernel instead of six small ops
         return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
     dtype = x.dtype
@@ -91,8 +95,10 @@ def decode_step(
     Returns:
         ``(B, V)`` logits in the model's dtype.
     """
-    inner = model.model
-    cfg = model.config
+    # a LlamaForCausalLM / Qwen3ForCausalLM: its submodules and config are attributes nn.Module's stubs do not know
+    inner: Any = model.model
+    cfg: Any = model.config
+    lm_head: Any = model.lm_head
     rows = input_ids.shape[0]
     hidden = inner.embed_tokens(input_ids).view(rows, -1)  # (B, H)
     cos, sin = inner.rotary_emb(hidden, position_ids=position_ids)  # (B, 1, D) each
@@ -119,4 +125,4 @@ def decode_step(
         gate = F.silu(F.linear(x, mlp.gate_proj.weight), inplace=True).mul_(F.linear(x, mlp.up_proj.weight))
         hidden = torch.addmm(hidden, gate, mlp.down_proj.weight.t())  # (B, H)
     hidden = _rms_norm(hidden, inner.norm)
-    return F.linear(hidden, model.lm_head.weight)  # (B, V)
+    return F.linear(hidden, lm_head.weight)  # (B, V)

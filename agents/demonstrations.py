@@ -170,7 +170,7 @@ class DemoStats:
         for k, v in traj.tokens_per_role().items():
             self.tokens_per_role[k] += v
 
-    def cap_and_count(self, traj: Trajectory, max_tokens: int, overflow: str) -> Trajectory | None:
+    def cap_and_count(self, traj: Trajectory, max_tokens: int | None, overflow: Overflow) -> Trajectory | None:
         """`cap_length` plus the bookkeeping every builder does: count a drop, a truncation or a kept demo.
 
         Returns the (possibly truncated) demonstration, or None when the cap dropped it.

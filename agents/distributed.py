@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -162,7 +162,7 @@ class DataParallel:
 
     def barrier(self) -> None:
         """Wait until every rank reaches this point."""
-        if self.distributed:
+        if self.distributed and self.accelerator is not None:  # (distributed implies an accelerator)
             self.accelerator.wait_for_everyone()
 
     def adamw(self, params, *, shard: bool = False, **kwargs: Any) -> torch.optim.Optimizer:
@@ -196,7 +196,8 @@ class DataParallel:
         unsharded gradients on every rank, the memory FSDP is there to save."""
         if not self.distributed or self.shards_weights:
             return contextlib.nullcontext()
-        return module.no_sync()
+        ddp: Any = module  # a DDP wrapper (`wrap`): no_sync is not on nn.Module
+        return ddp.no_sync()
 
     def wrap(self, module: torch.nn.Module, example: tuple | None = None) -> torch.nn.Module:
         """``module`` for the backward pass: DDP-wrapped when distributed (gradients all-reduced, averaged over
@@ -212,13 +213,16 @@ class DataParallel:
         Raises:
             ValueError: FSDP finds no layer of the named classes in ``module``.
         """
-        if not self.distributed:
+        if not self.distributed or self.accelerator is None:  # (distributed implies an accelerator)
             return module
         if not self.shards_weights:
             return self.accelerator.prepare_model(module)
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        names = set(self.fsdp.transformer_cls_names_to_wrap or ())
+        fsdp = self.fsdp
+        if fsdp is None:  # unreachable: shards_weights implies an FSDP plugin
+            raise AssertionError("shards_weights without an FSDP plugin")
+        names = set(fsdp.transformer_cls_names_to_wrap or ())
         if not names:
             for m in module.modules():
                 names.update(getattr(m, "_no_split_modules", None) or ())
@@ -228,7 +232,7 @@ class DataParallel:
                 f"FSDP found no layer of class {sorted(names)} in {type(module).__name__} to shard; "
                 "set fsdp_transformer_layer_cls_to_wrap in the accelerate config"
             )
-        options = {"reshard_after_forward": self.fsdp.reshard_after_forward, "offload_policy": self.fsdp.cpu_offload}
+        options = {"reshard_after_forward": fsdp.reshard_after_forward, "offload_policy": fsdp.cpu_offload}
         for layer in layers:
             fully_shard(layer, **options)
         # the root keeps its weights whole from its forward to its backward, which needs them next (FSDP's
@@ -237,11 +241,13 @@ class DataParallel:
         if example is not None:
             with torch.no_grad():
                 module(*example)
-            module.reshard()  # the root stays whole after a forward: the optimizer must see the shards
+            # the root stays whole after a forward: the optimizer must see the shards (`fully_shard` made it an
+            # FSDPModule)
+            cast(FSDPModule, module).reshard()
         return module
 
     @contextlib.contextmanager
-    def gathered(self, roots: Sequence[torch.nn.Module]):
+    def gathered(self, roots: Iterable[torch.nn.Module]):
         """A context in which the FSDP-sharded `roots` (`wrap` results) hold whole weights on every rank, so
         their modules may run any number of forwards, through any inner module, with no collective (a
         rollout: ranks decode different numbers of tokens). It all-gathers each sharded module on entry
@@ -252,6 +258,9 @@ class DataParallel:
             return
         from torch.distributed.fsdp import FSDPModule
 
+        fsdp = self.fsdp
+        if fsdp is None:  # unreachable: shards_weights implies an FSDP plugin
+            raise AssertionError("shards_weights without an FSDP plugin")
         roots = list(roots)
         parts = [m for root in roots for m in root.modules() if isinstance(m, FSDPModule)]
         for m in parts:
@@ -263,11 +272,11 @@ class DataParallel:
             for m in parts:
                 m.reshard()
                 if not any(m is root for root in roots):  # a root keeps its weights whole after its forward (`wrap`)
-                    m.set_reshard_after_forward(bool(self.fsdp.reshard_after_forward), recurse=False)
+                    m.set_reshard_after_forward(bool(fsdp.reshard_after_forward), recurse=False)
             for root in roots:
                 # forget the order in which the block ran the layers: FSDP prefetches the next backward's
                 # all-gathers by it, and a rank that ran other layers (or none) here would prefetch others
-                root.reset_iter_state()
+                cast(FSDPModule, root).reset_iter_state()  # a root is an FSDPModule (`wrap`)
 
     def forwards_needed(self, n: int) -> int:
         """How many forward passes this rank runs when it has `n` to run: `n`, or under FSDP (where each
@@ -285,7 +294,11 @@ class DataParallel:
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # full_state_dict: plain tensors (the stubs also allow sharded ones)
+        state = cast(
+            dict[str, torch.Tensor],
+            get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)),
+        )
         # a tied weight (the LM head sharing the embedding) is gathered once per name: keep the first name only,
         # as a plain model's save_pretrained does
         seen: set[int] = set()

@@ -157,7 +157,8 @@ class HFGenerateEngine:
             mask[i, width - len(c) :] = 1
         if seeds and seeds[0] is not None:
             torch.manual_seed(int(seeds[0]))
-        out = self.model.generate(
+        hf_model: Any = self.model  # a Transformers causal LM: generate is not on nn.Module
+        out = hf_model.generate(
             input_ids=ids,
             attention_mask=mask,
             max_new_tokens=max_new_tokens,

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -138,9 +139,14 @@ class EvalConfig:
     rehearser_model: str | None = _f(
         None, "another model plays REHEARSE in test-time rehearsal and --fidelity (none: the policy itself)"
     )
+    memory: Literal["trace", "summary"] = _f(
+        "trace",
+        "test-time rehearsal memory: a trace of the attempts' calls and rehearsed outputs (no text generated), or "
+        "English critiques and a summary the policy writes (instruction-tuned models)",
+    )
     memory_tokens: int = _f(256, "bound on the rehearsal memory, tokens")
-    attempt_max_steps: int = _f(3, "ACT steps per rehearsal attempt")
-    critique_tokens: int = _f(64, "cap per rehearsal critique, tokens")
+    attempt_max_steps: int | None = _f(None, "ACT steps per rehearsal attempt (none: max_steps_per_turn)")
+    critique_tokens: int = _f(64, "cap per rehearsal critique, tokens (memory summary only)")
     fidelity: bool = _f(False, "play rehearsed episodes; score each rehearsed call against a shadow real backend")
     out: str | None = _f(None, "output folder (none: eval_out/<model>-<suite>-<split>-<mode>)")
     min_solvable_fraction: float = _f(
@@ -184,13 +190,18 @@ class EvalConfig:
             "max_new_tokens",
             "max_steps_per_turn",
             "memory_tokens",
-            "attempt_max_steps",
             "critique_tokens",
             "user_max_new_tokens",
             "user_max_turns",
         ):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"invalid EvalConfig: {name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.attempt_max_steps is not None and (
+            not isinstance(self.attempt_max_steps, int) or self.attempt_max_steps < 1
+        ):
+            raise ValueError(
+                f"invalid EvalConfig: attempt_max_steps must be none or an integer >= 1, got {self.attempt_max_steps!r}"
+            )
         if self.seed < 0:
             raise ValueError(f"invalid EvalConfig: seed must be >= 0, got {self.seed!r}")
         if Path(self.out).exists() and not Path(self.out).is_dir():
@@ -249,13 +260,15 @@ def _category(task: Any) -> str:
 
 
 def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any) -> Any:
+    import gymnasium as gym
+
     from agents.policy import PolicyRehearser
     from envace_gym.envs.rehearse import RehearseEnv
     from envace_gym.envs.tool_use import ToolUseEnv
     from envace_gym.responders import RealBackend
     from wrappers import RehearsalFidelity, TestTimeRehearsal
 
-    common = dict(
+    common: dict[str, Any] = dict(
         suite=config.suite,
         tasks=[task],
         max_new_tokens=config.max_new_tokens,
@@ -263,13 +276,13 @@ def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any)
         max_steps_per_turn=config.max_steps_per_turn,
     )
     if config.fidelity:  # the rehearser answers; each rehearsed call is scored against a shadow real backend
-        rehearser = PolicyRehearser(rehearser_policy if rehearser_policy is not None else policy)
-        return RehearsalFidelity(RehearseEnv(rehearser=rehearser, **common))
+        fidelity_rehearser = PolicyRehearser(rehearser_policy if rehearser_policy is not None else policy)
+        return RehearsalFidelity(RehearseEnv(rehearser=fidelity_rehearser, **common))
     # Real tools answer the committed calls, in the policy's token format (test-time rehearsal brings its own
     # rehearser).
-    env = ToolUseEnv(tokenizer=policy.tokenizer, responder=RealBackend(), **common)
+    env: gym.Env = ToolUseEnv(tokenizer=policy.tokenizer, responder=RealBackend(), **common)
     if config.rehearsal_n:
-        rehearser = None
+        rehearser: PolicyRehearser | None = None
         if rehearser_policy is not None:  # another model plays REHEARSE; separate prompts if its vocabulary differs
             same = rehearser_policy.tokenizer.get_vocab() == policy.tokenizer.get_vocab()
             rehearser = PolicyRehearser(rehearser_policy, prompt_mode="inline" if same else "separate")
@@ -282,6 +295,7 @@ def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any)
             rehearser_policy=rehearser,
             attempt_max_steps=config.attempt_max_steps,
             critique_tokens=config.critique_tokens,
+            memory=config.memory,
             seed=config.seed,
         )
     return env
@@ -349,6 +363,8 @@ def _play(
     """`evaluate` after the models are loaded: play the unfinished tasks, write and return the results."""
     from agents.batching import BatchCoordinator, coalesced
 
+    if config.out is None:  # unreachable: EvalConfig.__post_init__ fills it in (Path(None) raised TypeError too)
+        raise TypeError("EvalConfig.out is not set")
     out = Path(config.out)
     finished, finished_fidelity = _prepare_out(out, config)
     done_ids = {e["task_id"] for e in finished}
@@ -366,12 +382,13 @@ def _play(
     t_start = time.perf_counter()
     batcher = BatchCoordinator()
     with coalesced([policy, rehearser_policy, user_policy], batcher):
-        infos = batcher.run(
+        resets = batcher.run(
             [
-                lambda i=i: envs[i].reset(seed=config.seed + i, options={"task_id": tasks[i].id})[1]
+                functools.partial(envs[i].reset, seed=config.seed + i, options={"task_id": tasks[i].id})
                 for i in range(len(tasks))
             ]
         )
+    infos = [r[1] for r in resets]
     share = (time.perf_counter() - t_start) / max(len(tasks), 1)
     for s, info in zip(state, infos):
         _absorb(s, info)
@@ -388,7 +405,7 @@ def _play(
             seeds=[config.seed * 1_000_003 + 7919 * i + round_ for i in active],
         )
         with coalesced([policy, rehearser_policy, user_policy], batcher):
-            steps = batcher.run([lambda i=i, action=action: envs[i].step(action) for i, action in zip(active, actions)])
+            steps = batcher.run([functools.partial(envs[i].step, action) for i, action in zip(active, actions)])
         share = (time.perf_counter() - t0) / len(active)
         still = []
         for i, (_, reward, terminated, truncated, info) in zip(active, steps):

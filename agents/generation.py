@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from transformers.cache_utils import DynamicLayer
 
 from agents.decode import decode_step, supports_decode_step
 from agents.kv_cache import KVEntry, PrefixKVCache, common_prefix_length
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 __all__ = ["Generation", "generate"]
 
@@ -145,7 +148,7 @@ def generate(
         kv_cache.stats["reused_tokens"] += sum(reused)
     if len(rows_u) < batch:  # expand the unique rows back to the B rows
         index = torch.tensor(row_to_uniq, dtype=torch.long)  # (B,)
-        for layer in cache.layers:
+        for layer in _reserved_layers(cache):
             layer.select_rows(index.to(device))
         logits = logits.index_select(0, index)  # (B, V)
         prefill_mask = prefill_mask.index_select(0, index)  # (B, W)
@@ -337,8 +340,9 @@ def _prefill_shared_prefixes(
         kv_cache.stats["shared_prefixes"] += 1
         parent, shared = (None, 0) if src is None or p == 0 or not kv_cache.share_prefixes else (src, p)
         # extra=0: each layer's buffer is exactly the prefix; the part a parent holds is sliced off (a copy)
-        keys = [layer.keys if shared == 0 else layer.keys[:, :, shared:].clone() for layer in cache.layers]
-        values = [layer.values if shared == 0 else layer.values[:, :, shared:].clone() for layer in cache.layers]
+        layers = _reserved_layers(cache)
+        keys = [layer.keys if shared == 0 else layer.keys[:, :, shared:].clone() for layer in layers]
+        values = [layer.values if shared == 0 else layer.values[:, :, shared:].clone() for layer in layers]
         kv_cache.store([KVEntry(np.asarray(prefix, dtype=np.int64), keys, values, parent=parent, prefix_tokens=shared)])
 
 
@@ -472,8 +476,9 @@ def _padded_prefill(
     )
     logits = out.logits[:, -1, :].float()  # (U, V)
     index = source_col.to(device).view(n_rows, 1, width, 1).expand(n_rows, kv_heads, width, head_dim)
-    keys, values = [], []
-    for layer in cache.layers:
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    for layer in _reserved_layers(cache):
         for scratch_buffer, final in ((layer.keys, keys), (layer.values, values)):
             # the decode columns past W are written before the cache ever reads them: no zeroing
             buffer = torch.empty((n_rows, kv_heads, width + extra, head_dim), dtype=dtype, device=device)
@@ -484,7 +489,8 @@ def _padded_prefill(
 
 def _kv_geometry(model: torch.nn.Module) -> tuple[int, int, int, torch.dtype]:
     """``(layers, kv_heads, head_dim, dtype)`` of the model's KV cache, from its config."""
-    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    config: Any = model.config  # a Transformers config (an attribute nn.Module's stubs do not know)
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -495,7 +501,7 @@ def _buffer_cache(
     model: torch.nn.Module, key_buffers: Sequence[torch.Tensor], value_buffers: Sequence[torch.Tensor], n_cols: int
 ) -> DynamicCache:
     """A `DynamicCache` whose layers are `_ReservedLayer`s over the given buffers, ``n_cols`` of them filled."""
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=cast("PreTrainedConfig", model.config))
     if len(cache.layers) != len(key_buffers) or any(type(layer) is not DynamicLayer for layer in cache.layers):
         raise NotImplementedError(
             f"{type(model).__name__}: generation supports models whose cache layers are all full-attention "
@@ -504,6 +510,11 @@ def _buffer_cache(
     for i, (k, v) in enumerate(zip(key_buffers, value_buffers)):
         cache.layers[i] = _ReservedLayer(k, v, n_cols)
     return cache
+
+
+def _reserved_layers(cache: DynamicCache) -> list[_ReservedLayer]:
+    """The layers of a cache `_buffer_cache` built: all `_ReservedLayer`s."""
+    return cast(list[_ReservedLayer], cache.layers)
 
 
 class _ReservedLayer(DynamicLayer):
@@ -515,6 +526,10 @@ class _ReservedLayer(DynamicLayer):
     so nothing else changes (sequence length, mask sizes). When the buffers are full, or something
     replaced ``keys`` (``crop``, ``batch_select_indices``), it concatenates like a plain `DynamicLayer`.
     """
+
+    # always tensors here (`_fill`; the base class's None means "not initialized", which this layer never is)
+    keys: torch.Tensor
+    values: torch.Tensor
 
     def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, n_cols: int) -> None:
         super().__init__()

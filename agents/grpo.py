@@ -637,7 +637,7 @@ def policy_loss(
     clip_eps_high: float = 0.2,
     aggregation: Aggregation = "token-mean",
     count: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, LossStats]:
     """Token-level PPO clipped surrogate loss (PPO eq. 7, negated; DAPO's asymmetric clip).
 
     Per token: max(−A·ratio, −A·clip(ratio, 1 − ε_low, 1 + ε_high)), ratio = exp(logprobs − old_logprobs),
@@ -685,7 +685,7 @@ def grpo_loss(
     aggregation: Aggregation = "token-mean",
     count: float | None = None,
     token_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, LossStats]:
     """The GRPO loss: clipped surrogate + β·KL_k3 − entropy_coef·H, aggregated once (DeepSeekMath eq. 3).
 
     Per token ℓ = max(−A·ratio, −A·clip(ratio, 1 − ε_low, 1 + ε_high)) + β·k3(π_θ, π_ref) − c·H, then

@@ -110,7 +110,7 @@ class KVEntry:
         """Write the KV of ``ids[:n]`` into columns ``[start, start + n)`` of row `row` of each layer's
         buffers ``(B, H_kv, C, D)``, the parents' part from the parents."""
         p = min(n, self.prefix_tokens)
-        if p > 0:
+        if p > 0 and self.parent is not None:  # (p > 0 implies a parent: __post_init__)
             self.parent.copy_into(key_buffers, value_buffers, row, start, p)
         if n > p:
             for layer, (k, v) in enumerate(zip(self.keys, self.values)):
@@ -185,7 +185,7 @@ class PrefixKVCache:
         seen: set[int] = set()
         total = 0
         for e in self._entries:
-            node = e
+            node: KVEntry | None = e
             while node is not None and id(node) not in seen:
                 seen.add(id(node))
                 total += node.own_tokens

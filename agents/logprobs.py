@@ -33,6 +33,8 @@ Implementation details:
 
 from __future__ import annotations
 
+from typing import Any, Literal, overload
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -81,6 +83,42 @@ def _chunk_logprobs(
     else:
         entropy = selected.new_empty(0)  # (0,)
     return selected, entropy
+
+
+@overload
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = ...,
+    chunk_size: int = ...,
+    return_entropy: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = ...,
+    chunk_size: int = ...,
+    return_entropy: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = ...,
+    chunk_size: int = ...,
+    return_entropy: bool = ...,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def token_logprobs(
@@ -142,9 +180,10 @@ def token_logprobs(
     entropy = torch.zeros((n_rows, length), dtype=torch.float32, device=device) if return_entropy else None  # (N, T)
     valid = _target_mask(attention_mask)  # (N, T)
     if n_rows == 0 or length == 0 or not bool(valid.any()):
-        return (logprobs, entropy) if return_entropy else logprobs
+        return (logprobs, entropy) if entropy is not None else logprobs  # (entropy is None unless return_entropy)
 
-    hidden = model.get_decoder()(
+    hf_model: Any = model  # a Transformers causal LM: get_decoder / get_output_embeddings are not on nn.Module
+    hidden = hf_model.get_decoder()(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=_position_ids(attention_mask),
@@ -153,7 +192,7 @@ def token_logprobs(
     # The hidden state at t-1 predicts the id at t: select the M positions t that have a prediction.
     predictors = hidden[:, :-1][valid[:, 1:]]  # (M, H)
     targets = input_ids[valid]  # (M,)
-    lm_head = model.get_output_embeddings()
+    lm_head = hf_model.get_output_embeddings()
     use_checkpoint = torch.is_grad_enabled() and (
         predictors.requires_grad or any(p.requires_grad for p in lm_head.parameters())
     )
@@ -170,7 +209,7 @@ def token_logprobs(
         lp_chunks.append(lp)  # (C,)
         ent_chunks.append(ent)  # (C,) or (0,)
     logprobs = logprobs.masked_scatter(valid, torch.cat(lp_chunks))  # (N, T)
-    if return_entropy:
+    if entropy is not None:  # return_entropy
         entropy = entropy.masked_scatter(valid, torch.cat(ent_chunks))  # (N, T)
         return logprobs, entropy
     return logprobs
@@ -280,10 +319,11 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
     kwargs = {"use_reentrant": False}
+    hf_model: Any = model  # a Transformers model: these methods and its config are not on nn.Module
     if hasattr(model, "activation_checkpointing_enable"):  # Transformers >= 5.x name; the old one warns
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if getattr(model, "config", None) is not None:
-        model.config.use_cache = False
+        hf_model.config.use_cache = False
     return model

@@ -556,7 +556,7 @@ def _read_model(folder: Path, dtype: torch.dtype, device: str | torch.device) ->
             f"cannot load the model in {folder}: {type(err).__name__}: {err} (a truncated or corrupt "
             "weight file? re-copy the folder or point at another checkpoint)"
         ) from err
-    return model.to(device).eval()
+    return model.to(device).eval()  # type: ignore[arg-type]  # PreTrainedModel.to is @wraps-ed: stubs lose self
 
 
 def load_model_and_tokenizer(

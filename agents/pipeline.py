@@ -440,11 +440,14 @@ class StageRunner:
         """Stage `name`: `agents.evaluate.evaluate` with `eval_config` (its ``out`` should be the stage's
         folder); returns the evaluation row (accuracy, tool-call fraction, parse errors, fidelity fields)."""
         settings = stage_settings(eval_config)
+        ignore: tuple[str, ...] = ("min_solvable_fraction", "overwrite")
+        if not eval_config.rehearsal_n:  # these shape test-time rehearsal only, which this evaluation does not run
+            ignore += ("rehearsal_mode", "memory", "memory_tokens", "attempt_max_steps", "critique_tokens")
         info = self.stage(
             name,
             lambda out: {"eval": _evaluate(eval_config, out, self.log, models), "config": settings},
             settings,
-            ignore=("min_solvable_fraction", "overwrite"),
+            ignore=ignore,
         )
         return info["eval"]
 
@@ -823,7 +826,7 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     rows = stage_rows(evals, same_tasks)
     plots = [str(p) for p in report(run / "grpo")]
     plots.append(str(plot_stages(rows, run / "plots" / "stages.png")))
-    summary = {
+    summary: dict[str, Any] = {
         "config": config.to_dict(),
         "stage_configs": stages.configs,
         "budgets": budgets,

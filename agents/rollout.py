@@ -61,7 +61,7 @@ class ActPolicy(Protocol):
         max_new_tokens: int,
         temperature: float,
         seeds: Sequence[int | None] | None,
-    ) -> list[str]: ...
+    ) -> Sequence[str]: ...
 
 
 def group_ids_for(num_groups: int, group_size: int) -> list[int]:
@@ -467,7 +467,9 @@ class RolloutBatch:
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """A copy with every tensor on `device` (lists are shared)."""
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        moved: dict[str, Any] = {
+            k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()
+        }
         return RolloutBatch(**moved)
 
     def select(self, rows: Sequence[int] | torch.Tensor) -> RolloutBatch:
@@ -599,7 +601,12 @@ def build_batch(
     role_mask = torch.full((n, t_max), PAD_ROLE, dtype=torch.long)  # (N, T)
     old_logprobs = torch.zeros((n, t_max), dtype=torch.float32)  # (N, T)
     segment_ids = torch.full((n, t_max), -1, dtype=torch.long)  # (N, T)
-    seg_group, seg_role, seg_traj, seg_len, seg_reward, seg_row = [], [], [], [], [], []
+    seg_group: list[int] = []
+    seg_role: list[int] = []
+    seg_traj: list[int] = []
+    seg_len: list[int] = []
+    seg_reward: list[float] = []
+    seg_row: list[int] = []
     for r_idx, row in enumerate(rows):
         pos = 0
         for role, ids, logprobs in row.pieces:

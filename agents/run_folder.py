@@ -117,7 +117,7 @@ class RunLock:
             pass
 
 
-def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """The records of a JSON Lines file; a cut last line (no newline, not JSON) is skipped with a warning.
 
     Raises:

@@ -69,7 +69,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -505,12 +505,16 @@ def sft_loss(
         loss = -(w * logprobs).sum() / total if total > 0 else (logprobs * 0.0).sum()
     else:
         present = [r for r in means if weights[r] > 0]
+        mix: dict[Any, float] = dict(weights)  # the roles' weights, and the prompt's (a third "role")
         if prompt is not None and float(prompt.sum()):
             means["prompt"] = -(logprobs * prompt).sum() / float(prompt.sum())
-            weights = {**weights, "prompt": prompt_weight}
+            mix["prompt"] = prompt_weight
             present.append("prompt")
-        denom = sum(weights[r] for r in present)
-        loss = sum(weights[r] * means[r] for r in present) / denom if present else (logprobs * 0.0).sum()
+        denom = sum(mix[r] for r in present)
+        # a sum of tensors when `present` is not empty
+        loss = (
+            cast(torch.Tensor, sum(mix[r] * means[r] for r in present)) / denom if present else (logprobs * 0.0).sum()
+        )
     stats["loss"] = float(loss.detach())
     return loss, stats
 
@@ -704,7 +708,7 @@ class SFTTrainer:
 
         if config.gradient_checkpointing:
             enable_gradient_checkpointing(base)
-        self.model = base
+        self.model: torch.nn.Module = base
         if config.lora:
             from peft import LoraConfig, get_peft_model
 
@@ -714,7 +718,7 @@ class SFTTrainer:
                     base,
                     LoraConfig(
                         r=config.lora_r,
-                        lora_alpha=config.lora_alpha,
+                        lora_alpha=config.lora_alpha,  # type: ignore[arg-type]  # peft says int; a float works
                         lora_dropout=config.lora_dropout,
                         target_modules=list(config.lora_target_modules),
                         bias="none",
@@ -872,7 +876,8 @@ class SFTTrainer:
         """The model as a plain Transformers model: itself, or (LoRA) a merged copy of base + adapter."""
         if not self.config.lora:
             return self.model
-        return copy.deepcopy(self.model).merge_and_unload()
+        peft_model: Any = copy.deepcopy(self.model)  # a PeftModel (config.lora): merge_and_unload is not on nn.Module
+        return peft_model.merge_and_unload()
 
     def save(self) -> Path:
         """Write a checkpoint (`agents.checkpoint` layout; LoRA adds ``adapter/``) and prune old ones."""

@@ -66,7 +66,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -87,6 +87,9 @@ from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_j
 from agents.sft import bucket_batches
 from envace_gym.envs.rehearse_vector import RehearseVectorEnv
 from envace_gym.types import Role, Trajectory
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 __all__ = ["RoleWiseGRPOTrainer", "UpdateStats", "make_lr_scheduler"]
 
@@ -352,8 +355,9 @@ class RoleWiseGRPOTrainer:
         )
         self.step = 0
         self.nonfinite_in_a_row = {name: 0 for name in self.models}
-        self._mismatch_sum, self._mismatch_tokens, self._unmeasured = 0.0, 0, set()  # filled by each update
-        self._writer = None
+        self._mismatch_sum, self._mismatch_tokens = 0.0, 0  # filled by each update
+        self._unmeasured: set[str] = set()
+        self._writer: SummaryWriter | None = None
         if config.resume:
             ckpt, self.step = load_newest(self.run_dir, self.models, self.optimizers, self.schedulers, log=log)
             if ckpt is not None:
@@ -526,7 +530,7 @@ class RoleWiseGRPOTrainer:
         applied: list[tuple[LossStats, float]] = []
         nonfinite = 0
         tokens = 0
-        targets = [("model", self.policy.model, None)]
+        targets: list[tuple[str, torch.nn.Module, Role | None]] = [("model", self.policy.model, None)]
         if "rehearse_model" in self.models:
             targets = [
                 ("model", self.policy.model, Role.ACT),
@@ -561,14 +565,15 @@ class RoleWiseGRPOTrainer:
                     bar.update(1)
                     if step is None:  # no loss token for this model in this minibatch
                         continue
-                    if step[1] is None:  # not applied: non-finite loss or gradient
+                    step_stats, grad_norm = step
+                    if grad_norm is None:  # not applied: non-finite loss or gradient
                         nonfinite += 1
                         continue
                     tokens += self._run_tokens
-                    applied.append(step)
+                    applied.append((step_stats, grad_norm))
         bar.close()
-        tokens, diff, measured = self.parallel.sum([tokens, self._mismatch_sum, self._mismatch_tokens])
-        tokens = int(tokens)
+        tokens_sum, diff, measured = self.parallel.sum([tokens, self._mismatch_sum, self._mismatch_tokens])
+        tokens = int(tokens_sum)
         mismatch = diff / measured if measured else None
         tis_mean = tis_sum / tis_tokens if tis_tokens else None
         if not applied:

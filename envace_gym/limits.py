@@ -356,7 +356,11 @@ class _CallServer:
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked copy of this process: its own server
                 self._proc = self._conn = None
-            conn = self._conn if self._conn is not None and self._proc.poll() is None else self._start()
+            conn = (
+                self._conn
+                if self._conn is not None and self._proc is not None and self._proc.poll() is None
+                else self._start()
+            )
             try:
                 conn.send_bytes(request)
                 # The server always answers within the call's limit; the margin covers its own start-up.

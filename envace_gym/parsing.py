@@ -197,6 +197,14 @@ _DECODER = json.JSONDecoder()
 _SPACE = re.compile(r"\s*")
 
 
+def _skip_space(text: str, i: int) -> int:
+    """The index of the first non-whitespace character at or after `i` (``\\s*`` always matches)."""
+    m = _SPACE.match(text, i)
+    if m is None:  # unreachable: ``\s*`` matches the empty string
+        raise AssertionError("\\s* did not match")
+    return m.end()
+
+
 def _json_block(text: str, start: int) -> tuple[Any, int] | None:
     """A JSON value right after ``<tool_call>`` at `start`, closed by ``</tool_call>``: ``(value, end)``.
 
@@ -204,7 +212,7 @@ def _json_block(text: str, start: int) -> tuple[Any, int] | None:
     about the format, or a file's content) does not cut the block. None when the block is not bare JSON
     followed by the closing tag (a fenced or malformed body is then split at the first ``</tool_call>``).
     """
-    i = _SPACE.match(text, start).end()
+    i = _skip_space(text, start)
     if i >= len(text) or text[i] not in "{[":
         return None
     try:
@@ -213,7 +221,7 @@ def _json_block(text: str, start: int) -> tuple[Any, int] | None:
         return None
     if j - i > MAX_MARKUP_CHARS:
         return None
-    k = _SPACE.match(text, j).end()
+    k = _skip_space(text, j)
     return (value, k + len(_CLOSE)) if text.startswith(_CLOSE, k) else None
 
 

@@ -41,7 +41,7 @@ def _own_copy(space: spaces.Text) -> spaces.Text:
     # Text.__init__ sorts and indexes the 50k-character charset (~50 ms); its tables are never mutated, so
     # copies share them; the random generator is not shared (seeding one space must not move another)
     out = copy.copy(space)
-    out._np_random = None
+    out._np_random = None  # type: ignore[assignment]  # None: gymnasium's 'not seeded yet', typed Generator
     return out
 
 

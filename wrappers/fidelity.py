@@ -209,7 +209,7 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
     def __init__(self, env: gym.Env, backend_factory: Callable[[Task], ToolBackend] | None = None) -> None:
         RecordConstructorArgs.__init__(self, backend_factory=backend_factory)
         gym.Wrapper.__init__(self, env)
-        base = env.unwrapped
+        base: Any = env.unwrapped  # duck-typed: a token-level ToolUseEnv (checked below)
         if not getattr(base, "keeps_tokens", False):
             raise TypeError(f"RehearsalFidelity wraps a token-level ToolUseEnv, got {type(base).__name__}")
         if not isinstance(base.upcoming_responder, Rehearsal):
@@ -226,7 +226,8 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
     def reset(self, **kwargs: Any):
         """Reset the wrapped env and build a fresh shadow backend for its task."""
         obs, info = self.env.reset(**kwargs)
-        self.shadow = self.backend_factory(self.env.unwrapped.task)
+        base: Any = self.env.unwrapped  # a ToolUseEnv (checked in __init__)
+        self.shadow = self.backend_factory(base.task)
         self.episode_calls = []
         info["fidelity"] = self._summary([])
         return obs, info
@@ -240,7 +241,8 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
         if self.shadow is None:
             raise RuntimeError("call reset() before step()")
         obs, reward, terminated, truncated, info = self.env.step(action)
-        task = self.env.unwrapped.task
+        base: Any = self.env.unwrapped  # a ToolUseEnv (checked in __init__)
+        task = base.task
         records = []
         for reh in info.get("rehearsals", []):
             call = ToolCall.from_openai(reh.call)

@@ -52,16 +52,15 @@ class RealTools(gym.Wrapper, RecordConstructorArgs):
     ) -> None:
         RecordConstructorArgs.__init__(self, backend_factory=backend_factory, backend=backend)
         gym.Wrapper.__init__(self, env)
-        base = env.unwrapped
+        base: Any = env.unwrapped  # duck-typed: a ToolUseEnv or RehearseEnv (checked below)
         if not callable(getattr(base, "set_responder", None)):
             raise TypeError(f"RealTools wraps a ToolUseEnv or RehearseEnv, got {type(base).__name__}")
         if backend is not None:
             if backend_factory is not None:
                 raise TypeError("give backend_factory or backend, not both")
             # a backend that can open a fresh session per episode (MCPBackend.for_task) keeps episodes apart
-            backend_factory = (
-                backend.for_task if callable(getattr(backend, "for_task", None)) else (lambda task: backend)
-            )
+            for_task = getattr(backend, "for_task", None)
+            backend_factory = for_task if callable(for_task) else (lambda task: backend)
         if backend_factory is not None and not callable(backend_factory):
             raise TypeError(f"backend_factory must be callable (Task -> ToolBackend), got {backend_factory!r}")
         base.set_responder(RealBackend(backend_factory))

@@ -62,7 +62,8 @@ class RecordTrajectories(gym.Wrapper, RecordConstructorArgs):
         return obs, reward, terminated, truncated, info
 
     def _record(self, info: dict[str, Any]) -> dict[str, Any]:
-        traj = self.env.unwrapped.trajectory
+        base: Any = self.env.unwrapped  # duck-typed: a ToolUseEnv or RehearseEnv (checked in __init__)
+        traj = base.trajectory
         record = {
             "task_id": traj.task.id,
             "messages": [m.to_dict() for m in traj.messages],

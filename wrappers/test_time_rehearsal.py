@@ -9,34 +9,45 @@ observations, which a rehearsal cannot predict better than the real backend alre
 Memory format (token in, token out): one ``user`` message appended to the committed token sequence just
 before the turn's first committed ACT step, i.e. the trailing assistant opener is taken off, the memory
 message is appended piecewise (``open_ids("user")`` + content ids + ``close_ids("user")``) and the opener
-is appended again. Nothing already in the sequence is re-rendered. The content ids are the ids of the
-fixed header `MEMORY_HEADER` (tokenised once) followed by the summary ids *exactly as generated* (the
-end-of-message id dropped); the content text is::
+is appended again. Nothing already in the sequence is re-rendered. The content starts with the fixed
+header `MEMORY_HEADER`; what follows depends on ``memory``:
 
-    Rehearsal memory (private notes from N rehearsal attempts; their tool outputs were imagined, not real):
-    <summary>
+* ``"trace"`` (the default): a structured trace built from the attempts' own messages, with no text
+  generated for it (`trace_memory`): one line per distinct (tool call, rehearsed output) pair, in the order
+  the attempts made them, prefixed by the attempts that made it (so agreement shows) and marked
+  ``[error]`` when the rehearsed output is an error, then each attempt's closing reply. A model never
+  trained on English critiques can still be taught to read it: it is made of the calls and outputs the
+  model itself writes.
+* ``"summary"``: the policy critiques each attempt and summarises attempts and critiques in English (for
+  instruction-tuned models); the summary ids are kept exactly as generated (the end-of-message id
+  dropped). Critic and summariser see what the acting policy sees: the committed history, with the system
+  prompt and the tools, then their instruction.
 
-The content is at most ``memory_tokens`` tokens. Roles: the memory's content is PROMPT and its pieces
-TEMPLATE (no loss: it is context, not an action). The message is also appended to
-``trajectory.messages`` (role ``user``), so a whole re-render of the history shows it where it was.
+The content is at most ``memory_tokens`` tokens (a trace keeps whole lines and says how many it dropped).
+Roles: the memory's content is PROMPT and its pieces TEMPLATE (no loss: it is context, not an action). The
+message is also appended to ``trajectory.messages`` (role ``user``), so a whole re-render of the history
+shows it where it was.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.utils import RecordConstructorArgs
 
+from envace_gym.parsing import format_tool_calls
 from envace_gym.rehearsal import RehearseRequest, RehearseResponse, requests_by_setting
 from envace_gym.responders import Rehearsal
-from envace_gym.types import Message, Role
+from envace_gym.types import Message, Role, ToolCall
 
-__all__ = ["TestTimeRehearsal", "MEMORY_HEADER"]
+__all__ = ["TestTimeRehearsal", "MEMORY_HEADER", "trace_memory"]
 
 Mode = Literal["parallel", "sequential"]
+Memory = Literal["trace", "summary"]
 
 MEMORY_HEADER = (
     "Rehearsal memory (private notes from {n} rehearsal attempts; their tool outputs were imagined, not real):\n"
@@ -48,7 +59,7 @@ CRITIC_SYSTEM = (
     "imagined by a simulator, not produced by the real tools."
 )
 CRITIC_USER = (
-    "User request:\n{request}\n\nRehearsal attempt:\n{attempt}\n\n"
+    CRITIC_SYSTEM + "\n\nUser request:\n{request}\n\nRehearsal attempt:\n{attempt}\n\n"
     "In one or two sentences: were the right tools called with the right arguments, and what should the "
     "real attempt do differently?"
 )
@@ -60,6 +71,89 @@ SUMMARY_USER = (
 EARLIER_ATTEMPTS = "Earlier private rehearsal attempts of this request and their critiques:\n{attempts}"
 
 _TRANSCRIPT_CHARS = 400  # per message, in transcripts shown to the critic and summariser
+_TRACE_CHARS = 200  # per call, output or reply in a trace line
+
+
+def _shorten(text: str, limit: int = _TRACE_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _is_error(output: str) -> bool:
+    """Whether a tool output is an error: ``{"error": ...}`` (the suites' convention) or the env's
+    ``Error: ...`` observation for a call it could not parse."""
+    text = output.strip()
+    if text.startswith("Error"):
+        return True
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and "error" in value
+
+
+def trace_memory(
+    attempts: Sequence[dict[str, Any]], header: str, count_tokens: Callable[[str], int], max_tokens: int
+) -> str:
+    """The ``"trace"`` rehearsal memory of `attempts` (module docstring), at most `max_tokens` tokens.
+
+    Each line is ``"<attempts>: <call> -> <output>"``: the call as the policy writes it inside a Hermes
+    ``<tool_call>`` block (``{"name": ..., "arguments": {...}}``), the rehearsed output, ``<attempts>`` the
+    1-based attempts that made this call and got this output (``"1,2"`` where two attempts agree), and
+    `` [error]`` appended when the output is an error; a message the env could not parse stands for its
+    call. Then ``"<attempts>: reply: <text>"`` for each distinct closing reply. Calls, outputs and replies
+    are cut to 200 characters. Lines are kept whole, in order, while the text fits; ``"(+k more lines)"``
+    says how many were dropped.
+
+    Args:
+        attempts: the ``info["rehearsal"]["attempts"]`` dicts (`TestTimeRehearsal`): their ``messages``
+            (OpenAI dicts from the fork point on).
+        header: the text the memory starts with (`MEMORY_HEADER`, formatted).
+        count_tokens: the token length of a text (the env's ``renderer.content_ids``).
+        max_tokens: the bound, tokens; the header alone must fit.
+
+    Raises:
+        ValueError: the header alone is longer than `max_tokens`.
+    """
+    calls: dict[tuple[str, str], list[int]] = {}
+    replies: dict[str, list[int]] = {}
+    for k, attempt in enumerate(attempts, 1):
+        msgs = attempt["messages"]
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            # the JSON line of the Hermes block the policy writes: the pieces a small model knows, on one line
+            made = [
+                format_tool_calls([ToolCall.from_openai(c)], "hermes").splitlines()[1]
+                for c in m.get("tool_calls") or []
+            ]
+            outputs = []
+            for later in msgs[i + 1 :]:
+                if later["role"] != "tool":
+                    break
+                outputs.append(later["content"])
+            if not made and outputs:  # unparsed: the env answered its text with one error observation
+                made = [m["content"]]
+            if not made:
+                replies.setdefault(_shorten(m["content"]), []).append(k)
+            for call, output in zip(made, outputs):
+                seen = calls.setdefault((_shorten(call), _shorten(output)), [])
+                if k not in seen:
+                    seen.append(k)
+    lines = [
+        f"{','.join(map(str, ks))}: {call} -> {output}" + (" [error]" if _is_error(output) else "")
+        for (call, output), ks in calls.items()
+    ]
+    lines += [f"{','.join(map(str, ks))}: reply: {text}" for text, ks in replies.items() if text]
+    if count_tokens(header) > max_tokens:
+        raise ValueError(f"the memory header alone is {count_tokens(header)} tokens, over the bound of {max_tokens}")
+    text = header.rstrip("\n")
+    for j, line in enumerate(lines):
+        if count_tokens(text + "\n" + line) > max_tokens:
+            more = f"(+{len(lines) - j} more lines)"
+            return text + "\n" + more if count_tokens(text + "\n" + more) <= max_tokens else text
+        text += "\n" + line
+    return text
 
 
 class _InlineRehearser:
@@ -83,7 +177,7 @@ class _InlineRehearser:
         out: list[RehearseResponse | None] = [None] * len(requests)
         for (max_new, temperature), idx in requests_by_setting(requests).items():
             gens = self.policy.generate(
-                [list(requests[i].context_ids) for i in idx],
+                [list(requests[i].context_ids or ()) for i in idx],
                 max_new_tokens=max_new,
                 temperature=temperature,
                 seeds=[requests[i].seed for i in idx],
@@ -99,21 +193,23 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
 
     Contract (the agent loop does not change): after `reset`, and after every `step` that opens a new user
     turn, the wrapper has already (1) run ``n`` rehearsal attempts of the coming turn in private rehearse
-    copies of the env, (2) had the policy critique each attempt, (3) had the policy summarise attempts and
-    critiques into a memory of at most ``memory_tokens`` tokens and (4) appended that memory to the
-    committed token sequence (module docstring: format). The agent then acts as always on
+    copies of the env, (2) built a memory of at most ``memory_tokens`` tokens from them (``"trace"``: the
+    attempts' calls and rehearsed outputs, no model call; ``"summary"``: the policy critiques each attempt,
+    then summarises attempts and critiques) and (3) appended that memory to the committed token sequence
+    (module docstring: formats). The agent then acts as always on
     ``env.unwrapped.trajectory.token_ids`` and calls `step`; the committed step runs against the wrapped
     env's real backend. With ``n=0`` the wrapper does nothing. `rehearse` can also be called by hand.
 
     Rehearse copies: ``env.unwrapped.fork(responder=Rehearsal(...), seed=...)`` (`ToolUseEnv.fork`: its own
     episode state and random generator), so every tool call in an attempt is answered by the REHEARSE role
     of ``rehearser_policy`` (or of ``policy``) and the real backend is never reached. An attempt ACTs (``policy``,
-    ``attempt_temperature``) until its turn ends, its episode ends or ``attempt_max_steps`` ACT steps. ``parallel``: the
-    n attempts start from the same committed context, and their ACT steps are batched in one generate call.
-    ``sequential``: attempt k starts from the committed context plus a user message listing attempts
-    1..k-1 with their critiques. Critiques and the summary are generated from short prompts (the user
-    request and the attempt transcripts, each message cut to 400 characters), not from the full context
-    with the tool schemas, so their cost does not grow with the schemas.
+    ``attempt_temperature``) until its turn ends, its episode ends or ``attempt_max_steps`` ACT steps (by
+    default the env's per-turn limit, so a whole turn is rehearsed). ``parallel``: the n attempts start
+    from the same committed context, and their ACT steps are batched in one generate call. ``sequential``:
+    attempt k starts from the committed context plus a user message holding the memory of attempts 1..k-1
+    (with their critiques in ``"summary"`` mode). Critic and summariser prompts are the committed context
+    (system prompt, tools, history) followed by their instruction, the attempts' messages cut to 400
+    characters each.
 
     ``info["rehearsal"]``: None on steps that open no turn; else a dict with
 
@@ -122,9 +218,10 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
       ``steps`` (int, ACT steps), ``tool_calls`` (int), ``ended`` (``"turn"``, ``"episode"`` or ``"steps"``),
       ``act_tokens``, ``rehearse_tokens`` (int, generated tokens), ``start_tokens`` (int, length of the
       context the attempt started from: equal across parallel attempts, growing across sequential ones).
-    * ``critiques``: n strings; ``critique_tokens``: n ints.
+    * ``memory_kind``: ``"trace"`` or ``"summary"``; ``critiques``: n strings (none for a trace);
+      ``critique_tokens``: n ints.
     * ``memory``: the memory message content (str); ``memory_tokens``: its content length in tokens
-      (<= the ``memory_tokens`` argument); ``summary_tokens``: generated summary tokens.
+      (<= the ``memory_tokens`` argument); ``summary_tokens``: generated summary tokens (0 for a trace).
     * ``context_tokens_before``, ``context_tokens_after``: length of the committed sequence around the insertion.
     * ``generated_tokens``: all tokens generated for this turn's rehearsal (ACT, REHEARSE, critiques, summary).
 
@@ -144,25 +241,30 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         n: rehearsal attempts per user turn (>= 0).
         mode: ``"parallel"`` or ``"sequential"``.
         memory_tokens: bound on the memory message's content, in tokens (header included).
+        memory: ``"trace"`` (built from the attempts, for any model, and the only kind a small model
+            trained on calls and outputs can read) or ``"summary"`` (English critiques and a summary the
+            policy writes; for instruction-tuned models).
         rehearser_policy: who plays REHEARSE in the attempts (the paper's base-model control): a policy
             with the env's vocabulary (inline mode), or a ready `envace_gym.rehearsal.Rehearser` (any prompt
             mode, e.g. a separate-mode `agents.policy.PolicyRehearser` for another vocabulary); None:
             ``policy`` itself, inline.
-        attempt_max_steps: ACT steps per attempt (>= 1).
+        attempt_max_steps: ACT steps per attempt (>= 1); None: the env's ``max_steps_per_turn``.
         max_new_tokens: cap per generated ACT message and rehearsed tool response; None: the env's.
-        critique_tokens: cap per critique (>= 1).
+        critique_tokens: cap per critique (>= 1; ``"summary"`` only).
         attempt_temperature: sampling temperature of attempts (ACT and REHEARSE); > 0 keeps parallel
             attempts from being identical.
         seed: seeds the attempts' sampling; each `reset` with a seed reseeds it.
 
     Raises:
         TypeError: the env keeps no token sequence, or `policy` lacks ``act``.
-        ValueError: ``n < 0``, an unknown mode, ``memory_tokens`` not larger than the header, a bad step,
+        ValueError: ``n < 0``, an unknown mode or memory, ``memory_tokens`` not larger than the header, a bad step,
             token or temperature argument, or a policy (or a rehearser policy) whose vocabulary differs
             from the env's tokenizer.
 
     Change log:
         * v0.1.0: initial version.
+        * v0.2.0: ``memory="trace"`` (the default), attempts rehearse the whole turn by default, and critic
+          and summariser see the committed context.
     """
 
     __test__ = False  # not a pytest class despite the name
@@ -175,16 +277,18 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         mode: Mode = "parallel",
         memory_tokens: int = 256,
         rehearser_policy: Any = None,
-        attempt_max_steps: int = 3,
+        attempt_max_steps: int | None = None,
         max_new_tokens: int | None = None,
         critique_tokens: int = 64,
         attempt_temperature: float = 1.0,
         seed: int | None = None,
+        memory: Memory = "trace",
     ) -> None:
         RecordConstructorArgs.__init__(
             self,
             n=n,
             mode=mode,
+            memory=memory,
             memory_tokens=memory_tokens,
             attempt_max_steps=attempt_max_steps,
             max_new_tokens=max_new_tokens,
@@ -193,7 +297,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             seed=seed,
         )
         gym.Wrapper.__init__(self, env)
-        base = env.unwrapped
+        base: Any = env.unwrapped  # a ToolUseEnv (checked below); gym.Env declares none of its attributes
         if not getattr(base, "keeps_tokens", False):
             raise TypeError(
                 "TestTimeRehearsal wraps a token-level ToolUseEnv (EnvACE-Tool-v0 or -Rehearse-v0), got "
@@ -205,8 +309,10 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             raise ValueError(f"n must be an int >= 0, got {n!r}")
         if mode not in ("parallel", "sequential"):
             raise ValueError(f"mode must be 'parallel' or 'sequential', got {mode!r}")
-        if not isinstance(attempt_max_steps, int) or attempt_max_steps < 1:
-            raise ValueError(f"attempt_max_steps must be an int >= 1, got {attempt_max_steps!r}")
+        if memory not in ("trace", "summary"):
+            raise ValueError(f"memory must be 'trace' or 'summary', got {memory!r}")
+        if attempt_max_steps is not None and (not isinstance(attempt_max_steps, int) or attempt_max_steps < 1):
+            raise ValueError(f"attempt_max_steps must be None or an int >= 1, got {attempt_max_steps!r}")
         if critique_tokens < 1 or (max_new_tokens is not None and max_new_tokens < 1):
             raise ValueError(
                 f"critique_tokens and max_new_tokens must be >= 1, got {critique_tokens!r}, {max_new_tokens!r}"
@@ -226,6 +332,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         self.policy = policy
         self.n = n
         self.mode: Mode = mode
+        self.memory: Memory = memory
         self.memory_tokens = memory_tokens
         self.attempt_max_steps = attempt_max_steps
         self.max_new_tokens = max_new_tokens
@@ -262,7 +369,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
 
     # ------------------------------------------------------------------ rehearsal
     def rehearse(self) -> dict[str, Any]:
-        """Run the attempts, critiques and summary for the pending ACT step and insert the memory.
+        """Run the attempts, build the memory (critiques and summary in ``"summary"`` mode) for the pending
+        ACT step and insert it.
 
         Returns:
             the ``info["rehearsal"]`` dict (class docstring); also kept in ``self.last_rehearsal``.
@@ -270,54 +378,75 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         Raises:
             RuntimeError: the episode has ended or has not started.
         """
-        base = self.env.unwrapped
+        base: Any = self.env.unwrapped
         if base.episode_over:
             raise RuntimeError("rehearse() needs a running episode (call reset())")
+        context = [Message(m.role, m.content) for m in base.trajectory.messages]  # what the policy sees now
+        tools = base.task.tools_at_turn(base.turn)
         request = self._current_request(base)
         before = len(base.trajectory.token_ids)
         attempts: list[dict[str, Any]] = []
         critiques: list[tuple[str, int]] = []
+        summary = self.memory == "summary"
         if self.mode == "parallel":
             attempts = self._run_attempts([self._fork(base) for _ in range(self.n)])
-            critiques = self._critique(request, attempts)
+            critiques = self._critique(context, tools, request, attempts) if summary else []
         else:
             for _ in range(self.n):
                 fork = self._fork(base)
                 if attempts:
-                    notes = EARLIER_ATTEMPTS.format(attempts=self._digest(attempts, [c for c, _ in critiques]))
+                    if summary:
+                        notes = EARLIER_ATTEMPTS.format(attempts=self._digest(attempts, [c for c, _ in critiques]))
+                    else:
+                        notes = self._trace(base, attempts, len(attempts))
                     fork.insert_message("user", notes)
                 (attempt,) = self._run_attempts([fork])
                 attempts.append(attempt)
-                critiques.extend(self._critique(request, [attempt]))
+                if summary:
+                    critiques.extend(self._critique(context, tools, request, [attempt]))
         texts = [c for c, _ in critiques]
         header = MEMORY_HEADER.format(n=self.n)
-        header_ids = base.renderer.content_ids(header)
-        prompt = self._prompt(SUMMARY_USER.format(request=request, attempts=self._digest(attempts, texts)))
-        (gen,) = self.policy.generate(
-            [prompt], max_new_tokens=self.memory_tokens - len(header_ids), temperature=0.0, seeds=[self._seed()]
-        )
-        summary_ids = [t for t in gen.token_ids if t not in self.policy.stop_ids]
-        summary = self.policy.decode(summary_ids)
-        content_ids = header_ids + summary_ids
-        base.insert_message("user", header + summary, content_ids)
+        summary_tokens = 0
+        if summary:
+            header_ids = base.renderer.content_ids(header)
+            prompt = self._context_prompt(
+                context, tools, SUMMARY_USER.format(request=request, attempts=self._digest(attempts, texts))
+            )
+            (gen,) = self.policy.generate(
+                [prompt], max_new_tokens=self.memory_tokens - len(header_ids), temperature=0.0, seeds=[self._seed()]
+            )
+            summary_ids = [t for t in gen.token_ids if t not in self.policy.stop_ids]
+            content, content_ids = header + self.policy.decode(summary_ids), header_ids + summary_ids
+            summary_tokens = len(gen.token_ids)
+        else:
+            content = self._trace(base, attempts, self.n)
+            content_ids = base.renderer.content_ids(content)
+        base.insert_message("user", content, content_ids)
         record = {
             "turn": base.turn,
             "mode": self.mode,
             "n": self.n,
+            "memory_kind": self.memory,
             "attempts": attempts,
             "critiques": texts,
             "critique_tokens": [k for _, k in critiques],
-            "memory": header + summary,
+            "memory": content,
             "memory_tokens": len(content_ids),
-            "summary_tokens": len(gen.token_ids),
+            "summary_tokens": summary_tokens,
             "context_tokens_before": before,
             "context_tokens_after": len(base.trajectory.token_ids),
             "generated_tokens": sum(a["act_tokens"] + a["rehearse_tokens"] for a in attempts)
             + sum(k for _, k in critiques)
-            + len(gen.token_ids),
+            + summary_tokens,
         }
         self.last_rehearsal = record
         return record
+
+    def _trace(self, base: Any, attempts: list[dict[str, Any]], n: int) -> str:
+        """The ``"trace"`` memory of `attempts` (`trace_memory`) under the header for `n` attempts."""
+        return trace_memory(
+            attempts, MEMORY_HEADER.format(n=n), lambda text: len(base.renderer.content_ids(text)), self.memory_tokens
+        )
 
     def _seed(self) -> int:
         return int(self._rng.integers(2**31 - 1))
@@ -334,10 +463,10 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         """Play every fork until its turn ends, its episode ends or `attempt_max_steps`; ACT is batched."""
         starts = [(len(f.trajectory.messages), f.turn) for f in forks]
         start_tokens = [len(f.trajectory.token_ids) for f in forks]
-        stats = [{"steps": 0, "tool_calls": 0, "ended": "steps", "act_tokens": 0} for _ in forks]
+        stats: list[dict[str, Any]] = [{"steps": 0, "tool_calls": 0, "ended": "steps", "act_tokens": 0} for _ in forks]
         active = list(range(len(forks)))
         max_new = self.max_new_tokens or forks[0].max_new_tokens
-        for _ in range(self.attempt_max_steps):
+        for _ in range(self.attempt_max_steps or forks[0].max_steps_per_turn):
             if not active:
                 break
             actions = self.policy.act(
@@ -361,7 +490,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
                     still.append(i)
             active = still
         out = []
-        base = self.env.unwrapped
+        base: Any = self.env.unwrapped
         for fork, (m0, _), s, t0 in zip(forks, starts, stats, start_tokens):
             rehearsed = sum(len(seg.token_ids) for seg in fork.trajectory.segments if seg.role == Role.REHEARSE)
             rehearsed += sum(len(r.token_ids) for r in fork.rehearsal_rows[len(base.rehearsal_rows) :])
@@ -380,12 +509,15 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             )
         return out
 
-    def _critique(self, request: str, attempts: list[dict[str, Any]]) -> list[tuple[str, int]]:
-        """One critique per attempt, generated in one batch; returns (text, generated token count) pairs."""
+    def _critique(
+        self, context: list[Message], tools: Any, request: str, attempts: list[dict[str, Any]]
+    ) -> list[tuple[str, int]]:
+        """One critique per attempt, generated in one batch from the committed context; returns (text,
+        generated token count) pairs."""
         if not attempts:
             return []
         prompts = [
-            self._prompt(CRITIC_USER.format(request=request, attempt=self._transcript(a)), CRITIC_SYSTEM)
+            self._context_prompt(context, tools, CRITIC_USER.format(request=request, attempt=self._transcript(a)))
             for a in attempts
         ]
         gens = self.policy.generate(
@@ -393,9 +525,9 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         )
         return [(self.policy.decode(g.token_ids).strip(), len(g.token_ids)) for g in gens]
 
-    def _prompt(self, user: str, system: str | None = None) -> list[int]:
-        msgs = ([Message("system", system)] if system else []) + [Message("user", user)]
-        return self.policy.renderer.prompt_ids(msgs, None)
+    def _context_prompt(self, context: list[Message], tools: Any, instruction: str) -> list[int]:
+        """The committed context (system prompt, tools, history) then `instruction` as a user message."""
+        return self.policy.renderer.prompt_ids([*context, Message("user", instruction)], tools)
 
     @staticmethod
     def _current_request(base: Any) -> str:

@@ -201,7 +201,13 @@ def _check_arguments(name: str, args: Mapping[str, Any], limits: CallLimits) -> 
     if isinstance(precision, (int, float)) and not isinstance(precision, bool) and precision > limits.max_precision:
         raise CallLimitExceeded(f"precision={precision} is above the limit of {limits.max_precision} digits")
     base, exponent = args.get("base"), args.get("exponent")
-    if name == "power" and all(isinstance(v, int) and not isinstance(v, bool) for v in (base, exponent)):
+    if (
+        name == "power"
+        and isinstance(base, int)
+        and not isinstance(base, bool)
+        and isinstance(exponent, int)
+        and not isinstance(exponent, bool)
+    ):
         if exponent > 0 and abs(base) > 1 and exponent * math.log10(abs(base)) > limits.max_result_digits:
             raise CallLimitExceeded(
                 f"{base} ** {exponent} would have more than {limits.max_result_digits} digits (the result limit)"

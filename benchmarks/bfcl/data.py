@@ -146,13 +146,11 @@ def _single_turn_task(entry: dict[str, Any], answer: dict[str, Any] | None, cate
 def _load_category_cached(category: str) -> tuple[Task, ...]:
     data = bfcl_data_dir()
     entries = _read_jsonl(data / f"BFCL_v4_{category}.json")
-    answers: list[dict[str, Any] | None]
-    if category in IRRELEVANCE_CATEGORIES:
-        answers = [None] * len(entries)
-    else:
-        answers = list(_read_jsonl(data / "possible_answer" / f"BFCL_v4_{category}.json"))
-        if len(answers) != len(entries) or any(a["id"] != e["id"] for a, e in zip(answers, entries)):
-            raise ValueError(f"BFCL {category}: prompts and possible answers do not line up by id")
+    if category in IRRELEVANCE_CATEGORIES:  # no possible answers (and no multi-turn category)
+        return tuple(_single_turn_task(e, None, category) for e in entries)
+    answers = list(_read_jsonl(data / "possible_answer" / f"BFCL_v4_{category}.json"))
+    if len(answers) != len(entries) or any(a["id"] != e["id"] for a, e in zip(answers, entries)):
+        raise ValueError(f"BFCL {category}: prompts and possible answers do not line up by id")
     if category in MULTI_TURN_CATEGORIES:
         return tuple(_multi_turn_task(e, a, category) for e, a in zip(entries, answers))
     return tuple(_single_turn_task(e, a, category) for e, a in zip(entries, answers))

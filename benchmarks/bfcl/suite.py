@@ -75,7 +75,7 @@ class BFCLSuite:
         cats = list(categories) if categories is not None else list(self.default_categories)
         for c in cats:
             self._check_category(c)
-        out = []
+        out: list[Task] = []
         for c in cats:
             out.extend(t for t in data.load_category(c) if split == "all" or data.split_of(t.id) == split)
         return out

@@ -81,7 +81,8 @@ def _ast_checker() -> tuple[Callable[..., dict], Any]:
         from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
     else:
         stand_in = types.ModuleType(_MODEL_CONFIG, "envace-gym stand-in: only what ast_checker reads")
-        stand_in.MODEL_CONFIG_MAPPING = _StandInMapping({key: _StandInModelConfig()})
+        mapping = _StandInMapping({key: _StandInModelConfig()})
+        stand_in.MODEL_CONFIG_MAPPING = mapping  # type: ignore[attr-defined]  # a new attribute of a new module
         sys.modules[_MODEL_CONFIG] = stand_in
         try:
             from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -57,6 +57,9 @@ from benchmarks.lab.tasks import CATEGORIES, ITEMS
 from benchmarks.lab.world import DOCKS
 from envace_gym.suites import make_suite
 from envace_gym.types import Task, ToolCall
+
+if TYPE_CHECKING:
+    from benchmarks.lab.suite import LabSuite
 
 __all__ = ["LabDiscreteEnv"]
 
@@ -79,7 +82,8 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
     ) -> None:
         if max_steps < 1 or max_boxes < 1:
             raise ValueError(f"max_steps and max_boxes must be >= 1, got {max_steps}, {max_boxes}")
-        self.suite = make_suite(suite)
+        # a lab suite (checked just below: it has score(task, calls, reply))
+        self.suite = cast("LabSuite", make_suite(suite))
         if not hasattr(self.suite, "score"):
             raise ValueError(f"suite {suite!r} is not a lab suite (it has no score(task, calls, reply))")
         if self.suite.config.rules != "stated":
@@ -101,7 +105,7 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
             + [("reply", str(n)) for n in range(self.capacity + 1)]
             + [("done",)]
         )
-        self.action_space = spaces.Discrete(len(self.actions))
+        self.action_space = spaces.Discrete(len(self.actions))  # type: ignore[assignment]  # a Space[np.int64]
         self._blocks = self._block_sizes()
         self.observation_space = spaces.Box(0.0, 1.0, (sum(n for _, n in self._blocks),), np.float32)
         self.real_calls = 0
@@ -173,6 +177,8 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
 
     # ------------------------------------------------------------------ helpers
     def _finish(self, reply: str | None, info: dict[str, Any], terminated: bool):
+        if self.task is None:  # unreachable: only step() finishes, after checking the task
+            raise RuntimeError("call reset() before step()")
         result = self.suite.score(self.task, self.calls, reply)
         info.update(real_calls=len(self.calls), verifier=result.details)
         return self._observe(), float(result.reward), terminated, not terminated, info
@@ -191,7 +197,10 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
         )
 
     def _observe(self) -> np.ndarray:
-        state, slots = self.backend.state, self.task.metadata["slots"]
+        if self.task is None:  # unreachable: reset() sets the task before any observation
+            raise RuntimeError("call reset() before step()")
+        task = self.task
+        state, slots = self.backend.state, task.metadata["slots"]
         places = 1 + len(self.shelves) + self.max_boxes + 1
         where = np.zeros((len(ITEMS), places), np.float32)
         for k, item in enumerate(ITEMS):
@@ -209,7 +218,7 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
         for k in range(self.max_boxes):
             dock = state.shipped.get(f"box-{k + 1}")
             docks[k, 0 if dock is None else 1 + DOCKS.index(dock)] = 1
-        family = np.eye(len(CATEGORIES), dtype=np.float32)[CATEGORIES.index(self.task.metadata["category"])]
+        family = np.eye(len(CATEGORIES), dtype=np.float32)[CATEGORIES.index(task.metadata["category"])]
 
         def one_hot(value: str | None, names: Sequence[str]) -> np.ndarray:
             v = np.zeros(len(names) + 1, np.float32)

@@ -307,7 +307,7 @@ def test_task(config: LabConfig, category: str, index: int) -> Task:
     return make_hidden_task(config, category, index, "test")
 
 
-test_task.__test__ = False  # a task maker, not a pytest test
+test_task.__test__ = False  # type: ignore[attr-defined]  # pytest reads it: a task maker, not a pytest test
 
 
 def train_task(config: LabConfig, category: str, index: int) -> Task:

@@ -54,7 +54,7 @@ class LabSuite:
     """
 
     name = "lab"
-    categories = CATEGORIES  # the stated world's; an instance holds its own rules' families
+    categories: tuple[str, ...] = CATEGORIES  # the stated world's; an instance holds its own rules' families
 
     def __init__(self, config: LabConfig | None = None) -> None:
         self.config = config or LabConfig()

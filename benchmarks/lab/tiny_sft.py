@@ -147,9 +147,9 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
     )
     init = folder / "init"
     if not (init / "model.safetensors").is_file():
-        model, tokenizer = build_lab_tiny(sizes, seed)
+        model, init_tokenizer = build_lab_tiny(sizes, seed)
         model.save_pretrained(init)
-        tokenizer.save_pretrained(init)
+        init_tokenizer.save_pretrained(init)
     store = ModelStore()
     config = SFTConfig(
         run_dir=str(folder / "sft"),

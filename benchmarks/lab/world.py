@@ -193,6 +193,8 @@ class Warehouse:
         n = len(self.boxes) + 1
         if self.rules == "hidden":
             shelf = self.shelf_of(item)
+            if shelf is None:  # `item` is on a shelf (the caller checks); indexing with None raised KeyError too
+                raise KeyError(item)
             return f"{shelf}{self.shelves[shelf].index(item) + 1}-{n}"
         return f"box-{n}"
 

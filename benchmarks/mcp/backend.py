@@ -209,6 +209,8 @@ class MCPBackend:
             self.close(force=True)
             raise RuntimeError("the server had exited")
         self.start()
+        if self._session is None:  # unreachable: start() either sets the session or raises
+            raise RuntimeError("the MCP session did not start")
         task, queue = self._session
         done: Future = Future()
         _loop().call_soon_threadsafe(queue.put_nowait, (request, done))

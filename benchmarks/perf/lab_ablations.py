@@ -108,9 +108,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ),
     )
     ap.add_argument(
+        "--ttr-memory",
+        choices=["trace", "summary"],
+        default="trace",
+        help="the rehearsal memory: a trace of the attempts' calls and outputs, or English critiques and a summary",
+    )
+    ap.add_argument(
         "--ttr-memory-tokens", type=int, default=128, help="bound on the rehearsal memory (the same for every N)"
     )
-    ap.add_argument("--ttr-critique-tokens", type=int, default=32, help="cap per critique (the same for every N)")
+    ap.add_argument(
+        "--ttr-critique-tokens",
+        type=int,
+        default=32,
+        help="cap per critique, --ttr-memory summary (the same for every N)",
+    )
     ap.add_argument(
         "--limit",
         type=int,
@@ -266,6 +277,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 rehearsal_n=n,
                 rehearsal_mode=mode,
                 rehearser_model=rehearser_model,
+                memory=args.ttr_memory,
                 memory_tokens=args.ttr_memory_tokens,
                 critique_tokens=args.ttr_critique_tokens,
             )

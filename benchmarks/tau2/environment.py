@@ -96,7 +96,8 @@ def _safe_toolkit(cls: type) -> type:
     def calculate(self: Any, expression: str) -> str:
         return safe_calculate(expression)
 
-    calculate.__doc__ = cls.calculate.__doc__  # the tool schema τ² shows is built from the docstring
+    toolkit: Any = cls  # a τ² toolkit class (its tools are attributes `type` does not declare)
+    calculate.__doc__ = toolkit.calculate.__doc__  # the tool schema τ² shows is built from the docstring
     attrs = {"calculate": is_tool(ToolType.GENERIC)(calculate), "__module__": __name__}
     return type(cls)(f"Safe{cls.__name__}", (cls,), attrs)  # τ²'s metaclass collects the tools
 

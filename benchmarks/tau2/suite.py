@@ -261,7 +261,9 @@ class Tau2Suite:
         from tau2.evaluator.evaluator_env import EnvironmentEvaluator
 
         basis = set(tau.evaluation_criteria.reward_basis)
-        reward, breakdown, details = 1.0, {}, {}
+        reward = 1.0
+        breakdown: dict[str, Any] = {}
+        details: dict[str, Any] = {}
         if basis & {RewardType.DB, RewardType.ENV_ASSERTION}:
             info = EnvironmentEvaluator.calculate_reward(
                 environment_constructor(task.metadata["domain"]), tau, messages

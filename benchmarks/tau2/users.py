@@ -54,7 +54,7 @@ def ends_conversation(text: str) -> bool:
 def instructions_text(scenario: dict[str, Any]) -> str:
     """The τ² user instructions as one text (``reason_for_call``, ``known_info``, ``unknown_info``,
     ``task_instructions``, each under its name; a plain-string instruction as it is)."""
-    instructions = scenario.get("instructions")
+    instructions: Any = scenario.get("instructions")  # a string, or a mapping of its parts
     if isinstance(instructions, str):
         return instructions
     parts = []
@@ -68,7 +68,7 @@ def opening_text(scenario: dict[str, Any]) -> str:
     """A first user message made from the instructions without a model: the reason for calling and what
     the user knows (a plain-string instruction as it is). The scripted user and the SFT demonstrations open
     with it."""
-    instructions = scenario.get("instructions")
+    instructions: Any = scenario.get("instructions")  # a string, or a mapping of its parts
     if isinstance(instructions, str):
         return instructions.strip()
     parts = [instructions.get("reason_for_call"), instructions.get("known_info")]

@@ -12,13 +12,14 @@ Made by ``gym.make_vec("EnvACE-Rehearse-v0", num_envs=N, vectorization_mode="vec
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from envace_gym.envs.rehearse import RehearseEnv
 from envace_gym.rehearsal import make_rehearser
+from envace_gym.responders import Rehearsal
 from envace_gym.spaces import batch_text_space
 
 __all__ = ["RehearseVectorEnv"]
@@ -85,7 +86,8 @@ class RehearseVectorEnv(VectorEnv):
             raise ValueError(f"options['task_ids'] has {len(task_ids)} ids for {self.num_envs} envs; give one per env")
         if len(seeds) != self.num_envs:
             raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs; give an int or one seed per env")
-        obs, infos = [], {}
+        obs: list[str] = []
+        infos: dict[str, Any] = {}
         for i, env in enumerate(self.envs):
             env_options = dict(options)
             if task_ids is not None:
@@ -120,11 +122,11 @@ class RehearseVectorEnv(VectorEnv):
             rehearse_ids = [i for i in pending if self.envs[i].needs_rehearsal()]
             answers: dict[int, str] = {}
             by_rehearser: dict[int, list[int]] = {}  # one batched call per rehearser (normally just one)
-            for i in rehearse_ids:
-                by_rehearser.setdefault(id(self.envs[i].responder.rehearser), []).append(i)
+            for i in rehearse_ids:  # needs_rehearsal(): the responder is a Rehearsal
+                by_rehearser.setdefault(id(cast(Rehearsal, self.envs[i].responder).rehearser), []).append(i)
             for ids in by_rehearser.values():
                 requests = [self.envs[i].rehearse_request(pending[i]) for i in ids]
-                responses = self.envs[ids[0]].responder.rehearser.rehearse(requests)
+                responses = cast(Rehearsal, self.envs[ids[0]].responder).rehearser.rehearse(requests)
                 self.num_rehearsal_calls += 1
                 for i, response in zip(ids, responses):
                     answers[i] = self.envs[i].accept_rehearsal(pending[i], response)
@@ -138,7 +140,8 @@ class RehearseVectorEnv(VectorEnv):
                 except StopIteration as stop:
                     results[i] = stop.value
             pending = next_pending
-        obs, infos = [], {}
+        obs: list[str] = []
+        infos: dict[str, Any] = {}
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminations = np.zeros(self.num_envs, dtype=bool)
         truncations = np.zeros(self.num_envs, dtype=bool)

@@ -11,18 +11,20 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
 
 from envace_gym.parsing import ToolCallParseError, parse_tool_calls
-from envace_gym.responders import RealBackend, Rehearsal, Responder
+from envace_gym.responders import RealBackend, Rehearsal, Responder, ToolResponder
 from envace_gym.spaces import MAX_TEXT_LENGTH, printable_text, replace_surrogates, sanitize
 from envace_gym.suites import Suite, ToolBackend, UserTurns, make_suite, user_turns
 from envace_gym.types import GeneratedText, Message, Task, ToolCall, Trajectory
 
 __all__ = ["TextToolUseEnv", "format_observation"]
+
+_Env = TypeVar("_Env", bound="TextToolUseEnv")  # `fork` returns the type of the env it copies
 
 
 def format_observation(messages: Sequence[Message]) -> str:
@@ -160,8 +162,8 @@ class TextToolUseEnv(gym.Env[str, str]):
         )
         self._next_responder: Responder | None = None
 
-        self.action_space = printable_text(min_length=0)
-        self.observation_space = printable_text(min_length=0)
+        self.action_space: gym.spaces.Text = printable_text(min_length=0)
+        self.observation_space: gym.spaces.Text = printable_text(min_length=0)
 
         self.task: Task | None = None
         self.trajectory: Trajectory | None = None
@@ -290,9 +292,9 @@ class TextToolUseEnv(gym.Env[str, str]):
 
         info = self._info(new, calls=calls, parse_error=parse_error)
         if terminated:
-            result = self.suite.verify(self.trajectory, self.backend)
-            reward = float(result.reward)
-            info["verifier"] = {"reward": reward, "valid": result.valid, "details": result.details}
+            verdict = self.suite.verify(self.trajectory, self.backend)
+            reward = float(verdict.reward)
+            info["verifier"] = {"reward": reward, "valid": verdict.valid, "details": verdict.details}
         if terminated or truncated:
             self._done = True
             self.trajectory.reward = reward
@@ -363,9 +365,10 @@ class TextToolUseEnv(gym.Env[str, str]):
         """
         if self.episode_over:
             raise RuntimeError("respond() needs a running episode (call reset())")
-        return self.responder.respond(call)
+        # a Rehearsal only ever sits in a token-level env (`_checked`), whose `respond` overrides this one
+        return cast(ToolResponder, self.responder).respond(call)
 
-    def fork(self, responder: Responder | None = None, seed: int | None = None) -> TextToolUseEnv:
+    def fork(self: _Env, responder: Responder | None = None, seed: int | None = None) -> _Env:
         """An independent copy at the current point of the episode that continues identically.
 
         The copy has its own trajectory, user, counters and random generator (a copy of this env's, or one

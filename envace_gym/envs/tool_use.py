@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from envace_gym.envs.text import TextToolUseEnv
 from envace_gym.registry import resolve_entry_point
@@ -14,7 +14,7 @@ from envace_gym.rehearsal import PromptMode, Rehearser, RehearseRequest, Rehears
 from envace_gym.rendering import ChatRenderer
 from envace_gym.responders import Rehearsal, Responder
 from envace_gym.suites import ToolBackend
-from envace_gym.types import Message, RehearsalRecord, Role, Segment, Task, ToolCall
+from envace_gym.types import Message, MessageRole, RehearsalRecord, Role, Segment, Task, ToolCall
 
 __all__ = ["ToolUseEnv", "TOKENIZER_LOADER"]
 
@@ -149,7 +149,8 @@ class ToolUseEnv(TextToolUseEnv):
         self.renderer = ChatRenderer(tokenizer)
         self.prompt_mode: PromptMode = prompt_mode  # before the base class checks the responder against it
         if responder is None:
-            responder = Rehearsal(rehearser) if rehearses else None
+            # (`rehearses` implies a rehearser: one was made above if none was given)
+            responder = Rehearsal(rehearser) if rehearses and rehearser is not None else None
         super().__init__(
             suite=suite,
             categories=categories,
@@ -275,10 +276,11 @@ class ToolUseEnv(TextToolUseEnv):
         segments.pop()
         self._episode_tokens -= len(opener)
         ids = list(content_ids) if content_ids is not None else self.renderer.content_ids(text)
-        self.trajectory.messages.append(Message(role=role, content=text))
-        self._append(Role.TEMPLATE, self.renderer.open_ids(role))
+        message_role = cast(MessageRole, role)  # "user" or "system": checked above
+        self.trajectory.messages.append(Message(role=message_role, content=text))
+        self._append(Role.TEMPLATE, self.renderer.open_ids(message_role))
         self._append(Role.PROMPT, ids, None, text)
-        self._append(Role.TEMPLATE, self.renderer.close_ids(role))
+        self._append(Role.TEMPLATE, self.renderer.close_ids(message_role))
         self._append(Role.TEMPLATE, opener)
 
     def _context_full(self) -> bool:
@@ -348,10 +350,10 @@ class ToolUseEnv(TextToolUseEnv):
         if not getattr(self, "_tokens_ready", False):
             return
         if message.role == "assistant":
-            ids = getattr(action, "token_ids", None)
+            ids: Sequence[int] | None = getattr(action, "token_ids", None)
             logprobs = getattr(action, "logprobs", None)
             generated = ids is not None
-            if not generated:  # a plain string: tokenise it and close the message (no logprobs to train on)
+            if ids is None:  # a plain string: tokenise it and close the message (no logprobs to train on)
                 ids, logprobs = self.renderer.content_ids(message.content), None
             self._append(Role.ACT, ids, logprobs, message.content)
             self._close("assistant", ids if generated else [])
@@ -374,7 +376,7 @@ class ToolUseEnv(TextToolUseEnv):
         self._close("tool", ids if generated else [])
         self._tool_tokens_recorded = True
 
-    def _close(self, role: str, generated_ids: Sequence[int]) -> None:
+    def _close(self, role: MessageRole, generated_ids: Sequence[int]) -> None:
         """Append the part of the message's closing template that the model did not generate
         (`envace_gym.rendering.ChatRenderer.after_generation_ids`)."""
         self._append(Role.TEMPLATE, self.renderer.after_generation_ids(list(generated_ids), role))

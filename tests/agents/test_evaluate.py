@@ -4,6 +4,7 @@ episodes' rewards (BFCL-style unweighted category mean), rehearsal and fidelity 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import re
 
@@ -81,6 +82,7 @@ def test_accuracy_matches_rewards_and_rehearsal_columns(tmp_path):
         attempt_max_steps=1,
         min_solvable_fraction=0.0,
         critique_tokens=4,
+        memory="summary",
         out=str(tmp_path / "r"),
     )
     result = evaluate(config, policy=policy, log=None)
@@ -104,6 +106,11 @@ def test_accuracy_matches_rewards_and_rehearsal_columns(tmp_path):
     assert [r["memory"] for r in t1["rehearsals"]] == [u for u in user if u.startswith("Rehearsal memory")]
     assert sum(m["role"] == "assistant" for m in t1["messages"]) == e1["steps"]
     assert len(t1["rehearsals"][0]["attempts"]) == 1 and len(t1["rehearsals"][0]["critiques"]) == 1
+    # the default memory is the trace: no critique, the same rewards (the scripted policy ignores the memory)
+    trace = evaluate(dataclasses.replace(config, memory="trace", out=str(tmp_path / "t")), policy=policy, log=None)
+    assert {e["task_id"]: e["reward"] for e in trace.episodes} == rewards
+    first = json.loads(open(tmp_path / "t" / "transcripts.jsonl", encoding="utf-8").readline())["rehearsals"][0]
+    assert first["critiques"] == [] and first["memory"].startswith("Rehearsal memory")
 
 
 def test_transcripts_leave_out_the_system_prompt_and_keep_the_rest(tmp_path):

@@ -14,10 +14,10 @@ from agents.policy import Policy, load_policy
 from envace_gym.rendering import ChatRenderer
 from envace_gym.types import GeneratedText, Message, Role
 from wrappers import RealTools, TestTimeRehearsal
-from wrappers.test_time_rehearsal import MEMORY_HEADER
+from wrappers.test_time_rehearsal import MEMORY_HEADER, trace_memory
 
 TINY = dict(model="tiny-random", max_new_tokens=12, temperature=1.0)
-SMALL = dict(memory_tokens=40, attempt_max_steps=2, max_new_tokens=8, critique_tokens=6)
+SMALL = dict(memory_tokens=40, attempt_max_steps=2, max_new_tokens=8, critique_tokens=6, memory="summary")
 
 
 class ScriptedPolicy(Policy):
@@ -29,6 +29,12 @@ class ScriptedPolicy(Policy):
         super().__init__(base.model, base.tokenizer)
         self.rule = rule
         self.act_calls = 0
+
+        self.generated_from = []  # every context `generate` was asked to continue (critiques, summaries)
+
+    def generate(self, contexts, **kw):
+        self.generated_from += [list(c) for c in contexts]
+        return super().generate(contexts, **kw)
 
     def act(self, contexts, *, max_new_tokens=256, temperature=1.0, seeds=None):
         self.act_calls += 1
@@ -68,6 +74,11 @@ def test_scripted_attempts_memory_and_untouched_backend(mode):
         assert policy.act_calls == 2  # the two attempts' ACT steps are batched: one call per step
     else:
         assert starts[1] > starts[0] == rec["context_tokens_before"]  # attempt 2 sees attempt 1 + critique
+    # critic and summariser see the committed context: the system prompt with the tools, then the request
+    system = policy.tokenizer.decode(base.trajectory.token_ids[:8])
+    prompts = [policy.tokenizer.decode(c) for c in policy.generated_from]  # rehearsals, critiques, the summary
+    critic_prompts = [p for p in prompts if "Rehearsal attempt" in p]
+    assert len(critic_prompts) == 3 and all(p.startswith(system) and '"add"' in p for p in critic_prompts)
     # the rehearsals made 4 add(3) calls, none reached the real backend
     assert base.backend.snapshot() == fresh.snapshot()
     # bounded memory, appended before the pending ACT step as a user message
@@ -150,6 +161,8 @@ def test_bad_arguments_are_rejected_with_their_names():
         TestTimeRehearsal(make_env(), policy, mode="both")
     with pytest.raises(ValueError, match="memory_tokens"):
         TestTimeRehearsal(make_env(), policy, memory_tokens=3)
+    with pytest.raises(ValueError, match="memory must be"):
+        TestTimeRehearsal(make_env(), policy, memory="english")
     from envace_gym.envs.text import TextToolUseEnv
 
     with pytest.raises(TypeError, match="token-level"):
@@ -157,3 +170,72 @@ def test_bad_arguments_are_rejected_with_their_names():
     env = TestTimeRehearsal(make_env(), policy, n=0)
     _, info = env.reset(seed=0)
     assert info["rehearsal"] is None
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_trace_memory_is_built_from_the_attempts_without_generating(mode):
+    policy = ScriptedPolicy(always('<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'))
+    env = TestTimeRehearsal(make_env(max_steps_per_turn=3), policy, n=2, mode=mode, seed=0, memory_tokens=400)
+    _, info = env.reset(seed=0, options={"task_id": "scripted_1"})
+    rec = info["rehearsal"]
+    assert rec["memory_kind"] == "trace" and rec["critiques"] == [] and rec["summary_tokens"] == 0
+    # no critique, no summary: the model only rehearsed, once per call of the attempts (2 x 3)
+    assert len(policy.generated_from) == 6
+    assert not any("Rehearsal attempt" in policy.tokenizer.decode(c) for c in policy.generated_from)
+    for a in rec["attempts"]:  # the whole turn is rehearsed: the env's per-turn limit, where it truncates
+        assert a["steps"] == 3 and a["tool_calls"] == 3 and a["ended"] == "episode"
+    lines = rec["memory"].splitlines()
+    assert rec["memory"].startswith(MEMORY_HEADER.format(n=2).rstrip("\n"))
+    outputs = {
+        (k + 1, m["content"]) for k, a in enumerate(rec["attempts"]) for m in a["messages"] if m["role"] == "tool"
+    }
+    calls = [line for line in lines[1:] if "-> " in line]
+    assert calls and all('{"name": "add", "arguments": {"value": 3}} -> ' in c for c in calls)
+    assert len(calls) == len({" ".join(o.split())[:200] for _, o in outputs})  # one line per distinct output
+    assert rec["memory_tokens"] == len(env.unwrapped.renderer.content_ids(rec["memory"])) <= 400
+    if mode == "sequential":  # attempt 2 started from the trace of attempt 1
+        assert rec["attempts"][1]["start_tokens"] > rec["attempts"][0]["start_tokens"]
+
+
+def _attempt(*messages):
+    return {"messages": [dict(m) for m in messages]}
+
+
+def _call(name, **arguments):
+    import json
+
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}],
+    }
+
+
+def test_trace_memory_marks_agreement_errors_and_replies_and_keeps_its_bound():
+    move = _call("move", item="apple", shelf="B")
+    ok, full = (
+        {"role": "tool", "content": '{"moved": "apple"}'},
+        {"role": "tool", "content": '{"error": "shelf B is full"}'},
+    )
+    attempts = [
+        _attempt(move, ok, {"role": "assistant", "content": "Done."}),
+        _attempt(
+            move, ok, {"role": "assistant", "content": "[move(item=)"}, {"role": "tool", "content": "Error: bad call"}
+        ),
+        _attempt(move, full, {"role": "assistant", "content": "Done."}),
+    ]
+    words = lambda text: len(text.split())  # noqa: E731
+    memory = trace_memory(attempts, "Memory:\n", words, 1000)
+    call = '{"name": "move", "arguments": {"item": "apple", "shelf": "B"}}'
+    assert memory.splitlines() == [
+        "Memory:",
+        f'1,2: {call} -> {{"moved": "apple"}}',
+        "2: [move(item=) -> Error: bad call [error]",
+        f'3: {call} -> {{"error": "shelf B is full"}} [error]',
+        "1,3: reply: Done.",
+    ]
+    short = trace_memory(attempts, "Memory:\n", words, 15)
+    assert short.splitlines() == ["Memory:", f'1,2: {call} -> {{"moved": "apple"}}', "(+3 more lines)"]
+    assert words(short) <= 15
+    with pytest.raises(ValueError, match="header"):
+        trace_memory(attempts, "a long memory header\n", words, 2)
