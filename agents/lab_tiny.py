@@ -26,9 +26,9 @@ line of names in the first system message (``Tools: locate list_shelf move pack 
 
 The model (`lab_tiny_model`) is a ``LlamaForCausalLM`` with tied embeddings, initialised from ``seed`` in a
 forked RNG, its attention layers initialised mimetically (`mimetic_attention_init`: each starts as a copy),
-without which it learned to copy items into calls one task family at a time. The named model ``lab-tiny``
-(`ensure_lab_tiny_model`) is the default sizes with seed 0, built once into ``<cache>/models/lab-tiny-<hash>/``
-like the other cached models (`agents.models`).
+without which it learned to copy items into calls one task family at a time. The named model ``lab-tiny`` is
+the default sizes with seed 0, built once into ``<cache>/models/lab-tiny-<hash>/`` like the other cached models
+(`agents.models.ensure_lab_tiny_model`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,11 +55,9 @@ __all__ = [
     "mimetic_attention_init",
     "lab_tiny_model",
     "lab_tiny_dir",
-    "ensure_lab_tiny_model",
     "build_lab_tiny",
 ]
 
-logger = logging.getLogger(__name__)
 
 LAB_TINY_MODEL = "lab-tiny"
 
@@ -409,11 +406,11 @@ def build_lab_tiny(
     return lab_tiny_model(len(tokenizer), tokenizer.eos_token_id, sizes, seed), tokenizer
 
 
-def lab_tiny_dir(cache_root: Path | None = None) -> Path:
-    """The `lab-tiny` cache folder, ``<cache_root>/models/lab-tiny-<hash>`` (None: `agents.models.cache_dir()`);
+def lab_tiny_dir(cache_root: Path) -> Path:
+    """The `lab-tiny` cache folder, ``<cache_root>/models/lab-tiny-<hash>`` (`agents.models.ensure_lab_tiny_model`
+    builds it);
     the hash covers the template, the pattern, the default sizes, the default `LabConfig`, the vocabulary itself
     (`lab_vocabulary`, about 3 s: so a change to the world's texts builds a new folder) and the version."""
-    from agents.models import cache_dir
     from benchmarks.lab import LabConfig
 
     recipe = json.dumps(
@@ -427,17 +424,4 @@ def lab_tiny_dir(cache_root: Path | None = None) -> Path:
         ]
     )
     digest = hashlib.sha256(recipe.encode()).hexdigest()[:10]
-    return (cache_root or cache_dir()) / "models" / f"{LAB_TINY_MODEL}-{digest}"
-
-
-def ensure_lab_tiny_model(cache_root: Path | None = None) -> Path:
-    """Build the `lab-tiny` folder once (default sizes, seed 0; about 10 s) and return it."""
-    from agents.models import _build_once
-
-    target = lab_tiny_dir(cache_root)
-
-    def build() -> tuple[Any, Any]:
-        logger.info("building %s into %s (once)", LAB_TINY_MODEL, target)
-        return build_lab_tiny()
-
-    return _build_once(target, LAB_TINY_MODEL, build)
+    return cache_root / "models" / f"{LAB_TINY_MODEL}-{digest}"

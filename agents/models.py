@@ -69,6 +69,7 @@ __all__ = [
     "set_default_store",
     "default_cache_root",
     "cache_dir",
+    "ensure_lab_tiny_model",
     "smollm2_gguf_path",
     "smollm2_model_dir",
     "ensure_smollm2_converted",
@@ -173,7 +174,7 @@ class ModelStore:
     def tokenizer(self, name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
         """The tokenizer of a model: `smollm2-135m` and `tiny-random` (SmolLM2's, from the GGUF, cached as a
         tokenizer folder), `smollm2-lab` (built with its model, `ensure_lab_model`), `lab-tiny`
-        (`agents.lab_tiny.ensure_lab_tiny_model`) or a local Hugging Face folder.
+        (`ensure_lab_tiny_model`) or a local Hugging Face folder.
 
         Raises:
             FileNotFoundError: see `smollm2_gguf_path`, or the folder does not exist.
@@ -337,6 +338,20 @@ def _build_once(target: Path, name: str, build: Callable[[], tuple[PreTrainedMod
     return target
 
 
+def ensure_lab_tiny_model(cache_root: Path | None = None) -> Path:
+    """Build the `lab-tiny` folder once (`agents.lab_tiny.build_lab_tiny`: default sizes, seed 0; about 10 s)
+    into `agents.lab_tiny.lab_tiny_dir` of `cache_root` (None: `cache_dir()`) and return it."""
+    from agents.lab_tiny import build_lab_tiny, lab_tiny_dir
+
+    target = lab_tiny_dir(cache_root or cache_dir())
+
+    def build() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        logger.info("building %s into %s (once)", LAB_TINY_MODEL, target)
+        return build_lab_tiny()
+
+    return _build_once(target, LAB_TINY_MODEL, build)
+
+
 def _save_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
     """Write a model folder so that a folder holding ``model.safetensors`` is complete (detail 2)."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
@@ -491,8 +506,6 @@ def _resolve(name_or_path: str, cache_root: Path) -> Path:
     if name_or_path == LAB_MODEL:
         return ensure_lab_model(cache_root)
     if name_or_path == LAB_TINY_MODEL:
-        from agents.lab_tiny import ensure_lab_tiny_model
-
         return ensure_lab_tiny_model(cache_root)
     path = Path(name_or_path).expanduser()
     if path.is_dir():

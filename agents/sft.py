@@ -29,7 +29,7 @@ Implementation details:
    instead cuts a fresh per-epoch permutation into batches of one fixed row count (Hugging Face's
    ``group_by_length=False``): more padding, but every batch mixes lengths and so task families, which a
    model trained from scratch needs (length-sorted batches of one family each pull it back and forth).
-4. AdamW, gradient clipping, and the GRPO trainer's schedule (`agents.trainer.make_lr_scheduler`: linear
+4. AdamW, gradient clipping, and the GRPO trainer's schedule (`agents.optim.make_lr_scheduler`: linear
    warmup then constant, linear or cosine decay over the total steps).
 5. LoRA (``--lora``, needs ``pip install envace-gym[lora]``): peft adapters on the attention and MLP
    projections; only they are trained and the optimizer holds only their state. A checkpoint's
@@ -71,7 +71,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import numpy as np
 import torch
 
 from agents.config import (
@@ -84,6 +83,7 @@ from agents.config import (
 )
 from agents.distributed import DataParallel, as_float
 from agents.models import ModelStore, default_store
+from agents.optim import apply_optimizer_settings, bucket_batches, make_lr_scheduler, prepare_process
 from agents.rollout import PAD_ROLE
 from envace_gym.types import Role, Task, Trajectory
 
@@ -355,50 +355,6 @@ _HINTS = typing.get_type_hints(SFTConfig)
 # ---------------------------------------------------------------------------------------------------------
 
 
-def bucket_batches(
-    lengths: Sequence[int], batch_tokens: int, max_rows: int, seed: int, epoch: int, group_by_length: bool = True
-) -> list[list[int]]:
-    """Length-bucketed batches of example indices (implementation detail 3), or with `group_by_length` False
-    a permutation drawn from ``np.random.default_rng([seed, epoch, 1])`` cut into batches of
-    ``min(max_rows, max(1, batch_tokens // max(lengths)))`` rows (the last may be shorter): the same count
-    every epoch, and each batch a mix of lengths.
-
-    Args:
-        lengths: ``(E,)`` sequence lengths in tokens.
-        batch_tokens: budget of padded tokens per batch (rows x the batch's longest length).
-        max_rows: cap on rows per batch.
-        seed, epoch: bucketed, the batch order is a permutation drawn from ``np.random.default_rng([seed,
-            epoch])``; shuffled, the examples' order is (above).
-        group_by_length: True: length buckets; False: shuffled batches of one row count.
-
-    Returns:
-        The batches: lists of indices into `lengths`; every index appears once. Bucketed, each batch is sorted
-        by length and the partition does not depend on (seed, epoch), only the order of the batches does;
-        shuffled, both do.
-
-    Raises:
-        ValueError: ``batch_tokens < 1`` or ``max_rows < 1``.
-    """
-    if batch_tokens < 1 or max_rows < 1:
-        raise ValueError(f"batch_tokens and max_rows must be >= 1, got {batch_tokens}, {max_rows}")
-    if not group_by_length:
-        rows = min(max_rows, max(1, batch_tokens // max(lengths, default=1)))
-        shuffled = np.random.default_rng([seed, epoch, 1]).permutation(len(lengths)).tolist()
-        return [shuffled[i : i + rows] for i in range(0, len(shuffled), rows)]
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        if cur and ((len(cur) + 1) * lengths[i] > batch_tokens or len(cur) >= max_rows):
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    perm = np.random.default_rng([seed, epoch]).permutation(len(batches))
-    return [batches[j] for j in perm]
-
-
 def collate(examples: Sequence[Trajectory], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``(input_ids, attention_mask, role_mask)``, each ``(N, T) int64``.
 
@@ -650,7 +606,6 @@ class SFTTrainer:
         from agents.checkpoint import load_newest
         from agents.logprobs import TokenLogprobs, enable_gradient_checkpointing
         from agents.run_folder import RunLock, check_resume_config, trim_jsonl
-        from agents.trainer import _prepare_process, apply_optimizer_settings, make_lr_scheduler
 
         self.config = config
         self.parallel = parallel = parallel or DataParallel.from_environment(config.device)
@@ -671,7 +626,7 @@ class SFTTrainer:
             check_resume_config(
                 self.run_dir, config.to_dict(), SFTConfig.RESUME_IGNORES, config.allow_config_change, log
             )
-        _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
+        prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         if config.lora:
             _require_peft()
             if parallel.shards_weights:

@@ -72,7 +72,6 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from agents.allocator import set_malloc_mmap_threshold
 from agents.budgets import check_task_budgets
 from agents.checkpoint import checkpoint_dir, load_newest, prune_checkpoints, save_checkpoint
 from agents.config import TrainConfig, _dump_yaml
@@ -81,10 +80,10 @@ from agents.engines import GenerationEngine
 from agents.grpo import LossStats, aggregation_count, grpo_loss
 from agents.logprobs import TokenLogprobs, enable_gradient_checkpointing, token_logprobs
 from agents.models import ModelStore, default_store
+from agents.optim import apply_optimizer_settings, bucket_batches, make_lr_scheduler, prepare_process
 from agents.policy import Policy, PolicyRehearser
 from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_rollouts
 from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
-from agents.sft import bucket_batches
 from envace_gym.envs.rehearse_vector import RehearseVectorEnv
 from envace_gym.types import Role, Trajectory
 
@@ -150,54 +149,6 @@ class UpdateStats:
             "logprob_mismatch": self.logprob_mismatch,
             "tis_weight_mean": self.tis_weight_mean,
         }
-
-
-def make_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup_steps: int, total_steps: int):
-    """A `LambdaLR`: linear warmup over `warmup_steps`, then constant, linear decay to 0, or cosine to 0."""
-
-    def factor(step: int) -> float:
-        if warmup_steps and step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        progress = min(max(progress, 0.0), 1.0)
-        if schedule == "linear":
-            return 1.0 - progress
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def apply_optimizer_settings(
-    optimizers: dict[str, torch.optim.Optimizer],
-    schedulers: dict[str, Any],
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float],
-) -> None:
-    """Put the config's AdamW settings into optimizers restored from a checkpoint (which carry the old ones, and
-    ``allow_config_change`` may have changed them); the learning rate follows each schedule at its step."""
-    for name, opt in optimizers.items():
-        sched = schedulers[name]
-        sched.base_lrs = [lr for _ in opt.param_groups]
-        for group, factor in zip(opt.param_groups, sched.lr_lambdas):
-            group.update(initial_lr=lr, weight_decay=weight_decay, betas=tuple(betas))
-            group["lr"] = lr * factor(sched.last_epoch)
-        sched._last_lr = [g["lr"] for g in opt.param_groups]
-
-
-def _prepare_process(threads: int, malloc_mmap_threshold_kb: int, seed: int) -> None:
-    """Process-wide set-up of a trainer (GRPO and SFT alike), before any model is loaded.
-
-    Sets torch's CPU threads (0: leave the default), glibc's mmap threshold in KiB (0: leave glibc's dynamic
-    one; `agents.allocator`) and torch's global seed.
-    """
-    if threads:
-        torch.set_num_threads(threads)
-    if malloc_mmap_threshold_kb:
-        set_malloc_mmap_threshold(malloc_mmap_threshold_kb * 1024)
-    torch.manual_seed(seed)
 
 
 class RoleWiseGRPOTrainer:
@@ -305,7 +256,7 @@ class RoleWiseGRPOTrainer:
             check_resume_config(
                 self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.allow_config_change, log
             )
-        _prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
+        prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
         model = models.model(source, dtype=getattr(torch, config.dtype), device=parallel.device, shared=False)
         self.tokenizer = tokenizer
         self.policy = self._policy(model, tokenizer, engine)
@@ -925,7 +876,7 @@ class _StepView:
 def micro_batches(lengths: list[int], max_tokens: int) -> list[torch.Tensor]:
     """Rows packed for the update's forward/backward passes: index tensors ``(m,) int64`` into `lengths`
     (each row's real tokens), rows of similar length together, at most `max_tokens` padded tokens (rows x
-    longest row) each, a longer row alone; every row appears once (`agents.sft.bucket_batches`)."""
+    longest row) each, a longer row alone; every row appears once (`agents.optim.bucket_batches`)."""
     return [
         torch.tensor(rows, dtype=torch.long)
         for rows in bucket_batches(lengths, max_tokens, max(len(lengths), 1), seed=0, epoch=0)

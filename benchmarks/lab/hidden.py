@@ -41,7 +41,7 @@ import string
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.lab.tasks import ITEMS, LabConfig, split_turns
+from benchmarks.lab.tasks import HIDDEN_CATEGORIES, ITEMS, LabConfig, split_turns
 from benchmarks.lab.world import DOCKS, HIDDEN_TOOLS, LabBackend, Warehouse, hidden_capacities
 from envace_gym.types import Message, Task, ToolCall
 
@@ -56,8 +56,6 @@ __all__ = [
     "hidden_layout_text",
     "shelves_from_prompt",
 ]
-
-HIDDEN_CATEGORIES = ("relocate", "ship", "fill", "make_room", "ship_two", "full_job")
 
 
 def hidden_layout_text(shelves: dict[str, list[str]]) -> str:
@@ -251,7 +249,7 @@ def _test_keys(config: LabConfig) -> frozenset[str]:
 
 def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -> Task:
     """Task `index` of `category` in `split` (``"train"``: the stream; ``"test"``: the fixed split); see the
-    module docstring. Metadata as `benchmarks.lab.tasks.make_task` (``answer`` is always None), plus ``split``.
+    module docstring. Metadata as `benchmarks.lab.tasks.make_stated_task` (``answer`` is always None), plus ``split``.
 
     Raises:
         ValueError: an unknown category or split, or a test index outside ``[0, config.test_tasks)``.

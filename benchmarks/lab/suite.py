@@ -7,12 +7,26 @@ import random
 import re
 from collections.abc import Iterator, Sequence
 
-from benchmarks.lab.tasks import CATEGORIES, ITEMS, LabConfig, make_task, reference_final_state
+from benchmarks.lab.hidden import make_hidden_task
+from benchmarks.lab.tasks import CATEGORIES, ITEMS, LabConfig, make_stated_task, reference_final_state
 from benchmarks.lab.world import LabBackend, Warehouse
 from envace_gym.suites import VerifierResult
 from envace_gym.types import Task, ToolCall, Trajectory
 
-__all__ = ["LabSuite", "stated_suite"]
+__all__ = ["LabSuite", "make_task", "stated_suite"]
+
+
+def make_task(config: LabConfig, category: str, index: int, split: str = "train") -> Task:
+    """Task ``f"{category}_{index}"`` of `config`: hidden rules, `benchmarks.lab.hidden.make_hidden_task`
+    (`split` picks the train stream or the fixed test split); stated rules,
+    `benchmarks.lab.tasks.make_stated_task` (the index alone decides; `split` is ignored).
+
+    Raises:
+        ValueError: an unknown category.
+    """
+    if config.rules == "hidden":
+        return make_hidden_task(config, category, index, split)
+    return make_stated_task(config, category, index)
 
 
 @functools.lru_cache(maxsize=64)

@@ -39,10 +39,12 @@ from typing import Any
 from benchmarks.lab.world import DISTRACTOR_TOOLS, DOCKS, RULES, TOOLS, LabBackend, Warehouse, layout_text, rules_text
 from envace_gym.types import Message, Task, ToolCall
 
-__all__ = ["CATEGORIES", "STATED_CATEGORIES", "ITEMS", "LabConfig", "make_task", "reference_final_state"]
+__all__ = ["CATEGORIES", "STATED_CATEGORIES", "ITEMS", "LabConfig", "make_stated_task", "reference_final_state"]
 
 STATED_CATEGORIES = ("relocate", "ship", "count", "make_room", "ship_two", "full_job")
 """The families of the stated-rules world."""
+HIDDEN_CATEGORIES = ("relocate", "ship", "fill", "make_room", "ship_two", "full_job")
+"""The families of the hidden-rules world (`benchmarks.lab.hidden`)."""
 CATEGORIES = STATED_CATEGORIES
 ITEMS = (
     "apple",
@@ -150,8 +152,6 @@ class LabConfig:
     def categories(self) -> tuple[str, ...]:
         """The task families of this config's rules."""
         if self.rules == "hidden":
-            from benchmarks.lab.hidden import HIDDEN_CATEGORIES
-
             return HIDDEN_CATEGORIES
         return STATED_CATEGORIES
 
@@ -309,11 +309,10 @@ def split_turns(system: Message, parts: Parts, user_turns: int) -> tuple[list[li
     return turns, [[c for p in group for c in p[1]] for group in groups]
 
 
-def make_task(config: LabConfig, category: str, index: int, split: str = "train") -> Task:
-    """Task ``f"{category}_{index}"`` of `config` (see the module docstring).
-
-    Hidden rules: `benchmarks.lab.hidden.make_hidden_task` (`split` picks the stream or the fixed test split).
-    Stated rules: the index alone decides the task (`split` is ignored; `LabSuite` splits by index).
+def make_stated_task(config: LabConfig, category: str, index: int) -> Task:
+    """Stated-rules task ``f"{category}_{index}"`` of `config` (see the module docstring): the index alone
+    decides the task (`LabSuite` splits by index). `benchmarks.lab.suite.make_task` picks this or the
+    hidden-rules `benchmarks.lab.hidden.make_hidden_task` by ``config.rules``.
 
     The task's metadata holds ``category``, ``initial_state`` (a `Warehouse` dict), ``reference`` (the
     reference calls per user turn, OpenAI dicts), ``answer`` (the expected number in the reply, or None),
@@ -322,10 +321,6 @@ def make_task(config: LabConfig, category: str, index: int, split: str = "train"
     Raises:
         ValueError: an unknown category.
     """
-    if config.rules == "hidden":
-        from benchmarks.lab.hidden import make_hidden_task
-
-        return make_hidden_task(config, category, index, split)
     rng = random.Random(f"{config.seed}/{category}/{index}")
     shelves, parts, answer, slots = _generate(rng, category, config)
     state = Warehouse(capacity=config.capacity, shelves={s: list(items) for s, items in shelves.items()})
