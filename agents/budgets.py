@@ -39,6 +39,7 @@ after ``MAXIMUM_STEP_LIMIT = 20`` of them, so BFCL's limit is ``max_steps_per_tu
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -377,9 +378,16 @@ _REPORTS: dict[tuple, BudgetReport] = {}
 
 
 def _tokenizer_key(tokenizer: Any) -> tuple:
-    """What a token count depends on: the tokenizer's class, vocabulary and added tokens."""
-    vocab = tokenizer.get_vocab()
-    return type(tokenizer).__name__, len(vocab), hash(frozenset(vocab.items()))
+    """What a token count depends on: the tokenizer's class and its whole definition (vocabulary, merges,
+    normalizer, pre-tokenizer, added tokens: the fast tokenizer's JSON; else the vocabulary) and the chat
+    template (demonstration lengths are rendered with it)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    definition = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    return (
+        type(tokenizer).__name__,
+        hashlib.sha256(definition.encode()).hexdigest(),
+        getattr(tokenizer, "chat_template", None),
+    )
 
 
 def check_task_budgets(
@@ -405,9 +413,13 @@ def check_task_budgets(
     from envace_gym.suites import make_suite
 
     # a pipeline or an ablation checks the same tasks with the same tokenizer and budgets once per stage;
-    # counting 12,000 reference solutions takes ~10 s, so the report is kept per process
+    # counting 12,000 reference solutions takes ~10 s, so the report is kept per process. The suite is keyed by
+    # its class and settings too: a name can be registered again with other settings (another LabConfig).
+    suite = make_suite(suite_name)
     key = (
         suite_name,
+        type(suite).__qualname__,
+        repr(getattr(suite, "config", None)),
         tuple(t.id for t in tasks),
         _tokenizer_key(tokenizer),
         max_steps_per_turn,
@@ -419,7 +431,7 @@ def check_task_budgets(
     if report is None:
         report = budget_report(
             tasks,
-            make_suite(suite_name),
+            suite,
             tokenizer,
             max_steps_per_turn=max_steps_per_turn,
             max_new_tokens=max_new_tokens,

@@ -461,13 +461,25 @@ OUTPUT_FILES = (
 """The files `evaluate` writes (and the only ones it removes from an output folder)."""
 
 _RESUME_IGNORES = ("out", "min_solvable_fraction", "overwrite")
+REHEARSAL_ONLY_FIELDS = ("rehearsal_mode", "memory", "memory_tokens", "attempt_max_steps", "critique_tokens")
+"""`EvalConfig` fields that shape test-time rehearsal only: an evaluation with ``rehearsal_n == 0`` does not
+depend on them, so resuming one (or skipping its finished stage) does not compare them."""
+_FIELDS_BEFORE_TRACE_MEMORY = {"memory": "summary", "attempt_max_steps": 3}
+"""What a run folder written before these fields existed ran with (the English memory, 3-step attempts)."""
+
+
+def resume_ignores(config: EvalConfig) -> tuple[str, ...]:
+    """The fields an evaluation may resume with changed: bookkeeping, and the test-time rehearsal fields when
+    `config` runs no test-time rehearsal."""
+    return _RESUME_IGNORES + (() if config.rehearsal_n else REHEARSAL_ONLY_FIELDS)
 
 
 def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Make the output folder ready: resume the same evaluation, or start clean; returns what is finished.
 
-    Same config (all fields but ``out``, ``min_solvable_fraction``, ``overwrite``): the finished episodes and
-    fidelity records are read back (a cut last line is skipped) and their tasks are not played again.
+    Same config (all fields but `resume_ignores`; a field the folder's run predates is read as that run had it):
+    the finished episodes and fidelity records are read back (a cut last line is skipped) and their tasks are
+    not played again.
     ``overwrite``: every `OUTPUT_FILES` entry is removed first. Otherwise, earlier results in the folder
     refuse the run, so a new summary never sits beside another run's files.
 
@@ -475,7 +487,8 @@ def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], l
         ValueError: the folder holds results of another evaluation (the message lists the differing fields).
     """
     out.mkdir(parents=True, exist_ok=True)
-    current = {k: v for k, v in asdict(config).items() if k not in _RESUME_IGNORES}
+    ignored = resume_ignores(config)
+    current = {k: v for k, v in asdict(config).items() if k not in ignored}
     present = [f for f in OUTPUT_FILES if (out / f).exists()]
     if config.overwrite:
         for f in present:
@@ -484,8 +497,11 @@ def _prepare_out(out: Path, config: EvalConfig) -> tuple[list[dict[str, Any]], l
     saved_path = out / "eval_config.json"
     if present:
         saved = json.loads(saved_path.read_text()) if saved_path.is_file() else None
-        if saved is not None:  # a field added since that run is read as its default there
+        if saved is not None:  # a field added since that run is read as its default there (or as it ran then)
             defaults = {f.name: field_default(f) for f in dataclasses.fields(EvalConfig)}
+            if "memory" not in saved:
+                defaults.update(_FIELDS_BEFORE_TRACE_MEMORY)
+            saved = {k: v for k, v in saved.items() if k not in ignored}
             saved = {**{k: defaults[k] for k in current if k not in saved and k in defaults}, **saved}
         if saved != current:
             diff = sorted(k for k in current if saved is None or saved.get(k) != current[k])

@@ -75,10 +75,11 @@ def generate(
     (context + generated ids but the last) and KV are stored for its next call.
 
     KV layout (U unique rows, W = the longest context, N = ``max_new_tokens``): one buffer per layer
-    ``(U, H_kv, W + N - 1, D)``; row u's context of length L_u fills columns ``[W - L_u, W)`` (zeros to its
-    left: left padding), the decode writes column ``W + t - 1`` at step t. The reused prefix is copied in,
-    the model writes the rest in place (`_prefill`); rows of different shapes are prefilled one at a time
-    over their own slice of the buffers, so no prefill needs a padding mask. During the decode
+    ``(U, H_kv, W + N - 1, D)``; row u's context of length L_u fills columns ``[W - L_u, W)`` (masked columns
+    to its left: left padding), the decode writes column ``W + t - 1`` at step t. The reused prefix is
+    copied in, the model writes the rest (`_prefill`); rows of different shapes go through one padded,
+    masked forward when short (`PADDED_PREFILL_MAX_WIDTH`), else one at a time over their own slice of the
+    buffers, without a mask. During the decode
     ``attention_mask`` ``(B, W + t)`` marks the real columns and ``position_ids`` continue each row's true
     length, so a row's logits do not depend on the batch it is in (up to float rounding).
 
@@ -376,6 +377,11 @@ def _prefill(
     """
     lengths = [len(c) for c in contexts]
     n_rows, width = len(contexts), max(lengths)
+    same_shape = n_rows == 1 or (len(set(lengths)) == 1 and len(set(reused)) == 1)
+    scratch_width = max(reused) + max(n - p for n, p in zip(lengths, reused))  # `_padded_prefill`'s layout
+    if not same_shape and scratch_width <= PADDED_PREFILL_MAX_WIDTH:
+        logits, key_buffers, value_buffers = _padded_prefill(model, contexts, sources, reused, extra, device)
+        return logits, _buffer_cache(model, key_buffers, value_buffers, width), *_row_layout(lengths, width)
     n_layers, kv_heads, head_dim, dtype = _kv_geometry(model)
     shape = (n_rows, kv_heads, width + extra, head_dim)
     key_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # (U, H_kv, W+E, D)
@@ -384,16 +390,13 @@ def _prefill(
         if src is not None and p > 0:
             src.copy_into(key_buffers, value_buffers, u, width - lengths[u], p)
 
-    if n_rows == 1 or (len(set(lengths)) == 1 and len(set(reused)) == 1):
+    if same_shape:
         p = reused[0]
         cache = _buffer_cache(model, key_buffers, value_buffers, p)
         ids = torch.tensor([list(c[p:]) for c in contexts], dtype=torch.long, device=device)  # (U, S)
         pos = torch.arange(p, width, device=device).expand(n_rows, -1)  # (U, S)
         out = model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1, :].float()  # (U, V)
-    elif width + max(len(c) - p for c, p in zip(contexts, reused)) <= PADDED_PREFILL_MAX_WIDTH:
-        logits, key_buffers, value_buffers = _padded_prefill(model, contexts, sources, reused, extra, device)
-        cache = _buffer_cache(model, key_buffers, value_buffers, width)
     else:
         rows_logits = []
         for u, (ctx, p) in enumerate(zip(contexts, reused)):
@@ -410,16 +413,22 @@ def _prefill(
             rows_logits.append(out.logits[:, -1, :].float())  # (1, V)
         logits = torch.cat(rows_logits, dim=0)  # (U, V)
         cache = _buffer_cache(model, key_buffers, value_buffers, width)
-    prefill_mask = torch.zeros((n_rows, width), dtype=torch.long)  # (U, W)
+    return logits, cache, *_row_layout(lengths, width)
+
+
+def _row_layout(lengths: Sequence[int], width: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(prefill_mask (U, W) int64, position_ids (U, 1), W)``: each row's real columns ``[W - len_u, W)``
+    and the position of its last id."""
+    prefill_mask = torch.zeros((len(lengths), width), dtype=torch.long)  # (U, W)
     for u, n in enumerate(lengths):
         prefill_mask[u, width - n :] = 1
-    position_ids = torch.tensor(lengths, dtype=torch.long).view(-1, 1) - 1  # (U, 1)
-    return logits, cache, prefill_mask, position_ids, width
+    position_ids = torch.tensor(list(lengths), dtype=torch.long).view(-1, 1) - 1  # (U, 1)
+    return prefill_mask, position_ids, width
 
 
 PADDED_PREFILL_MAX_WIDTH = 1024
-"""Widest padded prefill (reused prefix + longest suffix, in tokens) that `_prefill` runs as one masked
-forward; wider calls prefill row by row (see `_prefill`)."""
+"""Widest scratch layout of `_padded_prefill` (longest reused prefix + longest suffix, in tokens) that
+`_prefill` runs as one masked forward; wider calls prefill row by row (see `_prefill`)."""
 
 
 def _padded_prefill(
@@ -436,9 +445,11 @@ def _padded_prefill(
 
     The forward runs over a scratch layout with every suffix in the same columns: row u's reused prefix
     (p_u ids) ends at column P = max p, its suffix (s_u ids) ends at column P + S (S = max s), and the
-    columns in between are padding, masked out (a padding query of a row with no reused prefix sees no
-    column at all; its output and KV are never read). One gather per layer then moves each row's columns
-    to the layout above, leaving the padding out.
+    columns in between are padding, masked out. A padding query of a row with no reused prefix sees no
+    column at all: the attention kernel returns 0 for such a row (PyTorch's SDPA; checked finite on CPU with
+    `sdpa` and `eager` attention, not on CUDA), so the padding's KV stays finite, and real queries give it
+    weight 0. One gather per layer then moves each row's columns to the layout above, leaving the padding
+    out.
     """
     n_rows = len(contexts)
     lengths = [len(c) for c in contexts]

@@ -52,7 +52,7 @@ from agents.config import (
     field_default,
     nested_config_field,
 )
-from agents.evaluate import EvalConfig
+from agents.evaluate import EvalConfig, resume_ignores
 from agents.models import ModelStore, default_store
 from agents.run_folder import read_jsonl
 from agents.sft import SFTConfig
@@ -440,9 +440,7 @@ class StageRunner:
         """Stage `name`: `agents.evaluate.evaluate` with `eval_config` (its ``out`` should be the stage's
         folder); returns the evaluation row (accuracy, tool-call fraction, parse errors, fidelity fields)."""
         settings = stage_settings(eval_config)
-        ignore: tuple[str, ...] = ("min_solvable_fraction", "overwrite")
-        if not eval_config.rehearsal_n:  # these shape test-time rehearsal only, which this evaluation does not run
-            ignore += ("rehearsal_mode", "memory", "memory_tokens", "attempt_max_steps", "critique_tokens")
+        ignore = resume_ignores(eval_config)  # the same fields `evaluate` itself resumes with changed
         info = self.stage(
             name,
             lambda out: {"eval": _evaluate(eval_config, out, self.log, models), "config": settings},

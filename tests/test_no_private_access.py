@@ -15,6 +15,8 @@ ALLOWED = {
     "_forward_hooks": "torch.nn.Module's hook registry; no public call tells whether a module is hooked, and the "
     "lean decode step must not skip somebody's hook (it runs the model's own forward then)",
     "_forward_pre_hooks": "the same registry, for pre-forward hooks",
+    "_np_random": "gymnasium.spaces.Space keeps its generator there, None until first used; a space copied from a "
+    "shared prototype must start with its own (envace_gym.spaces)",
     "_last_lr": "torch LR schedulers keep the current rate there; restored with the scheduler state",
     "_load_scenario": "bfcl-eval's classes take a task's initial state only there (its own harness calls it)",
     "_generate_single_turn": "TRL 1.16's GRPOTrainer generates (vLLM or Transformers) only there; the TRL adapter "

@@ -150,6 +150,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.ttr_sequential_n = list(args.ttr_n)
     if args.base_rehearser_n is None:
         args.base_rehearser_n = list(args.ttr_n)
+    if args.quick:
+        args.base_rehearser_n = [n for n in args.base_rehearser_n if n <= 2]
+    for option, values in (
+        ("--ttr-n", args.ttr_n),
+        ("--ttr-sequential-n", args.ttr_sequential_n),
+        ("--base-rehearser-n", args.base_rehearser_n),
+    ):
+        if len(set(values)) != len(values):
+            ap.error(f"{option} lists an N twice: {values}")
+    if args.limit < 1 or args.fidelity_limit < 0:
+        ap.error("--limit must be >= 1 and --fidelity-limit >= 0 (0: no fidelity evaluations)")
     if (
         args.seeds < 1
         or (args.grpo_steps is not None and args.grpo_steps < 1)

@@ -283,3 +283,29 @@ def test_an_eval_with_other_settings_refuses_the_folder_unless_overwrite(tmp_pat
         evaluate(_cfg(out), policy=InterruptAfter(), log=None, progress=False)
     evaluate(_cfg(out, overwrite=True), policy=InterruptAfter(), log=None, progress=False)
     assert not (out / "fidelity_per_tool.csv").exists() and (out / "summary.csv").is_file()
+
+
+def test_a_folder_from_before_the_trace_memory_resumes_plainly_and_refuses_other_rehearsal(tmp_path):
+    """Folders written before `memory` existed ran the English summary with 3-step attempts; a plain
+    evaluation does not depend on either, a test-time rehearsal one does."""
+    from agents.evaluate import _prepare_out
+
+    out = tmp_path / "e"
+    plain = EvalConfig(model="tiny-random", suite="scripted", out=str(out))
+    stored = dataclasses.asdict(plain)
+    for key in ("out", "min_solvable_fraction", "overwrite", "memory"):
+        stored.pop(key)
+
+    def old_run(**changes):
+        out.mkdir(exist_ok=True)
+        (out / "eval_config.json").write_text(json.dumps({**stored, "attempt_max_steps": 3, **changes}))
+        (out / "episodes.jsonl").write_text("")
+
+    old_run()
+    assert _prepare_out(out, plain) == ([], [])  # resumes: nothing finished yet, nothing refused
+    old_run(rehearsal_n=2)
+    rehearsal = dataclasses.replace(plain, rehearsal_n=2)
+    with pytest.raises(ValueError, match="differing fields: attempt_max_steps, memory"):
+        _prepare_out(out, rehearsal)
+    old_run(rehearsal_n=2)
+    _prepare_out(out, dataclasses.replace(rehearsal, memory="summary", attempt_max_steps=3))  # what it ran

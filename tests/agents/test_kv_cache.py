@@ -408,3 +408,20 @@ def test_policy_cache_switch_and_sharing():
     own = PrefixKVCache()
     assert Policy(p1.model, p1.tokenizer, kv_cache=own).kv_cache is own
     assert Policy(p1.model, p1.tokenizer).kv_cache is not p1.kv_cache
+
+
+def test_ragged_rows_take_the_padded_prefill_up_to_its_width(model, monkeypatch):
+    """`_prefill` runs one padded forward when the scratch width (longest reuse + longest suffix) is within
+    `PADDED_PREFILL_MAX_WIDTH`, else row by row; both give the same samples."""
+    contexts = [_ids(range(7, 7 + n)) for n in (5, 9, 3)]  # no reuse: the scratch width is the longest, 9
+    padded_calls = []
+    real = generation._padded_prefill
+    monkeypatch.setattr(generation, "_padded_prefill", lambda *a: padded_calls.append(1) or real(*a))
+    results = []
+    for limit in (9, 8):
+        monkeypatch.setattr(generation, "PADDED_PREFILL_MAX_WIDTH", limit)
+        results.append(
+            generate(model, contexts, max_new_tokens=4, temperature=1.0, stop_ids=[STOP], pad_id=PAD, seeds=[1, 2, 3])
+        )
+    assert padded_calls == [1]  # at the width: padded; one below: row by row
+    assert [g.token_ids for g in results[0]] == [g.token_ids for g in results[1]]

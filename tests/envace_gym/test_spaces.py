@@ -12,10 +12,12 @@ def test_printable_text_equals_gymnasiums_text_and_has_its_own_generator():
     a, b = printable_text(), printable_text()
     assert a == spaces.Text(max_length=a.max_length, min_length=0, charset=PRINTABLE_CHARSET)
     a.seed(1)
-    first = a.sample()
-    b.seed(2)  # seeding another space from the same prototype must not move a's generator
+    expected = [a.sample() for _ in range(2)]
     a.seed(1)
-    assert a.sample() == first and a.np_random is not b.np_random
+    first = a.sample()
+    b.seed(2)  # seeding or sampling another space from the same prototype must not move a's generator
+    b.sample()
+    assert [first, a.sample()] == expected and a.np_random is not b.np_random
     assert a.contains('{"name": "move", "arguments": {}}\n') and not a.contains("\ud800")
 
 
