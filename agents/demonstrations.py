@@ -101,6 +101,7 @@ from typing import Any, Literal
 
 from envace_gym.parsing import format_tool_calls
 from envace_gym.rendering import ChatRenderer
+from envace_gym.suites import DONE_MESSAGE, NO_CALL_MESSAGE
 from envace_gym.types import GeneratedText, Role, Segment, Task, ToolCall, Trajectory
 
 __all__ = [
@@ -119,13 +120,6 @@ __all__ = [
 ]
 
 MULTI_TURN_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
-DONE_MESSAGE = "Done."
-"""Closing assistant message of a user turn whose ground truth has calls."""
-NO_CALL_MESSAGE = (
-    "I cannot complete this request with the functions and information I have. "
-    "Please provide the missing function or parameter."
-)
-"""Closing assistant message of a user turn whose ground truth is empty (BFCL miss_func / miss_param)."""
 
 Overflow = Literal["truncate", "drop"]
 CallsPerMessage = Literal["one", "all"]

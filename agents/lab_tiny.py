@@ -214,11 +214,11 @@ def _world_texts(train_tasks: int) -> Iterable[str]:
     and every item, letter and digit."""
     import string
 
-    from agents.demonstrations import DONE_MESSAGE, NO_CALL_MESSAGE
     from benchmarks.lab import LabSuite
     from benchmarks.lab.tasks import ITEMS
     from benchmarks.lab.world import DISTRACTOR_TOOLS, DOCKS, HIDDEN_TOOLS
     from envace_gym.parsing import format_tool_calls
+    from envace_gym.suites import DONE_MESSAGE, NO_CALL_MESSAGE
     from envace_gym.types import ToolCall
 
     suite = LabSuite()

@@ -26,7 +26,8 @@ Optionally:
   build SFT demonstrations; a suite without it is neither checked nor demonstrated.
 * ``Suite.reference_reply(task, turn) -> str | None``: the closing assistant message of user turn `turn` in
   the reference solution, when the reward reads it (a question the reply must answer); None (or no such
-  method) lets the demonstrations close the turn with a fixed template.
+  method) lets the demonstrations close the turn with a fixed template (`DONE_MESSAGE` after a turn with
+  calls, `NO_CALL_MESSAGE` after one without).
 * ``Suite.mutations(task, calls, rng) -> list[tuple[int, ToolCall]]``: mistaken calls, each to be played
   right before reference call ``calls[position]`` (`calls`: ``ground_truth`` flattened over the turns; `rng`:
   a seeded ``random.Random``). ``agents.demonstrations.build_demonstrations(mutations=k)`` plays them on the
@@ -55,9 +56,20 @@ __all__ = [
     "make_suite",
     "registered_suites",
     "user_turns",
+    "DONE_MESSAGE",
+    "NO_CALL_MESSAGE",
 ]
 
 ENTRY_POINT_GROUP = "envace_gym.suites"
+DONE_MESSAGE = "Done."
+"""Closing assistant message of a user turn whose ground truth has calls (the fixed template of a suite
+without ``reference_reply``). Defined here, with the suite contract, because both the demonstrations
+(`agents.demonstrations`) and a suite's own vocabulary (the lab's `lab-tiny` tokenizer) must spell it the same."""
+NO_CALL_MESSAGE = (
+    "I cannot complete this request with the functions and information I have. "
+    "Please provide the missing function or parameter."
+)
+"""Closing assistant message of a user turn whose ground truth is empty (BFCL miss_func / miss_param)."""
 
 
 @runtime_checkable
