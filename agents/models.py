@@ -90,7 +90,7 @@ LAB_MODEL = "smollm2-lab"
 """SmolLM2-135M-Instruct with its vocabulary cut to the lab world's ~630 tokens (`ensure_lab_model`)."""
 LAB_TINY_MODEL = "lab-tiny"
 """A 0.9M-parameter Llama with a word- and phrase-level lab tokenizer, untrained (seed 0), for the hidden-rules lab
-world (`agents.lab_tiny`)."""
+world (`benchmarks.lab.lab_tiny`)."""
 KNOWN_MODELS = (DEFAULT_MODEL, TINY_MODEL, LAB_MODEL, LAB_TINY_MODEL)
 """Names `ModelStore.model` resolves besides local folders (no hub downloads happen at run time)."""
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -339,9 +339,9 @@ def _build_once(target: Path, name: str, build: Callable[[], tuple[PreTrainedMod
 
 
 def ensure_lab_tiny_model(cache_root: Path | None = None) -> Path:
-    """Build the `lab-tiny` folder once (`agents.lab_tiny.build_lab_tiny`: default sizes, seed 0; about 10 s)
-    into `agents.lab_tiny.lab_tiny_dir` of `cache_root` (None: `cache_dir()`) and return it."""
-    from agents.lab_tiny import build_lab_tiny, lab_tiny_dir
+    """Build the `lab-tiny` folder once (`benchmarks.lab.lab_tiny.build_lab_tiny`: default sizes, seed 0; about 10 s)
+    into `benchmarks.lab.lab_tiny.lab_tiny_dir` of `cache_root` (None: `cache_dir()`) and return it."""
+    from benchmarks.lab.lab_tiny import build_lab_tiny, lab_tiny_dir
 
     target = lab_tiny_dir(cache_root or cache_dir())
 

@@ -1,6 +1,6 @@
 """How well, how fast and how stably does `lab-tiny` learn the hidden-rules lab world by SFT from scratch?
 
-For each initialisation seed: build `lab-tiny` (`agents.lab_tiny.build_lab_tiny`, the sizes given), train it
+For each initialisation seed: build `lab-tiny` (`benchmarks.lab.lab_tiny.build_lab_tiny`, the sizes given), train it
 by SFT on real executions of the train stream's reference solutions (`agents.sft.SFTTrainer`; both roles,
 optionally the leading prompt and error demonstrations), then score it greedily on the fixed test split on
 the real backend (`agents.evaluate`), and measure which values it copies (`token_kind_accuracy` on test
@@ -16,7 +16,7 @@ The defaults (2 heads, mimetic attention initialisation, 600 steps of 16 shuffle
 Transformers' normal initialisation no setting tried (1, 2, 4 or 8 heads, width 256, 8 layers, 16 to 64
 rows, lr 2e-3 or 3e-3, prompt loss, length-bucketed batches, family curricula) learned to copy items into
 calls in every family: copying formed for one family at a time and the next undid it. Mimetic initialisation
-(`agents.lab_tiny.mimetic_attention_init`) did (teacher-forced item accuracy, printed per seed).
+(`benchmarks.lab.lab_tiny.mimetic_attention_init`) did (teacher-forced item accuracy, printed per seed).
 
 A seed whose evaluation is in ``--out`` with the same settings is read back, not rerun; other settings in the
 same folder are refused.
@@ -129,11 +129,11 @@ def token_kind_accuracy(model: Any, tokenizer: Any, demos: list[Any]) -> dict[st
 def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> dict[str, Any]:
     from agents.demonstrations import build_demonstrations
     from agents.evaluate import EvalConfig, evaluate
-    from agents.lab_tiny import LabTinySizes, build_lab_tiny
     from agents.models import ModelStore
     from agents.pipeline import latest_model
     from agents.sft import SFTConfig, SFTTrainer
     from benchmarks.lab.hidden import HIDDEN_CATEGORIES
+    from benchmarks.lab.lab_tiny import LabTinySizes, build_lab_tiny
 
     done = folder / "report.json"
     if done.is_file():

@@ -1,4 +1,4 @@
-"""`lab-tiny` (`agents.lab_tiny`): the phrase-level tokenizer made from the lab world, the chat template, the
+"""`lab-tiny` (`benchmarks.lab.lab_tiny`): the phrase-level tokenizer made from the lab world, the chat template, the
 Llama built from a config, its cache folder, and that it learns from the world's demonstrations."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from agents.lab_tiny import (
+from benchmarks.lab import LabSuite
+from benchmarks.lab.lab_tiny import (
     LAB_TINY_MODEL,
     LabTinySizes,
     build_lab_tokenizer,
@@ -16,7 +17,6 @@ from agents.lab_tiny import (
     lab_tiny_model,
     lab_vocabulary,
 )
-from benchmarks.lab import LabSuite
 from benchmarks.lab.tasks import ITEMS
 from envace_gym.parsing import format_tool_calls, parse_tool_calls
 from envace_gym.rendering import ChatRenderer
@@ -219,7 +219,7 @@ def test_a_value_follows_the_same_key_token_in_a_call_and_in_its_output(tokenize
 
 
 def test_mimetic_init_starts_every_attention_layer_as_a_copy(tokenizer):
-    from agents.lab_tiny import MIMETIC_QK, MIMETIC_VO
+    from benchmarks.lab.lab_tiny import MIMETIC_QK, MIMETIC_VO
 
     model = lab_tiny_model(len(tokenizer), tokenizer.eos_token_id, seed=3)
     eye = torch.eye(model.config.hidden_size)

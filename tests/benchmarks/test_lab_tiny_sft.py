@@ -36,7 +36,7 @@ def test_token_kind_accuracy_is_one_for_a_model_that_predicts_the_demonstration(
     import torch
 
     from agents.demonstrations import build_demonstrations
-    from agents.lab_tiny import build_lab_tokenizer
+    from benchmarks.lab.lab_tiny import build_lab_tokenizer
 
     tokenizer = build_lab_tokenizer()
     demos, _ = build_demonstrations(tokenizer, "lab", ["ship"], "test", limit=3, max_tokens=None)
