@@ -192,7 +192,8 @@ class TrainConfig:
     tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")
     engine: str = _f(
         "hf",
-        "generation engine registered in agents.engines: 'hf' (Transformers with the prefix KV cache) or 'hf-nocache'",
+        "generation engine registered in agents.engines.registry: 'hf' (Transformers with the prefix KV cache) or "
+        "'hf-nocache'",
     )
 
     # --- Parameters that control the tasks ------------------------------------------------------------
@@ -388,11 +389,11 @@ class TrainConfig:
                 fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
             fail(f"max_episode_tokens must be None (no budget) or >= 1, got {self.max_episode_tokens}")
-        from agents.engines import registered_engines
+        from agents.engines.registry import registered_engines
 
         if self.engine not in registered_engines():
             fail(
-                f"engine must be one of {registered_engines()} (agents.engines.register_engine adds one), got "
+                f"engine must be one of {registered_engines()} (agents.engines.registry.register_engine adds one), got "
                 f"{self.engine!r}"
             )
 

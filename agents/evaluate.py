@@ -6,7 +6,7 @@ which ends with the assistant opener after every non-final step), optionally in
 `wrappers.TestTimeRehearsal` (``rehearsal_n > 0``). All tasks are played together: every round, one
 batched `Policy.act` call serves the ACT step of every unfinished task, then every env steps in its own
 worker thread, and the generate calls they make inside `reset`/`step` (test-time rehearsals, rehearsed
-tool outputs) are merged across envs into one batched call per setting (`agents.batching`), so they cost
+tool outputs) are merged across envs into one batched call per setting (`agents.engines.batching`), so they cost
 about what one env's would. With ``fidelity=True`` the env is instead the *rehearsing*
 `RehearseEnv` wrapped in `wrappers.RehearsalFidelity` (no real tools; the shadow backend scores the
 rehearsed responses).
@@ -163,7 +163,9 @@ class EvalConfig:
             "another refuses)"
         ),
     )
-    engine: str = _f("hf", "generation engine registered in agents.engines ('hf', 'hf-nocache', 'hf-generate')")
+    engine: str = _f(
+        "hf", "generation engine registered in agents.engines.registry ('hf', 'hf-nocache', 'hf-generate')"
+    )
     user_model: str | None = _f(
         None, "suites with a simulated user (tau2): the model that plays the user (none: the evaluated model itself)"
     )
@@ -212,7 +214,7 @@ class EvalConfig:
             raise ValueError(f"limit must be None or >= 1, got {self.limit!r}")
         if self.rehearsal_n < 0:
             raise ValueError(f"rehearsal_n must be >= 0, got {self.rehearsal_n!r}")
-        from agents.engines import registered_engines
+        from agents.engines.registry import registered_engines
 
         if self.engine not in registered_engines():
             raise ValueError(f"invalid EvalConfig: engine must be one of {registered_engines()}, got {self.engine!r}")
@@ -361,7 +363,7 @@ def _play(
     config: EvalConfig, tasks: list[Any], policy: Any, rehearser_policy: Any, user_policy: Any, log: Any, progress: bool
 ) -> EvalResult:
     """`evaluate` after the models are loaded: play the unfinished tasks, write and return the results."""
-    from agents.batching import BatchCoordinator, coalesced
+    from agents.engines.batching import BatchCoordinator, coalesced
 
     if config.out is None:  # unreachable: EvalConfig.__post_init__ fills it in (Path(None) raised TypeError too)
         raise TypeError("EvalConfig.out is not set")

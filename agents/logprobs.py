@@ -1,7 +1,7 @@
 """Selected-token logprobs (and entropies) of given token ids, computed in chunks through the LM head.
 
 The trainer recomputes ``log p(y_t | y_<t)`` for the exact ids of a rollout (docs/design.md §3, token in,
-token out) to form the PPO ratio against the logprobs recorded at generation (`agents.generation`), and
+token out) to form the PPO ratio against the logprobs recorded at generation (`agents.engines.generation`), and
 optionally the entropy for the entropy bonus (docs/design.md §1). Doing that with ``model(input_ids).logits``
 materialises an ``(N, T, V)`` float tensor (V = 49152 for SmolLM2: 8 rows × 512 tokens is 0.8 GB per
 copy), and the log-softmax and its backward hold several such copies at once. `token_logprobs` never
@@ -19,7 +19,7 @@ Implementation details:
    ``chunk_size × V × 4`` bytes times a small constant (logits, log-softmax, their gradients), instead of
    the same constant times ``N × T × V × 4``. The price is one extra LM-head matmul per chunk in the
    backward.
-3. Position ids are ``cumsum(attention_mask) - 1`` (as in `agents.generation`), so a row's logprobs do
+3. Position ids are ``cumsum(attention_mask) - 1`` (as in `agents.engines.generation`), so a row's logprobs do
    not depend on how much padding the batch gave it. The layout is right padding; a position gets a
    logprob only when it and the position before it are both real tokens (``mask[t] = mask[t-1] = 1``),
    so position 0, the padding, and (were a row left-padded) its first real token hold 0.0.
@@ -133,7 +133,7 @@ def token_logprobs(
     """Logprob of every given token under the model, without materialising the ``(N, T, V)`` logits.
 
     Position ``t`` holds ``log softmax(logits_{t-1} / temperature)[input_ids[:, t]]``, i.e.
-    ``log p(input_ids[:, t] | input_ids[:, :t])``: the same quantity `agents.generation.generate` records
+    ``log p(input_ids[:, t] | input_ids[:, :t])``: the same quantity `agents.engines.generation.generate` records
     for the ids it samples (with the same temperature). Differentiable: gradients flow to every model
     parameter (decoder and LM head), e.g. ``(token_logprobs(...) * loss_mask).sum().backward()``.
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from agents.engines import GenerationEngine, HFEngine, make_engine
-from agents.generation import Generation
-from agents.kv_cache import PrefixKVCache
+from agents.engines.generation import Generation
+from agents.engines.kv_cache import PrefixKVCache
+from agents.engines.registry import GenerationEngine, HFEngine, make_engine
 from agents.models import ModelStore, default_store
 from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse, requests_by_setting
 from envace_gym.rendering import ChatRenderer
@@ -45,12 +45,12 @@ class Policy:
     Args:
         model: a Transformers causal LM (the object the trainer updates).
         tokenizer: its tokenizer (must have a chat template).
-        kv_cache: for the default engine (`agents.engines.HFEngine`): the per-trajectory prefix KV cache
+        kv_cache: for the default engine (`agents.engines.registry.HFEngine`): the per-trajectory prefix KV cache
             used by `act` and by inline rehearsal. True (default): a new cache of this policy's engine (a
             `PolicyRehearser` over this policy continues the same entries); False or None: no caching, every
             context is re-encoded in full (the fallback, and the benchmarks' baseline); or a cache object to
             share with another policy. Used by the ``"hf"`` engine only.
-        engine: the `agents.engines.GenerationEngine` that samples, or the name of a registered one built over
+        engine: the `agents.engines.registry.GenerationEngine` that samples, or the name of a registered one built over
             `model` (None or ``"hf"``: ``HFEngine(model, pad_id, kv_cache)``).
 
     Attributes:
@@ -206,7 +206,7 @@ def load_policy(
     Args:
         model: the model name or folder.
         kv_cache: for the ``"hf"`` engine, as in `Policy` (True: the policy's prefix cache; False: none).
-        engine: a generation engine registered in `agents.engines` (default ``"hf"``).
+        engine: a generation engine registered in `agents.engines.registry` (default ``"hf"``).
         models: the store that holds the model and the policy.
 
     Raises:

@@ -219,7 +219,7 @@ def collect_rollouts(
     In ``inline`` mode the REHEARSE segments are already in ``trajectory.segments`` and ``rehearsals`` is
     empty. `build_batch` reads these rows; everything is JSON-compatible (`Trajectory.to_dict`).
 
-    Temperature. ``old_logprobs`` are ``log_softmax(logits / temperature)`` (`agents.generation`): ACT
+    Temperature. ``old_logprobs`` are ``log_softmax(logits / temperature)`` (`agents.engines.generation`): ACT
     tokens at ``temperature``, REHEARSE tokens at the env's rehearsal ``temperature``. A warning is issued
     when they differ, since one recomputation temperature cannot then match both. Temperature 0 (greedy)
     records ``log_softmax(logits)``: recompute it at temperature 1.

@@ -76,7 +76,7 @@ from agents.budgets import check_task_budgets
 from agents.checkpoint import checkpoint_dir, load_newest, prune_checkpoints, save_checkpoint
 from agents.config import TrainConfig, _dump_yaml
 from agents.distributed import DataParallel, as_float
-from agents.engines import GenerationEngine
+from agents.engines.registry import GenerationEngine
 from agents.grpo import LossStats, aggregation_count, grpo_loss
 from agents.logprobs import TokenLogprobs, enable_gradient_checkpointing, token_logprobs
 from agents.models import ModelStore, default_store
@@ -157,7 +157,7 @@ class RoleWiseGRPOTrainer:
     Args:
         config: a validated `TrainConfig` (its checks run before any model loads).
         log: where progress lines go (``print`` by default; None: nowhere).
-        engine: the `agents.engines.GenerationEngine` of the ACT policy (and of REHEARSE when the roles share
+        engine: the `agents.engines.registry.GenerationEngine` of the ACT policy (and of REHEARSE when the roles share
             the model); None builds ``config.engine`` (default ``"hf"``) over the loaded model.
         models: the `agents.models.ModelStore` the tokenizer and the starting weights come from (None: the
             default store); the trained model is always a fresh copy, never the store's shared one.

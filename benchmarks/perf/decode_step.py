@@ -13,8 +13,8 @@ For each batch size B (rows decoding together) and a context of ``--context`` to
   (attention's products read each K/V head once, as grouped-query attention allows);
 * **HF forward**: a plain Transformers decode step, ``model(input_ids, cache=cache, use_cache=True,
   logits_to_keep=1)`` with a `transformers.DynamicCache` and greedy ``argmax``;
-* **ours**: a step of `agents.generation.generate` (the engine every rollout uses): sampling with a seeded
-  generator per row and the logprob of each sampled id, each step through `agents.decode.decode_step`
+* **ours**: a step of `agents.engines.generation.generate` (the engine every rollout uses): sampling with a seeded
+  generator per row and the logprob of each sampled id, each step through `agents.engines.decode.decode_step`
   (the lean path, without the Transformers module stack). Its step time is
   ``(t(N + 1 new tokens) - t(1 new token)) / N``, so the prefill and the one-off set-up cancel (a primed
   prefix cache makes each prefill one token per row, as in a rollout's later turns); no row stops (no stop
@@ -51,8 +51,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-from agents.generation import generate  # noqa: E402
-from agents.kv_cache import PrefixKVCache  # noqa: E402
+from agents.engines.generation import generate  # noqa: E402
+from agents.engines.kv_cache import PrefixKVCache  # noqa: E402
 from agents.models import default_store  # noqa: E402
 
 
@@ -134,7 +134,7 @@ def hf_step(model: torch.nn.Module, contexts: torch.Tensor, steps: int) -> Calla
 def our_step(
     model: torch.nn.Module, contexts: list[list[int]], steps: int, pad_id: int, fast_decode: bool = True
 ) -> Callable[[], float]:
-    """A timer of `agents.generation.generate` decode steps: each call returns
+    """A timer of `agents.engines.generation.generate` decode steps: each call returns
     ``(t(steps + 1 new tokens) - t(1 new token)) / steps``, temperature 1, no stop id. A `PrefixKVCache`
     primed with the contexts makes each call's prefill one token per row (as in a rollout's later turns), so
     the difference is not swamped by the variance of a full prefill."""

@@ -2,7 +2,7 @@
 
 Both sides run the same `agents.rollout.collect_rollouts` loop as `rollout_speed.py` (same tasks, same
 scripted first call per user turn, inline prompt mode, the same seeds) with our cached engine; only the
-`agents.kv_cache.PrefixKVCache` differs:
+`agents.engines.kv_cache.PrefixKVCache` differs:
 
 * ``shared`` (the default, ``share_prefixes=True``): an entry stores only the KV its parent does not hold,
   so the K trajectories of a group keep one copy of their prompt after the first turn;
@@ -34,8 +34,8 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from agents.engines import HFEngine  # noqa: E402
-from agents.kv_cache import PrefixKVCache  # noqa: E402
+from agents.engines.kv_cache import PrefixKVCache  # noqa: E402
+from agents.engines.registry import HFEngine  # noqa: E402
 from agents.policy import Policy, load_policy  # noqa: E402
 from benchmarks.perf.rollout_tokens import pick_tasks, scripted_inline_rollouts  # noqa: E402
 

@@ -6,7 +6,7 @@ the vector env answers all N pending calls with ONE batched generate per step, t
 N generate calls of batch 1. Prints rehearsed tokens per second for both and their ratio (target >= 3x at
 N = 8 with the tiny model). Runs alternate (sequential, vector, sequential, ...) and the median is used.
 
-Every run starts from an empty prefix KV cache (`agents.kv_cache.PrefixKVCache.clear`), so neither side
+Every run starts from an empty prefix KV cache (`agents.engines.kv_cache.PrefixKVCache.clear`), so neither side
 reuses keys/values computed by an earlier run. Within a run the cache works as in training (each call
 feeds only the new tokens; prompt prefixes shared by several tasks are prefilled once). Two settings,
 both printed:

@@ -7,7 +7,7 @@ backend differs:
 
 * ``ours``: `agents.policy.Policy` with its `PrefixKVCache` (each call prefills only new tokens; the K
   identical prompts of a group are prefilled once; last-position logits only).
-* ``hf``: a `Policy` with the `agents.engines.HFGenerateEngine`, which left-pads the full contexts and calls
+* ``hf``: a `Policy` with the `agents.engines.registry.HFGenerateEngine`, which left-pads the full contexts and calls
   ``model.generate(do_sample=True, ...)`` (HF's own KV cache inside a call, the whole context re-encoded at
   every call), logprobs from ``output_logits``.
 
@@ -38,7 +38,7 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from agents.engines import HFEngine, HFGenerateEngine  # noqa: E402
+from agents.engines.registry import HFEngine, HFGenerateEngine  # noqa: E402
 from agents.policy import Policy, load_policy  # noqa: E402
 from benchmarks.perf.rollout_tokens import pick_tasks, scripted_inline_rollouts  # noqa: E402
 

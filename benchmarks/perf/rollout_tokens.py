@@ -4,7 +4,7 @@ One run plays the SAME rollouts (same tasks, seeds, scripted actions) three or f
 the model is fed (a forward pre-hook on the model: real tokens = the attention-mask ones of the query columns;
 ``positions`` also counts padding columns):
 
-* ``inline_cached``: inline prompt mode, `agents.kv_cache.PrefixKVCache` on (the default): every ACT and
+* ``inline_cached``: inline prompt mode, `agents.engines.kv_cache.PrefixKVCache` on (the default): every ACT and
   REHEARSE call feeds only the tokens its trajectory has not processed yet.
 * ``inline_reencode``: inline prompt mode, caching off (``Policy(kv_cache=False)``): every call re-encodes
   its whole context (what a plain ``model.generate`` per turn does).

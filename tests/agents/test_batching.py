@@ -1,4 +1,4 @@
-"""`agents.batching`: generate calls of concurrent workers merge into one engine call per setting, every row
+"""`agents.engines.batching`: generate calls of concurrent workers merge into one engine call per setting, every row
 gets exactly what its own call would have sampled, and no worker hangs when another one ends or fails."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from agents.batching import BatchCoordinator, coalesced
-from agents.engines import HFEngine
+from agents.engines.batching import BatchCoordinator, coalesced
+from agents.engines.registry import HFEngine
 from agents.policy import Policy
 
 STOP = [2]

@@ -1,12 +1,12 @@
-"""The lean decode step (`agents.decode`) computes what the model's own forward computes."""
+"""The lean decode step (`agents.engines.decode`) computes what the model's own forward computes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from agents.decode import supports_decode_step
-from agents.generation import generate
+from agents.engines.decode import supports_decode_step
+from agents.engines.generation import generate
 from agents.models import tiny_random_model
 
 

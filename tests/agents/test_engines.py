@@ -1,4 +1,4 @@
-"""Generation engines (`agents.engines`): a second engine registered from a test drives training and
+"""Generation engines (`agents.engines.registry`): a second engine registered from a test drives training and
 evaluation with no change to the trainer, and the built-in engines sample alike."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import tests.testing_env  # noqa: F401  (registers the scripted suites)
 from agents.cli import main
 from agents.config import TrainConfig
-from agents.engines import GenerationEngine, HFEngine, make_engine, register_engine, registered_engines
+from agents.engines.registry import GenerationEngine, HFEngine, make_engine, register_engine, registered_engines
 from agents.policy import load_policy
 from agents.trainer import RoleWiseGRPOTrainer
 

@@ -1,4 +1,5 @@
-"""Tests of the per-trajectory prefix KV cache (agents/kv_cache.py) and the cached path of agents/generation.py.
+"""Tests of the per-trajectory prefix KV cache (agents/engines/kv_cache.py) and the cached path of
+agents/engines/generation.py.
 
 The key property: generating through `PrefixKVCache` over several calls, each context an extension of the
 previous context + generated ids + arbitrary "template" ids (the inline-mode pattern), records logprobs
@@ -16,9 +17,9 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agents import generation
-from agents.generation import generate
-from agents.kv_cache import KVEntry, PrefixKVCache
+from agents.engines import generation
+from agents.engines.generation import generate
+from agents.engines.kv_cache import KVEntry, PrefixKVCache
 from agents.logprobs import token_logprobs
 from agents.models import tiny_random_model
 from agents.policy import Policy, load_policy
@@ -151,7 +152,7 @@ def test_cached_multi_turn_matches_full_recompute_and_uncached(
 @pytest.mark.parametrize("padded_width", [0, 1024], ids=["row_by_row_prefill", "padded_prefill"])
 def test_ragged_prefix_lengths_in_one_batch(model, base, cuts, suffixes, seed, min_shared, padded_width, monkeypatch):
     """Rows whose cached prefixes have different lengths (cut points into one stored entry, or none), with
-    ragged rows prefilled one by one and in one padded forward (`agents.generation._padded_prefill`)."""
+    ragged rows prefilled one by one and in one padded forward (`agents.engines.generation._padded_prefill`)."""
     monkeypatch.setattr(generation, "PADDED_PREFILL_MAX_WIDTH", padded_width)
     base = _ids(base)
     cache = PrefixKVCache(replace=False, min_shared_prefix=min_shared)
@@ -328,7 +329,7 @@ def test_a_linked_entry_must_fit_its_parent():
 
 
 def test_reserved_layer_writes_in_place_then_falls_back_to_concatenation():
-    from agents.generation import _ReservedLayer
+    from agents.engines.generation import _ReservedLayer
 
     keys, values = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)  # (B, H_kv, T, D)
     key_buffer, value_buffer = torch.zeros(2, 3, 7, 4), torch.zeros(2, 3, 7, 4)  # room for 2 more columns

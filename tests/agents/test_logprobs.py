@@ -1,12 +1,12 @@
 """Chunked selected-token logprobs (`agents.logprobs`) against the full-logits reference, and against
-the logprobs `agents.generation.generate` records (token in, token out: docs/design.md §3)."""
+the logprobs `agents.engines.generation.generate` records (token in, token out: docs/design.md §3)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from agents.generation import generate
+from agents.engines.generation import generate
 from agents.logprobs import enable_gradient_checkpointing, naive_token_logprobs, token_logprobs
 from agents.models import SMOLLM2_PAD_TOKEN_ID, tiny_random_model
 

@@ -1,21 +1,21 @@
 """Generation engines: what samples tokens for `agents.policy.Policy` (both roles, ACT and REHEARSE).
 
 An engine takes token ids in and gives sampled ids, their logprobs under the sampling distribution and a
-stop reason out (`agents.generation.Generation`); the trainer tells it when the weights changed. Nothing
+stop reason out (`agents.engines.generation.Generation`); the trainer tells it when the weights changed. Nothing
 else in the agents knows how sampling is done, so a faster engine (vLLM, SGLang on a GPU node) is one new
 class and one `register_engine` line; the trainer, the rollout and evaluation pick it by name
 (``TrainConfig.engine``, ``EvalConfig.engine``) or take a built one (``RoleWiseGRPOTrainer(engine=...)``).
 
 Registered here:
 
-* ``"hf"`` (`HFEngine`, the default): Transformers forward passes in this process (`agents.generation`),
-  with the per-trajectory prefix KV cache (`agents.kv_cache.PrefixKVCache`) that lets multi-turn
+* ``"hf"`` (`HFEngine`, the default): Transformers forward passes in this process (`agents.engines.generation`),
+  with the per-trajectory prefix KV cache (`agents.engines.kv_cache.PrefixKVCache`) that lets multi-turn
   rollouts feed each token once.
 * ``"hf-nocache"``: the same without the cache (every context re-encoded in full).
 * ``"hf-generate"`` (`HFGenerateEngine`): Transformers' own ``model.generate`` on left-padded full contexts
   (its KV cache lives inside one call, so every call re-encodes the whole context); the rollout benchmarks'
   baseline, and the shape of an engine written against another library.
-* ``"vllm"`` (`agents.vllm_engine.VLLMEngine`, EXPERIMENTAL, never run on this project's machines): vLLM in
+* ``"vllm"`` (`agents.engines.vllm_engine.VLLMEngine`, EXPERIMENTAL, never run on this project's machines): vLLM in
   this process, token ids in, prefix caching for the cross-turn KV reuse, weights pushed after every update.
 """
 
@@ -26,8 +26,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from agents.generation import Generation, generate
-from agents.kv_cache import PrefixKVCache
+from agents.engines.generation import Generation, generate
+from agents.engines.kv_cache import PrefixKVCache
 from envace_gym.registry import resolve_entry_point
 
 __all__ = ["GenerationEngine", "HFEngine", "HFGenerateEngine", "register_engine", "make_engine", "registered_engines"]
@@ -72,7 +72,7 @@ class GenerationEngine(Protocol):
 
 
 class HFEngine:
-    """Transformers sampling in this process (`agents.generation.generate`), with a prefix KV cache.
+    """Transformers sampling in this process (`agents.engines.generation.generate`), with a prefix KV cache.
 
     Args:
         model: a Transformers causal LM (the trained model itself: weights are shared, not copied).
@@ -193,7 +193,7 @@ _ENGINES: dict[str, str | EngineFactory] = {
     "hf": HFEngine,
     "hf-nocache": lambda model, pad_id: HFEngine(model, pad_id, kv_cache=False),
     "hf-generate": HFGenerateEngine,
-    "vllm": "agents.vllm_engine:make_vllm_engine",  # experimental; vLLM is imported only when built
+    "vllm": "agents.engines.vllm_engine:make_vllm_engine",  # experimental; vLLM is imported only when built
 }
 
 

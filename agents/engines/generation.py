@@ -9,7 +9,7 @@ on any end-of-message id, and records each sampled token's logprob from the same
 Recorded logprobs are ``log_softmax(logits / temperature)`` at the sampled id (temperature 0: greedy, and
 the logprob of ``log_softmax(logits)``), which is what the trainer's recomputation uses (same temperature).
 
-With a `agents.kv_cache.PrefixKVCache` (the inline-mode default of `agents.policy.Policy`), each row reuses
+With a `agents.engines.kv_cache.PrefixKVCache` (the inline-mode default of `agents.policy.Policy`), each row reuses
 the keys/values of its longest cached prefix and the model processes only the new tokens; the layout is in
 `generate`'s docstring; prompt prefixes that several rows of one call share (BFCL tasks with the same
 tools) are prefilled once. The decode loop does only step-dependent work: the KV buffers are reserved for
@@ -28,8 +28,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agents.decode import decode_step, supports_decode_step
-from agents.kv_cache import KVEntry, PrefixKVCache, common_prefix_length
+from agents.engines.decode import decode_step, supports_decode_step
+from agents.engines.kv_cache import KVEntry, PrefixKVCache, common_prefix_length
 
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
@@ -93,8 +93,8 @@ def generate(
         pad_id: id used for left padding (masked out).
         seeds: one seed per row (None: unseeded); same seed and context give the same sample.
         kv_cache: the prefix cache to read and extend (None: no caching, full re-encoding).
-        fast_decode: run each decode step through `agents.decode.decode_step` where the model supports it
-            (`agents.decode.supports_decode_step`; the same numbers without the Transformers module stack);
+        fast_decode: run each decode step through `agents.engines.decode.decode_step` where the model supports it
+            (`agents.engines.decode.supports_decode_step`; the same numbers without the Transformers module stack);
             False runs the model's own forward at every step.
 
     Returns:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from agents.generation import Generation
+from agents.engines.generation import Generation
 
 __all__ = ["BatchCoordinator", "CoalescingEngine", "coalesced"]
 
@@ -173,7 +173,7 @@ class BatchCoordinator:
 
 
 class CoalescingEngine:
-    """A `agents.engines.GenerationEngine` that sends its calls through a `BatchCoordinator`.
+    """A `agents.engines.registry.GenerationEngine` that sends its calls through a `BatchCoordinator`.
 
     Args:
         engine: the engine that actually samples (its other attributes, e.g. ``kv_cache``, are passed through).

@@ -4,7 +4,7 @@ In the ``inline`` prompt mode (docs/design.md §1) ACT and REHEARSE continue ONE
 the context of every generation call is the previous context + the ids generated then + a few template
 ids. Re-encoding that whole context at every call costs O(turns × context) model tokens; with a cache the
 model only processes the new tokens. `PrefixKVCache` stores, per trajectory, the ids the model has
-processed so far with their per-layer keys and values; `agents.generation.generate` looks up the longest
+processed so far with their per-layer keys and values; `agents.engines.generation.generate` looks up the longest
 stored prefix of each context, prefills only the suffix, decodes, and stores the extended entry.
 
 Matching is by token ids only (exact check, never by trajectory identity), so a wrong hit is impossible:
@@ -13,7 +13,7 @@ both are handled:
 
 1. The weights changed (an optimizer step, ``load_state_dict``, ``.to(...)``). `PrefixKVCache.sync`
    fingerprints the parameters by ``(id(p), p._version)`` (every in-place update bumps ``_version``) and
-   drops every entry when the fingerprint moved. `agents.generation.generate` calls it at each call.
+   drops every entry when the fingerprint moved. `agents.engines.generation.generate` calls it at each call.
 2. Memory. The cache is bounded (documented trade-off, defaults fit SmolLM2-135M rollouts of 16 trajectories
    of 8k tokens in about 6 GB):
 
@@ -36,7 +36,7 @@ grows with the points where trajectories diverged, not with turns). An evicted e
 entry's parent stays in memory until no entry points to it; `PrefixKVCache.num_tokens` counts what is
 held, parents included.
 
-Shared prefixes within one call: `agents.generation.generate` prefills a prefix of at least
+Shared prefixes within one call: `agents.engines.generation.generate` prefills a prefix of at least
 ``min_shared_prefix`` tokens that several rows of the call share (and the cache does not hold yet) once,
 stores it as an entry, and lets every row continue from it. Tasks of a suite with the same tools share
 almost their whole prompt (8 BFCL multi_turn_base train tasks: 33.7k prompt tokens, 12.6k distinct).

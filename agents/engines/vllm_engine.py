@@ -5,7 +5,7 @@ machines reachable from them cannot take its wheel and its own torch build). Thi
 vLLM's documented offline API and has not run. Its tests run only where ``import vllm`` works. Read it as a
 starting point, not as a measured engine.
 
-What it does, behind `agents.engines.GenerationEngine`:
+What it does, behind `agents.engines.registry.GenerationEngine`:
 - token ids in: one ``TokensPrompt(prompt_token_ids=...)`` per context;
 - sampled ids and their logprobs out: ``SamplingParams(logprobs=0)``, the sampled token's logprob, with
   ``logprobs_mode="processed_logprobs"`` so that it is taken after temperature, as the trainer recomputes it;
@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
-from agents.generation import Generation
+from agents.engines.generation import Generation
 
 __all__ = ["VLLMEngine", "make_vllm_engine"]
 
 
 class VLLMEngine:
-    """A `agents.engines.GenerationEngine` over an in-process ``vllm.LLM`` (see the module docstring).
+    """A `agents.engines.registry.GenerationEngine` over an in-process ``vllm.LLM`` (see the module docstring).
 
     Args:
         model: the trained Transformers model; its ``name_or_path`` folder is what vLLM loads, and its
@@ -92,7 +92,7 @@ class VLLMEngine:
         seeds: Sequence[int | None] | None = None,
         use_cache: bool = True,
     ) -> list[Generation]:
-        """One `Generation` per context; see `agents.engines.GenerationEngine.generate`."""
+        """One `Generation` per context; see `agents.engines.registry.GenerationEngine.generate`."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -141,5 +141,5 @@ class VLLMEngine:
 
 
 def make_vllm_engine(model: torch.nn.Module, pad_id: int, **kwargs: Any) -> VLLMEngine:
-    """The ``"vllm"`` engine factory (`agents.engines.register_engine`)."""
+    """The ``"vllm"`` engine factory (`agents.engines.registry.register_engine`)."""
     return VLLMEngine(model, pad_id, **kwargs)

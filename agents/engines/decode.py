@@ -6,7 +6,7 @@ several module calls, keyword plumbing, mask construction and output records, ea
 tensor ops on ``(B, 1, H)`` activations. `decode_step` computes the same function with the model's own
 weights and modules' numbers (RMSNorm, rotary embedding, grouped-query SDPA, SiLU-gated MLP) in one plain
 loop, writing each layer's new key and value into the generation's reserved KV buffers in place
-(`agents.generation._ReservedLayer`). Prefill (many ids per row) still runs through the model.
+(`agents.engines.generation._ReservedLayer`). Prefill (many ids per row) still runs through the model.
 
 Only plain architectures take this path (`supports_decode_step`): Llama and Qwen3 with SiLU MLPs, no
 biases, full attention in every layer, no tensor-parallel split, every projection a plain `torch.nn.Linear`
