@@ -4,10 +4,10 @@ Subcommands (each has ``--help``):
 
 * ``envace pipeline``: the main job (``make demo``): eval, SFT warm start, role-wise GRPO, eval, plots
   (`agents.pipeline`).
-* ``envace sft``: warm start of both roles on demonstrations from real executions (`agents.sft`).
+* ``envace sft``: warm start of both roles on demonstrations from real executions (`agents.training.sft`).
 * ``envace eval`` / ``envace report``: real-backend evaluation, test-time rehearsal, fidelity, plots
   (`agents.evaluate`).
-* ``envace train``: role-wise GRPO over ``EnvACE-Rehearse-v0`` (`agents.trainer`); ``--help`` lists every
+* ``envace train``: role-wise GRPO over ``EnvACE-Rehearse-v0`` (`agents.training.trainer`); ``--help`` lists every
   `agents.config.TrainConfig` field, ``--config FILE.yaml`` loads them, options override the file.
 
 * ``envace demo``: a one-turn smoke run. Loads the default policy (SmolLM2-135M-Instruct
@@ -119,9 +119,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """``envace train``: role-wise GRPO (`agents.trainer.RoleWiseGRPOTrainer`) with a `TrainConfig`."""
+    """``envace train``: role-wise GRPO (`agents.training.trainer.RoleWiseGRPOTrainer`) with a `TrainConfig`."""
     from agents.config import config_from_args
-    from agents.trainer import RoleWiseGRPOTrainer
+    from agents.training.trainer import RoleWiseGRPOTrainer
 
     config = config_from_args(args)  # fails fast, before any model loads
     trainer = RoleWiseGRPOTrainer(config)
@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agents.evaluate import add_eval_parsers
 
     add_eval_parsers(sub)
-    from agents.sft import register_sft_parser
+    from agents.training.sft import register_sft_parser
 
     register_sft_parser(sub)
     from agents.pipeline import register_pipeline_parser
@@ -181,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean "this input cannot run" (a bad option, an unsolvable budget, a busy or changed run
     folder, a missing file): reported in one line, exit code 2, like argparse's own errors."""
-    from agents.checkpoint import CheckpointError
-    from agents.run_folder import RunFolderError
+    from agents.training.checkpoint import CheckpointError
+    from agents.training.run_folder import RunFolderError
 
     return (ValueError, FileNotFoundError, NotADirectoryError, RunFolderError, CheckpointError)
 

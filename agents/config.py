@@ -46,10 +46,10 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 def coerce_fields(obj: Any) -> None:
     """Coerce every field of the dataclass instance `obj` to its annotated type, in place, or raise.
 
-    The one type check of every config (`TrainConfig`, `agents.sft.SFTConfig`, `agents.pipeline.PipelineConfig`),
-    run first in their ``__post_init__``, so a value from YAML (PyYAML reads ``1e-5`` as a string) or from
-    Python is handled the same way: ``int`` takes an int or an integral string (not a bool, not 2.5);
-    ``float`` takes a number or a numeric string and must be finite; ``bool`` takes a bool or one of
+    The one type check of every config (`TrainConfig`, `agents.training.sft.SFTConfig`,
+    `agents.pipeline.PipelineConfig`), run first in their ``__post_init__``, so a value from YAML (PyYAML reads ``1e-5``
+    as a string) or from Python is handled the same way: ``int`` takes an int or an integral string (not a bool, not
+    2.5); ``float`` takes a number or a numeric string and must be finite; ``bool`` takes a bool or one of
     true/false, yes/no, on/off, 1/0; ``str`` must be a string; ``list[str]`` takes a list of strings (a single
     string becomes a one-item list); ``Literal`` values must be among the choices; ``X | None`` takes None.
 
@@ -185,8 +185,8 @@ class TrainConfig:
     malloc_mmap_threshold_kb: int = _f(
         128,
         (
-            "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep "
-            "glibc's dynamic threshold)"
+            "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.training.allocator; "
+            "0: keep glibc's dynamic threshold)"
         ),
     )
     tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")
@@ -246,7 +246,7 @@ class TrainConfig:
         (
             "refuse to start when fewer of the selected tasks than this can be completed within max_steps_per_turn, "
             "max_new_tokens and max_episode_tokens (computed from the ground truth before any model loads; "
-            "agents.budgets)"
+            "agents.training.budgets)"
         ),
     )
     invalid_action_penalty: float = _f(0.1, "subtracted from R(tau) when an ACT response is empty (docs/design.md §1)")

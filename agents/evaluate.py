@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agents.config import NOT_GIVEN, add_dataclass_arguments, config_field, dataclass_from_args, field_default
-from agents.run_folder import append_jsonl, drop_cut_last_line, filter_jsonl, read_jsonl
+from agents.training.run_folder import append_jsonl, drop_cut_last_line, filter_jsonl, read_jsonl
 
 _f = config_field
 
@@ -153,7 +153,7 @@ class EvalConfig:
         0.9,
         (
             "refuse to start when fewer of the selected tasks than this can be completed within max_steps_per_turn and "
-            "max_new_tokens (computed from the ground truth before any model loads; agents.budgets)"
+            "max_new_tokens (computed from the ground truth before any model loads; agents.training.budgets)"
         ),
     )
     overwrite: bool = _f(
@@ -327,12 +327,12 @@ def evaluate(
 
     Raises:
         ValueError: no task is selected (unknown categories raise the suite's own ValueError).
-        agents.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the tasks can be completed within
+        agents.training.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the tasks can be completed within
             ``max_steps_per_turn`` and ``max_new_tokens`` (checked before the model loads).
     """
-    from agents.budgets import check_task_budgets
     from agents.models import default_store
     from agents.policy import load_policy
+    from agents.training.budgets import check_task_budgets
 
     models = models or default_store()
     log = log or (lambda *a, **k: None)
@@ -701,7 +701,7 @@ def _model_from_args(args: argparse.Namespace) -> str:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """``envace eval``: run `evaluate` and print the summary (and fidelity) tables."""
-    from agents.distributed import refuse_launcher
+    from agents.training.distributed import refuse_launcher
 
     refuse_launcher("eval")
     if args.checkpoint and args.model is not NOT_GIVEN:

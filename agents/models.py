@@ -385,7 +385,7 @@ def ensure_lab_model(cache_root: Path | None = None) -> Path:
     """Build the `smollm2-lab` folder once (module docstring, detail 4) and return it.
 
     Converts SmolLM2 first if needed (`ensure_smollm2_converted`). The build renders the ``lab-stated`` suite's
-    train-split demonstrations (`agents.demonstrations.build_demonstrations`, `LabConfig(rules="stated")`)
+    train-split demonstrations (`agents.training.demonstrations.build_demonstrations`, `LabConfig(rules="stated")`)
     under `LAB_CHAT_TEMPLATE` with SmolLM2's tokenizer, keeps the ids they use plus the special tokens, the
     single-byte symbols and every merge ancestor of a kept token, checks that the cut tokenizer splits the
     text of every demonstration exactly as SmolLM2 does, and saves the sliced weights. About 15 s; deterministic.
@@ -415,7 +415,7 @@ def _cut_lab_tokenizer(source: Path) -> tuple[PreTrainedTokenizerBase, list[int]
     import tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from agents.demonstrations import build_demonstrations
+    from agents.training.demonstrations import build_demonstrations
 
     smollm2 = AutoTokenizer.from_pretrained(source)
     smollm2.chat_template = LAB_CHAT_TEMPLATE

@@ -7,10 +7,10 @@ SFT and GRPO trainers resume from their newest checkpoints):
    category;
 2. ``sft/``: warm start on demonstrations built from real executions of the suite's reference solutions
    (BFCL: its ground truth), both roles (ACT:
-   the calls; REHEARSE: the real tool results), `agents.sft.SFTTrainer`;
+   the calls; REHEARSE: the real tool results), `agents.training.sft.SFTTrainer`;
 3. ``eval_sft/``: the warm-started policy, same tasks;
 4. ``grpo/``: role-wise GRPO over ``EnvACE-Rehearse-v0`` from the SFT checkpoint (the policy both acts and
-   rehearses; rewards from replaying its calls on real backends), `agents.trainer.RoleWiseGRPOTrainer`;
+   rehearses; rewards from replaying its calls on real backends), `agents.training.trainer.RoleWiseGRPOTrainer`;
 5. ``eval_grpo/``: the trained policy, same tasks;
 6. with ``fidelity``, a ``fidelity_<model>/`` stage after each evaluation: the same tasks played rehearsed, every
    rehearsed tool output scored against a shadow real backend; with ``test_time_rehearsal_n`` > 0,
@@ -27,9 +27,10 @@ SFT and GRPO trainers resume from their newest checkpoints):
 The defaults (BFCL, ``make demo-bfcl``) take about 20 minutes on 2 CPU cores with SmolLM2-135M-Instruct (18.3 measured
 on idle cores): few SFT steps on the shortest demonstrations (prompts alone are 3k-6.5k tokens, the length cap keeps
 whole demos), B=1 x K=2 GRPO, 4 evaluation tasks, and ACT budgets (128 tokens, 5 messages per user turn) that leave
-every selected task completable (`agents.budgets`, checked before any model loads). A GPU-scale run would instead use
-all four multi-turn categories for SFT with no length cap, hundreds of GRPO steps at 16 instructions x K=4 with 20 steps
-per turn and 256+ new tokens (the paper: Qwen3-8B, ~470 steps, lr 1e-6), and the whole test split for eval.
+every selected task completable (`agents.training.budgets`, checked before any model loads). A GPU-scale run would
+instead use all four multi-turn categories for SFT with no length cap, hundreds of GRPO steps at 16 instructions x K=4
+with 20 steps per turn and 256+ new tokens (the paper: Qwen3-8B, ~470 steps, lr 1e-6), and the whole test split for
+eval.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ from agents.config import (
 )
 from agents.evaluate import EvalConfig, resume_ignores
 from agents.models import ModelStore, default_store
-from agents.run_folder import read_jsonl
-from agents.sft import SFTConfig
+from agents.training.run_folder import read_jsonl
+from agents.training.sft import SFTConfig
 
 __all__ = [
     "PipelineConfig",
@@ -122,7 +123,7 @@ PER_STAGE = "(one folder per stage)"
 class PipelineConfig:
     """Settings of ``envace pipeline``: what every stage shares, and one config per stage.
 
-    ``sft`` (an `agents.sft.SFTConfig`), ``grpo`` (an `agents.config.TrainConfig`) and ``eval`` (an
+    ``sft`` (an `agents.training.sft.SFTConfig`), ``grpo`` (an `agents.config.TrainConfig`) and ``eval`` (an
     `agents.evaluate.EvalConfig`, used by every evaluation) are the stage commands' own configs, with
     this job's defaults; on the command line their fields are ``--sft.<field>``, ``--grpo.<field>`` and
     ``--eval.<field>``, in YAML mappings under ``sft:``, ``grpo:`` and ``eval:``. The pipeline sets the
@@ -160,7 +161,7 @@ class PipelineConfig:
         0.9,
         (
             "refuse to start when fewer of the SFT demonstrations, GRPO tasks or evaluation tasks than this fit their "
-            "budgets (agents.budgets; checked before any model loads)"
+            "budgets (agents.training.budgets; checked before any model loads)"
         ),
     )
     fidelity: bool = _f(
@@ -387,7 +388,7 @@ class StageRunner:
         Raises:
             ValueError: the stage finished with other settings than `expected` (the message names them).
         """
-        from agents.run_folder import changed_fields
+        from agents.training.run_folder import changed_fields
 
         folder = self.run / name
         folder.mkdir(parents=True, exist_ok=True)
@@ -467,7 +468,7 @@ def latest_model(run_dir: str | Path) -> str:
     Raises:
         FileNotFoundError: `run_dir` holds no complete checkpoint.
     """
-    from agents.checkpoint import latest_checkpoint
+    from agents.training.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
@@ -477,7 +478,7 @@ def latest_model(run_dir: str | Path) -> str:
 
 def _shortest_demo_ids(config: PipelineConfig, tokenizer: Any) -> list[str]:
     """Train-split task ids whose whole demonstration fits ``sft.max_seq_len``, the ``sft.max_demos`` shortest."""
-    from agents.demonstrations import build_demonstrations
+    from agents.training.demonstrations import build_demonstrations
 
     demos, _ = build_demonstrations(
         tokenizer,
@@ -494,9 +495,9 @@ def _shortest_demo_ids(config: PipelineConfig, tokenizer: Any) -> list[str]:
 
 
 def sft_stage(config: PipelineConfig, out: Path, models: ModelStore, log=print) -> dict[str, Any]:
-    """The SFT warm start of `config` into `out` (`agents.sft.SFTTrainer` on the ``sft.max_demos`` shortest
+    """The SFT warm start of `config` into `out` (`agents.training.sft.SFTTrainer` on the ``sft.max_demos`` shortest
     train-split demonstrations that fit whole); returns the stage info (last metrics, task ids, config)."""
-    from agents.sft import SFTTrainer
+    from agents.training.sft import SFTTrainer
 
     ids = _shortest_demo_ids(config, models.tokenizer(config.model))
     sft_config = config.sft_config(out, ids)
@@ -506,11 +507,11 @@ def sft_stage(config: PipelineConfig, out: Path, models: ModelStore, log=print) 
 
 
 def grpo_stage(grpo_config: TrainConfig, models: ModelStore, log=print) -> dict[str, Any]:
-    """Role-wise GRPO with `grpo_config` (`agents.trainer.RoleWiseGRPOTrainer`, resuming in its run folder);
+    """Role-wise GRPO with `grpo_config` (`agents.training.trainer.RoleWiseGRPOTrainer`, resuming in its run folder);
     returns the stage info: the last step's metrics, per step the groups with reward variance, the totals
     of real tool calls in the rollouts and of verifier replays (`agents.rollout.RolloutStats`) over every
     step in ``metrics.jsonl`` (those of an interrupted earlier invocation included), the config."""
-    from agents.trainer import RoleWiseGRPOTrainer
+    from agents.training.trainer import RoleWiseGRPOTrainer
 
     trainer = RoleWiseGRPOTrainer(grpo_config, log=lambda *_: None, models=models)
     try:
@@ -535,15 +536,15 @@ def grpo_stage(grpo_config: TrainConfig, models: ModelStore, log=print) -> dict[
 def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None = None) -> dict[str, Any]:
     """The solvable fractions of the GRPO and evaluation tasks under the pipeline's budgets, before any model loads.
 
-    Returns ``{"grpo": report, "eval": report}`` as dicts (`agents.budgets.BudgetReport.to_dict`), and
+    Returns ``{"grpo": report, "eval": report}`` as dicts (`agents.training.budgets.BudgetReport.to_dict`), and
     `REHEARSAL_STAGE`'s report when it plays fewer tasks (`PipelineConfig.rehearsal_subset_limit`).
 
     Raises:
-        agents.budgets.BudgetError: a stage's fraction is below ``min_solvable_fraction`` (the message names the
-            pipeline option to raise).
+        agents.training.budgets.BudgetError: a stage's fraction is below ``min_solvable_fraction`` (the message names
+            the pipeline option to raise).
     """
-    from agents.budgets import check_task_budgets
     from agents.evaluate import select_tasks
+    from agents.training.budgets import check_task_budgets
     from envace_gym.suites import make_suite
 
     tokenizer = (models or default_store()).tokenizer(config.model)
@@ -844,7 +845,7 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """``envace pipeline``."""
-    from agents.distributed import refuse_launcher
+    from agents.training.distributed import refuse_launcher
 
     refuse_launcher("pipeline")
     run_pipeline(dataclass_from_args(PipelineConfig, args))

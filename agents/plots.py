@@ -5,7 +5,7 @@
   run has no mode: it is the first point of both lines.
 * `plot_fidelity_per_tool`: bars of exact match, JSON-structure match and token F1 per tool, from a
   ``fidelity_per_tool.csv``.
-* `plot_training_curves`: from a run's ``metrics.jsonl`` (`agents.trainer`): reward mean overall and per
+* `plot_training_curves`: from a run's ``metrics.jsonl`` (`agents.training.trainer`): reward mean overall and per
   role, ``train/loss``, ``train/clip_fraction``, ``train/approx_kl`` and ``train/kl`` against the step.
 * `report(run_dir)`: every plot whose inputs are found under `run_dir` (searched recursively), written to
   ``run_dir/plots/``.
@@ -52,7 +52,7 @@ def plot_training_curves(metrics: Sequence[dict[str, Any]], path: str | Path) ->
     """Four panels against ``step``: rewards (overall, ACT, REHEARSE), loss, clip fraction, KL.
 
     Args:
-        metrics: `agents.trainer` metric dicts (missing keys are skipped).
+        metrics: `agents.training.trainer` metric dicts (missing keys are skipped).
         path: the PNG to write.
 
     Raises:

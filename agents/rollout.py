@@ -416,7 +416,7 @@ class RolloutBatch:
         loss_mask: ``(N, T) bool``, True on ACT/REHEARSE tokens that have recorded logprobs (never on
             padding, prompt, template or observation tokens, nor on plain-text actions without logprobs).
         old_logprobs: ``(N, T) float32``, the logprob recorded at generation for each loss token
-            (position t = log p(ids[t] | ids[:t]), as `agents.logprobs.token_logprobs` returns); 0 elsewhere.
+            (position t = log p(ids[t] | ids[:t]), as `agents.training.logprobs.token_logprobs` returns); 0 elsewhere.
         advantages: ``(N, T) float32``, the segment advantage on each token of its segment; 0 outside
             ``loss_mask``.
         segment_ids: ``(N, T) int64``, index in ``[0, S)`` of the trainable segment of each token; -1 elsewhere.

@@ -21,8 +21,8 @@ Optionally:
 * ``Suite.user(task) -> UserTurns``: the user side of an episode. Without it the user says the task's fixed
   turns in order (`FixedUserTurns`, BFCL's semantics); a simulated user (τ²-bench) answers the history.
 * ``Suite.ground_truth(task) -> list[list[ToolCall]] | None``: a reference solution, the calls of each user
-  turn (turns × calls), or None when the task has none. `agents.budgets` reads it to tell whether the step
-  and token budgets leave a task completable, and `agents.demonstrations` replays it on the real backend to
+  turn (turns × calls), or None when the task has none. `agents.training.budgets` reads it to tell whether the step
+  and token budgets leave a task completable, and `agents.training.demonstrations` replays it on the real backend to
   build SFT demonstrations; a suite without it is neither checked nor demonstrated.
 * ``Suite.reference_reply(task, turn) -> str | None``: the closing assistant message of user turn `turn` in
   the reference solution, when the reward reads it (a question the reply must answer); None (or no such
@@ -30,7 +30,7 @@ Optionally:
   calls, `NO_CALL_MESSAGE` after one without).
 * ``Suite.mutations(task, calls, rng) -> list[tuple[int, ToolCall]]``: mistaken calls, each to be played
   right before reference call ``calls[position]`` (`calls`: ``ground_truth`` flattened over the turns; `rng`:
-  a seeded ``random.Random``). ``agents.demonstrations.build_demonstrations(mutations=k)`` plays them on the
+  a seeded ``random.Random``). ``agents.training.demonstrations.build_demonstrations(mutations=k)`` plays them on the
   real backend to build error demonstrations (the world model sees failures); a suite without it gives none.
 """
 
@@ -64,7 +64,8 @@ ENTRY_POINT_GROUP = "envace_gym.suites"
 DONE_MESSAGE = "Done."
 """Closing assistant message of a user turn whose ground truth has calls (the fixed template of a suite
 without ``reference_reply``). Defined here, with the suite contract, because both the demonstrations
-(`agents.demonstrations`) and a suite's own vocabulary (the lab's `lab-tiny` tokenizer) must spell it the same."""
+(`agents.training.demonstrations`) and a suite's own vocabulary (the lab's `lab-tiny` tokenizer) must spell
+it the same."""
 NO_CALL_MESSAGE = (
     "I cannot complete this request with the functions and information I have. "
     "Please provide the missing function or parameter."

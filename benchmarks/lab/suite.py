@@ -133,7 +133,7 @@ class LabSuite:
 
     def mutations(self, task: Task, calls: Sequence[ToolCall], rng: random.Random) -> list[tuple[int, ToolCall]]:
         """Mistaken calls to play before reference calls, for error demonstrations
-        (`agents.demonstrations.build_demonstrations` with ``mutations``): the world model then sees what a
+        (`agents.training.demonstrations.build_demonstrations` with ``mutations``): the world model then sees what a
         mistake returns. Each candidate is checked against the state the reference reaches just before
         position ``p`` (the calls are replayed on a fresh backend), so every one of them is a real mistake:
 

@@ -1,7 +1,7 @@
 """How well, how fast and how stably does `lab-tiny` learn the hidden-rules lab world by SFT from scratch?
 
 For each initialisation seed: build `lab-tiny` (`benchmarks.lab.lab_tiny.build_lab_tiny`, the sizes given), train it
-by SFT on real executions of the train stream's reference solutions (`agents.sft.SFTTrainer`; both roles,
+by SFT on real executions of the train stream's reference solutions (`agents.training.sft.SFTTrainer`; both roles,
 optionally the leading prompt and error demonstrations), then score it greedily on the fixed test split on
 the real backend (`agents.evaluate`), and measure which values it copies (`token_kind_accuracy` on test
 demonstrations: items, docks, shelf letters). Prints per seed the SFT wall seconds, test success per family
@@ -127,11 +127,11 @@ def token_kind_accuracy(model: Any, tokenizer: Any, demos: list[Any]) -> dict[st
 
 
 def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> dict[str, Any]:
-    from agents.demonstrations import build_demonstrations
     from agents.evaluate import EvalConfig, evaluate
     from agents.models import ModelStore
     from agents.pipeline import latest_model
-    from agents.sft import SFTConfig, SFTTrainer
+    from agents.training.demonstrations import build_demonstrations
+    from agents.training.sft import SFTConfig, SFTTrainer
     from benchmarks.lab.hidden import HIDDEN_CATEGORIES
     from benchmarks.lab.lab_tiny import LabTinySizes, build_lab_tiny
 

@@ -81,7 +81,7 @@ def run_setting(
     import torch
 
     from agents.config import TrainConfig
-    from agents.trainer import RoleWiseGRPOTrainer
+    from agents.training.trainer import RoleWiseGRPOTrainer
 
     if device.startswith("cuda"):
         torch.cuda.empty_cache()

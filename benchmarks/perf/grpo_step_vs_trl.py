@@ -6,7 +6,7 @@ lr 1e-6, beta 0, one optimizer step per generation batch, 2 torch threads, 8 ste
 
 Ours: `agents.policy.Policy.generate` (batched, identical prompts of a group prefilled once, last-position
 logits only) -> `reward_fn` -> `agents.grpo.grpo_advantages` (group mean baseline, std scaling as TRL's
-default) -> `agents.logprobs.token_logprobs` (chunked LM head, never the full (N, T, V) logits) ->
+default) -> `agents.training.logprobs.token_logprobs` (chunked LM head, never the full (N, T, V) logits) ->
 `agents.grpo.grpo_loss` (token-mean clipped surrogate; ratio against the logprobs recorded at generation, so
 no extra old-logprob forward) -> backward -> grad-norm clip 1.0 -> AdamW. TRL: its own script, unchanged, in a
 separate virtual environment (TRL is not a project dependency).
@@ -85,8 +85,8 @@ def run_ours(args) -> dict:
     import trl_grpo_step as anchor
 
     from agents.grpo import grpo_advantages, grpo_loss
-    from agents.logprobs import token_logprobs
     from agents.policy import Policy
+    from agents.training.logprobs import token_logprobs
     from envace_gym.types import Message
 
     torch.set_num_threads(args.threads)

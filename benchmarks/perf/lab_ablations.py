@@ -339,7 +339,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
 def _task_rewards(folder: Path) -> dict[str, float]:
     """Task id -> reward of the evaluation written to `folder` (its ``episodes.jsonl``)."""
-    from agents.run_folder import read_jsonl
+    from agents.training.run_folder import read_jsonl
 
     return {e["task_id"]: float(e["reward"]) for e in read_jsonl(folder / "episodes.jsonl")}
 

@@ -14,13 +14,13 @@ post-load RSS (about 0.45 GB for SmolLM2) does not yet hold all of them and each
 about 0.5 GB of weights paged in by the first forward, in every variant alike.
 
 Variants:
-    naive       `agents.logprobs.naive_token_logprobs`: full ``(N, T, V)`` logits and log-softmax.
+    naive       `agents.training.logprobs.naive_token_logprobs`: full ``(N, T, V)`` logits and log-softmax.
     naive-gc    the same with `enable_gradient_checkpointing` (decoder layers recomputed in backward).
-    chunked     `agents.logprobs.token_logprobs` with ``--chunk-size``.
+    chunked     `agents.training.logprobs.token_logprobs` with ``--chunk-size``.
     chunked-gc  chunked plus `enable_gradient_checkpointing`: what `envace train` and `envace sft` run.
 
 Allocator: every child first fixes glibc's mmap threshold at ``--malloc-mmap-threshold-kb`` (default 128,
-the trainers' default ``malloc_mmap_threshold_kb``; see `agents.allocator`), so freed activations leave
+the trainers' default ``malloc_mmap_threshold_kb``; see `agents.training.allocator`), so freed activations leave
 the RSS. A variant name with the suffix ``/glibc`` (e.g. ``chunked-gc/glibc``) keeps glibc's dynamic
 threshold instead, to show what the allocator setting alone is worth.
 
@@ -61,9 +61,9 @@ def _child(args: argparse.Namespace) -> dict:
 
     import torch
 
-    from agents.allocator import set_malloc_mmap_threshold
-    from agents.logprobs import enable_gradient_checkpointing, naive_token_logprobs, token_logprobs
     from agents.models import load_model, tiny_random_model
+    from agents.training.allocator import set_malloc_mmap_threshold
+    from agents.training.logprobs import enable_gradient_checkpointing, naive_token_logprobs, token_logprobs
 
     torch.set_num_threads(args.threads)
     if args.malloc_mmap_threshold_kb and not args.variant.endswith(GLIBC_SUFFIX):
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         "--malloc-mmap-threshold-kb",
         type=int,
         default=128,
-        help="glibc mmap threshold every child fixes (0: glibc's dynamic default); see agents.allocator",
+        help="glibc mmap threshold every child fixes (0: glibc's dynamic default); see agents.training.allocator",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(

@@ -1,5 +1,5 @@
 """One GRPO step on the same BFCL multi-turn tasks: envace-gym (rehearsed and real rollouts) vs TRL 1.16's
-GRPOTrainer with real tools (through `agents.trl_adapter`), side by side in one run.
+GRPOTrainer with real tools (through `agents.training.trl_adapter`), side by side in one run.
 
 Workload, the same on every side: the first ``--tasks`` train tasks of ``--category`` (B), K = ``--k``
 samples each, at most ``--max-new-tokens`` per ACT message, ``--max-steps-per-turn`` messages per user turn,
@@ -7,7 +7,7 @@ temperature 1, SmolLM2-135M-Instruct in float32, lr 1e-6, beta 0, one optimizer 
 checkpointing on, ``--threads`` torch threads. Each side runs in a fresh subprocess, sides alternate over
 ``--rounds``.
 
-- ``rehearse``: `agents.trainer.RoleWiseGRPOTrainer`, rollout "rehearse" (the policy answers its own tool
+- ``rehearse``: `agents.training.trainer.RoleWiseGRPOTrainer`, rollout "rehearse" (the policy answers its own tool
   calls; ACT and REHEARSE tokens are trained);
 - ``real``: the same trainer with rollout "real" (the BFCL backends answer; ACT tokens trained);
 - ``trl``: `trl.GRPOTrainer` with ``rollout_func=EnvACERollout`` (TRL's Transformers engine generates
@@ -59,7 +59,7 @@ def run_ours(args, rollout: str) -> dict:
     import torch
 
     from agents.config import TrainConfig
-    from agents.trainer import RoleWiseGRPOTrainer
+    from agents.training.trainer import RoleWiseGRPOTrainer
 
     torch.set_num_threads(args.threads)
     ids = task_ids(args)
@@ -109,7 +109,7 @@ def run_trl(args) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from agents.models import default_store
-    from agents.trl_adapter import EnvACERollout, envace_dataset, envace_reward
+    from agents.training.trl_adapter import EnvACERollout, envace_dataset, envace_reward
 
     torch.set_num_threads(args.threads)
     ids = set(task_ids(args))

@@ -4,8 +4,8 @@ At ``lab-tiny``'s size (0.9M parameters, a vocabulary of about 200 tokens) per-o
 step, so what our trainer adds around the model matters. Both sides train a copy of the same model on the
 same batches (the trainer's own length-bucketed batches of hidden-rules lab demonstrations):
 
-* **ours**: `agents.sft.SFTTrainer.train_step` (collate, `agents.logprobs.token_logprobs`, the role-weighted
-  loss, AdamW, clipping, the scheduler and the metrics line);
+* **ours**: `agents.training.sft.SFTTrainer.train_step` (collate, `agents.training.logprobs.token_logprobs`, the
+  role-weighted loss, AdamW, clipping, the scheduler and the metrics line);
 * **plain**: ``model(input_ids, attention_mask).logits``, ``log_softmax``, gather, the same token-mean loss
   over ACT and REHEARSE tokens, backward, clipping, AdamW: a CleanRL-style loop.
 
@@ -29,7 +29,7 @@ import torch
 def main(argv: list[str] | None = None) -> dict[str, float]:
     from agents.models import LAB_TINY_MODEL
     from agents.rollout import Role
-    from agents.sft import SFTConfig, SFTTrainer, collate
+    from agents.training.sft import SFTConfig, SFTTrainer, collate
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=64, help="rows per batch")

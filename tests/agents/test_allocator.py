@@ -1,4 +1,4 @@
-"""`agents.allocator.set_malloc_mmap_threshold`: argument checks and its effect on resident memory."""
+"""`agents.training.allocator.set_malloc_mmap_threshold`: argument checks and its effect on resident memory."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from agents.allocator import set_malloc_mmap_threshold
+from agents.training.allocator import set_malloc_mmap_threshold
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
@@ -22,7 +22,7 @@ _FRAGMENT = textwrap.dedent(
     """
     import sys
     import torch
-    from agents.allocator import set_malloc_mmap_threshold
+    from agents.training.allocator import set_malloc_mmap_threshold
 
     if sys.argv[1] == "fixed":
         assert set_malloc_mmap_threshold(128 * 1024)

@@ -1,4 +1,4 @@
-"""Solvable-task budgets (`agents.budgets`): the counting rules against the real env, and the fail-fast checks
+"""Solvable-task budgets (`agents.training.budgets`): the counting rules against the real env, and the fail-fast checks
 of `envace train`, `envace eval`, `envace sft` and `envace pipeline` before any model loads."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 import envace_gym  # noqa: F401  (registers the ids)
 import tests.testing_env  # noqa: F401  (registers the scripted suites)
-from agents.budgets import BudgetError, budget_report, require_solvable, task_needs
 from agents.cli import main
+from agents.training.budgets import BudgetError, budget_report, require_solvable, task_needs
 from benchmarks.bfcl import BFCLSuite
 from envace_gym.parsing import format_tool_calls
 from envace_gym.types import ToolCall

@@ -15,7 +15,7 @@ from agents.cli import main
 from agents.config import TrainConfig, load_dataclass
 from agents.evaluate import EvalConfig
 from agents.pipeline import PipelineConfig
-from agents.sft import SFTConfig
+from agents.training.sft import SFTConfig
 
 COMMANDS = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig, "pipeline": PipelineConfig}
 
@@ -115,7 +115,7 @@ def test_no_categories_means_the_suites_default_in_every_command():
     from agents.cli import build_parser
     from agents.config import dataclass_from_args
     from agents.pipeline import PipelineConfig
-    from agents.sft import SFTConfig
+    from agents.training.sft import SFTConfig
     from envace_gym.suites import make_suite
 
     parser = build_parser()

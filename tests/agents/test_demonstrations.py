@@ -10,7 +10,7 @@ import pytest
 
 import envace_gym  # noqa: F401
 import tests.testing_env  # noqa: F401  (registers the scripted suite)
-from agents.demonstrations import (
+from agents.training.demonstrations import (
     DONE_MESSAGE,
     NO_CALL_MESSAGE,
     build_demonstrations,
@@ -211,7 +211,7 @@ def test_error_demos_hold_the_real_backends_error_output_and_train_it_but_not_th
 ):
     import torch
 
-    from agents.sft import collate, role_weights
+    from agents.training.sft import collate, role_weights
     from envace_gym.parsing import format_tool_calls
     from envace_gym.types import ToolCall
 
@@ -356,7 +356,7 @@ def test_a_proposed_call_that_does_not_fail_is_skipped_and_suites_without_mistak
 
 
 def test_sft_error_demos_option_reaches_the_demonstrations(smol_tokenizer):
-    from agents.sft import SFTConfig, load_sft_data
+    from agents.training.sft import SFTConfig, load_sft_data
 
     with pytest.raises(ValueError, match="proposes no mistakes"):
         SFTConfig(data=["scripted"], error_demos=1)

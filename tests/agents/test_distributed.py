@@ -21,11 +21,11 @@ import torch
 
 import envace_gym  # noqa: F401
 import tests.testing_env  # noqa: F401
-from agents.distributed import DataParallel
 from agents.grpo import AGGREGATIONS, aggregation_count, grpo_loss
 from agents.policy import load_policy
 from agents.rollout import RolloutStats, collect_rollouts
-from agents.sft import sft_loss
+from agents.training.distributed import DataParallel
+from agents.training.sft import sft_loss
 from envace_gym.types import Role
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_the_paper_recipe_and_the_shipped_launch_configs_agree():
 
 
 def test_fsdp_settings_come_from_the_launcher_and_unsupported_ones_fail_fast(monkeypatch):
-    from agents.distributed import fsdp_plugin_from_environment
+    from agents.training.distributed import fsdp_plugin_from_environment
 
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
     assert fsdp_plugin_from_environment() is None
@@ -97,7 +97,7 @@ def test_an_optimizer_state_keyed_by_name_loads_into_a_plain_optimizer():
     """What an FSDP run saves (whole state keyed by parameter name) resumes a one-process optimizer."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    from agents.checkpoint import _load_optimizer_state
+    from agents.training.checkpoint import _load_optimizer_state
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))

@@ -11,7 +11,7 @@ from agents.cli import main
 from agents.config import TrainConfig
 from agents.engines.registry import GenerationEngine, HFEngine, make_engine, register_engine, registered_engines
 from agents.policy import load_policy
-from agents.trainer import RoleWiseGRPOTrainer
+from agents.training.trainer import RoleWiseGRPOTrainer
 
 FAST = dict(
     model="tiny-random",
@@ -140,8 +140,8 @@ def test_the_vllm_engine_is_registered_but_imports_vllm_only_when_built():
 def test_vllm_engine_records_logprobs_the_trainer_recomputes(tmp_path):
     """Where vLLM runs: sampled ids with logprobs close to the trainer's recompute, and a weight push."""
     pytest.importorskip("vllm")
-    from agents.logprobs import token_logprobs
     from agents.models import tiny_random_model
+    from agents.training.logprobs import token_logprobs
 
     model = tiny_random_model(seed=0)
     model.save_pretrained(tmp_path / "tiny")

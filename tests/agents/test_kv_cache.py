@@ -3,7 +3,7 @@ agents/engines/generation.py.
 
 The key property: generating through `PrefixKVCache` over several calls, each context an extension of the
 previous context + generated ids + arbitrary "template" ids (the inline-mode pattern), records logprobs
-equal to a full forward recomputation (`agents.logprobs.token_logprobs`, float32) of the final sequences,
+equal to a full forward recomputation (`agents.training.logprobs.token_logprobs`, float32) of the final sequences,
 for ragged batches (rows with different cached prefix lengths and different suffix lengths). Greedy and
 seeded samples equal those of the uncached path. A wrong prefix length, a misplaced pad column, a wrong
 position id or a stale entry changes the logprobs far beyond the 1e-3 tolerance.
@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from agents.engines import generation
 from agents.engines.generation import generate
 from agents.engines.kv_cache import KVEntry, PrefixKVCache
-from agents.logprobs import token_logprobs
 from agents.models import tiny_random_model
 from agents.policy import Policy, load_policy
+from agents.training.logprobs import token_logprobs
 
 STOP, PAD = 2, 2
 TOL = 1e-3

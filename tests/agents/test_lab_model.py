@@ -6,7 +6,6 @@ import gymnasium as gym
 import pytest
 import torch
 
-from agents.demonstrations import build_demonstrations
 from agents.models import (
     LAB_MODEL,
     LAB_MODEL_LAYERS,
@@ -15,6 +14,7 @@ from agents.models import (
     load_model,
     load_tokenizer,
 )
+from agents.training.demonstrations import build_demonstrations
 
 pytestmark = pytest.mark.slow  # the first build converts SmolLM2 (~30 s) and cuts it (~15 s); later runs load it
 

@@ -180,10 +180,10 @@ def test_the_named_model_is_built_once_into_the_cache(tmp_path):
 def test_sft_on_a_few_demonstrations_learns_them(tokenizer):
     """The model, the template and the demonstrations fit together: 40 steps on 8 demonstrations cut the ACT
     and REHEARSE loss by more than half."""
-    from agents.demonstrations import build_demonstrations
-    from agents.logprobs import token_logprobs
     from agents.rollout import Role
-    from agents.sft import collate, role_weights, sft_loss
+    from agents.training.demonstrations import build_demonstrations
+    from agents.training.logprobs import token_logprobs
+    from agents.training.sft import collate, role_weights, sft_loss
 
     demos, _ = build_demonstrations(tokenizer, "lab", None, "train", max_tokens=None, limit=8)
     model = lab_tiny_model(len(tokenizer), tokenizer.eos_token_id, seed=0).train()

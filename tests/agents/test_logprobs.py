@@ -1,4 +1,4 @@
-"""Chunked selected-token logprobs (`agents.logprobs`) against the full-logits reference, and against
+"""Chunked selected-token logprobs (`agents.training.logprobs`) against the full-logits reference, and against
 the logprobs `agents.engines.generation.generate` records (token in, token out: docs/design.md §3)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from agents.engines.generation import generate
-from agents.logprobs import enable_gradient_checkpointing, naive_token_logprobs, token_logprobs
 from agents.models import SMOLLM2_PAD_TOKEN_ID, tiny_random_model
+from agents.training.logprobs import enable_gradient_checkpointing, naive_token_logprobs, token_logprobs
 
 VOCAB = 49152
 

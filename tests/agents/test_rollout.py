@@ -1,6 +1,6 @@
 """Tests of agents/rollout.py: rollouts on the tiny random model through the scripted suite, and batching.
 
-The key check: logprobs recomputed by one forward pass (`agents.logprobs.token_logprobs`) over the batch
+The key check: logprobs recomputed by one forward pass (`agents.training.logprobs.token_logprobs`) over the batch
 rows equal the logprobs recorded at generation on every loss position, in both prompt modes. A token at
 the wrong offset, a wrong mask or a re-tokenised piece would break it (token in, token out; docs/design.md §3).
 """
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import envace_gym  # noqa: F401
 import tests.testing_env  # noqa: F401
 from agents.grpo import grpo_advantages, role_wise_advantages
-from agents.logprobs import token_logprobs
 from agents.policy import load_policy
 from agents.rollout import PAD_ROLE, RolloutBatch, build_batch, collect_rollouts, group_ids_for
+from agents.training.logprobs import token_logprobs
 from envace_gym.types import GeneratedText, Message, RehearsalRecord, Role, Segment, Task, Trajectory, TurnInfo
 
 B, K = 2, 2

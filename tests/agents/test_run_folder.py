@@ -13,11 +13,11 @@ import pytest
 
 import envace_gym  # noqa: F401
 import tests.testing_env  # noqa: F401
-from agents.checkpoint import CheckpointError, load_checkpoint
 from agents.cli import main
 from agents.config import TrainConfig
-from agents.run_folder import RunFolderError, read_jsonl
-from agents.trainer import RoleWiseGRPOTrainer
+from agents.training.checkpoint import CheckpointError, load_checkpoint
+from agents.training.run_folder import RunFolderError, read_jsonl
+from agents.training.trainer import RoleWiseGRPOTrainer
 
 FAST = dict(
     model="tiny-random",
@@ -78,8 +78,8 @@ def test_a_second_writer_is_refused_and_a_stale_lock_taken_over(tmp_path):
             sys.executable,
             "-c",
             (
-                "import sys, time; from agents.run_folder import RunLock; lock = RunLock(sys.argv[1]).acquire(); "
-                "print('held', flush=True); time.sleep(60)"
+                "import sys, time; from agents.training.run_folder import RunLock; "
+                "lock = RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)"
             ),
             str(tmp_path),
         ],

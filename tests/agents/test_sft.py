@@ -12,9 +12,9 @@ import torch
 import envace_gym  # noqa: F401
 import tests.testing_env  # noqa: F401  (registers the scripted suites)
 from agents.cli import main
-from agents.demonstrations import relabel_for_sft
-from agents.logprobs import token_logprobs
-from agents.sft import SFTConfig, SFTTrainer, act_parse_rate, bucket_batches, collate, demo_logprobs, sft_loss
+from agents.training.demonstrations import relabel_for_sft
+from agents.training.logprobs import token_logprobs
+from agents.training.sft import SFTConfig, SFTTrainer, act_parse_rate, bucket_batches, collate, demo_logprobs, sft_loss
 from envace_gym.types import GeneratedText, Role
 from wrappers import RealTools, RecordTrajectories
 
@@ -23,7 +23,7 @@ WEIGHTS = {Role.ACT: 1.0, Role.REHEARSE: 1.0}
 
 
 def _play(env, task_id, texts):
-    """Play `texts` as demonstration actions (content ids + <|im_end|>, as `agents.demonstrations` does)."""
+    """Play `texts` as demonstration actions (content ids + <|im_end|>, as `agents.training.demonstrations` does)."""
     base = env.unwrapped
     stop = base.renderer.stop_token_ids[0]
     env.reset(seed=0, options={"task_id": task_id})
@@ -161,7 +161,7 @@ def _record(path, n_good=1):
 
 def test_cli_checkpoint_is_a_grpo_init_and_resume_is_exact(tmp_path):
     from agents.config import TrainConfig
-    from agents.trainer import RoleWiseGRPOTrainer
+    from agents.training.trainer import RoleWiseGRPOTrainer
 
     data = tmp_path / "rollouts.jsonl"
     _record(data)
@@ -287,7 +287,7 @@ def test_config_validation_and_measurement(tmp_path):
 def test_prompt_weight_trains_the_leading_prompt_only():
     """The leading PROMPT run is a target of weight prompt_weight; TEMPLATE, a later PROMPT span (a mistaken
     call an error demonstration relabels PROMPT) and position 0 are not."""
-    from agents.sft import leading_prompt_mask
+    from agents.training.sft import leading_prompt_mask
 
     P, A, R, T = int(Role.PROMPT), int(Role.ACT), int(Role.REHEARSE), int(Role.TEMPLATE)
     roles = torch.tensor([[P, P, P, T, P, P, T, A, R, -1]])  # (1, 10)

@@ -11,7 +11,7 @@ import torch
 import tests.testing_env  # noqa: F401  (registers the scripted suites)
 from agents.cli import main
 from agents.config import TrainConfig, load_config
-from agents.trainer import RoleWiseGRPOTrainer
+from agents.training.trainer import RoleWiseGRPOTrainer
 
 FAST = dict(
     model="tiny-random",
@@ -249,7 +249,7 @@ def test_a_minibatch_without_signal_still_takes_its_optimizer_step(tmp_path):
     p, e = weights["pruned"], weights["every_row"]
     assert all(torch.allclose(p[k], e[k], atol=1e-6) for k in p)
 
-    from agents.trainer import micro_batches
+    from agents.training.trainer import micro_batches
 
     lengths = [500, 120, 480, 130, 900, 125]
     batches = micro_batches(lengths, 1000)
@@ -338,7 +338,7 @@ def test_per_role_statistics_average_only_models_with_loss_tokens(tmp_path):
 def test_prefix_kv_is_cleared_after_a_fused_adamw_step(tmp_path):
     """Fused AdamW updates the weights without bumping ``Tensor._version``: the cached prompt KV of the old
     weights must still not be reused, so the next rollout's logprobs equal a full recompute."""
-    from agents.logprobs import token_logprobs
+    from agents.training.logprobs import token_logprobs
 
     trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path), num_steps=1, **{**FAST, "beta": 0.05, "lr": 5e-2}))
     model = trainer.policy.model

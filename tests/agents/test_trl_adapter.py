@@ -1,4 +1,4 @@
-"""`agents.trl_adapter`: envace-gym episodes as TRL `GRPOTrainer` rollouts (real TRL 1.16, tiny model)."""
+"""`agents.training.trl_adapter`: envace-gym episodes as TRL `GRPOTrainer` rollouts (real TRL 1.16, tiny model)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 import tests.testing_env  # noqa: F401  (registers the scripted suites)
 from agents.models import default_store
-from agents.trl_adapter import TASK_KEY, EnvACERollout, envace_dataset, envace_reward
+from agents.training.trl_adapter import TASK_KEY, EnvACERollout, envace_dataset, envace_reward
 
 ADD = '<tool_call>{{"name": "add", "arguments": {{"value": {v}}}}}</tool_call>'
 

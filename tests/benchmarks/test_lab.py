@@ -214,8 +214,8 @@ def test_no_call_raises_and_every_item_stays_accounted_for(calls):
 
 
 def test_the_rehearse_env_vector_env_demonstrations_and_budgets_run_on_lab(smol_tokenizer):
-    from agents.budgets import check_task_budgets
-    from agents.demonstrations import build_demonstrations
+    from agents.training.budgets import check_task_budgets
+    from agents.training.demonstrations import build_demonstrations
 
     env = gym.make(
         "EnvACE-Rehearse-v0", suite="lab-stated", categories=["relocate"], model="tiny-random", max_new_tokens=6

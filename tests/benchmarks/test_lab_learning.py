@@ -47,7 +47,7 @@ def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(tmp_path, two
     from agents.config import load_dataclass
     from agents.models import default_store
     from agents.pipeline import PipelineConfig, StageRunner, grpo_stage, latest_model, sft_stage
-    from agents.run_folder import read_jsonl
+    from agents.training.run_folder import read_jsonl
 
     recipe = load_dataclass(PipelineConfig, str(RECIPE), run_dir=str(tmp_path), threads=2)
     recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=TASKS_PER_FAMILY))

@@ -35,7 +35,7 @@ def test_token_kind_accuracy_is_one_for_a_model_that_predicts_the_demonstration(
     that always predicts the end token scores 0 on items."""
     import torch
 
-    from agents.demonstrations import build_demonstrations
+    from agents.training.demonstrations import build_demonstrations
     from benchmarks.lab.lab_tiny import build_lab_tokenizer
 
     tokenizer = build_lab_tokenizer()

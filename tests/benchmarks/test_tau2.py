@@ -265,8 +265,8 @@ def test_envace_eval_on_tau2_with_the_model_as_its_own_user(tmp_path):
 
 def test_demonstrations_rehearsal_and_training_run_on_tau2(tmp_path, smol_tokenizer):
     from agents.config import TrainConfig
-    from agents.demonstrations import build_demonstrations
-    from agents.trainer import RoleWiseGRPOTrainer
+    from agents.training.demonstrations import build_demonstrations
+    from agents.training.trainer import RoleWiseGRPOTrainer
 
     demos, stats = build_demonstrations(smol_tokenizer, "tau2", ["airline"], "train", limit=4, max_tokens=None)
     assert len(demos) == 4 and stats.skipped_reward == 0  # every kept reference scored 1.0 through the evaluators

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import tests.testing_env  # noqa: F401  (registers the scripted suites)
-from agents.logprobs import token_logprobs
 from agents.policy import Policy, PolicyRehearser
 from agents.rollout import build_batch, group_ids_for
+from agents.training.logprobs import token_logprobs
 from envace_gym.envs.rehearse import RehearseEnv
 from envace_gym.parsing import format_tool_calls
 from envace_gym.rehearsal import RehearseResponse
@@ -176,7 +176,7 @@ def test_recorded_logprobs_match_a_recompute(qwen_tok, r, mode):
 def test_sft_targets_end_as_rollouts_do(qwen_tok, r):
     """A BFCL demonstration (real executions, relabelled) is token for token the inline rollout that writes the
     same ACT messages and rehearses the same tool outputs, and it renders like the whole conversation."""
-    from agents.demonstrations import build_demonstrations
+    from agents.training.demonstrations import build_demonstrations
 
     (demo,), stats = build_demonstrations(qwen_tok, "bfcl", ["multi_turn_base"], "train", limit=1, max_tokens=None)
     assert stats.kept == 1

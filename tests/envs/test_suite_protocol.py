@@ -72,7 +72,7 @@ def test_a_user_who_ends_early_terminates_with_the_state_reached():
 
 
 def test_a_suite_defined_in_tests_trains_evaluates_and_gives_demonstrations(tmp_path, smol_tokenizer):
-    from agents.demonstrations import build_demonstrations
+    from agents.training.demonstrations import build_demonstrations
 
     demos, stats = build_demonstrations(smol_tokenizer, "scripted-user", None, "train", max_tokens=None)
     assert stats.kept == 1 and demos[0].reward == 1.0 and len(demos[0].final_responses()) == 3

@@ -8,8 +8,8 @@ the device of this rank, reductions (`accelerate.utils.reduce`, `accelerate.util
 DistributedDataParallel wrapper (`accelerate.Accelerator.prepare_model`), which all-reduces gradients during
 ``backward``.
 
-How the trainers use it (`agents.trainer`, `agents.sft`): rank r plays or trains the r-th contiguous shard of
-the global batch (a GRPO group's K trajectories stay on one rank, so the group baselines need no
+How the trainers use it (`agents.training.trainer`, `agents.training.sft`): rank r plays or trains the r-th contiguous
+shard of the global batch (a GRPO group's K trajectories stay on one rank, so the group baselines need no
 communication); every loss divides by the count of the whole batch (`agents.grpo.aggregation_count`, summed
 over ranks) and is multiplied by the world size before ``backward`` (DDP averages gradients over ranks),
 so the all-reduced gradient is the gradient one process would compute on the whole batch (with

@@ -9,7 +9,7 @@ One training step, in the order of the algorithm box:
 3. `agents.rollout.build_batch`: rows, role masks, old logprobs and per-token advantages (role-wise or plain
    GRPO, `agents.grpo`);
 4. ``ppo_epochs`` x ``num_minibatches`` updates: logprobs recomputed in chunks through the LM head
-   (`agents.logprobs.token_logprobs`), `agents.grpo.grpo_loss` (clipped ratio against the logprobs recorded
+   (`agents.training.logprobs.token_logprobs`), `agents.grpo.grpo_loss` (clipped ratio against the logprobs recorded
    at generation, optional k3 KL to a frozen reference, optional entropy bonus), AdamW with grad clipping;
    an optimizer step whose loss or clipped gradient is not finite is dropped and counted, and
    ``max_nonfinite_steps`` of them in a row stop the run;
@@ -18,7 +18,7 @@ One training step, in the order of the algorithm box:
 6. metrics to ``metrics.jsonl`` and TensorBoard, a checkpoint every ``save_every`` steps.
 
 Before any model loads, the trainer checks that at least ``min_solvable_fraction`` of the selected tasks can
-be completed within ``max_steps_per_turn``, ``max_new_tokens`` and ``max_episode_tokens`` (`agents.budgets`):
+be completed within ``max_steps_per_turn``, ``max_new_tokens`` and ``max_episode_tokens`` (`agents.training.budgets`):
 episodes end only by the env's own limits, per user turn as in BFCL, never by a cap on the whole episode.
 
 ``policy="per_role"`` (ablation) keeps two models: the ACT model generates actions and is updated on ACT
@@ -72,18 +72,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from agents.budgets import check_task_budgets
-from agents.checkpoint import checkpoint_dir, load_newest, prune_checkpoints, save_checkpoint
 from agents.config import TrainConfig, _dump_yaml
-from agents.distributed import DataParallel, as_float
 from agents.engines.registry import GenerationEngine
 from agents.grpo import LossStats, aggregation_count, grpo_loss
-from agents.logprobs import TokenLogprobs, enable_gradient_checkpointing, token_logprobs
 from agents.models import ModelStore, default_store
-from agents.optim import apply_optimizer_settings, bucket_batches, make_lr_scheduler, prepare_process
 from agents.policy import Policy, PolicyRehearser
 from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_rollouts
-from agents.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
+from agents.training.budgets import check_task_budgets
+from agents.training.checkpoint import checkpoint_dir, load_newest, prune_checkpoints, save_checkpoint
+from agents.training.distributed import DataParallel, as_float
+from agents.training.logprobs import TokenLogprobs, enable_gradient_checkpointing, token_logprobs
+from agents.training.optim import apply_optimizer_settings, bucket_batches, make_lr_scheduler, prepare_process
+from agents.training.run_folder import RunLock, append_jsonl, check_resume_config, trim_jsonl
 from envace_gym.envs.rehearse_vector import RehearseVectorEnv
 from envace_gym.types import Role, Trajectory
 
@@ -161,7 +161,7 @@ class RoleWiseGRPOTrainer:
             the model); None builds ``config.engine`` (default ``"hf"``) over the loaded model.
         models: the `agents.models.ModelStore` the tokenizer and the starting weights come from (None: the
             default store); the trained model is always a fresh copy, never the store's shared one.
-        parallel: the data-parallel processes of the run (`agents.distributed.DataParallel`; None: read from
+        parallel: the data-parallel processes of the run (`agents.training.distributed.DataParallel`; None: read from
             the launcher's environment, one process without a launcher). With W processes each plays
             ``batch_tasks / W`` whole groups, gradients are all-reduced so every rank applies the gradient of
             the whole batch, metrics are computed over all ranks, and only rank 0 writes the run folder. With
@@ -179,7 +179,7 @@ class RoleWiseGRPOTrainer:
         ValueError: the suite, categories and split give fewer tasks than ``batch_tasks``, ``task_ids`` names
             a task they do not hold, or ``batch_tasks`` does not split evenly over the processes (or leaves a
             process fewer trajectories than ``num_minibatches``).
-        agents.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the selected tasks can be completed
+        agents.training.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the selected tasks can be completed
             within ``max_steps_per_turn``, ``max_new_tokens`` and ``max_episode_tokens`` (checked before the
             model loads).
     """
@@ -312,7 +312,7 @@ class RoleWiseGRPOTrainer:
         if config.resume:
             ckpt, self.step = load_newest(self.run_dir, self.models, self.optimizers, self.schedulers, log=log)
             if ckpt is not None:
-                from agents.checkpoint import trainer_state
+                from agents.training.checkpoint import trainer_state
 
                 self.nonfinite_in_a_row.update(trainer_state(ckpt).get("nonfinite_in_a_row", {}))
                 self._apply_optimizer_config()
@@ -737,7 +737,7 @@ class RoleWiseGRPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints and metrics
     def save(self) -> Path:
-        """Write a checkpoint of the current step (see `agents.checkpoint`) and prune old ones; returns its
+        """Write a checkpoint of the current step (see `agents.training.checkpoint`) and prune old ones; returns its
         folder. With several processes rank 0 writes it and the others wait until it is written: under DDP
         every rank holds the same weights and optimizer state; under FSDP every rank first takes part in
         gathering the whole tensors onto rank 0."""
@@ -876,7 +876,7 @@ class _StepView:
 def micro_batches(lengths: list[int], max_tokens: int) -> list[torch.Tensor]:
     """Rows packed for the update's forward/backward passes: index tensors ``(m,) int64`` into `lengths`
     (each row's real tokens), rows of similar length together, at most `max_tokens` padded tokens (rows x
-    longest row) each, a longer row alone; every row appears once (`agents.optim.bucket_batches`)."""
+    longest row) each, a longer row alone; every row appears once (`agents.training.optim.bucket_batches`)."""
     return [
         torch.tensor(rows, dtype=torch.long)
         for rows in bucket_batches(lengths, max_tokens, max(len(lengths), 1), seed=0, epoch=0)

@@ -22,13 +22,13 @@ with BFCL's semantics (the limit is per user turn; a turn that uses them all up 
    task impossible.
 3. Single-step tasks (BFCL single-turn) have one message holding every call.
 4. With ``max_episode_tokens`` set (BFCL multi-turn only), the real-execution demonstration with every
-   call of a turn in one message (`agents.demonstrations.demonstration_for_task`, ``calls_per_message=
+   call of a turn in one message (`agents.training.demonstrations.demonstration_for_task`, ``calls_per_message=
    "all"``: the fewest template tokens) must fit it, final closing message included (the env does not check
    the budget on the step that ends the episode, so this is a few tokens stricter than the env). Rehearsed
    tool outputs may be longer or shorter than the real ones, and a policy writing one call per message
    uses more template tokens; this uses the real outputs and the fewest messages.
 
-The report also gives the fraction under one call per ACT message (what `agents.demonstrations` teaches by
+The report also gives the fraction under one call per ACT message (what `agents.training.demonstrations` teaches by
 default, so what an SFT-warm-started policy does): a turn with n calls then needs n + 1 messages.
 
 ``max_steps_per_turn`` counts every ACT message of a turn, the closing one included, as
@@ -217,7 +217,7 @@ def task_needs(task: Task, reference: list[list[ToolCall]], tokenizer: Any) -> T
 def _demo_tokens(tasks: Sequence[Task], tokenizer: Any, suite: str) -> dict[str, int]:
     """Token length of each multi-step task's real-execution demonstration (all of a turn's calls in one
     message); empty for a suite without reference solutions."""
-    from agents.demonstrations import demonstration_env, demonstration_for_task
+    from agents.training.demonstrations import demonstration_env, demonstration_for_task
     from envace_gym.suites import make_suite
 
     multi = [t for t in tasks if not t.metadata.get("single_step")]
@@ -404,10 +404,11 @@ def check_task_budgets(
     threshold_name: str = "--min-solvable-fraction",
     log=print,
 ):
-    """`agents.budgets.budget_report` of `tasks` then `agents.budgets.require_solvable`; returns the report.
+    """`agents.training.budgets.budget_report` of `tasks` then `agents.training.budgets.require_solvable`; returns the
+    report.
 
     Raises:
-        agents.budgets.BudgetError: fewer than `min_fraction` of the tasks can be completed (the message names
+        agents.training.budgets.BudgetError: fewer than `min_fraction` of the tasks can be completed (the message names
             the option to raise).
     """
     from envace_gym.suites import make_suite

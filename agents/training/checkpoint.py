@@ -72,7 +72,7 @@ def save_checkpoint(
         extra: more JSON-compatible trainer state, stored there too (`trainer_state` reads it back).
         model_state_dicts, optimizer_state_dicts: whole states to write instead of a model's or optimizer's
             own ``state_dict()`` where one is given (not None): sharded (FSDP) weights gathered by
-            `agents.distributed.DataParallel.model_state_dict` and ``optimizer_state_dict``. The optimizer's is
+            `agents.training.distributed.DataParallel.model_state_dict` and ``optimizer_state_dict``. The optimizer's is
             then keyed by parameter name; `load_checkpoint` reads either form into either kind of optimizer.
     """
     model_state_dicts = model_state_dicts or {}

@@ -257,7 +257,7 @@ def naive_token_logprobs(
 
 class TokenLogprobs(torch.nn.Module):
     """`token_logprobs` of a causal LM as a module's ``forward``, so that a wrapper that hooks ``forward``
-    (DistributedDataParallel through `agents.distributed.DataParallel.wrap`) sees the whole computation,
+    (DistributedDataParallel through `agents.training.distributed.DataParallel.wrap`) sees the whole computation,
     whose decoder and LM head `token_logprobs` calls separately. ``self.model`` is the LM itself (same
     parameters).
     """

@@ -198,7 +198,7 @@ def check_resume_config(
     Raises:
         RunFolderError: fields differ and `allow_change` is False; the message lists them with both values.
     """
-    from agents.checkpoint import latest_checkpoint
+    from agents.training.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:

@@ -1,14 +1,14 @@
 """Supervised warm-start of both roles: `SFTConfig`, `SFTTrainer`, ``envace sft``, and
 the measurement helpers (`demo_logprobs`, `act_parse_rate`, `measure`).
 
-Training data are token-level `Trajectory` objects from `agents.demonstrations` (real BFCL executions, or
+Training data are token-level `Trajectory` objects from `agents.training.demonstrations` (real BFCL executions, or
 recorded rollouts filtered by reward): token in, token out, nothing is re-rendered. The loss is token-level
 cross-entropy on the ACT and REHEARSE tokens (docs/design.md §3: only those roles carry loss); prompt,
 template and observation tokens are masked.
 
 Implementation details:
 
-1. Log-likelihoods come from `agents.logprobs.token_logprobs` (decoder once, LM head in checkpointed
+1. Log-likelihoods come from `agents.training.logprobs.token_logprobs` (decoder once, LM head in checkpointed
    chunks; the ``(N, T, V)`` logits are never built). Position t holds ``log p(ids[t] | ids[:t])``, so a
    token's role in ``role_mask`` says whether that token is a target.
 2. Per-token weights ``w = act_weight`` on ACT tokens, ``rehearse_weight`` on REHEARSE tokens (only for the
@@ -29,14 +29,14 @@ Implementation details:
    instead cuts a fresh per-epoch permutation into batches of one fixed row count (Hugging Face's
    ``group_by_length=False``): more padding, but every batch mixes lengths and so task families, which a
    model trained from scratch needs (length-sorted batches of one family each pull it back and forth).
-4. AdamW, gradient clipping, and the GRPO trainer's schedule (`agents.optim.make_lr_scheduler`: linear
+4. AdamW, gradient clipping, and the GRPO trainer's schedule (`agents.training.optim.make_lr_scheduler`: linear
    warmup then constant, linear or cosine decay over the total steps).
 5. LoRA (``--lora``, needs ``pip install envace-gym[lora]``): peft adapters on the attention and MLP
    projections; only they are trained and the optimizer holds only their state. A checkpoint's
    ``model/`` is the adapter merged into a copy of the base (a plain Hugging Face folder, valid as
    ``envace train --init``); ``adapter/`` holds the peft adapter, which is what resume loads (on top of
    the original ``--model``/``--init`` weights), so LoRA resume is exact too.
-6. Checkpoints use `agents.checkpoint.save_checkpoint` (same layout as `RoleWiseGRPOTrainer`); resume
+6. Checkpoints use `agents.training.checkpoint.save_checkpoint` (same layout as `RoleWiseGRPOTrainer`); resume
    restores weights, optimizer, scheduler and RNG from the newest one.
 
 Metrics (one JSON line per step in ``run_dir/metrics.jsonl``), ρ in {act, rehearse}:
@@ -81,10 +81,10 @@ from agents.config import (
     config_field,
     dataclass_from_args,
 )
-from agents.distributed import DataParallel, as_float
 from agents.models import ModelStore, default_store
-from agents.optim import apply_optimizer_settings, bucket_batches, make_lr_scheduler, prepare_process
 from agents.rollout import PAD_ROLE
+from agents.training.distributed import DataParallel, as_float
+from agents.training.optim import apply_optimizer_settings, bucket_batches, make_lr_scheduler, prepare_process
 from envace_gym.types import Role, Task, Trajectory
 
 __all__ = [
@@ -135,8 +135,8 @@ class SFTConfig:
     malloc_mmap_threshold_kb: int = _f(
         128,
         (
-            "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.allocator; 0: keep "
-            "glibc's dynamic threshold)"
+            "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.training.allocator; "
+            "0: keep glibc's dynamic threshold)"
         ),
     )
 
@@ -408,7 +408,7 @@ def sft_loss(
     """Weighted token-level cross-entropy on the target roles (implementation detail 2).
 
     Args:
-        logprobs: ``(N, T) float32``, ``log p(ids[t] | ids[:t])`` (`agents.logprobs.token_logprobs`).
+        logprobs: ``(N, T) float32``, ``log p(ids[t] | ids[:t])`` (`agents.training.logprobs.token_logprobs`).
         role_mask: ``(N, T) int64`` `Role` values, `PAD_ROLE` on padding.
         weights: loss weight per target role, e.g. ``{Role.ACT: 1.0, Role.REHEARSE: 1.0}``; roles not in it
             carry no loss.
@@ -484,9 +484,9 @@ def load_sft_data(config: SFTConfig, tokenizer: Any, progress: bool = False) -> 
     """The training sequences of `config` (``data`` sources, length cap) and per-source `DemoStats` dicts.
 
     Raises:
-        ValueError: no sequence at all, or the errors of `agents.demonstrations`.
+        ValueError: no sequence at all, or the errors of `agents.training.demonstrations`.
     """
-    from agents.demonstrations import build_demonstrations, load_recorded_trajectories
+    from agents.training.demonstrations import build_demonstrations, load_recorded_trajectories
     from envace_gym.rendering import ChatRenderer
 
     stops = ChatRenderer(tokenizer).stop_token_ids
@@ -539,9 +539,9 @@ def require_whole_demos(config: SFTConfig, stats: dict[str, Any], log=print) -> 
     """Print how many selected demonstrations fit ``max_seq_len`` whole; raise below ``min_solvable_fraction``.
 
     Raises:
-        agents.budgets.BudgetError: the fraction is below ``config.min_solvable_fraction``.
+        agents.training.budgets.BudgetError: the fraction is below ``config.min_solvable_fraction``.
     """
-    from agents.budgets import BudgetError
+    from agents.training.budgets import BudgetError
 
     whole, candidates = whole_fraction(stats)
     fraction = whole / candidates if candidates else 1.0
@@ -576,7 +576,7 @@ class SFTTrainer:
         log: where progress lines go.
         models: the `agents.models.ModelStore` the tokenizer and starting weights come from (None: the default
             store); the trained model is a fresh copy.
-        parallel: the data-parallel processes (`agents.distributed.DataParallel`; None: from the launcher's
+        parallel: the data-parallel processes (`agents.training.distributed.DataParallel`; None: from the launcher's
             environment). With W processes, rank r trains rows r, r + W, ... of each step's batch, the loss
             divides by the whole batch's token counts and gradients are all-reduced, so every rank applies
             the step one process would; rank 0 alone writes the run folder.
@@ -590,7 +590,7 @@ class SFTTrainer:
 
     Raises:
         ValueError: no training sequence, or no target token in any sequence for the chosen roles.
-        agents.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the demonstrations loaded from
+        agents.training.budgets.BudgetError: fewer than ``min_solvable_fraction`` of the demonstrations loaded from
             ``config.data`` fit ``max_seq_len`` whole (checked before the model loads; not for `demos`).
         ImportError: ``lora=True`` without peft installed.
     """
@@ -603,9 +603,9 @@ class SFTTrainer:
         models: ModelStore | None = None,
         parallel: DataParallel | None = None,
     ) -> None:
-        from agents.checkpoint import load_newest
-        from agents.logprobs import TokenLogprobs, enable_gradient_checkpointing
-        from agents.run_folder import RunLock, check_resume_config, trim_jsonl
+        from agents.training.checkpoint import load_newest
+        from agents.training.logprobs import TokenLogprobs, enable_gradient_checkpointing
+        from agents.training.run_folder import RunLock, check_resume_config, trim_jsonl
 
         self.config = config
         self.parallel = parallel = parallel or DataParallel.from_environment(config.device)
@@ -821,7 +821,7 @@ class SFTTrainer:
                 "perf/step_s": dt,
             }
         )
-        from agents.run_folder import append_jsonl
+        from agents.training.run_folder import append_jsonl
 
         if par.is_main:
             append_jsonl(self.run_dir / "metrics.jsonl", [m])
@@ -835,8 +835,8 @@ class SFTTrainer:
         return peft_model.merge_and_unload()
 
     def save(self) -> Path:
-        """Write a checkpoint (`agents.checkpoint` layout; LoRA adds ``adapter/``) and prune old ones."""
-        from agents.checkpoint import checkpoint_dir, prune_checkpoints, save_checkpoint
+        """Write a checkpoint (`agents.training.checkpoint` layout; LoRA adds ``adapter/``) and prune old ones."""
+        from agents.training.checkpoint import checkpoint_dir, prune_checkpoints, save_checkpoint
 
         path = checkpoint_dir(self.run_dir, self.step)
         par = self.parallel
@@ -877,7 +877,7 @@ def demo_logprobs(
         ``{"logprob/act", "logprob/rehearse", "tokens/act", "tokens/rehearse"}``; a mean is NaN when the
         demos have no token of that role.
     """
-    from agents.logprobs import token_logprobs
+    from agents.training.logprobs import token_logprobs
 
     was_training = model.training
     model.eval()

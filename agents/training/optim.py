@@ -1,8 +1,8 @@
 """What the SFT and GRPO trainers share to set up training: the process (threads, allocator, seed), the
 learning-rate schedule, AdamW settings restored from a checkpoint, and length-bucketed batches of rows.
 
-`agents.sft.SFTTrainer` and `agents.trainer.RoleWiseGRPOTrainer` both import from here, so neither imports
-the other.
+`agents.training.sft.SFTTrainer` and `agents.training.trainer.RoleWiseGRPOTrainer` both import from here, so neither
+imports the other.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.allocator import set_malloc_mmap_threshold
+from agents.training.allocator import set_malloc_mmap_threshold
 
 __all__ = ["prepare_process", "make_lr_scheduler", "apply_optimizer_settings", "bucket_batches"]
 
@@ -58,7 +58,7 @@ def prepare_process(threads: int, malloc_mmap_threshold_kb: int, seed: int) -> N
     """Process-wide set-up of a trainer (GRPO and SFT alike), before any model is loaded.
 
     Sets torch's CPU threads (0: leave the default), glibc's mmap threshold in KiB (0: leave glibc's dynamic
-    one; `agents.allocator`) and torch's global seed.
+    one; `agents.training.allocator`) and torch's global seed.
     """
     if threads:
         torch.set_num_threads(threads)
@@ -70,7 +70,7 @@ def prepare_process(threads: int, malloc_mmap_threshold_kb: int, seed: int) -> N
 def bucket_batches(
     lengths: Sequence[int], batch_tokens: int, max_rows: int, seed: int, epoch: int, group_by_length: bool = True
 ) -> list[list[int]]:
-    """Length-bucketed batches of example indices (`agents.sft`, implementation detail 3), or with
+    """Length-bucketed batches of example indices (`agents.training.sft`, implementation detail 3), or with
     `group_by_length` False a permutation drawn from ``np.random.default_rng([seed, epoch, 1])`` cut into batches of
     ``min(max_rows, max(1, batch_tokens // max(lengths)))`` rows (the last may be shorter): the same count
     every epoch, and each batch a mix of lengths.

@@ -2,7 +2,7 @@
 recorded rollouts filtered by reward (rejection-sampling fine-tuning), as token-level `Trajectory` objects.
 
 Both sources give trajectories in the policy's own token format (the one `envace_gym.envs.tool_use.ToolUseEnv`
-builds and `agents.rollout.build_batch` trains on), relabelled so that `agents.sft` can train both roles:
+builds and `agents.rollout.build_batch` trains on), relabelled so that `agents.training.sft` can train both roles:
 
 * ACT segments: the assistant messages (tool calls and closing messages) are ACT targets.
 * Real tool results (OBSERVATION segments answering a tool call) become REHEARSE targets: the world model
@@ -672,7 +672,7 @@ def _error_demos(
 
 
 def _records(paths: Iterable[str | os.PathLike[str]]) -> Iterable[dict[str, Any]]:
-    from agents.run_folder import read_jsonl
+    from agents.training.run_folder import read_jsonl
 
     for path in paths:
         if not os.path.isfile(path):
