@@ -6,7 +6,7 @@ Subcommands (each has ``--help``):
   (`agents.pipeline`).
 * ``envace sft``: warm start of both roles on demonstrations from real executions (`agents.training.sft`).
 * ``envace eval`` / ``envace report``: real-backend evaluation, test-time rehearsal, fidelity, plots
-  (`agents.evaluate`).
+  (`agents.evaluation.evaluate`).
 * ``envace train``: role-wise GRPO over ``EnvACE-Rehearse-v0`` (`agents.training.trainer`); ``--help`` lists every
   `agents.config.TrainConfig` field, ``--config FILE.yaml`` loads them, options override the file.
 
@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="role-wise GRPO on the rehearse envs (every option is a TrainConfig field)")
     add_config_arguments(train)
     train.set_defaults(func=cmd_train)
-    from agents.evaluate import add_eval_parsers
+    from agents.evaluation.evaluate import add_eval_parsers
 
     add_eval_parsers(sub)
     from agents.training.sft import register_sft_parser

@@ -18,8 +18,8 @@ SFT and GRPO trainers resume from their newest checkpoints):
    ``test_time_rehearsal_limit``, the first of them in each category, beside a table row that scores
    ``eval_grpo`` on those tasks only);
 7. ``plots/stages.png`` (accuracy, the fraction of ACT steps that parse as tool calls and, where measured, exact
-   rehearsal fidelity, per model) and ``grpo/plots/`` (training curves, `agents.plots.report`); ``summary.json``
-   and a printed table (`stage_table`).
+   rehearsal fidelity, per model) and ``grpo/plots/`` (training curves, `agents.evaluation.plots.report`);
+   ``summary.json`` and a printed table (`stage_table`).
 
 ``configs/recipes/lab.yaml`` is the main job (``make demo``): the hidden-rules lab suite (``lab``) on ``lab-tiny``;
 ``configs/recipes/lab-stated.yaml`` is the stated-rules suite (``lab-stated``) on ``smollm2-lab``.
@@ -53,7 +53,7 @@ from agents.config import (
     field_default,
     nested_config_field,
 )
-from agents.evaluate import EvalConfig, resume_ignores
+from agents.evaluation.evaluate import EvalConfig, resume_ignores
 from agents.models import ModelStore, default_store
 from agents.training.run_folder import read_jsonl
 from agents.training.sft import SFTConfig
@@ -124,7 +124,7 @@ class PipelineConfig:
     """Settings of ``envace pipeline``: what every stage shares, and one config per stage.
 
     ``sft`` (an `agents.training.sft.SFTConfig`), ``grpo`` (an `agents.config.TrainConfig`) and ``eval`` (an
-    `agents.evaluate.EvalConfig`, used by every evaluation) are the stage commands' own configs, with
+    `agents.evaluation.evaluate.EvalConfig`, used by every evaluation) are the stage commands' own configs, with
     this job's defaults; on the command line their fields are ``--sft.<field>``, ``--grpo.<field>`` and
     ``--eval.<field>``, in YAML mappings under ``sft:``, ``grpo:`` and ``eval:``. The pipeline sets the
     fields listed in `_OWNED` itself: the run folders, the model each stage starts from, the seed, the
@@ -438,7 +438,7 @@ class StageRunner:
         return {k: moved(v) for k, v in stored.items()}
 
     def evaluate(self, name: str, eval_config: EvalConfig, models: ModelStore | None = None) -> dict[str, Any]:
-        """Stage `name`: `agents.evaluate.evaluate` with `eval_config` (its ``out`` should be the stage's
+        """Stage `name`: `agents.evaluation.evaluate.evaluate` with `eval_config` (its ``out`` should be the stage's
         folder); returns the evaluation row (accuracy, tool-call fraction, parse errors, fidelity fields)."""
         settings = stage_settings(eval_config)
         ignore = resume_ignores(eval_config)  # the same fields `evaluate` itself resumes with changed
@@ -543,7 +543,7 @@ def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None =
         agents.training.budgets.BudgetError: a stage's fraction is below ``min_solvable_fraction`` (the message names
             the pipeline option to raise).
     """
-    from agents.evaluate import select_tasks
+    from agents.evaluation.evaluate import select_tasks
     from agents.training.budgets import check_task_budgets
     from envace_gym.suites import make_suite
 
@@ -591,7 +591,7 @@ def check_budgets(config: PipelineConfig, log=print, models: ModelStore | None =
 
 
 def _overall_row(overall: dict[str, Any]) -> dict[str, Any]:
-    """An evaluation stage's row from the ``overall`` row of `agents.evaluate.summarize`."""
+    """An evaluation stage's row from the ``overall`` row of `agents.evaluation.evaluate.summarize`."""
     return {
         "accuracy": float(overall["accuracy"]),
         "tool_call_fraction": float(overall["tool_call_fraction"]),
@@ -601,7 +601,7 @@ def _overall_row(overall: dict[str, Any]) -> dict[str, Any]:
 
 
 def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None) -> dict[str, Any]:
-    from agents.evaluate import evaluate, fidelity_tables
+    from agents.evaluation.evaluate import evaluate, fidelity_tables
 
     result = evaluate(eval_config, log=None, progress=True, models=models)
     row = _overall_row(result.summary[-1])
@@ -649,14 +649,14 @@ SAME_TASKS_ROW = "grpo, same tasks"
 def same_tasks_row(plain: str | Path, rehearsed: str | Path) -> dict[str, Any]:
     """The plain evaluation in folder `plain` scored on the tasks of the evaluation in `rehearsed` only (its
     ``episodes.jsonl``), so a test-time rehearsal stage on fewer tasks is compared on equal tasks: the
-    ``overall`` row of `agents.evaluate.summarize` (unweighted category means, BFCL's rule) with the keys of an
-    evaluation stage's row. Equal tasks, not equal sampling: an episode's seed is its index in its evaluation's
+    ``overall`` row of `agents.evaluation.evaluate.summarize` (unweighted category means, BFCL's rule) with the keys of
+    an evaluation stage's row. Equal tasks, not equal sampling: an episode's seed is its index in its evaluation's
     task list, which differs between the two at temperature > 0.
 
     Raises:
         ValueError: some task of `rehearsed` is not in `plain`.
     """
-    from agents.evaluate import summarize
+    from agents.evaluation.evaluate import summarize
 
     wanted = {e["task_id"] for e in read_jsonl(Path(rehearsed) / "episodes.jsonl")}
     episodes = [e for e in read_jsonl(Path(plain) / "episodes.jsonl") if e["task_id"] in wanted]
@@ -768,7 +768,7 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     """
     import torch
 
-    from agents.plots import report
+    from agents.evaluation.plots import report
 
     models = models or default_store()
     if config.threads:

@@ -66,7 +66,7 @@ def _stable(text: str) -> int:
 
 @contextlib.contextmanager
 def simulated_user(config: Any, policy: Any, models: Any = None) -> Iterator[Any]:
-    """`use_model_user` for a config with the ``user_*`` fields (`agents.evaluate.EvalConfig`,
+    """`use_model_user` for a config with the ``user_*`` fields (`agents.evaluation.evaluate.EvalConfig`,
     `agents.config.TrainConfig`) on its ``suite``: the user is ``config.user_model`` (loaded with
     ``config.engine`` from `models`) or `policy` itself. Yields the user's policy."""
     from envace_gym.suites import make_suite

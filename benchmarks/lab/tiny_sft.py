@@ -3,7 +3,7 @@
 For each initialisation seed: build `lab-tiny` (`benchmarks.lab.lab_tiny.build_lab_tiny`, the sizes given), train it
 by SFT on real executions of the train stream's reference solutions (`agents.training.sft.SFTTrainer`; both roles,
 optionally the leading prompt and error demonstrations), then score it greedily on the fixed test split on
-the real backend (`agents.evaluate`), and measure which values it copies (`token_kind_accuracy` on test
+the real backend (`agents.evaluation.evaluate`), and measure which values it copies (`token_kind_accuracy` on test
 demonstrations: items, docks, shelf letters). Prints per seed the SFT wall seconds, test success per family
 and the copy accuracies, then their means over seeds (success with a 95% t-interval, seeds as the unit), and
 writes ``results.json``.
@@ -127,7 +127,7 @@ def token_kind_accuracy(model: Any, tokenizer: Any, demos: list[Any]) -> dict[st
 
 
 def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> dict[str, Any]:
-    from agents.evaluate import EvalConfig, evaluate
+    from agents.evaluation.evaluate import EvalConfig, evaluate
     from agents.models import ModelStore
     from agents.pipeline import latest_model
     from agents.training.demonstrations import build_demonstrations

@@ -4,7 +4,7 @@
 Builds a randomly initialised Llama from a config with ``smollm2-lab``'s tokenizer (the lab world's ~630
 tokens; tied embeddings, head size 64, MLP width 3 x hidden), fine-tunes it on real executions of the
 reference solutions of a large generated lab corpus (both roles, `agents.training.sft.SFTTrainer`), then scores it
-greedily on the standard lab test split against the real backend (`agents.evaluate`), with the evaluation
+greedily on the standard lab test split against the real backend (`agents.evaluation.evaluate`), with the evaluation
 budget of ``configs/recipes/lab-stated.yaml`` (tokens per message, messages per turn). ``--init smollm2-prefix`` starts
 instead from ``smollm2-lab``'s first ``--layers`` decoder layers (pretrained weights, the cut vocabulary).
 
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, log=print) -> dict:
     import torch
 
     from agents.config import load_dataclass
-    from agents.evaluate import EvalConfig, evaluate
+    from agents.evaluation.evaluate import EvalConfig, evaluate
     from agents.models import LAB_MODEL, default_store
     from agents.pipeline import PipelineConfig, latest_model
     from agents.training.sft import SFTConfig, SFTTrainer

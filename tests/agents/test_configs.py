@@ -13,7 +13,7 @@ import yaml
 
 from agents.cli import main
 from agents.config import TrainConfig, load_dataclass
-from agents.evaluate import EvalConfig
+from agents.evaluation.evaluate import EvalConfig
 from agents.pipeline import PipelineConfig
 from agents.training.sft import SFTConfig
 

@@ -13,7 +13,7 @@ import pytest
 
 import tests.testing_env  # noqa: F401
 from agents.cli import main
-from agents.evaluate import EPISODE_FIELDS, FIDELITY_FIELDS, SUMMARY_FIELDS, EvalConfig, evaluate, summarize
+from agents.evaluation.evaluate import EPISODE_FIELDS, FIDELITY_FIELDS, SUMMARY_FIELDS, EvalConfig, evaluate, summarize
 from tests.wrappers.test_test_time_rehearsal import ScriptedPolicy, always
 
 
@@ -116,7 +116,7 @@ def test_accuracy_matches_rewards_and_rehearsal_columns(tmp_path):
 def test_transcripts_leave_out_the_system_prompt_and_keep_the_rest(tmp_path):
     """The lab suite opens every episode with a system prompt (the world's rules and tools); the transcript drops only
     it."""
-    from agents.evaluate import _transcript_record
+    from agents.evaluation.evaluate import _transcript_record
 
     policy = ScriptedPolicy(always("done"))
     config = EvalConfig(
@@ -288,7 +288,7 @@ def test_an_eval_with_other_settings_refuses_the_folder_unless_overwrite(tmp_pat
 def test_a_folder_from_before_the_trace_memory_resumes_plainly_and_refuses_other_rehearsal(tmp_path):
     """Folders written before `memory` existed ran the English summary with 3-step attempts; a plain
     evaluation does not depend on either, a test-time rehearsal one does."""
-    from agents.evaluate import _prepare_out
+    from agents.evaluation.evaluate import _prepare_out
 
     out = tmp_path / "e"
     plain = EvalConfig(model="tiny-random", suite="scripted", out=str(out))

@@ -231,7 +231,7 @@ def test_a_model_user_sees_the_conversation_with_roles_flipped_and_stops_or_give
 
 
 def test_envace_eval_on_tau2_with_the_model_as_its_own_user(tmp_path):
-    from agents.evaluate import EvalConfig, evaluate
+    from agents.evaluation.evaluate import EvalConfig, evaluate
 
     config = EvalConfig(
         model="tiny-random",

@@ -115,7 +115,7 @@ def _record(real, exact, structure, f1):
 
 
 def test_summary_and_tables_split_error_and_ordinary_outputs():
-    from agents.evaluate import FIDELITY_FIELDS, fidelity_tables
+    from agents.evaluation.evaluate import FIDELITY_FIELDS, fidelity_tables
 
     records = [
         _record('{"error": "no box"}', 1.0, 1.0, 1.0),

@@ -1,7 +1,7 @@
 """Plots for runs and evaluations (matplotlib, Agg backend: no display needed), and `report`.
 
 * `plot_accuracy_vs_rehearsal`: overall accuracy against the test-time rehearsal budget N, one line per
-  mode (``parallel``, ``sequential``), from ``summary.json`` files written by `agents.evaluate`. An N = 0
+  mode (``parallel``, ``sequential``), from ``summary.json`` files written by `agents.evaluation.evaluate`. An N = 0
   run has no mode: it is the first point of both lines.
 * `plot_fidelity_per_tool`: bars of exact match, JSON-structure match and token F1 per tool, from a
   ``fidelity_per_tool.csv``.
@@ -106,7 +106,7 @@ def plot_accuracy_vs_rehearsal(summaries: Sequence[dict[str, Any]], path: str | 
     """Overall accuracy vs rehearsal budget N, one line per mode (module docstring).
 
     Args:
-        summaries: ``summary.json`` documents of `agents.evaluate` runs (``--fidelity`` runs are ignored).
+        summaries: ``summary.json`` documents of `agents.evaluation.evaluate` runs (``--fidelity`` runs are ignored).
         path: the PNG to write.
 
     Raises:

@@ -725,8 +725,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """``envace report RUN_DIR``: write the applicable plots to ``RUN_DIR/plots/`` (`agents.plots.report`)."""
-    from agents.plots import report
+    """``envace report RUN_DIR``: write the applicable plots to ``RUN_DIR/plots/``
+    (`agents.evaluation.plots.report`)."""
+    from agents.evaluation.plots import report
 
     paths = report(args.run_dir)
     if not paths:
