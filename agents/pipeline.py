@@ -35,7 +35,6 @@ eval.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -47,9 +46,7 @@ from typing import Any
 
 from agents.config import (
     TrainConfig,
-    add_dataclass_arguments,
     config_field,
-    dataclass_from_args,
     field_default,
     nested_config_field,
 )
@@ -65,7 +62,6 @@ __all__ = [
     "latest_model",
     "sft_stage",
     "grpo_stage",
-    "register_pipeline_parser",
     "STAGES",
     "REHEARSAL_STAGE",
     "stage_rows",
@@ -841,20 +837,3 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
         log(line)
     log(f"[pipeline] total {summary['total_seconds'] / 60:.1f} min; plots: {', '.join(plots)}")
     return summary
-
-
-def cmd_pipeline(args: argparse.Namespace) -> int:
-    """``envace pipeline``."""
-    from agents.training.distributed import refuse_launcher
-
-    refuse_launcher("pipeline")
-    run_pipeline(dataclass_from_args(PipelineConfig, args))
-    return 0
-
-
-def register_pipeline_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add the ``pipeline`` sub-command (every option a `PipelineConfig` field)."""
-    p = sub.add_parser("pipeline", help="the main job: eval, SFT warm start, role-wise GRPO, eval, plots")
-    add_dataclass_arguments(p, PipelineConfig)
-    p.set_defaults(func=cmd_pipeline)
-    return p

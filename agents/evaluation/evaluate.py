@@ -36,7 +36,6 @@ over the tasks shows the ETA.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import functools
@@ -49,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from agents.config import NOT_GIVEN, add_dataclass_arguments, config_field, dataclass_from_args, field_default
+from agents.config import config_field, field_default
 from agents.training.run_folder import append_jsonl, drop_cut_last_line, filter_jsonl, read_jsonl
 
 _f = config_field
@@ -59,9 +58,6 @@ __all__ = [
     "evaluate",
     "summarize",
     "fidelity_tables",
-    "add_eval_parsers",
-    "cmd_eval",
-    "cmd_report",
     "EPISODE_FIELDS",
     "SUMMARY_FIELDS",
     "FIDELITY_FIELDS",
@@ -687,69 +683,3 @@ def format_table(rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> str:
     widths = [max(len(f), *(len(c[j]) for c in cells)) for j, f in enumerate(fields)]
     line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
     return "\n".join([line(list(fields)), line(["-" * w for w in widths])] + [line(c) for c in cells])
-
-
-# ---------------------------------------------------------------------------------------- command line
-def _model_from_args(args: argparse.Namespace) -> str:
-    if args.checkpoint:
-        folder = Path(args.checkpoint) / "model"
-        if not folder.is_dir():
-            raise SystemExit(f"--checkpoint {args.checkpoint!r} has no model/ folder")
-        return str(folder)
-    return args.model
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    """``envace eval``: run `evaluate` and print the summary (and fidelity) tables."""
-    from agents.training.distributed import refuse_launcher
-
-    refuse_launcher("eval")
-    if args.checkpoint and args.model is not NOT_GIVEN:
-        raise SystemExit("give --model or --checkpoint, not both")
-    if args.checkpoint:
-        args.model = _model_from_args(args)
-    config = dataclass_from_args(EvalConfig, args)
-    t0 = time.perf_counter()
-    result = evaluate(config)
-    print(f"[eval] {len(result.episodes)} tasks in {time.perf_counter() - t0:.0f} s; results in {config.out}")
-    print(format_table(result.summary, SUMMARY_FIELDS))
-    if config.fidelity:
-        tables = fidelity_tables(result.fidelity_calls)
-        print("[eval] rehearsal fidelity per tool")
-        print(format_table(tables["tool"], FIDELITY_FIELDS))
-        print("[eval] rehearsal fidelity per category")
-        print(format_table(tables["category"], FIDELITY_FIELDS))
-        print("[eval] rehearsal fidelity on error and ordinary real outputs")
-        print(format_table(tables["output"], FIDELITY_FIELDS))
-    return 0
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    """``envace report RUN_DIR``: write the applicable plots to ``RUN_DIR/plots/``
-    (`agents.evaluation.plots.report`)."""
-    from agents.evaluation.plots import report
-
-    paths = report(args.run_dir)
-    if not paths:
-        print(f"[report] nothing to plot in {args.run_dir} (no metrics.jsonl, summary.json or fidelity CSV)")
-        return 1
-    for p in paths:
-        print(f"[report] wrote {p}")
-    return 0
-
-
-def add_eval_parsers(sub: Any) -> None:
-    """Add the ``eval`` and ``report`` sub-commands to an argparse sub-parser collection."""
-    ev = sub.add_parser(
-        "eval", help="evaluate a policy on real backends (BFCL accuracy), optionally with test-time rehearsal"
-    )
-    add_dataclass_arguments(ev, EvalConfig)
-    ev.add_argument(
-        "--checkpoint", default=None, help="RUN_DIR/checkpoints/step_N: evaluate its model/ folder (instead of --model)"
-    )
-    ev.set_defaults(func=cmd_eval)
-    rep = sub.add_parser(
-        "report", help="write plots (training curves, accuracy vs rehearsal N, fidelity) to RUN_DIR/plots/"
-    )
-    rep.add_argument("run_dir", help="a training run folder or a folder of eval outputs")
-    rep.set_defaults(func=cmd_report)

@@ -59,7 +59,6 @@ LoRA: Hu et al., 2021 (arXiv 2106.09685), via Hugging Face peft.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -75,11 +74,9 @@ import torch
 
 from agents.config import (
     DEVICE_HELP,
-    add_dataclass_arguments,
     check_device,
     coerce_fields,
     config_field,
-    dataclass_from_args,
 )
 from agents.models import ModelStore, default_store
 from agents.rollout import PAD_ROLE
@@ -97,9 +94,6 @@ __all__ = [
     "demo_logprobs",
     "act_parse_rate",
     "measure",
-    "register_sft_parser",
-    "add_sft_arguments",
-    "sft_config_from_args",
 ]
 
 _ROLE_NAMES = {"act": Role.ACT, "rehearse": Role.REHEARSE}
@@ -949,57 +943,3 @@ def measure(
     out = dict(demo_logprobs(policy.model, demos, policy.pad_id, chunk_size=chunk_size))
     out.update(act_parse_rate(policy, tasks, max_new_tokens=max_new_tokens))
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Command line
-# ---------------------------------------------------------------------------------------------------------
-
-
-def add_sft_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` and one ``--field-name`` option per `SFTConfig` field, its help from the field."""
-    add_dataclass_arguments(parser, SFTConfig)
-
-
-def sft_config_from_args(args: argparse.Namespace) -> SFTConfig:
-    """The `SFTConfig` of parsed arguments (``--config`` YAML, then explicit options; unset ones keep defaults).
-
-    Raises:
-        ValueError: an unknown YAML field or an invalid value (`SFTConfig.__post_init__`).
-    """
-    return dataclass_from_args(SFTConfig, args)
-
-
-def cmd_sft(args: argparse.Namespace) -> int:
-    """``envace sft``: build the data, train, save; prints the data counts and the last step's metrics."""
-    config = sft_config_from_args(args)  # fails fast, before any model loads
-    trainer = SFTTrainer(config)
-    if not trainer.parallel.is_main:  # under `accelerate launch`, rank 0 speaks for the run
-        trainer.train(progress=False)
-        return 0
-    if trainer.step:
-        print(f"[sft] resumed from step {trainer.step} in {config.run_dir}")
-    toks = {r: sum(d.tokens_per_role()[r] for d in trainer.demos) for r in ("ACT", "REHEARSE")}
-    print(
-        f"[sft] {len(trainer.demos)} sequences ({toks['ACT']} ACT, {toks['REHEARSE']} REHEARSE tokens), "
-        f"{trainer.batches_per_epoch} batches/epoch, {trainer.total_steps} steps"
-    )
-    history = trainer.train()
-    if history:
-        last = history[-1]
-        print(
-            f"[sft] step {last['step']}: loss {last['train/loss']:.4f} (act {last['train/loss/act']:.4f}, "
-            f"rehearse {last['train/loss/rehearse']:.4f}); metrics in {config.run_dir}/metrics.jsonl"
-        )
-    return 0
-
-
-def register_sft_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add the ``sft`` sub-command to an ``add_subparsers()`` object; returns its parser."""
-    p = sub.add_parser(
-        "sft",
-        help="supervised warm-start of ACT and REHEARSE tokens on demonstrations (every option is an SFTConfig field)",
-    )
-    add_sft_arguments(p)
-    p.set_defaults(func=cmd_sft)
-    return p
