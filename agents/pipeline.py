@@ -348,7 +348,7 @@ class StageRunner:
 
     A stage that finished wrote ``<run>/<name>/stage_done.json`` (what its function returned, plus
     ``seconds``); running the job again skips it, unless it was run with other settings, which refuses
-    rather than mixing two runs' results. Used by `run_pipeline` and by ``benchmarks/perf/lab_ablations.py``.
+    rather than mixing two runs' results. Used by `run_pipeline` and by ``benchmarks/experiments/lab_ablations.py``.
 
     Args:
         run: the job's folder (stage names may hold ``/`` for nested folders).

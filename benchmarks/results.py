@@ -76,11 +76,11 @@ def _ci(mean: float | None, half: float | None, digits: int = 3) -> str:
 
 
 def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
-    """The SFT-from-scratch section (`benchmarks.lab.tiny_sft`)."""
+    """The SFT-from-scratch section (`benchmarks.experiments.lab_tiny_sft`)."""
     s = result["settings"]
     seeds = result["seeds"]
     families = list(seeds[0]["success"])
-    command = result.get("command", "python -m benchmarks.lab.tiny_sft")
+    command = result.get("command", "python -m benchmarks.experiments.lab_tiny_sft")
     lines = [
         "## lab-tiny learns the hidden-rules lab by SFT from scratch",
         "",
@@ -121,10 +121,10 @@ def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
 
 
 def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
-    """The ablation section (`benchmarks.perf.lab_ablations`): its printed table and its plot."""
-    from benchmarks.perf.lab_ablations import table
+    """The ablation section (`benchmarks.experiments.lab_ablations`): its printed table and its plot."""
+    from benchmarks.experiments.lab_ablations import table
 
-    command = result.get("command", "python benchmarks/perf/lab_ablations.py")
+    command = result.get("command", "python -m benchmarks.experiments.lab_ablations")
     lines = ["## The paper's comparisons on the lab", "", f"`{command}`", "", "```", *table(result), "```"]
     for png in sorted(folder.glob("*.png")):
         lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]

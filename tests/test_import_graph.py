@@ -9,9 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("envace_gym", "wrappers", "agents", "benchmarks")
-# Experiment scripts drive everything, like a user's script would; no package module imports them.
-# (benchmarks.lab.tiny_sft is one such script that still sits inside the lab suite's package.)
-SCRIPTS = ("benchmarks.perf", "benchmarks.results", "benchmarks.lab.tiny_sft")
+# Scripts (speed benchmarks, experiment protocols, the results page) drive everything, like a user's script would;
+# no package module imports them.
+SCRIPTS = ("benchmarks.perf", "benchmarks.experiments", "benchmarks.results")
 
 
 def modules() -> dict[str, Path]:

@@ -157,7 +157,7 @@ class LabTinySizes:
             than four of 32: a head that copies a value maps it through its value/output matrices, of rank at
             most the head width, and the world has ~45 values to copy (24 items, 4 docks, letters, digits);
             with four heads `lab-tiny` learned to copy letters and digits but not items in 600 SFT steps,
-            with two it began copying docks and items (one initialisation each; `benchmarks.lab.tiny_sft`).
+            with two it began copying docks and items (one initialisation each; `benchmarks.experiments.lab_tiny_sft`).
         intermediate_size: MLP width.
         max_position_embeddings: longest sequence in tokens (RoPE needs no table, this only bounds use).
         mimetic_init: start every attention layer as a copy (`mimetic_attention_init`) rather than from

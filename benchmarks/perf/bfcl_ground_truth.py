@@ -8,7 +8,7 @@ Single-turn: the first alternative of every argument in BFCL's possible answer b
 (names shown dotted->underscored, as to a model), checked by BFCL's ast_checker. Irrelevance categories are
 answered with no call. A few BFCL data quirks fail (see tests/benchmarks/test_bfcl.py).
 
-Usage: ``python benchmarks/perf/bfcl_ground_truth.py [--failures]``
+Usage: ``python -m benchmarks.perf.bfcl_ground_truth [--failures]``
 """
 
 from __future__ import annotations

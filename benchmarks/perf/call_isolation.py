@@ -13,8 +13,8 @@ side by side in one run, on real BFCL backends:
 
 Usage::
 
-    .venv/bin/python benchmarks/perf/call_isolation.py                 # 200 calls, 1 GB ballast, 50 tasks
-    .venv/bin/python benchmarks/perf/call_isolation.py --calls 1000 --ballast-gb 4
+    .venv/bin/python -m benchmarks.perf.call_isolation                 # 200 calls, 1 GB ballast, 50 tasks
+    .venv/bin/python -m benchmarks.perf.call_isolation --calls 1000 --ballast-gb 4
 
 Prints one table of milliseconds per call (or per verified task) and the isolated/in-process ratio.
 """

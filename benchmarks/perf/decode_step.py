@@ -29,9 +29,9 @@ measured bandwidth and doing nothing else).
 
 Usage::
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/decode_step.py                    # SmolLM2-135M
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/decode_step.py --batches 8 --model smollm2-lab
-    .venv/bin/python benchmarks/perf/decode_step.py --model tiny-random --batches 1 4   # quick check
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.perf.decode_step                    # SmolLM2-135M
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.perf.decode_step --batches 8 --model smollm2-lab
+    .venv/bin/python -m benchmarks.perf.decode_step --model tiny-random --batches 1 4   # quick check
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ of each turn (which runs the verifier on the last turn), and times every `env.st
 and max, separately for tool-call steps and turn-ending steps, for `ToolUseEnv` (``EnvACE-Tool-v0``: keeps
 the SmolLM2 token sequence) and `TextToolUseEnv` (no tokens), and the ratio of their medians.
 
-    .venv/bin/python benchmarks/perf/env_step_latency.py \\
+    .venv/bin/python -m benchmarks.perf.env_step_latency \\
         [--categories multi_turn_base multi_turn_long_context] [--tasks 50]
 """
 

@@ -21,8 +21,8 @@ process, so ``process`` audits the env, parser and verifier code, and ``none`` a
 
 Usage::
 
-    .venv/bin/python benchmarks/perf/fuzz_envs.py                      # 10,000 actions per category and env
-    .venv/bin/python benchmarks/perf/fuzz_envs.py --steps 500 --categories multi_turn_base
+    .venv/bin/python -m benchmarks.perf.fuzz_envs                      # 10,000 actions per category and env
+    .venv/bin/python -m benchmarks.perf.fuzz_envs --steps 500 --categories multi_turn_base
 
 Prints one row per (env, category): steps, episodes, exceptions, timeouts, executed-model-text events,
 median and max step milliseconds, then the process's peak RSS.

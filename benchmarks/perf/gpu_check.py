@@ -18,7 +18,7 @@ memory (``torch.cuda.max_memory_allocated``) and the trainer's ``train/logprob_m
 abs(log pi_trainer - log pi_engine) over loss tokens); then CUDA's speed-ups over CPU. Where vLLM is
 importable, the same steps also run with the experimental vLLM engine (``--engine vllm``, bfloat16).
 
-    python benchmarks/perf/gpu_check.py --prepare            # here: write benchmarks/gpu_assets/
+    python -m benchmarks.perf.gpu_check --prepare            # here: write benchmarks/gpu_assets/
     bash benchmarks/gpu_check.sh                              # there: prepare if needed, install wheels, run
 """
 
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     )  # works without `pip install -e .` (no entry points)
     if not (MODEL_ASSETS / "config.json").is_file():
         print(
-            f"missing {MODEL_ASSETS}; run `python benchmarks/perf/gpu_check.py --prepare` where the venv is",
+            f"missing {MODEL_ASSETS}; run `python -m benchmarks.perf.gpu_check --prepare` where the venv is",
             file=sys.stderr,
         )
         return 2

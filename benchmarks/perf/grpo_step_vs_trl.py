@@ -27,11 +27,11 @@ Usage::
 
     python3 -m venv /tmp/trlvenv && /tmp/trlvenv/bin/pip install torch==2.13.0 trl==1.16.0 transformers==5.24.0
     SMOL=$(.venv/bin/python -c "import agents.models as m; print(m.ensure_smollm2_converted())")
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/grpo_step_vs_trl.py --model tiny --smol-path $SMOL --rounds 2
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/grpo_step_vs_trl.py --model smol --smol-path $SMOL --rounds 1
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.perf.grpo_step_vs_trl --model tiny --smol-path $SMOL --rounds 2
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.perf.grpo_step_vs_trl --model smol --smol-path $SMOL --rounds 1
     # one side only (what the orchestrator runs): --impl ours  |  --impl trl --trl-python /tmp/trlvenv/bin/python
     # multi-turn BFCL episodes, envace-gym (rehearse, real) vs TRL with real tools, all in the project venv:
-    .venv/bin/python benchmarks/perf/grpo_step_vs_trl.py --workload multi-turn --tasks 2 --k 2
+    .venv/bin/python -m benchmarks.perf.grpo_step_vs_trl --workload multi-turn --tasks 2 --k 2
       (benchmarks/perf/multiturn_grpo_vs_trl.py; its docstring has the workload)
 """
 

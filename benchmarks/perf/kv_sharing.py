@@ -16,9 +16,9 @@ bytes per token), the wall time and the time per generated token; then shared ov
 
 Usage::
 
-    BFCL_PROJECT_ROOT=~/.cache/envace_gym/bfcl HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/kv_sharing.py \
+    BFCL_PROJECT_ROOT=~/.cache/envace_gym/bfcl HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.perf.kv_sharing \
         --model smollm2-135m --tasks 2 --k 4 --turns 4 --new 64
-    ... benchmarks/perf/kv_sharing.py --model tiny-random --turns 2 --new 8   # quick check
+    ... -m benchmarks.perf.kv_sharing --model tiny-random --turns 2 --new 8   # quick check
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ tokens, seconds per generated token (rollout) and per trained token (update). A 
 only between sides whose generated-token counts are within 5% of each other; otherwise the per-token
 times are the comparison.
 
-    .venv/bin/python benchmarks/perf/multiturn_grpo_vs_trl.py --tasks 2 --k 2 --rounds 1
+    .venv/bin/python -m benchmarks.perf.multiturn_grpo_vs_trl --tasks 2 --k 2 --rounds 1
 """
 
 from __future__ import annotations

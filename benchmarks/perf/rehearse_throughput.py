@@ -23,7 +23,7 @@ with 32 tokens: rollout 2.99-3.28x, cold 1.93-2.03x (two runs). The cold ratio i
 prefill, which batching cannot shrink: it is the same per-token work on both sides (attention over the
 3-5k-token prompt), and it dominates the vector env's time.
 
-    .venv/bin/python benchmarks/perf/rehearse_throughput.py [--num-envs 8] [--model tiny-random] [--steps 3] \\
+    .venv/bin/python -m benchmarks.perf.rehearse_throughput [--num-envs 8] [--model tiny-random] [--steps 3] \\
         [--max-new-tokens 64]
 """
 

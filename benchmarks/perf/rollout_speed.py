@@ -20,9 +20,9 @@ time per generated token always is. Runs alternate ``--rounds`` times in this on
 
 Usage::
 
-    BFCL_PROJECT_ROOT=/tmp/envace_bfcl_root HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/rollout_speed.py \\
+    BFCL_PROJECT_ROOT=/tmp/envace_bfcl_root HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.perf.rollout_speed \\
         --model smollm2-135m --tasks 2 --k 4 --turns 3 --new 64
-    ... benchmarks/perf/rollout_speed.py --model tiny-random          # quick check
+    ... -m benchmarks.perf.rollout_speed --model tiny-random          # quick check
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ is the model's own answer (a random model writes no tool call, which ends the tu
 
 Usage (tiny random model, about a minute on 2 cores)::
 
-    BFCL_PROJECT_ROOT=/tmp/envace_bfcl_root HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/perf/rollout_tokens.py
-    ... benchmarks/perf/rollout_tokens.py --tasks 2 --k 4 --new 64 --model tiny-random
+    BFCL_PROJECT_ROOT=/tmp/envace_bfcl_root HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.perf.rollout_tokens
+    ... -m benchmarks.perf.rollout_tokens --tasks 2 --k 4 --new 64 --model tiny-random
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ message per expected action (Hermes format), then a closing message stating the 
 ``communicate_info`` (the ``COMMUNICATE`` check reads it); the user then ends the conversation and the
 env's verifier replays the calls on a fresh official environment and runs τ²'s evaluators.
 
-    .venv/bin/python benchmarks/perf/tau2_ground_truth.py [--domains airline retail mock] [--mcp] [--failures]
+    .venv/bin/python -m benchmarks.perf.tau2_ground_truth [--domains airline retail mock] [--mcp] [--failures]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`benchmarks/perf/lab_ablations.py` end to end on the tiny model with tiny budgets: every arm and row, the
+"""`benchmarks/experiments/lab_ablations.py` end to end on the tiny model with tiny budgets: every arm and row, the
 table, the plot, and a second run that resumes every stage instead of redoing it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from benchmarks.perf import lab_ablations
+from benchmarks.experiments import lab_ablations
 from envace_gym.suites import make_suite
 
 RECIPE = {

@@ -1,4 +1,4 @@
-"""`benchmarks/perf/lab_small_model.py`: the corpus must not hold a test prompt, and the probe runs end to end
+"""`benchmarks/experiments/lab_small_model.py`: the corpus must not hold a test prompt, and the probe runs end to end
 (a random Llama built from a config, SFT on the generated corpus, greedy evaluation on the lab test split)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from benchmarks.perf import lab_small_model
+from benchmarks.experiments import lab_small_model
 
 
 def test_a_corpus_that_holds_test_prompts_is_refused(tmp_path):

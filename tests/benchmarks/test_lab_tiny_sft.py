@@ -1,5 +1,5 @@
-"""`benchmarks.lab.tiny_sft`: the lab-tiny SFT protocol runs end to end, reads a finished seed back instead of
-retraining it, and refuses another run's folder."""
+"""`benchmarks.experiments.lab_tiny_sft`: the lab-tiny SFT protocol runs end to end, reads a finished seed back instead
+of retraining it, and refuses another run's folder."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.lab import tiny_sft
+from benchmarks.experiments import lab_tiny_sft
 from benchmarks.stats import mean_ci95
 
 SMOKE = ["--steps", "2", "--rows", "4", "--limit", "1", "--categories", "ship", "--warmup-steps", "1"]
@@ -15,7 +15,7 @@ SMOKE = ["--steps", "2", "--rows", "4", "--limit", "1", "--categories", "ship", 
 
 def test_smoke_run_reports_each_seed_and_reads_finished_seeds_back(tmp_path, capsys):
     out = tmp_path / "run"
-    result = tiny_sft.main(SMOKE + ["--seeds", "0", "1", "--out", str(out)])
+    result = lab_tiny_sft.main(SMOKE + ["--seeds", "0", "1", "--out", str(out)])
     assert [r["seed"] for r in result["seeds"]] == [0, 1]
     assert all(0.0 <= r["success"]["ship"] <= 1.0 and r["test_tasks"] == 1 for r in result["seeds"])
     kinds = result["seeds"][0]["teacher_forced"]
@@ -24,10 +24,10 @@ def test_smoke_run_reports_each_seed_and_reads_finished_seeds_back(tmp_path, cap
     assert json.loads((out / "results.json").read_text())["mean"]["overall"]["ci95"] is not None
     assert "lab-tiny SFT from scratch" in capsys.readouterr().out
     stamp = (out / "seed_0" / "report.json").stat().st_mtime_ns
-    tiny_sft.main(SMOKE + ["--seeds", "0", "--out", str(out)])
+    lab_tiny_sft.main(SMOKE + ["--seeds", "0", "--out", str(out)])
     assert (out / "seed_0" / "report.json").stat().st_mtime_ns == stamp  # read back, not retrained
     with pytest.raises(SystemExit, match="other settings"):
-        tiny_sft.main(SMOKE[:-2] + ["--warmup-steps", "2", "--seeds", "0", "--out", str(out)])
+        lab_tiny_sft.main(SMOKE[:-2] + ["--warmup-steps", "2", "--seeds", "0", "--out", str(out)])
 
 
 def test_token_kind_accuracy_is_one_for_a_model_that_predicts_the_demonstration(tmp_path):
@@ -55,11 +55,11 @@ def test_token_kind_accuracy_is_one_for_a_model_that_predicts_the_demonstration(
             return type("Out", (), {"logits": logits})()
 
     by_sequence = {tuple(d.token_ids): d.token_ids for d in demos}
-    perfect = tiny_sft.token_kind_accuracy(
+    perfect = lab_tiny_sft.token_kind_accuracy(
         Oracle(lambda ids, t: by_sequence[tuple(ids)][min(t + 1, len(ids) - 1)]), tokenizer, demos
     )
     assert all(v == 1.0 for kinds in perfect.values() for v in kinds.values()) and "item" in perfect["act"]
-    eos = tiny_sft.token_kind_accuracy(Oracle(lambda ids, t: tokenizer.eos_token_id), tokenizer, demos)
+    eos = lab_tiny_sft.token_kind_accuracy(Oracle(lambda ids, t: tokenizer.eos_token_id), tokenizer, demos)
     assert eos["act"]["item"] == 0.0 and eos["rehearse"]["dock"] == 0.0
 
 

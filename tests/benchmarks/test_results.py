@@ -30,7 +30,7 @@ def _tiny_sft_result(rng: random.Random) -> dict:
     }
     return {
         "kind": "lab_tiny_sft",
-        "command": "python -m benchmarks.lab.tiny_sft --seeds 0 1 2",
+        "command": "python -m benchmarks.experiments.lab_tiny_sft --seeds 0 1 2",
         "settings": settings,
         "seeds": seeds,
         "mean": mean,

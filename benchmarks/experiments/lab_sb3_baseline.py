@@ -6,7 +6,8 @@ policy. Prints per seed the test success, the real tool calls training made and 
 and a 95% Student-t interval over seeds. The row the lab ablations compare a world-rehearsing policy with:
 what success PPO reaches, and how many real calls it needed.
 
-    .venv/bin/python benchmarks/perf/lab_sb3_baseline.py [--seeds 5] [--timesteps 50000] [--quick] [--out FILE.json]
+    .venv/bin/python -m benchmarks.experiments.lab_sb3_baseline [--seeds 5] [--timesteps 50000] [--quick] \\
+        [--out FILE.json]
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ real backend, with exact match apart on outputs that are errors and on the other
 also scored with test-time rehearsal, N attempts per user turn, ``parallel`` and ``sequential``, with the
 trained policy as the rehearser and with the pre-RL (warm-start) model as the rehearser (the paper's
 base-rehearser control). On a stated-rules recipe, the model-free row is sb3-contrib's MaskablePPO on
-``EnvACE-LabDiscrete-v0`` (`benchmarks/perf/lab_sb3_baseline.py`), trained on the real backend, scored on
+``EnvACE-LabDiscrete-v0`` (`benchmarks/experiments/lab_sb3_baseline.py`), trained on the real backend, scored on
 the same test tasks; the hidden-rules world has no discrete twin yet, so no such row.
 
 Printed per row: test success as mean +- the half-width of a 95% Student-t interval over seeds, the paired
@@ -36,8 +36,8 @@ executed on the real backend to build them); every arm starts from it. Writes ``
 final when it equals ``"seeds"``). Every stage has its own folder and is skipped when run again (an
 interrupted run resumes; GRPO from its newest checkpoint).
 
-    .venv/bin/python benchmarks/perf/lab_ablations.py --quick       # 2 seeds, 2 GRPO steps, 6 test tasks
-    .venv/bin/python benchmarks/perf/lab_ablations.py               # 10 seeds, the recipe's GRPO budget, 600 test tasks
+    .venv/bin/python -m benchmarks.experiments.lab_ablations --quick       # 2 seeds, 2 GRPO steps, 6 test tasks
+    .venv/bin/python -m benchmarks.experiments.lab_ablations               # 10 seeds, the recipe's GRPO budget, 600 test tasks
 
 Nothing here is tuned toward a result: the world, the seeds (0..S-1) and the budgets are the recipe's (or
 the options'), the same for every arm, and the script reports whatever the runs give.
@@ -59,7 +59,7 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from benchmarks.perf.lab_sb3_baseline import mean_ci95, plus_minus  # noqa: E402
+from benchmarks.experiments.lab_sb3_baseline import mean_ci95, plus_minus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
@@ -297,7 +297,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 {"seed": seed, "eval": row, "eval_s": stages.timings[stage]}
             )
         if run_sb3:
-            from benchmarks.perf.lab_sb3_baseline import run_seed
+            from benchmarks.experiments.lab_sb3_baseline import run_seed
 
             sb3_settings = {
                 "timesteps": args.sb3_timesteps,
@@ -320,7 +320,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             seeds_done=seed + 1,
             wall_s=time.perf_counter() - t_start,
             kind="lab_ablations",
-            command=("python benchmarks/perf/lab_ablations.py " + shlex.join(getattr(args, "argv", []))).strip(),
+            command=("python -m benchmarks.experiments.lab_ablations " + shlex.join(getattr(args, "argv", []))).strip(),
             date=datetime.date.today().isoformat(),
             stage_seconds=dict(stages.timings),
             stage_minutes=sum(stages.timings.values()) / 60,

@@ -13,10 +13,10 @@ where the reward is lost:
 
 Usage (after ``make demo``, on its SFT checkpoint; ``make demo-bfcl`` writes ``runs/demo``)::
 
-    .venv/bin/python benchmarks/perf/reward_signal.py --suite lab-stated \\
+    .venv/bin/python -m benchmarks.experiments.reward_signal --suite lab-stated \\
         --model runs/lab-stated/sft/checkpoints/step_000024/model \\
         --tasks 12 --group-size 4 --max-steps-per-turn 8 --max-new-tokens 48 --rehearse-max-new-tokens 32 --seed 1
-    .venv/bin/python benchmarks/perf/reward_signal.py --model runs/demo/sft/checkpoints/step_000008/model \\
+    .venv/bin/python -m benchmarks.experiments.reward_signal --model runs/demo/sft/checkpoints/step_000008/model \\
         --tasks 4 --group-size 4 --seed 0
 
 Prints one table; ``--out FILE.json`` also writes the numbers.

@@ -16,8 +16,8 @@ test-split task's, so the score is on unseen tasks. An instruction alone may rec
 Printed: parameters, SFT seconds and trained tokens/s, the last step's ACT and REHEARSE losses, test success
 per family and overall, parse errors per task and the fraction of ACT steps that made a tool call.
 
-    .venv/bin/python benchmarks/perf/lab_small_model.py                 # 0.9M Llama, 6,000 tasks, 1,200 steps (~25 min)
-    .venv/bin/python benchmarks/perf/lab_small_model.py --steps 50 --tasks-per-family 20 --limit 1   # a smoke run
+    .venv/bin/python -m benchmarks.experiments.lab_small_model   # 0.9M Llama, 6,000 tasks, 1,200 steps (~25 min)
+    .venv/bin/python -m benchmarks.experiments.lab_small_model --steps 50 --tasks-per-family 20 --limit 1  # smoke run
 
 It is the probe behind `agents.models.LAB_MODEL_LAYERS`: on the stated-rules world with a byte-level
 tokenizer, a model this small learns the call format but not to copy an item from the instruction.

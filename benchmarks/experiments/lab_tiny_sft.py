@@ -8,8 +8,9 @@ demonstrations: items, docks, shelf letters). Prints per seed the SFT wall secon
 and the copy accuracies, then their means over seeds (success with a 95% t-interval, seeds as the unit), and
 writes ``results.json``.
 
-    python -m benchmarks.lab.tiny_sft --out runs/lab_tiny_sft                      # 5 seeds, the defaults
-    python -m benchmarks.lab.tiny_sft --seeds 0 --steps 2 --rows 4 --limit 1 --categories ship --out /tmp/x  # smoke
+    python -m benchmarks.experiments.lab_tiny_sft --out runs/lab_tiny_sft     # 5 seeds, the defaults
+    python -m benchmarks.experiments.lab_tiny_sft --seeds 0 --steps 2 --rows 4 --limit 1 --categories ship \\
+        --out /tmp/x                                                           # a smoke run
 
 The defaults (2 heads, mimetic attention initialisation, 600 steps of 16 shuffled rows that mix families, lr
 2e-3, no prompt loss; about 2.5 minutes of SFT per seed on 2 cores) come from single-initialisation runs. With
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import shlex
     import sys
 
-    command = "python -m benchmarks.lab.tiny_sft " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.experiments.lab_tiny_sft " + shlex.join(sys.argv[1:] if argv is None else argv)
     result = {
         "kind": "lab_tiny_sft",
         "command": command.strip(),
