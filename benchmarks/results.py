@@ -24,6 +24,23 @@ STORE = DOCS / "results"
 PAGE = DOCS / "results.md"
 
 
+MOVED_COMMANDS = {
+    "python benchmarks/perf/lab_ablations.py": "python -m benchmarks.experiments.lab_ablations",
+    "python -m benchmarks.lab.tiny_sft": "python -m benchmarks.experiments.lab_tiny_sft",
+}
+"""Commands a ``results.json`` recorded before the experiment scripts moved to ``benchmarks/experiments/``, and
+the command that starts the same run now (the arguments are unchanged)."""
+
+
+def current_command(command: str) -> str:
+    """`command` as it runs today: a recorded command of a moved script (`MOVED_COMMANDS`) with its arguments,
+    so the page never shows a command that no longer runs; any other command as recorded."""
+    for old, new in MOVED_COMMANDS.items():
+        if command == old or command.startswith(old + " "):
+            return new + command[len(old) :]
+    return command
+
+
 def kind_of(result: dict[str, Any]) -> str:
     """The kind of a ``results.json`` (its ``kind`` field, else recognised by its keys).
 
@@ -80,7 +97,7 @@ def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
     s = result["settings"]
     seeds = result["seeds"]
     families = list(seeds[0]["success"])
-    command = result.get("command", "python -m benchmarks.experiments.lab_tiny_sft")
+    command = current_command(result.get("command", "python -m benchmarks.experiments.lab_tiny_sft"))
     lines = [
         "## lab-tiny learns the hidden-rules lab by SFT from scratch",
         "",
@@ -122,9 +139,9 @@ def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
 
 def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
     """The ablation section (`benchmarks.experiments.lab_ablations`): its printed table and its plot."""
-    from benchmarks.experiments.lab_ablations import table
+    from benchmarks.experiments.ablations_table import table
 
-    command = result.get("command", "python -m benchmarks.experiments.lab_ablations")
+    command = current_command(result.get("command", "python -m benchmarks.experiments.lab_ablations"))
     lines = ["## The paper's comparisons on the lab", "", f"`{command}`", "", "```", *table(result), "```"]
     for png in sorted(folder.glob("*.png")):
         lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-__all__ = ["T95", "mean_ci95"]
+__all__ = ["T95", "mean_ci95", "plus_minus"]
 
 T95 = {
     1: 12.706,
@@ -46,3 +46,8 @@ def mean_ci95(values: list[float]) -> tuple[float, float | None]:
     df = n - 1
     t = 1.96 if df > 29 else T95[max(k for k in T95 if k <= df)]
     return mean, t * statistics.stdev(values) / math.sqrt(n)
+
+
+def plus_minus(mean: float, half: float | None, spec: str = ".3f") -> str:
+    """``mean +- half``, or ``mean (no interval: 1 seed)`` when `half` is None (`mean_ci95`)."""
+    return f"{mean:{spec}} (no interval: 1 seed)" if half is None else f"{mean:{spec}} +- {half:{spec}}"

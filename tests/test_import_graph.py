@@ -101,6 +101,37 @@ def test_no_package_module_imports_a_script():
     assert users == []
 
 
+def runnable(path: Path) -> bool:
+    """Whether the module runs as a script (``python -m ...``): it has an ``if __name__ == "__main__":`` block."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
+
+
+def test_no_script_imports_another_script():
+    """Scripts share code only through modules that are not scripts themselves (`benchmarks.stats`,
+    `benchmarks.perf.scripted_rollouts`, ...), so each script can change without breaking another."""
+    mods = modules()
+    scripts = {m for m, path in mods.items() if m.startswith(SCRIPTS) and runnable(path)}
+    assert {"benchmarks.perf.rollout_tokens", "benchmarks.experiments.lab_ablations", "benchmarks.results"} <= scripts
+    users = [f"{m} imports {t}" for m, ts in import_graph().items() if m in scripts for t in ts if t in scripts]
+    assert users == []
+
+
+def test_no_module_touches_sys_path():
+    """Every script runs as ``python -m benchmarks.<folder>.<script>`` from the repository root, so no module puts
+    a folder on ``sys.path`` (one that did would import a second copy of whatever that folder holds)."""
+    found = [
+        f"{name}:{node.lineno}"
+        for name, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and ast.unparse(node.func.value) == "sys.path"
+        and node.func.attr in ("insert", "append", "extend")
+    ]
+    assert found == []
+
+
 def test_imports_go_one_way():
     allowed = {
         "envace_gym": {"envace_gym"},

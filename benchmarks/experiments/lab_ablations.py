@@ -48,18 +48,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from benchmarks.experiments.lab_sb3_baseline import mean_ci95, plus_minus  # noqa: E402
+from benchmarks.experiments.ablations_table import FIDELITY_METRICS, table
+from benchmarks.stats import mean_ci95
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
@@ -73,8 +70,6 @@ ARMS: dict[str, dict[str, Any]] = {
     "null_rehearser": {"rollout": "null"},
 }
 """Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (``role_grpo`` is the recipe)."""
-
-FIDELITY_METRICS = ("exact_match", "json_structure_match", "token_f1")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -297,7 +292,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 {"seed": seed, "eval": row, "eval_s": stages.timings[stage]}
             )
         if run_sb3:
-            from benchmarks.experiments.lab_sb3_baseline import run_seed
+            from benchmarks.experiments.maskable_ppo import run_seed
 
             sb3_settings = {
                 "timesteps": args.sb3_timesteps,
@@ -465,56 +460,6 @@ def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, sb
         "rows": rows,
         "fidelity": fidelity,
     }
-
-
-def table(results: dict[str, Any]) -> list[str]:
-    """The printed table: one line per row of `results` (`run`'s), then the fidelity lines."""
-    done = results.get("seeds_done", results["seeds"])
-    progress = "" if done == results["seeds"] else f" (PARTIAL: {done} of {results['seeds']} seeds done)"
-    lines = [
-        f"EnvACE-Lab ablations: {results['model']}, {done} seeds, {results['grpo_steps']} GRPO steps "
-        f"(B={results['grpo']['batch_tasks']}, K={results['grpo']['group_size']}), {results['test_tasks']} test tasks, "
-        f"success on the real backend, mean +- 95% CI over seeds{progress}",
-        f"{'row':<40} {'success':>15} {'vs role_grpo':>15} {'tasks +/-':>9} {'real calls':>10} {'replays':>8} "
-        f"{'seconds':>8} {'fid ord':>7} {'fid err':>7}",
-    ]
-    for row in results["rows"]:
-        s = row["success"]
-        success = f"{s['mean']:.3f}" + ("" if s["ci95"] is None else f" +- {s['ci95']:.3f}")
-        diff = (
-            ""
-            if "diff_mean" not in s
-            else (f"{s['diff_mean']:+.3f}" + ("" if s["diff_ci95"] is None else f" +- {s['diff_ci95']:.3f}"))
-        )
-        paired = f"+{row['paired_tasks']['gained']}/-{row['paired_tasks']['lost']}" if "paired_tasks" in row else ""
-        calls = "" if row.get("real_tool_calls") is None else f"{row['real_tool_calls']:.0f}"
-        replays = "" if row.get("verifier_replay_calls") is None else f"{row['verifier_replay_calls']:.0f}"
-        secs = f"{row['wall_s']:.0f}" if "wall_s" in row else ""
-        fid = row.get("fidelity") or {}
-        ordinary, error = (("" if fid.get(k) is None else f"{fid[k]:.3f}") for k in ("ordinary exact", "error exact"))
-        lines.append(
-            f"{row['row']:<40} {success:>15} {diff:>15} {paired:>9} {calls:>10} {replays:>8} {secs:>8} "
-            f"{ordinary:>7} {error:>7}"
-        )
-    lines.append(
-        "tasks +/-: the test tasks the row solved that role_grpo did not / that role_grpo solved and the row "
-        "did not, summed over seeds" + ("; one seed: no interval over seeds (no +-)" if done < 2 else "")
-    )
-    if results.get("fidelity_tasks"):
-        lines.append(
-            f"fid ord / fid err: rehearsal fidelity, exact match on ordinary / error tool outputs, mean over "
-            f"seeds, on {results['fidelity_tasks']} test tasks"
-        )
-    before, after = results["fidelity"]["before"], results["fidelity"]["after"]
-    for m in FIDELITY_METRICS:
-        b = "n/a" if before[m] is None else f"{before[m]:.3f}"
-        a = after[m]
-        lines.append(
-            f"fidelity {m:<21} before GRPO {b:>6}   after {plus_minus(a['mean'], a['ci95'])}"
-            if a["n"]
-            else f"fidelity {m:<21} before GRPO {b:>6}   after n/a"
-        )
-    return lines
 
 
 def plot(results: dict[str, Any], path: Path) -> Path:

@@ -14,61 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-import time
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import torch
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import envace_gym  # noqa: E402,F401
-from benchmarks.stats import mean_ci95  # noqa: E402
-
-
-def plus_minus(mean: float, half: float | None, spec: str = ".3f") -> str:
-    """``mean +- half``, or ``mean (no interval: 1 seed)`` when `half` is None (`mean_ci95`)."""
-    return f"{mean:{spec}} (no interval: 1 seed)" if half is None else f"{mean:{spec}} +- {half:{spec}}"
-
-
-def run_seed(seed: int, timesteps: int, categories: list[str] | None, limit: int | None = None) -> dict:
-    """Train one MaskablePPO on the train split and score it on the test tasks: every one, or the first
-    `limit` of each category (the tasks ``envace eval --limit`` plays)."""
-    from sb3_contrib import MaskablePPO
-
-    train = gym.make("EnvACE-LabDiscrete-v0", categories=categories, split="train").unwrapped
-    test = gym.make("EnvACE-LabDiscrete-v0", categories=categories, split="test").unwrapped
-    t0 = time.perf_counter()
-    from stable_baselines3.common.logger import Logger
-
-    model = MaskablePPO("MlpPolicy", train, seed=seed, n_steps=1024, batch_size=256, verbose=0)
-    # SB3's default logger makes an empty SB3-<time> folder in the temp dir on every learn(); nothing is logged
-    model.set_logger(Logger(folder=None, output_formats=[]))
-    model.learn(timesteps)
-    train_s = time.perf_counter() - t0
-    wins: dict[str, list[float]] = {}
-    for task in test.tasks:
-        if limit is not None and len(wins.get(task.metadata["category"], [])) >= limit:
-            continue
-        obs, _ = test.reset(options={"task_id": task.id})
-        done, reward = False, 0.0
-        while not done:
-            action, _ = model.predict(obs, action_masks=test.action_masks(), deterministic=True)
-            obs, reward, terminated, truncated, _ = test.step(int(action))
-            done = terminated or truncated
-        wins.setdefault(task.metadata["category"], []).append(reward)
-    every = [r for rs in wins.values() for r in rs]
-    return {
-        "seed": seed,
-        "test_success": float(np.mean(every)),
-        "per_category": {c: float(np.mean(r)) for c, r in wins.items()},
-        "train_real_calls": train.real_calls,
-        "train_s": train_s,
-        "test_tasks": len(every),
-    }
+import envace_gym  # noqa: F401
+from benchmarks.experiments.maskable_ppo import run_seed
+from benchmarks.stats import mean_ci95, plus_minus
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -27,14 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab-stated.yaml"
 

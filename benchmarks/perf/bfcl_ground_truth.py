@@ -14,15 +14,10 @@ Usage: ``python -m benchmarks.perf.bfcl_ground_truth [--failures]``
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from benchmarks.bfcl import MULTI_TURN_CATEGORIES, SINGLE_TURN_CATEGORIES, BFCLSuite  # noqa: E402
-from benchmarks.bfcl.verify import ground_truth_tool_calls, single_turn_ground_truth_calls  # noqa: E402
+from benchmarks.bfcl import MULTI_TURN_CATEGORIES, SINGLE_TURN_CATEGORIES, BFCLSuite
+from benchmarks.bfcl.verify import ground_truth_tool_calls, single_turn_ground_truth_calls
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,22 +38,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
-
-from agents.engines.generation import generate  # noqa: E402
-from agents.engines.kv_cache import PrefixKVCache  # noqa: E402
-from agents.models import default_store  # noqa: E402
+from agents.engines.generation import generate
+from agents.engines.kv_cache import PrefixKVCache
+from agents.models import default_store
 
 
 def read_bandwidth(megabytes: int, passes: int = 5) -> float:

@@ -44,7 +44,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 def prepare() -> None:
     """Write SmolLM2-135M's config and tokenizer (no weights) and the dependency wheels under ASSETS."""
-    sys.path.insert(0, str(REPO))
     from agents.models import default_store
 
     store = default_store()
@@ -150,7 +149,6 @@ def main(argv=None) -> int:
     if args.prepare:
         prepare()
         return 0
-    sys.path.insert(0, str(REPO))
     import torch
 
     from envace_gym.suites import register_suite

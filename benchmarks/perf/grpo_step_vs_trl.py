@@ -31,29 +31,28 @@ Usage::
     HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.perf.grpo_step_vs_trl --model smol --smol-path $SMOL --rounds 1
     # one side only (what the orchestrator runs): --impl ours  |  --impl trl --trl-python /tmp/trlvenv/bin/python
     # multi-turn BFCL episodes, envace-gym (rehearse, real) vs TRL with real tools, all in the project venv:
-    .venv/bin/python -m benchmarks.perf.grpo_step_vs_trl --workload multi-turn --tasks 2 --k 2
-      (benchmarks/perf/multiturn_grpo_vs_trl.py; its docstring has the workload)
+    .venv/bin/python -m benchmarks.perf.multiturn_grpo_vs_trl --tasks 2 --k 2   (its docstring has the workload)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from types import ModuleType
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-if __package__ in (None, ""):
-    sys.path.insert(0, REPO)
 BENCH_DIRS = ("/work/shared/bench", os.path.join(REPO, "..", "shared", "bench"))
 
 
 def _bench_dir() -> str:
-    """The folder holding the shared workload script ``trl_grpo_step.py`` (put on ``sys.path``).
+    """The folder holding the shared workload script ``trl_grpo_step.py``.
 
     Raises:
         SystemExit: it is in none of `BENCH_DIRS` (the script is the project's shared anchor, not part of
@@ -61,11 +60,21 @@ def _bench_dir() -> str:
     """
     for cand in BENCH_DIRS:
         if os.path.isfile(os.path.join(cand, "trl_grpo_step.py")):
-            path = os.path.abspath(cand)
-            if path not in sys.path:
-                sys.path.insert(0, path)
-            return path
+            return os.path.abspath(cand)
     raise SystemExit(f"trl_grpo_step.py (the shared workload) not found in any of {list(BENCH_DIRS)}")
+
+
+def load_workload() -> ModuleType:
+    """The shared workload script as the module ``trl_grpo_step`` (its `build_rows`, `reward_fn`, `PhaseClock`),
+    loaded from its file in `_bench_dir` once per process, without putting that folder on ``sys.path``."""
+    name = "trl_grpo_step"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(_bench_dir(), f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # registered before it runs, as an import would
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -81,8 +90,7 @@ def run_ours(args) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    _bench_dir()
-    import trl_grpo_step as anchor
+    anchor = load_workload()
 
     from agents.grpo import grpo_advantages, grpo_loss
     from agents.policy import Policy
@@ -184,14 +192,6 @@ def _subprocess(cmd: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--workload", choices=["single-turn", "multi-turn"], default="single-turn")
-    known, rest = pre.parse_known_args(argv)
-    if known.workload == "multi-turn":  # BFCL multi-turn episodes: envace-gym rehearse / real vs TRL (real tools)
-        from benchmarks.perf.multiturn_grpo_vs_trl import main as multi_turn
-
-        raise SystemExit(multi_turn(rest))
-    argv = rest
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=["tiny", "smol"], default="tiny")
     ap.add_argument("--smol-path", default=os.environ.get("SMOL_PATH"))
@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     length = ["--full-length"] if args.full_length else []
     ours_cmd = [
         sys.executable,
-        os.path.abspath(__file__),
+        "-m",
+        "benchmarks.perf.grpo_step_vs_trl",
         "--impl",
         "ours",
         *common,
@@ -310,8 +311,9 @@ def _trl_prompt_len(smol_path: str, trl_runs: list[dict], warmup: int) -> float:
     """Mean prompt tokens of the rows TRL trained on in its measured steps: the prompts its script reports
     per step (``step_prompt_idx``; TRL's sampler orders the rows itself) through the tokenizer's chat template
     with the generation prompt, as TRL encodes them (its script reports only completion lengths)."""
-    import trl_grpo_step as anchor
     from transformers import AutoTokenizer
+
+    anchor = load_workload()
 
     tokenizer = AutoTokenizer.from_pretrained(smol_path)
     rows = anchor.build_rows()

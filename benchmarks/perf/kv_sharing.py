@@ -25,19 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import torch
 
-import torch  # noqa: E402
-
-from agents.engines.kv_cache import PrefixKVCache  # noqa: E402
-from agents.engines.registry import HFEngine  # noqa: E402
-from agents.policy import Policy, load_policy  # noqa: E402
-from benchmarks.perf.rollout_tokens import pick_tasks, scripted_inline_rollouts  # noqa: E402
+from agents.engines.kv_cache import PrefixKVCache
+from agents.engines.registry import HFEngine
+from agents.policy import Policy, load_policy
+from benchmarks.perf.scripted_rollouts import pick_tasks, scripted_inline_rollouts
 
 
 class StoredTokens:

@@ -39,8 +39,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-if __package__ in (None, ""):
-    sys.path.insert(0, REPO)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -172,7 +170,8 @@ def run_trl(args) -> dict:
 def _subprocess(args, side: str) -> dict:
     cmd = [
         sys.executable,
-        os.path.abspath(__file__),
+        "-m",
+        "benchmarks.perf.multiturn_grpo_vs_trl",
         "--side",
         side,
         "--tasks",

@@ -1,7 +1,7 @@
 """Rollout wall time on BFCL multi-turn: our cached inline rollout vs HF ``model.generate`` re-encoding per call.
 
 Both sides run the same `agents.rollout.collect_rollouts` loop on the same tasks with the same scripted
-first call per user turn (`benchmarks.perf.rollout_tokens.ScriptedFirstCall`), inline prompt mode, ``--new`` new
+first call per user turn (`benchmarks.perf.scripted_rollouts.ScriptedFirstCall`), inline prompt mode, ``--new`` new
 tokens per segment, ``--turns`` user turns per trajectory, B=``--tasks`` x K=``--k``; only the generation
 backend differs:
 
@@ -29,18 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import torch
 
-import torch  # noqa: E402
-
-from agents.engines.registry import HFEngine, HFGenerateEngine  # noqa: E402
-from agents.policy import Policy, load_policy  # noqa: E402
-from benchmarks.perf.rollout_tokens import pick_tasks, scripted_inline_rollouts  # noqa: E402
+from agents.engines.registry import HFEngine, HFGenerateEngine
+from agents.policy import Policy, load_policy
+from benchmarks.perf.scripted_rollouts import pick_tasks, scripted_inline_rollouts
 
 
 class FixedLength:

@@ -14,19 +14,15 @@ env's verifier replays the calls on a fresh official environment and runs τ²'s
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import gymnasium as gym
+import numpy as np
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-
-import envace_gym  # noqa: E402,F401
-from envace_gym.parsing import format_tool_calls  # noqa: E402
-from envace_gym.suites import make_suite  # noqa: E402
+import envace_gym  # noqa: F401
+from envace_gym.parsing import format_tool_calls
+from envace_gym.suites import make_suite
 
 
 def play_reference(env, suite, task) -> tuple[float, list[float]]:

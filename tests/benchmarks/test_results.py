@@ -79,3 +79,20 @@ def test_storing_the_stored_copy_is_refused_and_keeps_it(tmp_path):
     with pytest.raises(ValueError, match="already the stored copy"):
         results.store(stored, tmp_path / "store")
     assert (stored / "results.json").is_file()
+
+
+def test_a_command_recorded_before_the_scripts_moved_is_shown_as_it_runs_now(tmp_path):
+    assert (
+        results.current_command("python benchmarks/perf/lab_ablations.py --out runs/lab_ablations")
+        == "python -m benchmarks.experiments.lab_ablations --out runs/lab_ablations"
+    )
+    assert (
+        results.current_command("python -m benchmarks.lab.tiny_sft") == "python -m benchmarks.experiments.lab_tiny_sft"
+    )
+    assert results.current_command("python -m benchmarks.lab.tiny_sftx") == "python -m benchmarks.lab.tiny_sftx"
+    store = tmp_path / "results"
+    (store / "lab_tiny_sft").mkdir(parents=True)
+    old = dict(_tiny_sft_result(random.Random(3)), command="python -m benchmarks.lab.tiny_sft --seeds 0 1 2")
+    (store / "lab_tiny_sft" / "results.json").write_text(json.dumps(old))
+    page = results.render(store, tmp_path / "results.md").read_text()
+    assert "`python -m benchmarks.experiments.lab_tiny_sft --seeds 0 1 2`" in page and "benchmarks.lab." not in page
