@@ -6,7 +6,7 @@ fresh backend running the ground truth, with BFCL's state and response checks. E
 
 Single-turn: the first alternative of every argument in BFCL's possible answer becomes the answer
 (names shown dotted->underscored, as to a model), checked by BFCL's ast_checker. Irrelevance categories are
-answered with no call. A few BFCL data quirks fail (see tests/benchmarks/test_bfcl.py).
+answered with no call. A few BFCL data quirks fail (see tests/benchmarks/bfcl/test_bfcl.py).
 
 Usage: ``python -m benchmarks.perf.bfcl_ground_truth [--failures]``
 """

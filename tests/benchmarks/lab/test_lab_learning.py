@@ -25,7 +25,7 @@ pytestmark = (
     pytest.mark.slow
 )  # 26 minutes on 2 cores: SFT 4.3 min, 8 GRPO steps 16 min, 2 evaluations of 48 tasks 4.6 min
 
-RECIPE = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab-stated.yaml"
+RECIPE = Path(__file__).resolve().parents[3] / "configs" / "recipes" / "lab-stated.yaml"
 GRPO_STEPS = 8
 TASKS_PER_FAMILY = 8
 GRPO_SEED = 0

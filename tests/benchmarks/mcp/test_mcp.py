@@ -20,7 +20,7 @@ from envace_gym.suites import make_suite
 from envace_gym.types import ToolCall
 from wrappers import RealTools
 
-SERVER = [sys.executable, str(Path(__file__).parents[1] / "fixtures" / "mcp_test_server.py")]
+SERVER = [sys.executable, str(Path(__file__).parents[2] / "fixtures" / "mcp_test_server.py")]
 
 
 def _call(name, **arguments):

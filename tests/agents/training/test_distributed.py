@@ -28,7 +28,7 @@ from agents.training.distributed import DataParallel
 from agents.training.sft import sft_loss
 from envace_gym.types import Role
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ACCELERATE_CONFIG = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
 FSDP_CONFIG = REPO / "configs" / "accelerate" / "fsdp_cpu_2proc.yaml"
 
@@ -417,7 +417,7 @@ def test_fsdp_trains_per_role_policies_and_refuses_zero_one(tmp_path):
 @pytest.mark.parametrize("config", [ACCELERATE_CONFIG, FSDP_CONFIG], ids=["ddp", "fsdp"])
 def test_two_processes_fine_tune_what_one_fine_tunes(tmp_path, config):
     from agents.cli import main
-    from tests.agents.test_sft import _record
+    from tests.agents.training.test_sft import _record
 
     data = tmp_path / "rollouts.jsonl"
     _record(data, n_good=3)  # 3 rows in one batch: rank 0 trains rows 0 and 2, rank 1 row 1

@@ -10,7 +10,7 @@ from gymnasium.utils.env_checker import check_env
 import envace_gym  # noqa: F401
 
 ENVACE_IDS = sorted(i for i in gym.registry if i.startswith("EnvACE-") and "Discrete" not in i)
-"""The text-action envs (the lab's discrete twin has its own tests in tests/benchmarks/test_lab_discrete.py)."""
+"""The text-action envs (the lab's discrete twin has its own tests in tests/benchmarks/lab/test_lab_discrete.py)."""
 TINY = {"EnvACE-Rehearse-v0": dict(model="tiny-random", max_new_tokens=8)}
 ACTIONS = ["[ls()]", "<tool_call>{bad json</tool_call>", "[cd(folder='document')]", "Done.", ""]
 
