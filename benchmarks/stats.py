@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-__all__ = ["T95", "mean_ci95"]
+__all__ = ["T95", "mcnemar_exact", "mean_ci95"]
 
 T95 = {
     1: 12.706,
@@ -46,3 +46,21 @@ def mean_ci95(values: list[float]) -> tuple[float, float | None]:
     df = n - 1
     t = 1.96 if df > 29 else T95[max(k for k in T95 if k <= df)]
     return mean, t * statistics.stdev(values) / math.sqrt(n)
+
+
+def mcnemar_exact(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value for paired binary outcomes: `gained` tasks solved only after a change,
+    `lost` only before it. Under the null hypothesis each discordant task goes either way with probability 1/2,
+    so p = min(1, 2 * P[Binomial(gained + lost, 1/2) <= min(gained, lost)]) (McNemar 1947, exact binomial form).
+    1.0 when no task is discordant.
+
+    Raises:
+        ValueError: a negative count.
+    """
+    if gained < 0 or lost < 0:
+        raise ValueError(f"counts must be >= 0, got gained={gained}, lost={lost}")
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(gained, lost) + 1)) / 2**n
+    return min(1.0, 2 * tail)
