@@ -78,6 +78,17 @@ a prefix are exactly the targets of the full sequence there, so a prefix is a va
 demonstration; a demo left with no ACT token is dropped (counted). ``overflow="drop"`` drops every demo
 longer than ``max_tokens``.
 
+## Memory-conditioned demonstrations (`record_memory_demonstrations`)
+
+A policy that rehearses at test time (`wrappers.TestTimeRehearsal`) reads a memory message it never saw in
+training. A memory-conditioned demonstration is a reference execution (as above, on the real backend) in which,
+before the first ACT message of every user turn, the test-time-rehearsal wrapper has run a policy's own
+``n`` rehearsal attempts of that turn (failed ones kept) and inserted their memory as a user message, exactly
+as at test time. The target is still the reference: the policy learns to act well after reading what its own
+world model imagined, including when the imagination was wrong. The memory is a user message, so it carries
+no loss. They are written as ``RecordTrajectories(include_tokens=True)`` records, so `agents.sft` mixes them
+with plain demonstrations through its ``data`` sources (a suite name and the JSONL file).
+
 ## Recorded rollouts (`load_recorded_trajectories`)
 
 Reads the JSONL written by ``wrappers.RecordTrajectories(include_tokens=True)``, keeps records with
@@ -115,6 +126,7 @@ __all__ = [
     "error_demonstration",
     "demonstration_env",
     "load_recorded_trajectories",
+    "record_memory_demonstrations",
     "MULTI_TURN_CATEGORIES",
 ]
 
@@ -670,6 +682,130 @@ def _error_demos(
             stats.error_demos += 1
             stats.error_demos_breaking += int(mutation["breaks"])
     return out
+
+
+def record_memory_demonstrations(
+    policy: Any,
+    path: str | os.PathLike[str],
+    suite: str = "lab",
+    categories: Sequence[str] | None = None,
+    split: str = "train",
+    *,
+    task_ids: Sequence[str] | None = None,
+    limit: int | None = None,
+    n: int = 2,
+    mode: Literal["parallel", "sequential"] = "parallel",
+    memory_tokens: int = 256,
+    attempt_max_steps: int = 8,
+    max_new_tokens: int = 40,
+    attempt_temperature: float = 1.0,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Write memory-conditioned demonstrations (module docstring) of `policy`'s own rehearsals to `path`.
+
+    Each task's reference solution is played (`demonstration_for_task`, one call per ACT message) in a
+    `demonstration_env` wrapped in ``TestTimeRehearsal(policy, n, mode, memory="trace")`` and
+    ``RecordTrajectories(path, include_tokens=True)``; a task whose reference fails (reward < 1) or cannot be
+    played is skipped and counted. Records are appended, one JSON line per task.
+
+    Args:
+        policy: an `agents.policy.Policy` with the suite env's tokenizer (it ACTs and REHEARSEs in the attempts).
+        path: the JSONL file to append to.
+        suite, categories, split, task_ids, limit: the tasks, as in `build_demonstrations`.
+        n, mode, memory_tokens, attempt_max_steps, max_new_tokens, attempt_temperature: the wrapper's
+            settings (`wrappers.TestTimeRehearsal`); the attempts are capped at `attempt_max_steps` ACT steps
+            because the demonstration env has no step limit of its own.
+        seed: seeds the attempts' sampling (the wrapper's ``seed``).
+        progress: show a tqdm bar.
+
+    Returns:
+        counts: ``tasks`` (considered), ``written``, ``skipped`` (with ``errors``, the first 20 reasons),
+        ``memories`` (rehearsed user turns), ``attempts``, ``attempt_error_outputs`` (rehearsed outputs
+        that are errors), ``memory_tokens_mean`` and ``generated_tokens`` (ACT + REHEARSE tokens of the attempts).
+
+    Raises:
+        ValueError: ``n < 1``; and the errors of `build_demonstrations` for bad tasks, and of
+            `wrappers.TestTimeRehearsal` for bad settings or a policy whose vocabulary differs.
+    """
+    from tqdm.auto import tqdm
+
+    from wrappers.fidelity import is_error_output
+    from wrappers.record_trajectories import RecordTrajectories
+    from wrappers.test_time_rehearsal import TestTimeRehearsal
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1 (a memory needs rehearsal attempts), got {n!r}")
+    base = demonstration_env(
+        policy.tokenizer, suite, categories=None if categories is None else list(categories), split=split
+    )
+
+    class CountingRehearsal(TestTimeRehearsal):
+        """Keeps every rehearsal record (`TestTimeRehearsal.rehearse`'s ``info["rehearsal"]``) for the counts."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.records: list[dict[str, Any]] = []
+
+        def rehearse(self) -> dict[str, Any]:
+            record = super().rehearse()
+            self.records.append(record)
+            return record
+
+    rehearsing = CountingRehearsal(
+        base,
+        policy,
+        n=n,
+        mode=mode,
+        memory="trace",
+        memory_tokens=memory_tokens,
+        attempt_max_steps=attempt_max_steps,
+        max_new_tokens=max_new_tokens,
+        attempt_temperature=attempt_temperature,
+        seed=seed,
+    )
+    env = RecordTrajectories(rehearsing, path, include_tokens=True)
+    pool = {t.id: t for t in base.tasks}
+    missing = [i for i in task_ids or [] if i not in pool]
+    if missing:
+        env.close()
+        raise ValueError(f"task ids not in {suite} {categories}/{split}: {missing[:5]}")
+    tasks = [pool[i] for i in task_ids] if task_ids is not None else list(base.tasks)
+    if limit is not None:
+        tasks = tasks[:limit]
+    counts: dict[str, Any] = dict.fromkeys(
+        ("tasks", "written", "skipped", "memories", "attempts", "attempt_error_outputs", "generated_tokens"), 0
+    )
+    counts["errors"] = []
+    try:
+        for task in tqdm(tasks, desc="memory demos", disable=not progress, unit="task"):
+            counts["tasks"] += 1
+            try:
+                _, reward = demonstration_for_task(env, task)
+            except (RuntimeError, ValueError) as err:
+                counts["skipped"] += 1
+                if len(counts["errors"]) < 20:
+                    counts["errors"].append(f"{task.id}: {err}")
+                continue
+            if reward == 1.0:
+                counts["written"] += 1
+            else:  # written by RecordTrajectories with its reward; SFT's min_reward drops it
+                counts["skipped"] += 1
+    finally:
+        env.close()
+    records = rehearsing.records
+    counts["memories"] = len(records)
+    counts["attempts"] = sum(len(r["attempts"]) for r in records)
+    counts["generated_tokens"] = sum(r["generated_tokens"] for r in records)
+    counts["attempt_error_outputs"] = sum(
+        is_error_output(m.get("content") or "")
+        for r in records
+        for a in r["attempts"]
+        for m in a["messages"]
+        if m.get("role") == "tool"
+    )
+    counts["memory_tokens_mean"] = sum(r["memory_tokens"] for r in records) / len(records) if records else 0.0
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------------------
