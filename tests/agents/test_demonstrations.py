@@ -378,9 +378,18 @@ def test_memory_demos_are_reference_executions_read_after_the_policys_own_rehear
     pool = {t.id: t for t in suite.tasks(["relocate", "ship_two"], "train")}
     ids = [suite.tasks(["relocate"], "train")[0].id, suite.tasks(["ship_two"], "train")[1].id]
     path = tmp_path / "memory_demos.jsonl"
-    counts = record_memory_demonstrations(
-        policy, path, "lab", ["relocate", "ship_two"], task_ids=ids, n=2, attempt_max_steps=2, max_new_tokens=8
-    )
+    settings = dict(task_ids=ids, n=2, attempt_max_steps=2, max_new_tokens=8, seed=3)
+    counts = record_memory_demonstrations(policy, path, "lab", ["relocate", "ship_two"], batch=2, **settings)
+    one_at_a_time = tmp_path / "one_at_a_time.jsonl"  # each task's attempts are seeded by the task, not the batch
+    record_memory_demonstrations(policy, one_at_a_time, "lab", ["relocate", "ship_two"], batch=1, **settings)
+    memory_messages = [
+        sorted((r["task_id"], m["content"]) for m in r["messages"] if m["role"] == "user")
+        for r in map(json.loads, sorted(path.read_text().splitlines()))
+    ]
+    assert memory_messages == [
+        sorted((r["task_id"], m["content"]) for m in r["messages"] if m["role"] == "user")
+        for r in map(json.loads, sorted(one_at_a_time.read_text().splitlines()))
+    ]
     turns = sum(len(suite.ground_truth(pool[i])) for i in ids)
     assert counts["tasks"] == counts["written"] == len(ids) and counts["skipped"] == 0
     assert counts["memories"] == turns and counts["attempts"] == 2 * turns  # every user turn rehearsed twice
@@ -388,6 +397,7 @@ def test_memory_demos_are_reference_executions_read_after_the_policys_own_rehear
 
     stop = ChatRenderer(smol_tokenizer).stop_token_ids
     memory_demos, stats = load_recorded_trajectories(path, stop, max_tokens=None)
+    memory_demos.sort(key=lambda t: ids.index(t.task.id))
     plain, _ = build_demonstrations(smol_tokenizer, "lab", ["relocate", "ship_two"], task_ids=ids, max_tokens=None)
     assert stats.kept == len(ids)
     header = MEMORY_HEADER.format(n=2)
