@@ -519,11 +519,11 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
 
     def _fork(self, base: Any) -> Any:
         """A private rehearse copy of `base` at its current point (class docstring, "Rehearse copies")."""
-        responder: Any = {
-            "rehearsed": lambda: Rehearsal(self.rehearser),
-            "null": ConstantResponse,
-            "real": lambda: None,  # the fork copies the committed real backend's state
-        }[self.attempt_outputs]()
+        responder: Rehearsal | ConstantResponse | None = None  # "real": the fork copies the committed backend
+        if self.attempt_outputs == "rehearsed":
+            responder = Rehearsal(self.rehearser)
+        elif self.attempt_outputs == "null":
+            responder = ConstantResponse()
         fork = base.fork(responder=responder, seed=self._seed())
         fork.temperature = self.attempt_temperature
         if self.max_new_tokens is not None:
