@@ -2,7 +2,7 @@
 
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``,
-``lab_grpo_budget``) and renders every stored result into ``docs/results.md``; with no folder given it only
+``lab_grpo_budget``, ``lab_ttr``) and renders every stored result into ``docs/results.md``; with no folder given it only
 re-renders. Numbers appear in the page only as this command writes them: edit a script or rerun it, never the page.
 
     python -m benchmarks.results runs/lab_tiny_sft runs/lab_ablations   # store these runs' results and render
@@ -142,10 +142,21 @@ def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
     return lines
 
 
+def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
+    """The test-time rehearsal section (`benchmarks.perf.lab_ttr`): its printed table and its plot."""
+    from benchmarks.perf.lab_ttr import table
+
+    lines = ["## Test-time rehearsal on the lab", "", f"`{result['command']}`", "", "```", *table(result), "```"]
+    for png in sorted(folder.glob("*.png")):
+        lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_tiny_sft": render_tiny_sft,
     "lab_ablations": render_ablations,
     "lab_grpo_budget": render_grpo_budget,
+    "lab_ttr": render_ttr,
 }
 """Section renderers by kind, in page order."""
 
