@@ -1,9 +1,9 @@
 """The project's measured results, rendered into one page: ``docs/results.md``.
 
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
-those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``)
-and renders every stored result into ``docs/results.md``; with no folder given it only re-renders. Numbers
-appear in the page only as this command writes them: edit a script or rerun it, never the page.
+those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``,
+``lab_grpo_budget``, ``lab_ttr``) and renders every stored result into ``docs/results.md``; with no folder given it only
+re-renders. Numbers appear in the page only as this command writes them: edit a script or rerun it, never the page.
 
     python -m benchmarks.results runs/lab_tiny_sft runs/lab_ablations   # store these runs' results and render
     python -m benchmarks.results                                        # render what docs/results/ holds
@@ -27,6 +27,8 @@ PAGE = DOCS / "results.md"
 MOVED_COMMANDS = {
     "python benchmarks/perf/lab_ablations.py": "python -m benchmarks.experiments.lab_ablations",
     "python -m benchmarks.lab.tiny_sft": "python -m benchmarks.experiments.lab_tiny_sft",
+    "python -m benchmarks.perf.lab_grpo_budget": "python -m benchmarks.experiments.lab_grpo_budget",
+    "python -m benchmarks.perf.lab_ttr": "python -m benchmarks.experiments.lab_ttr",
 }
 """Commands a ``results.json`` recorded before the experiment scripts moved to ``benchmarks/experiments/``, and
 the command that starts the same run now (the arguments are unchanged)."""
@@ -148,9 +150,46 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
     return lines
 
 
+def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
+    """The GRPO-budget section (`benchmarks.experiments.lab_grpo_budget`): its printed table and its plot."""
+    from benchmarks.experiments.result_tables import grpo_budget_table as table
+
+    lines = [
+        "## Role-wise GRPO against its budget on the lab",
+        "",
+        f"`{current_command(result['command'])}`",
+        "",
+        "```",
+    ]
+    lines += [*table(result), "```"]
+    for png in sorted(folder.glob("*.png")):
+        lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
+    return lines
+
+
+def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
+    """The test-time rehearsal section (`benchmarks.experiments.lab_ttr`): its printed table and its plot."""
+    from benchmarks.experiments.result_tables import ttr_table as table
+
+    lines = [
+        "## Test-time rehearsal on the lab",
+        "",
+        f"`{current_command(result['command'])}`",
+        "",
+        "```",
+        *table(result),
+        "```",
+    ]
+    for png in sorted(folder.glob("*.png")):
+        lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_tiny_sft": render_tiny_sft,
     "lab_ablations": render_ablations,
+    "lab_grpo_budget": render_grpo_budget,
+    "lab_ttr": render_ttr,
 }
 """Section renderers by kind, in page order."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-__all__ = ["T95", "mean_ci95", "plus_minus"]
+__all__ = ["T95", "mcnemar_exact", "mean_ci95", "plus_minus"]
 
 T95 = {
     1: 12.706,
@@ -51,3 +51,21 @@ def mean_ci95(values: list[float]) -> tuple[float, float | None]:
 def plus_minus(mean: float, half: float | None, spec: str = ".3f") -> str:
     """``mean +- half``, or ``mean (no interval: 1 seed)`` when `half` is None (`mean_ci95`)."""
     return f"{mean:{spec}} (no interval: 1 seed)" if half is None else f"{mean:{spec}} +- {half:{spec}}"
+
+
+def mcnemar_exact(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value for paired binary outcomes: `gained` tasks solved only after a change,
+    `lost` only before it. Under the null hypothesis each discordant task goes either way with probability 1/2,
+    so p = min(1, 2 * P[Binomial(gained + lost, 1/2) <= min(gained, lost)]) (McNemar 1947, exact binomial form).
+    1.0 when no task is discordant.
+
+    Raises:
+        ValueError: a negative count.
+    """
+    if gained < 0 or lost < 0:
+        raise ValueError(f"counts must be >= 0, got gained={gained}, lost={lost}")
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(gained, lost) + 1)) / 2**n
+    return min(1.0, 2 * tail)

@@ -41,13 +41,14 @@ from gymnasium.utils import RecordConstructorArgs
 
 from envace_gym.parsing import format_tool_calls
 from envace_gym.rehearsal import RehearseRequest, RehearseResponse, requests_by_setting
-from envace_gym.responders import Rehearsal
+from envace_gym.responders import ConstantResponse, RealBackend, Rehearsal
 from envace_gym.types import Message, Role, ToolCall
 
 __all__ = ["TestTimeRehearsal", "MEMORY_HEADER", "trace_memory"]
 
 Mode = Literal["parallel", "sequential"]
 Memory = Literal["trace", "summary"]
+AttemptOutputs = Literal["rehearsed", "null", "real"]
 
 MEMORY_HEADER = (
     "Rehearsal memory (private notes from {n} rehearsal attempts; their tool outputs were imagined, not real):\n"
@@ -211,6 +212,14 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
     (system prompt, tools, history) followed by their instruction, the attempts' messages cut to 400
     characters each.
 
+    Controls (issue-level diagnostics of where a gain or a loss comes from): ``attempt_outputs="null"`` answers
+    every attempt call with a constant (`envace_gym.responders.ConstantResponse`: the memory then holds the
+    attempts' calls and nothing about outcomes, the null-rehearser control); ``attempt_outputs="real"`` answers
+    them with a copy of the committed env's real backend at its current state (an oracle memory, for diagnosis
+    only: if acting on it fails too, reading the memory is the problem, not the world model);
+    ``memory_provider`` replaces the attempts altogether by a given memory (e.g. another task's: if that
+    scores the same, the memory is ignored).
+
     ``info["rehearsal"]``: None on steps that open no turn; else a dict with
 
     * ``turn`` (int): the user turn rehearsed; ``mode`` (str); ``n`` (int).
@@ -218,7 +227,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
       ``steps`` (int, ACT steps), ``tool_calls`` (int), ``ended`` (``"turn"``, ``"episode"`` or ``"steps"``),
       ``act_tokens``, ``rehearse_tokens`` (int, generated tokens), ``start_tokens`` (int, length of the
       context the attempt started from: equal across parallel attempts, growing across sequential ones).
-    * ``memory_kind``: ``"trace"`` or ``"summary"``; ``critiques``: n strings (none for a trace);
+    * ``memory_kind``: ``"trace"``, ``"summary"`` or ``"provided"`` (``memory_provider``; no attempts);
+      ``critiques``: n strings (none for a trace);
       ``critique_tokens``: n ints.
     * ``memory``: the memory message content (str); ``memory_tokens``: its content length in tokens
       (<= the ``memory_tokens`` argument); ``summary_tokens``: generated summary tokens (0 for a trace).
@@ -254,17 +264,24 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         attempt_temperature: sampling temperature of attempts (ACT and REHEARSE); > 0 keeps parallel
             attempts from being identical.
         seed: seeds the attempts' sampling; each `reset` with a seed reseeds it.
+        attempt_outputs: who answers the attempts' calls: ``"rehearsed"`` (the rehearser, the method),
+            ``"null"`` (a constant) or ``"real"`` (the real backend's state copied; the env's responder must
+            be a `envace_gym.responders.RealBackend`).
+        memory_provider: called with the unwrapped env at the opening of each user turn, returns the memory
+            content to insert (after the header, cut to ``memory_tokens``) instead of running attempts; None:
+            attempts as configured.
 
     Raises:
         TypeError: the env keeps no token sequence, or `policy` lacks ``act``.
-        ValueError: ``n < 0``, an unknown mode or memory, ``memory_tokens`` not larger than the header, a bad step,
-            token or temperature argument, or a policy (or a rehearser policy) whose vocabulary differs
-            from the env's tokenizer.
+        ValueError: ``n < 0``, an unknown mode, memory or attempt_outputs, ``memory_tokens`` not larger than the
+            header, a bad step, token or temperature argument, a policy (or a rehearser policy) whose vocabulary
+            differs from the env's tokenizer, or ``attempt_outputs="real"`` on an env without a real backend.
 
     Change log:
         * v0.1.0: initial version.
         * v0.2.0: ``memory="trace"`` (the default), attempts rehearse the whole turn by default, and critic
           and summariser see the committed context.
+        * v0.3.0: ``attempt_outputs`` and ``memory_provider`` (the controls).
     """
 
     __test__ = False  # not a pytest class despite the name
@@ -283,6 +300,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         attempt_temperature: float = 1.0,
         seed: int | None = None,
         memory: Memory = "trace",
+        attempt_outputs: AttemptOutputs = "rehearsed",
+        memory_provider: Callable[[Any], str] | None = None,
     ) -> None:
         RecordConstructorArgs.__init__(
             self,
@@ -295,6 +314,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             critique_tokens=critique_tokens,
             attempt_temperature=attempt_temperature,
             seed=seed,
+            attempt_outputs=attempt_outputs,
         )
         gym.Wrapper.__init__(self, env)
         base: Any = env.unwrapped  # a ToolUseEnv (checked below); gym.Env declares none of its attributes
@@ -311,6 +331,13 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             raise ValueError(f"mode must be 'parallel' or 'sequential', got {mode!r}")
         if memory not in ("trace", "summary"):
             raise ValueError(f"memory must be 'trace' or 'summary', got {memory!r}")
+        if attempt_outputs not in ("rehearsed", "null", "real"):
+            raise ValueError(f"attempt_outputs must be 'rehearsed', 'null' or 'real', got {attempt_outputs!r}")
+        if attempt_outputs == "real" and not isinstance(base.upcoming_responder, RealBackend):
+            raise ValueError(
+                "attempt_outputs='real' copies the env's real backend; this env's responder is "
+                f"{type(base.upcoming_responder).__name__} (wrap the env in RealTools or use EnvACE-Tool-v0)"
+            )
         if attempt_max_steps is not None and (not isinstance(attempt_max_steps, int) or attempt_max_steps < 1):
             raise ValueError(f"attempt_max_steps must be None or an int >= 1, got {attempt_max_steps!r}")
         if critique_tokens < 1 or (max_new_tokens is not None and max_new_tokens < 1):
@@ -338,6 +365,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         self.max_new_tokens = max_new_tokens
         self.critique_tokens = critique_tokens
         self.attempt_temperature = attempt_temperature
+        self.attempt_outputs: AttemptOutputs = attempt_outputs
+        self.memory_provider = memory_provider
         self._rng = np.random.default_rng(seed)
         if rehearser_policy is not None and hasattr(rehearser_policy, "rehearse"):
             self.rehearser = rehearser_policy  # a ready Rehearser (e.g. agents.policy.PolicyRehearser)
@@ -388,6 +417,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         attempts: list[dict[str, Any]] = []
         critiques: list[tuple[str, int]] = []
         summary = self.memory == "summary"
+        if self.memory_provider is not None:
+            return self._provided(base, before)
         if self.mode == "parallel":
             attempts = self._run_attempts([self._fork(base) for _ in range(self.n)])
             critiques = self._critique(context, tools, request, attempts) if summary else []
@@ -442,6 +473,41 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         self.last_rehearsal = record
         return record
 
+    def _provided(self, base: Any, before: int) -> dict[str, Any]:
+        """Insert the `memory_provider`'s memory under the header, cut to whole lines within ``memory_tokens``."""
+        assert self.memory_provider is not None
+        header = MEMORY_HEADER.format(n=self.n)
+
+        def count(text: str) -> int:
+            return len(base.renderer.content_ids(text))
+
+        lines = [line for line in str(self.memory_provider(base)).removeprefix(header).splitlines() if line]
+        kept: list[str] = []
+        for line in lines:
+            if count(header + "\n".join([*kept, line])) > self.memory_tokens:
+                break
+            kept.append(line)
+        content = header + "\n".join(kept)
+        content_ids = base.renderer.content_ids(content)
+        base.insert_message("user", content, content_ids)
+        record = {
+            "turn": base.turn,
+            "mode": self.mode,
+            "n": self.n,
+            "memory_kind": "provided",
+            "attempts": [],
+            "critiques": [],
+            "critique_tokens": [],
+            "memory": content,
+            "memory_tokens": len(content_ids),
+            "summary_tokens": 0,
+            "context_tokens_before": before,
+            "context_tokens_after": len(base.trajectory.token_ids),
+            "generated_tokens": 0,
+        }
+        self.last_rehearsal = record
+        return record
+
     def _trace(self, base: Any, attempts: list[dict[str, Any]], n: int) -> str:
         """The ``"trace"`` memory of `attempts` (`trace_memory`) under the header for `n` attempts."""
         return trace_memory(
@@ -453,7 +519,12 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
 
     def _fork(self, base: Any) -> Any:
         """A private rehearse copy of `base` at its current point (class docstring, "Rehearse copies")."""
-        fork = base.fork(responder=Rehearsal(self.rehearser), seed=self._seed())
+        responder: Rehearsal | ConstantResponse | None = None  # "real": the fork copies the committed backend
+        if self.attempt_outputs == "rehearsed":
+            responder = Rehearsal(self.rehearser)
+        elif self.attempt_outputs == "null":
+            responder = ConstantResponse()
+        fork = base.fork(responder=responder, seed=self._seed())
         fork.temperature = self.attempt_temperature
         if self.max_new_tokens is not None:
             fork.max_new_tokens = self.max_new_tokens

@@ -141,6 +141,20 @@ class EvalConfig:
         "English critiques and a summary the policy writes (instruction-tuned models)",
     )
     memory_tokens: int = _f(256, "bound on the rehearsal memory, tokens")
+    attempt_outputs: Literal["rehearsed", "null", "real"] = _f(
+        "rehearsed",
+        (
+            "who answers the rehearsal attempts' calls: the rehearser (the method), a constant (the null-rehearser "
+            "control) or a copy of the real backend (an oracle memory, diagnosis only)"
+        ),
+    )
+    memory_from: str | None = _f(
+        None,
+        (
+            "control: an earlier test-time rehearsal evaluation folder; each task reads, at user turn t, the memory "
+            "that run built for the next task of its category (cyclic, in id order) at turn t, and no attempts run"
+        ),
+    )
     attempt_max_steps: int | None = _f(None, "ACT steps per rehearsal attempt (none: max_steps_per_turn)")
     critique_tokens: int = _f(64, "cap per rehearsal critique, tokens (memory summary only)")
     fidelity: bool = _f(False, "play rehearsed episodes; score each rehearsed call against a shadow real backend")
@@ -220,6 +234,15 @@ class EvalConfig:
             )
         if self.fidelity and self.rehearsal_n:
             raise ValueError("--fidelity plays rehearsed episodes; it cannot be combined with --rehearsal-n > 0")
+        if self.memory_from and not self.rehearsal_n:
+            raise ValueError(
+                "invalid EvalConfig: memory_from replaces test-time rehearsal memories; set rehearsal_n >= 1"
+            )
+        if self.memory_from and not Path(self.memory_from, "transcripts.jsonl").is_file():
+            raise ValueError(
+                f"invalid EvalConfig: memory_from {self.memory_from!r} has no transcripts.jsonl; give the folder of a "
+                "test-time rehearsal evaluation"
+            )
 
 
 @dataclass
@@ -257,7 +280,38 @@ def _category(task: Any) -> str:
     return str(task.metadata.get("category", task.suite))
 
 
-def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any) -> Any:
+def other_task_memories(folder: str | Path, tasks: Sequence[Any]) -> dict[str, list[str]]:
+    """The other-task memory control (``EvalConfig.memory_from``): task id -> the memories, per user turn, that
+    the evaluation in `folder` (its ``transcripts.jsonl``) built for another task of the same category, the
+    next one in id order among `tasks` (cyclic). A category with a single task keeps its own memory.
+
+    Raises:
+        FileNotFoundError: `folder` has no ``transcripts.jsonl``.
+        ValueError: a task of `tasks` has no recorded memory there (that run did not evaluate it with test-time
+            rehearsal).
+    """
+    from agents.training.run_folder import read_jsonl
+
+    path = Path(folder) / "transcripts.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"memory_from: {path} does not exist (give a test-time rehearsal evaluation folder)")
+    recorded = {r["task_id"]: [m["memory"] for m in r.get("rehearsals") or []] for r in read_jsonl(path)}
+    missing = [t.id for t in tasks if not recorded.get(t.id)]
+    if missing:
+        raise ValueError(f"memory_from: {path} holds no memory for {len(missing)} tasks, e.g. {missing[:3]}")
+    by_category: dict[str, list[str]] = {}
+    for t in sorted(tasks, key=lambda t: t.id):
+        by_category.setdefault(str(t.metadata.get("category", "")), []).append(t.id)
+    out = {}
+    for ids in by_category.values():
+        for k, task_id in enumerate(ids):
+            out[task_id] = recorded[ids[(k + 1) % len(ids)]]
+    return out
+
+
+def _make_env(
+    task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any, memories: list[str] | None = None
+) -> Any:
     import gymnasium as gym
 
     from agents.policy import PolicyRehearser
@@ -295,6 +349,8 @@ def _make_env(task: Any, config: EvalConfig, policy: Any, rehearser_policy: Any)
             critique_tokens=config.critique_tokens,
             memory=config.memory,
             seed=config.seed,
+            attempt_outputs=config.attempt_outputs,
+            memory_provider=None if memories is None else (lambda base: memories[min(base.turn, len(memories) - 1)]),
         )
     return env
 
@@ -375,7 +431,8 @@ def _play(
         total=len(all_tasks), initial=len(all_tasks) - len(tasks), desc="eval", unit="task", disable=not progress
     )
 
-    envs = [_make_env(t, config, policy, rehearser_policy) for t in tasks]
+    memories = other_task_memories(config.memory_from, all_tasks) if config.memory_from else {}
+    envs = [_make_env(t, config, policy, rehearser_policy, memories.get(t.id)) for t in tasks]
     state = [_new_state(t) for t in tasks]
     t_start = time.perf_counter()
     batcher = BatchCoordinator()
@@ -459,10 +516,23 @@ OUTPUT_FILES = (
 """The files `evaluate` writes (and the only ones it removes from an output folder)."""
 
 _RESUME_IGNORES = ("out", "min_solvable_fraction", "overwrite")
-REHEARSAL_ONLY_FIELDS = ("rehearsal_mode", "memory", "memory_tokens", "attempt_max_steps", "critique_tokens")
+REHEARSAL_ONLY_FIELDS = (
+    "rehearsal_mode",
+    "memory",
+    "memory_tokens",
+    "attempt_max_steps",
+    "critique_tokens",
+    "attempt_outputs",
+    "memory_from",
+)
 """`EvalConfig` fields that shape test-time rehearsal only: an evaluation with ``rehearsal_n == 0`` does not
 depend on them, so resuming one (or skipping its finished stage) does not compare them."""
-_FIELDS_BEFORE_TRACE_MEMORY = {"memory": "summary", "attempt_max_steps": 3}
+_FIELDS_BEFORE_TRACE_MEMORY = {
+    "memory": "summary",
+    "attempt_max_steps": 3,
+    "attempt_outputs": "rehearsed",
+    "memory_from": None,
+}
 """What a run folder written before these fields existed ran with (the English memory, 3-step attempts)."""
 
 

@@ -78,6 +78,17 @@ a prefix are exactly the targets of the full sequence there, so a prefix is a va
 demonstration; a demo left with no ACT token is dropped (counted). ``overflow="drop"`` drops every demo
 longer than ``max_tokens``.
 
+## Memory-conditioned demonstrations (`record_memory_demonstrations`)
+
+A policy that rehearses at test time (`wrappers.TestTimeRehearsal`) reads a memory message it never saw in
+training. A memory-conditioned demonstration is a reference execution (as above, on the real backend) in which,
+before the first ACT message of every user turn, the test-time-rehearsal wrapper has run a policy's own
+``n`` rehearsal attempts of that turn (failed ones kept) and inserted their memory as a user message, exactly
+as at test time. The target is still the reference: the policy learns to act well after reading what its own
+world model imagined, including when the imagination was wrong. The memory is a user message, so it carries
+no loss. They are written as ``RecordTrajectories(include_tokens=True)`` records, so `agents.training.sft` mixes
+them with plain demonstrations through its ``data`` sources (a suite name and the JSONL file).
+
 ## Recorded rollouts (`load_recorded_trajectories`)
 
 Reads the JSONL written by ``wrappers.RecordTrajectories(include_tokens=True)``, keeps records with
@@ -116,6 +127,7 @@ __all__ = [
     "error_demonstration",
     "demonstration_env",
     "load_recorded_trajectories",
+    "record_memory_demonstrations",
     "MULTI_TURN_CATEGORIES",
 ]
 
@@ -344,14 +356,15 @@ def _reference(env: Any, task: Task) -> list[list[ToolCall]]:
 
 
 def demonstration_for_task(
-    env: Any, task: Task, calls_per_message: CallsPerMessage = "one"
+    env: Any, task: Task, calls_per_message: CallsPerMessage = "one", seed: int | None = None
 ) -> tuple[Trajectory, float]:
     """Play `task`'s reference solution in `env` (`demonstration_env`) and return ``(trajectory, reward)``.
 
     The reference is the suite's ``ground_truth(task)`` (turns × calls; BFCL: its ``possible_answer`` calls,
     positional arguments bound). The trajectory is the env's own (not yet relabelled); see the module
     docstring for the message layout. A single-step task (``task.metadata["single_step"]``, BFCL single-turn)
-    is one ACT message holding all of its calls.
+    is one ACT message holding all of its calls. `seed` goes to ``env.reset`` (it seeds wrappers that sample,
+    such as `wrappers.TestTimeRehearsal`; the real backend does not).
 
     Raises:
         ValueError: `calls_per_message` is unknown, or the env's suite gives no reference solution for `task`.
@@ -362,7 +375,7 @@ def demonstration_for_task(
     base = env.unwrapped
     renderer = base.renderer
     gt = _reference(env, task)
-    env.reset(options={"task_id": task.id})
+    env.reset(seed=seed, options={"task_id": task.id})
     if task.metadata.get("single_step"):
         calls = [c for turn in gt for c in turn]
         _, reward, terminated, truncated, _ = env.step(
@@ -664,6 +677,153 @@ def _error_demos(
             stats.error_demos += 1
             stats.error_demos_breaking += int(mutation["breaks"])
     return out
+
+
+def record_memory_demonstrations(
+    policy: Any,
+    path: str | os.PathLike[str],
+    suite: str = "lab",
+    categories: Sequence[str] | None = None,
+    split: str = "train",
+    *,
+    task_ids: Sequence[str] | None = None,
+    limit: int | None = None,
+    n: int = 2,
+    mode: Literal["parallel", "sequential"] = "parallel",
+    memory_tokens: int = 256,
+    attempt_max_steps: int = 8,
+    max_new_tokens: int = 40,
+    attempt_temperature: float = 1.0,
+    seed: int = 0,
+    batch: int = 64,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Write memory-conditioned demonstrations (module docstring) of `policy`'s own rehearsals to `path`.
+
+    Each task's reference solution is played (`demonstration_for_task`, one call per ACT message) in a
+    `demonstration_env` wrapped in ``TestTimeRehearsal(policy, n, mode, memory="trace")`` and
+    ``RecordTrajectories(path, include_tokens=True)``; a task whose reference fails (reward < 1) or cannot be
+    played is skipped and counted. `batch` tasks play at once, their generate calls merged
+    (`agents.engines.batching.BatchCoordinator`); each task's attempts are seeded from ``(seed, task id)``, so the
+    demonstrations do not depend on `batch` (up to float rounding). Records are appended, one JSON line per
+    task, in the order the tasks finish.
+
+    Args:
+        policy: an `agents.policy.Policy` with the suite env's tokenizer (it ACTs and REHEARSEs in the attempts).
+        path: the JSONL file to append to.
+        suite, categories, split, task_ids, limit: the tasks, as in `build_demonstrations`.
+        n, mode, memory_tokens, attempt_max_steps, max_new_tokens, attempt_temperature: the wrapper's
+            settings (`wrappers.TestTimeRehearsal`); the attempts are capped at `attempt_max_steps` ACT steps
+            because the demonstration env has no step limit of its own.
+        seed: seeds the attempts' sampling.
+        batch: tasks played together (>= 1).
+        progress: show a tqdm bar.
+
+    Returns:
+        counts: ``tasks`` (considered), ``written``, ``skipped`` (with ``errors``, the first 20 reasons),
+        ``memories`` (rehearsed user turns), ``attempts``, ``attempt_error_outputs`` (rehearsed outputs
+        that are errors), ``memory_tokens_mean`` and ``generated_tokens`` (ACT + REHEARSE tokens of the attempts).
+
+    Raises:
+        ValueError: ``n < 1`` or ``batch < 1``; a task id not in the suite's categories and split; and the errors
+            of `wrappers.TestTimeRehearsal` for bad settings or a policy whose vocabulary differs.
+    """
+    import functools
+
+    from tqdm.auto import tqdm
+
+    from agents.engines.batching import BatchCoordinator, coalesced
+    from wrappers.fidelity import is_error_output
+    from wrappers.record_trajectories import RecordTrajectories
+    from wrappers.test_time_rehearsal import TestTimeRehearsal
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1 (a memory needs rehearsal attempts), got {n!r}")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch!r}")
+
+    class CountingRehearsal(TestTimeRehearsal):
+        """Keeps every rehearsal record (`TestTimeRehearsal.rehearse`'s ``info["rehearsal"]``) for the counts."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.records: list[dict[str, Any]] = []
+
+        def rehearse(self) -> dict[str, Any]:
+            record = super().rehearse()
+            self.records.append(record)
+            return record
+
+    def make_env() -> Any:
+        base = demonstration_env(
+            policy.tokenizer, suite, categories=None if categories is None else list(categories), split=split
+        )
+        rehearsing = CountingRehearsal(
+            base,
+            policy,
+            n=n,
+            mode=mode,
+            memory="trace",
+            memory_tokens=memory_tokens,
+            attempt_max_steps=attempt_max_steps,
+            max_new_tokens=max_new_tokens,
+            attempt_temperature=attempt_temperature,
+        )
+        return RecordTrajectories(rehearsing, path, include_tokens=True)
+
+    envs = [make_env()]
+    pool = {t.id: t for t in envs[0].unwrapped.tasks}
+    missing = [i for i in task_ids or [] if i not in pool]
+    if missing:
+        envs[0].close()
+        raise ValueError(f"task ids not in {suite} {categories}/{split}: {missing[:5]}")
+    tasks = [pool[i] for i in task_ids] if task_ids is not None else list(pool.values())
+    if limit is not None:
+        tasks = tasks[:limit]
+    envs += [make_env() for _ in range(min(batch, len(tasks)) - 1)]
+    counts: dict[str, Any] = dict.fromkeys(("tasks", "written", "skipped"), 0)
+    counts["errors"] = []
+
+    def play(env: Any, task: Task) -> float | str:
+        try:
+            _, reward = demonstration_for_task(env, task, seed=random.Random(f"{seed}/{task.id}").randrange(2**31))
+        except (RuntimeError, ValueError) as err:
+            return f"{task.id}: {err}"
+        return reward
+
+    batcher = BatchCoordinator()
+    bar = tqdm(total=len(tasks), desc="memory demos", disable=not progress, unit="task")
+    try:
+        for start in range(0, len(tasks), len(envs)):
+            chunk = tasks[start : start + len(envs)]
+            with coalesced([policy], batcher):
+                outcomes = batcher.run([functools.partial(play, env, task) for env, task in zip(envs, chunk)])
+            for outcome in outcomes:
+                counts["tasks"] += 1
+                if outcome == 1.0:
+                    counts["written"] += 1
+                else:  # an error, or written by RecordTrajectories with its reward (SFT's min_reward drops it)
+                    counts["skipped"] += 1
+                    if isinstance(outcome, str) and len(counts["errors"]) < 20:
+                        counts["errors"].append(outcome)
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+        for env in envs:
+            env.close()
+    records = [r for env in envs for r in env.env.records]  # RecordTrajectories -> CountingRehearsal
+    counts["memories"] = len(records)
+    counts["attempts"] = sum(len(r["attempts"]) for r in records)
+    counts["generated_tokens"] = sum(r["generated_tokens"] for r in records)
+    counts["attempt_error_outputs"] = sum(
+        is_error_output(m.get("content") or "")
+        for r in records
+        for a in r["attempts"]
+        for m in a["messages"]
+        if m.get("role") == "tool"
+    )
+    counts["memory_tokens_mean"] = sum(r["memory_tokens"] for r in records) / len(records) if records else 0.0
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -239,3 +239,57 @@ def test_trace_memory_marks_agreement_errors_and_replies_and_keeps_its_bound():
     assert words(short) <= 15
     with pytest.raises(ValueError, match="header"):
         trace_memory(attempts, "a long memory header\n", words, 2)
+
+
+ADD_3 = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
+
+
+def test_real_attempt_outputs_continue_the_committed_backend_without_touching_it():
+    policy = ScriptedPolicy(always(ADD_3))
+    env = TestTimeRehearsal(make_env(), policy, n=1, seed=0, attempt_max_steps=2, attempt_outputs="real")
+    env.reset(seed=0, options={"task_id": "scripted_1"})
+    base = env.unwrapped
+    env.step(ADD_3)  # committed: the real total is 3
+    before = base.backend.snapshot()
+    rec = env.rehearse()  # by hand: the oracle's attempts start from the committed total, on a copy
+    outputs = [m["content"] for m in rec["attempts"][0]["messages"] if m["role"] == "tool"]
+    assert outputs == ['{"total": 6}', '{"total": 9}'] and rec["attempts"][0]["rehearse_tokens"] == 0
+    assert '-> {"total": 6}' in rec["memory"] and base.backend.snapshot() == before
+
+
+def test_null_attempt_outputs_say_nothing_about_the_calls():
+    policy = ScriptedPolicy(always(ADD_3))
+    env = TestTimeRehearsal(make_env(), policy, n=2, seed=0, attempt_max_steps=2, attempt_outputs="null")
+    _, info = env.reset(seed=0, options={"task_id": "scripted_1"})
+    rec = info["rehearsal"]
+    assert [m["content"] for a in rec["attempts"] for m in a["messages"] if m["role"] == "tool"] == [""] * 4
+    assert policy.generated_from == []  # nobody rehearsed: the constant answered
+    assert rec["memory"].splitlines()[1].startswith('1,2: {"name": "add", "arguments": {"value": 3}} ->')
+
+
+def test_a_provided_memory_replaces_the_attempts_and_keeps_its_bound():
+    policy = ScriptedPolicy(always(ADD_3))
+    seen = []
+
+    def provider(base):
+        seen.append(base.turn)
+        return "\n".join(f"line {k}: " + "word " * 5 for k in range(50))
+
+    env = TestTimeRehearsal(make_env(), policy, n=2, seed=0, memory_tokens=60, memory_provider=provider)
+    _, info = env.reset(seed=0, options={"task_id": "scripted_1"})
+    rec = info["rehearsal"]
+    assert seen == [0] and rec["attempts"] == [] and rec["generated_tokens"] == 0 and policy.act_calls == 0
+    assert rec["memory_kind"] == "provided" and rec["memory"].startswith(MEMORY_HEADER.format(n=2) + "line 0: ")
+    assert rec["memory_tokens"] <= 60 and rec["memory"].endswith("word ")  # whole lines only
+    count = len(env.unwrapped.renderer.content_ids(rec["memory"] + "\nline 99: " + "word " * 5))
+    assert count > 60  # the next line would not have fit
+    assert env.unwrapped.trajectory.messages[-1].content == rec["memory"]
+
+
+def test_real_attempt_outputs_need_a_real_backend():
+    policy = load_policy("tiny-random")
+    rehearse_env = gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, **TINY)
+    with pytest.raises(ValueError, match="attempt_outputs='real'"):
+        TestTimeRehearsal(rehearse_env, policy, attempt_outputs="real")
+    with pytest.raises(ValueError, match="attempt_outputs must be"):
+        TestTimeRehearsal(make_env(), policy, attempt_outputs="oracle")

@@ -309,3 +309,52 @@ def test_a_folder_from_before_the_trace_memory_resumes_plainly_and_refuses_other
         _prepare_out(out, rehearsal)
     old_run(rehearsal_n=2)
     _prepare_out(out, dataclasses.replace(rehearsal, memory="summary", attempt_max_steps=3))  # what it ran
+
+
+def test_the_other_task_control_reads_the_next_tasks_recorded_memories(tmp_path):
+    from agents.evaluation.evaluate import other_task_memories
+    from agents.training.run_folder import read_jsonl
+
+    def rule(ctx):  # one call per user turn, then close it
+        after_user = ctx.rsplit("<|im_start|>user", 1)[-1]
+        return (
+            "done"
+            if "<|im_start|>tool" in after_user
+            else '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
+        )
+
+    policy = ScriptedPolicy(rule)
+    common = dict(
+        model="tiny-random",
+        suite="scripted",
+        split="all",
+        max_new_tokens=6,
+        max_steps_per_turn=3,
+        rehearsal_n=1,
+        memory_tokens=200,
+        attempt_max_steps=1,
+        min_solvable_fraction=0.0,
+    )
+    own = tmp_path / "own"
+    evaluate(EvalConfig(**common, out=str(own)), policy=policy, log=None)
+    recorded = {r["task_id"]: [m["memory"] for m in r["rehearsals"]] for r in read_jsonl(own / "transcripts.jsonl")}
+    assert [len(recorded[f"scripted_{i}"]) for i in range(3)] == [1, 2, 3]  # one memory per user turn
+
+    other = tmp_path / "other"
+    evaluate(EvalConfig(**common, out=str(other), memory_from=str(own)), policy=policy, log=None)
+    for r in read_jsonl(other / "transcripts.jsonl"):
+        source = {"scripted_0": "scripted_1", "scripted_1": "scripted_2", "scripted_2": "scripted_0"}[r["task_id"]]
+        memories = recorded[source]
+        got = [m["memory"] for m in r["rehearsals"]]  # turn t reads the other task's turn-t memory (its last)
+        assert got == [memories[min(t, len(memories) - 1)] for t in range(len(got))]
+        assert all(m["attempts"] == [] and m["memory_kind"] == "provided" for m in r["rehearsals"])
+        assert all(m["generated_tokens"] == 0 for m in r["rehearsals"])  # no attempt ran
+
+    with pytest.raises(ValueError, match="memory_from replaces"):
+        EvalConfig(**{**common, "rehearsal_n": 0}, memory_from=str(own))
+    with pytest.raises(ValueError, match="has no transcripts.jsonl"):
+        EvalConfig(**common, memory_from=str(tmp_path))
+    from tests.testing_env import TASKS
+
+    with pytest.raises(ValueError, match="holds no memory for 1 tasks"):
+        other_task_memories(own, [*TASKS, dataclasses.replace(TASKS[0], id="scripted_9")])

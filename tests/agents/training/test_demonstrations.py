@@ -365,3 +365,57 @@ def test_sft_error_demos_option_reaches_the_demonstrations(smol_tokenizer):
     demos, stats = load_sft_data(SFTConfig(data=["lab"], task_ids=["relocate_1"], error_demos=2), smol_tokenizer)
     assert (stats["lab"]["kept"], stats["lab"]["error_demos"], len(demos)) == (3, 2, 3)
     assert sum("mutation" in d.task.metadata for d in demos) == 2
+
+
+def test_memory_demos_are_reference_executions_read_after_the_policys_own_rehearsal_memory(tmp_path, smol_tokenizer):
+    from agents.policy import load_policy
+    from agents.training.demonstrations import record_memory_demonstrations
+    from envace_gym.suites import make_suite
+    from wrappers.test_time_rehearsal import MEMORY_HEADER
+
+    policy = load_policy("tiny-random")
+    suite = make_suite("lab")
+    pool = {t.id: t for t in suite.tasks(["relocate", "ship_two"], "train")}
+    ids = [suite.tasks(["relocate"], "train")[0].id, suite.tasks(["ship_two"], "train")[1].id]
+    path = tmp_path / "memory_demos.jsonl"
+    settings = dict(task_ids=ids, n=2, attempt_max_steps=2, max_new_tokens=8, seed=3)
+    counts = record_memory_demonstrations(policy, path, "lab", ["relocate", "ship_two"], batch=2, **settings)
+    one_at_a_time = tmp_path / "one_at_a_time.jsonl"  # each task's attempts are seeded by the task, not the batch
+    record_memory_demonstrations(policy, one_at_a_time, "lab", ["relocate", "ship_two"], batch=1, **settings)
+    memory_messages = [
+        sorted((r["task_id"], m["content"]) for m in r["messages"] if m["role"] == "user")
+        for r in map(json.loads, sorted(path.read_text().splitlines()))
+    ]
+    assert memory_messages == [
+        sorted((r["task_id"], m["content"]) for m in r["messages"] if m["role"] == "user")
+        for r in map(json.loads, sorted(one_at_a_time.read_text().splitlines()))
+    ]
+    turns = sum(len(suite.ground_truth(pool[i])) for i in ids)
+    assert counts["tasks"] == counts["written"] == len(ids) and counts["skipped"] == 0
+    assert counts["memories"] == turns and counts["attempts"] == 2 * turns  # every user turn rehearsed twice
+    assert counts["generated_tokens"] > 0 and counts["memory_tokens_mean"] > 0
+
+    stop = ChatRenderer(smol_tokenizer).stop_token_ids
+    memory_demos, stats = load_recorded_trajectories(path, stop, max_tokens=None)
+    memory_demos.sort(key=lambda t: ids.index(t.task.id))
+    plain, _ = build_demonstrations(smol_tokenizer, "lab", ["relocate", "ship_two"], task_ids=ids, max_tokens=None)
+    assert stats.kept == len(ids)
+    header = MEMORY_HEADER.format(n=2)
+    for with_memory, reference in zip(memory_demos, plain):
+        messages = with_memory.messages
+        memories = [k for k, m in enumerate(messages) if m.role == "user" and m.content.startswith(header)]
+        assert len(memories) == len(suite.ground_truth(with_memory.task))
+        for k in memories:  # each memory sits right after its user request, before the turn's first ACT
+            assert messages[k - 1].role == "user" and messages[k + 1].role == "assistant"
+        # the committed messages are the reference execution's, real outputs included
+        committed = [(m.role, m.content) for k, m in enumerate(messages) if k not in memories]
+        assert committed == [(m.role, m.content) for m in reference.messages]
+
+        # the targets are the reference's: the memory tokens carry no loss (a memory is read, never written)
+        def targets(traj):
+            return [(s.role, s.token_ids) for s in traj.segments if s.role in (Role.ACT, Role.REHEARSE)]
+
+        assert targets(with_memory) == targets(reference)
+        assert len(with_memory.token_ids) > len(reference.token_ids)
+    with pytest.raises(ValueError, match="n must be an int >= 1"):
+        record_memory_demonstrations(policy, path, "lab", n=0)

@@ -1,0 +1,255 @@
+"""What role-wise GRPO buys on the hidden-rules lab as its budget grows: success on the same test tasks every
+E steps, per seed, paired with the warm start it started from.
+
+    python -m benchmarks.experiments.lab_grpo_budget                       # 3 seeds, 200 steps, evaluated every 25
+    python -m benchmarks.experiments.lab_grpo_budget --warm runs/lab_ablations/warm_start/sft   # reuse a warm start
+    python -m benchmarks.experiments.lab_grpo_budget --arms role_grpo null_rehearser             # with the control
+
+Every arm is the recipe's GRPO stage (`configs/recipes/lab.yaml`) with the same warm start, seeds 0..S-1, lr and
+batch, run for ``--steps`` steps with a checkpoint every ``--eval-every``; every checkpoint is evaluated greedily
+on the real backend on the same test tasks as the warm start. Per checkpoint the table gives the mean success,
+the paired difference to the warm start (95% t-interval over seeds), the tasks gained and lost summed over
+seeds, and in how many seeds the gain is resolved on that seed's own tasks (exact McNemar p < 0.05 with more
+tasks gained than lost): the question ``make demo`` asks of its one run. The budgets are fixed in advance and
+every checkpoint is reported; nothing is chosen after seeing a result. Stages resume (`agents.pipeline`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.experiments.result_tables import grpo_budget_table as table
+from benchmarks.stats import mcnemar_exact, mean_ci95
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
+
+ARMS: dict[str, dict[str, Any]] = {
+    "role_grpo": {},
+    "null_rehearser": {"rollout": "null"},
+    "real_rollouts": {"rollout": "real"},
+    "grpo": {"algo": "grpo"},
+}
+"""Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (as in ``lab_ablations``)."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default=str(RECIPE), help="the envace pipeline YAML whose stages every arm uses")
+    ap.add_argument("--out", default="runs/lab_grpo_budget", help="folder of every stage, results.json and the plot")
+    ap.add_argument(
+        "--warm",
+        default=None,
+        help="an SFT run folder to start from (its newest checkpoint); default: train the recipe's warm start in OUT",
+    )
+    ap.add_argument("--seeds", type=int, default=3, help="GRPO seeds per arm (0..S-1)")
+    ap.add_argument("--steps", type=int, default=200, help="GRPO steps per run")
+    ap.add_argument("--eval-every", type=int, default=25, help="evaluate a checkpoint every this many steps")
+    ap.add_argument("--arms", nargs="*", default=["role_grpo"], choices=list(ARMS))
+    ap.add_argument("--limit", type=int, default=100, help="test tasks per family (6 families)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.seeds < 1 or args.steps < 1 or args.eval_every < 1:
+        ap.error("--seeds, --steps and --eval-every must be >= 1")
+    if args.steps % args.eval_every:
+        ap.error(f"--steps ({args.steps}) must be a multiple of --eval-every ({args.eval_every})")
+    if not args.arms:
+        ap.error("--arms needs at least one arm")
+    args.argv = list(argv) if argv is not None else []
+    return args
+
+
+def task_rewards(folder: Path) -> dict[str, float]:
+    """Task id -> reward of the evaluation written to `folder` (its ``episodes.jsonl``)."""
+    from agents.training.run_folder import read_jsonl
+
+    return {e["task_id"]: float(e["reward"]) for e in read_jsonl(folder / "episodes.jsonl")}
+
+
+def compare(rows: list[dict[str, float]], references: list[dict[str, float]]) -> dict[str, Any]:
+    """Paired comparison of per-task rewards, one dict per seed (`rows[i]` against `references[i]`, the same
+    tasks): success means, the mean paired difference with its 95% t-interval over seeds, discordant tasks
+    summed over seeds, and the seeds whose own gain is resolved (more gained than lost, exact McNemar
+    p < 0.05 on that seed's tasks)."""
+    success = [sum(r.values()) / len(r) for r in rows]
+    ref_success = [sum(r.values()) / len(r) for r in references]
+    diff, diff_half = mean_ci95([s - r for s, r in zip(success, ref_success)])
+    mean, half = mean_ci95(success)
+    gained = lost = resolved = 0
+    p_values = []
+    for row, ref in zip(rows, references):
+        g = sum(row[t] > ref[t] for t in ref)
+        lo = sum(row[t] < ref[t] for t in ref)
+        p = mcnemar_exact(g, lo)
+        p_values.append(p)
+        gained, lost = gained + g, lost + lo
+        resolved += int(g > lo and p < 0.05)
+    return {
+        "success": success,
+        "mean": mean,
+        "ci95": half,
+        "diff_mean": diff,
+        "diff_ci95": diff_half,
+        "gained": gained,
+        "lost": lost,
+        "p_values": p_values,
+        "resolved_seeds": resolved,
+    }
+
+
+def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
+    """Run (or resume) every stage; return the results (also written to ``<out>/results.json`` after each seed)."""
+    import datetime
+    import shlex
+
+    import torch
+
+    from agents.config import TrainConfig, load_dataclass
+    from agents.models import default_store
+    from agents.pipeline import (
+        PipelineConfig,
+        StageRunner,
+        grpo_stage,
+        latest_model,
+        sft_stage,
+        stage_ignores,
+        stage_settings,
+    )
+    from agents.training.checkpoint import checkpoint_dir
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    recipe = load_dataclass(PipelineConfig, args.recipe, run_dir=str(out), threads=args.threads)
+    recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
+    models = default_store()
+    stages = StageRunner(out, log)
+    t_start = time.perf_counter()
+    if args.warm:
+        warm = latest_model(args.warm)
+    else:
+        stages.stage("warm_start/sft", lambda folder: sft_stage(recipe, folder, models, log))
+        warm = latest_model(out / "warm_start" / "sft")
+
+    def evaluation(name: str, model: str) -> dict[str, float]:
+        stages.evaluate(name, recipe.eval_config(out / name, model), models)
+        return task_rewards(out / name)
+
+    warm_rewards = evaluation("warm_start/eval", warm)
+    checkpoints = list(range(args.eval_every, args.steps + 1, args.eval_every))
+    per_seed: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
+    results: dict[str, Any] = {}
+    for seed in range(args.seeds):
+        for arm in args.arms:
+            name = f"{arm}/seed{seed}"
+            config = dataclasses.replace(
+                recipe.grpo_config(out / name / "grpo", warm),
+                seed=seed,
+                num_steps=args.steps,
+                save_every=args.eval_every,
+                keep_checkpoints=len(checkpoints),
+                **ARMS[arm],
+            )
+            info = stages.stage(
+                f"{name}/grpo",
+                lambda _, config=config: grpo_stage(config, models, log),
+                stage_settings(config),
+                ignore=stage_ignores(TrainConfig),
+            )
+            rewards = {
+                step: evaluation(f"{name}/eval_step{step}", str(checkpoint_dir(out / name / "grpo", step) / "model"))
+                for step in checkpoints
+            }
+            per_seed[arm].append(
+                {
+                    "seed": seed,
+                    "rewards": rewards,
+                    "train_s": info["seconds"],
+                    "real_tool_calls": info["real_tool_calls"],
+                    "verifier_replay_calls": info["verifier_replay_calls"],
+                }
+            )
+        results = summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed)
+        results.update(
+            seeds_done=seed + 1,
+            wall_s=time.perf_counter() - t_start,
+            command=("python -m benchmarks.experiments.lab_grpo_budget " + shlex.join(args.argv)).strip(),
+            date=datetime.date.today().isoformat(),
+            stage_seconds=dict(stages.timings),
+        )
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        plot(results, out / "grpo_budget.png")
+        log(f"[grpo budget] {seed + 1}/{args.seeds} seeds in {out / 'results.json'}")
+    for line in table(results):
+        log(line)
+    return results
+
+
+def summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed) -> dict[str, Any]:
+    """The results.json body: per arm and checkpoint, `compare` against the warm start."""
+    arms = {}
+    for arm, seeds in per_seed.items():
+        arms[arm] = {
+            "seeds": [s["seed"] for s in seeds],
+            "train_s": [s["train_s"] for s in seeds],
+            "real_tool_calls": [s["real_tool_calls"] for s in seeds],
+            "verifier_replay_calls": [s["verifier_replay_calls"] for s in seeds],
+            "checkpoints": {
+                str(step): compare([s["rewards"][step] for s in seeds], [warm_rewards] * len(seeds))
+                for step in checkpoints
+            },
+        }
+    grpo = recipe.grpo
+    return {
+        "kind": "lab_grpo_budget",
+        "recipe": str(args.recipe),
+        "model": recipe.model,
+        "warm_start": warm,
+        "warm_success": sum(warm_rewards.values()) / len(warm_rewards),
+        "test_tasks": len(warm_rewards),
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "grpo": {"batch_tasks": grpo.batch_tasks, "group_size": grpo.group_size, "lr": grpo.lr},
+        "arms": arms,
+    }
+
+
+def plot(results: dict[str, Any], path: Path) -> Path:
+    """Success against GRPO steps: each seed thin, the mean thick, the warm start dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (arm, row) in enumerate(results["arms"].items()):
+        steps = [0] + [int(s) for s in row["checkpoints"]]
+        color = f"C{i}"
+        for k in range(len(row["seeds"])):
+            values = [results["warm_success"]] + [c["success"][k] for c in row["checkpoints"].values()]
+            ax.plot(steps, values, color=color, alpha=0.3, linewidth=1)
+        means = [results["warm_success"]] + [c["mean"] for c in row["checkpoints"].values()]
+        ax.plot(steps, means, color=color, linewidth=2.5, label=f"{arm} (mean of {len(row['seeds'])} seeds)")
+    ax.axhline(results["warm_success"], color="gray", linestyle="--", label="warm start")
+    ax.set_xlabel("GRPO steps")
+    ax.set_ylabel(f"test success ({results['test_tasks']} tasks, real backend)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

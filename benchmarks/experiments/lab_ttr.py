@@ -1,0 +1,305 @@
+"""Test-time rehearsal on the hidden-rules lab: does a small policy act better after reading its own rehearsals,
+once it has been trained to read them, and which control locates the difference.
+
+    python -m benchmarks.experiments.lab_ttr                                            # 3 seeds (defaults below)
+    python -m benchmarks.experiments.lab_ttr --warm runs/lab_ablations/warm_start/sft   # reuse a warm start
+
+Protocol (fixed before any result was seen; every setting is reported):
+
+1. **Memory demonstrations** (`agents.training.demonstrations.record_memory_demonstrations`): for N = 1, 2, 3 the warm
+   start rehearses ``--memory-tasks`` train tasks per family N times each (parallel attempts, T = 1, the whole
+   turn, failed attempts kept); its trace memory is inserted before the reference execution on the real backend.
+2. **Two continuations of the warm start per seed**, the same SFT budget (``--sft-steps`` at the recipe's SFT lr
+   and batch) on the same train tasks: ``memory_sft`` trains on the memory demonstrations and the plain
+   demonstrations of those tasks; ``plain_sft`` (the control for "more SFT") on the plain ones only.
+3. **Evaluation on the same test tasks** (greedy commits on the real backend, ``--limit`` per family): every
+   policy (``warm``, ``plain_sft``, ``memory_sft``) at N = 0 and at N = 1, 2, 3 parallel attempts of its own
+   rehearsal (trace memory); for ``memory_sft`` at N = 2 also three controls: the attempts' outputs from a
+   constant (null rehearser: the memory then carries calls, not outcomes), from a copy of the real backend
+   (oracle: diagnosis only), and another task's memory (``--memory-from``: if it ties, the memory is ignored).
+
+Each row is paired by seed and task with the same policy at N = 0 (95% t-interval over seeds; tasks gained and
+lost summed over seeds) and reports the tokens generated per task for rehearsal (every attempt's ACT and REHEARSE
+tokens, on top of the committed episode's), so a gain can be weighed against its compute. Stages resume
+(`agents.pipeline.StageRunner`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.experiments.result_tables import ttr_table as table
+from benchmarks.stats import mcnemar_exact, mean_ci95
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
+POLICIES = ("warm", "plain_sft", "memory_sft")
+CONTROLS: dict[str, dict[str, Any]] = {
+    "null outputs": {"attempt_outputs": "null"},
+    "real outputs (oracle)": {"attempt_outputs": "real"},
+    "other task's memory": {},  # memory_from: the same policy's own N=2 evaluation
+}
+CONTROL_N = 2
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--recipe", default=str(RECIPE), help="the envace pipeline YAML (model, suite, SFT and eval settings)"
+    )
+    ap.add_argument("--out", default="runs/lab_ttr", help="folder of every stage, results.json and the plot")
+    ap.add_argument("--warm", default=None, help="an SFT run folder to start from (default: train the recipe's in OUT)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds 0..S-1 (SFT batch order, attempt sampling)")
+    ap.add_argument("--n", type=int, nargs="+", default=[1, 2, 3], help="attempts per user turn to evaluate")
+    ap.add_argument("--memory-tasks", type=int, default=40, help="train tasks per family and per N with a memory")
+    ap.add_argument("--sft-steps", type=int, default=150, help="SFT steps of each continuation")
+    ap.add_argument("--limit", type=int, default=100, help="test tasks per family")
+    ap.add_argument("--no-controls", action="store_true", help="skip the three controls")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.seeds < 1 or args.memory_tasks < 1 or args.sft_steps < 1 or args.limit < 1:
+        ap.error("--seeds, --memory-tasks, --sft-steps and --limit must be >= 1")
+    if any(n < 1 for n in args.n):
+        ap.error("--n values must be >= 1 (N = 0 is always evaluated)")
+    if not args.no_controls and CONTROL_N not in args.n:
+        ap.error(f"the controls are run at N={CONTROL_N}: include it in --n or pass --no-controls")
+    args.argv = list(argv) if argv is not None else []
+    return args
+
+
+def episodes(folder: Path) -> dict[str, dict[str, Any]]:
+    """Task id -> its ``episodes.jsonl`` record in an evaluation folder."""
+    from agents.training.run_folder import read_jsonl
+
+    return {e["task_id"]: e for e in read_jsonl(folder / "episodes.jsonl")}
+
+
+def rehearsal_tokens_per_task(folder: Path) -> float:
+    """Mean tokens generated per task for test-time rehearsal (every attempt's ACT and REHEARSE tokens; the
+    episodes' ``rehearsal_generated_tokens``), on top of what the committed episode generates."""
+    eps = episodes(folder)
+    return sum(float(e.get("rehearsal_generated_tokens") or 0) for e in eps.values()) / max(len(eps), 1)
+
+
+def compare(rows: list[dict[str, float]], references: list[dict[str, float]]) -> dict[str, Any]:
+    """Per-seed success and the paired difference to `references` (same seed, same tasks)."""
+    success = [sum(r.values()) / len(r) for r in rows]
+    mean, half = mean_ci95(success)
+    out: dict[str, Any] = {"success": success, "mean": mean, "ci95": half}
+    diffs = [s - sum(r.values()) / len(r) for s, r in zip(success, references)]
+    out["diff_mean"], out["diff_ci95"] = mean_ci95(diffs)
+    gained = sum(sum(row[t] > ref[t] for t in ref) for row, ref in zip(rows, references))
+    lost = sum(sum(row[t] < ref[t] for t in ref) for row, ref in zip(rows, references))
+    out.update(gained=gained, lost=lost, p_pooled=mcnemar_exact(gained, lost))
+    return out
+
+
+def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
+    """Run (or resume) every stage; return the results (also written to ``<out>/results.json`` after each seed)."""
+    import datetime
+    import shlex
+
+    import torch
+
+    from agents.config import load_dataclass
+    from agents.models import default_store
+    from agents.pipeline import PipelineConfig, StageRunner, latest_model, sft_stage, stage_settings
+    from agents.policy import load_policy
+    from agents.training.demonstrations import record_memory_demonstrations
+    from agents.training.sft import SFTConfig, SFTTrainer
+    from envace_gym.suites import make_suite
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    recipe = load_dataclass(PipelineConfig, args.recipe, run_dir=str(out), threads=args.threads)
+    recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
+    models = default_store()
+    stages = StageRunner(out, log)
+    t_start = time.perf_counter()
+    if args.warm:
+        warm = latest_model(args.warm)
+    else:
+        stages.stage("warm_start/sft", lambda folder: sft_stage(recipe, folder, models, log))
+        warm = latest_model(out / "warm_start" / "sft")
+
+    # 1. memory demonstrations: disjoint train tasks per N, the same for every seed
+    suite = make_suite(recipe.suite)
+    categories = list(recipe.categories)
+    per_n: dict[int, list[str]] = {}
+    for k, n in enumerate((1, 2, 3)):
+        m = args.memory_tasks
+        per_n[n] = [t.id for c in categories for t in suite.tasks([c], "train")[k * m : (k + 1) * m]]
+    demo_files = {}
+    for n, ids in per_n.items():
+        path = out / "memory_demos" / f"n{n}.jsonl"
+        settings = {
+            "warm": warm,
+            "n": n,
+            "task_ids": ids,
+            "attempt_max_steps": recipe.eval.max_steps_per_turn,
+            "max_new_tokens": recipe.eval.max_new_tokens,
+        }
+
+        def record(
+            folder: Path, n: int = n, ids: list[str] = ids, path: Path = path, settings: dict[str, Any] = settings
+        ) -> dict[str, Any]:
+            path.unlink(missing_ok=True)  # a stage cut short left part of the file: start it again
+            counts = record_memory_demonstrations(
+                load_policy(warm, models=models),
+                path,
+                recipe.suite,
+                categories,
+                task_ids=ids,
+                n=n,
+                attempt_max_steps=recipe.eval.max_steps_per_turn,
+                max_new_tokens=recipe.eval.max_new_tokens,
+                seed=n,
+                progress=True,
+            )
+            return {"counts": counts, "config": settings}
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        info = stages.stage(f"memory_demos/n{n}", record, settings)
+        demo_files[str(n)] = {"path": str(path), **info["counts"]}
+    train_ids = [i for ids in per_n.values() for i in ids]
+
+    def continuation(name: str, seed: int, data: list[str]) -> str:
+        folder = out / name / f"seed{seed}" / "sft"
+        config: SFTConfig = dataclasses.replace(
+            recipe.sft_config(folder, train_ids),
+            init=warm,
+            seed=seed,
+            data=data,
+            max_demos=0,
+            max_steps=args.sft_steps,
+            save_every=args.sft_steps,
+            max_seq_len=max(recipe.sft.max_seq_len, 1024),
+            warmup_steps=0,
+        )
+        stages.stage(
+            f"{name}/seed{seed}/sft",
+            lambda _: {
+                "last": (SFTTrainer(config, models=models).train() or [None])[-1],
+                "config": stage_settings(config),
+            },
+            stage_settings(config),
+        )
+        return latest_model(folder)
+
+    def evaluation(name: str, model: str, seed: int, **changes: Any) -> dict[str, Any]:
+        config = dataclasses.replace(recipe.eval_config(out / name, model), seed=seed, **changes)
+        stages.evaluate(name, config, models)
+        folder = out / name
+        return {
+            "rewards": {t: float(e["reward"]) for t, e in episodes(folder).items()},
+            "tokens_per_task": rehearsal_tokens_per_task(folder),
+            "seconds": stages.timings.get(name),
+        }
+
+    measured: dict[str, list[dict[str, Any]]] = {}
+    results: dict[str, Any] = {}
+    for seed in range(args.seeds):
+        policies = {
+            "warm": warm,
+            "plain_sft": continuation("plain_sft", seed, [recipe.suite]),
+            "memory_sft": continuation("memory_sft", seed, [recipe.suite, *(f["path"] for f in demo_files.values())]),
+        }
+        for policy, model in policies.items():
+            # the warm start's N=0 evaluation is greedy and seed-free: one folder serves every seed
+            base_name = "warm/n0" if policy == "warm" else f"{policy}/seed{seed}/n0"
+            rows = {"N=0": evaluation(base_name, model, 0 if policy == "warm" else seed)}
+            for n in args.n:
+                rows[f"N={n}"] = evaluation(f"{policy}/seed{seed}/n{n}", model, seed, rehearsal_n=n)
+            if policy == "memory_sft" and not args.no_controls:
+                own = out / f"{policy}/seed{seed}/n{CONTROL_N}"
+                for control, changes in CONTROLS.items():
+                    changes = changes or {"memory_from": str(own)}
+                    slug = control.split(" ")[0].replace("'s", "")
+                    rows[f"N={CONTROL_N}, {control}"] = evaluation(
+                        f"{policy}/seed{seed}/n{CONTROL_N}_{slug}", model, seed, rehearsal_n=CONTROL_N, **changes
+                    )
+            for setting, row in rows.items():
+                measured.setdefault(f"{policy} | {setting}", []).append(row)
+        results = summarize(args, recipe, warm, demo_files, measured)
+        results.update(
+            seeds_done=seed + 1,
+            wall_s=time.perf_counter() - t_start,
+            command=("python -m benchmarks.experiments.lab_ttr " + shlex.join(args.argv)).strip(),
+            date=datetime.date.today().isoformat(),
+            stage_seconds=dict(stages.timings),
+        )
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        plot(results, out / "ttr.png")
+        log(f"[ttr] {seed + 1}/{args.seeds} seeds in {out / 'results.json'}")
+    for line in table(results):
+        log(line)
+    return results
+
+
+def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
+    """The results.json body: one row per (policy, setting), paired with the same policy at N=0."""
+    rows = []
+    for key, seeds in measured.items():
+        policy, setting = key.split(" | ")
+        reference = measured[f"{policy} | N=0"]
+        row = {"policy": policy, "setting": setting, "n_seeds": len(seeds)}
+        row.update(compare([s["rewards"] for s in seeds], [r["rewards"] for r in reference]))
+        row["tokens_per_task"] = sum(s["tokens_per_task"] for s in seeds) / len(seeds)
+        rows.append(row)
+    return {
+        "kind": "lab_ttr",
+        "recipe": str(args.recipe),
+        "model": recipe.model,
+        "warm_start": warm,
+        "seeds": args.seeds,
+        "sft_steps": args.sft_steps,
+        "memory_tasks": args.memory_tasks,
+        "memory_demos": demo_files,
+        "test_tasks": len(next(iter(measured.values()))[0]["rewards"]),
+        "rows": rows,
+    }
+
+
+def plot(results: dict[str, Any], path: Path) -> Path:
+    """Success against N per policy (mean over seeds, 95% interval bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, policy in enumerate(POLICIES):
+        rows = [r for r in results["rows"] if r["policy"] == policy and r["setting"].startswith("N=")]
+        rows = [r for r in rows if "," not in r["setting"]]
+        ns = [int(r["setting"][2:]) for r in rows]
+        ax.errorbar(
+            ns,
+            [r["mean"] for r in rows],
+            yerr=[r["ci95"] or 0 for r in rows],
+            marker="o",
+            capsize=3,
+            color=f"C{i}",
+            label=policy,
+        )
+    ax.set_xlabel("test-time rehearsal attempts N (parallel, trace memory)")
+    ax.set_ylabel(f"test success ({results['test_tasks']} tasks)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -1,0 +1,61 @@
+"""The printed tables of the lab's budget and test-time rehearsal experiments, shared by their scripts and the
+results page (`benchmarks.results`), which may not import a script."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["grpo_budget_table", "ttr_table"]
+
+
+def _fmt(mean: float | None, half: float | None, signed: bool = False) -> str:
+    if mean is None:
+        return "n/a"
+    text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    return text + ("" if half is None else f" +- {half:.3f}")
+
+
+def grpo_budget_table(results: dict[str, Any]) -> list[str]:
+    """`benchmarks.experiments.lab_grpo_budget`'s printed (and rendered) table: one row per arm and checkpoint."""
+    done = results.get("seeds_done", results["seeds"])
+    g = results["grpo"]
+    partial = f" (PARTIAL: {done} of {results['seeds']} seeds done)" if done < results["seeds"] else ""
+    lines = [
+        f"GRPO budget on EnvACE-Lab: {results['model']}, {done} seeds, B={g['batch_tasks']} x K={g['group_size']}, "
+        f"lr {g['lr']}, {results['test_tasks']} test tasks{partial}",
+        f"warm start (SFT): {results['warm_success']:.3f}",
+        f"{'arm':<16} {'step':>5}  {'success':<16} {'vs warm start':<17} {'tasks +/-':<11} resolved seeds",
+    ]
+    for arm, row in results["arms"].items():
+        n = len(row["seeds"])
+        for step, c in row["checkpoints"].items():
+            lines.append(
+                f"{arm:<16} {step:>5}  {_fmt(c['mean'], c['ci95']):<16} "
+                f"{_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
+                f"{'+' + str(c['gained']) + '/-' + str(c['lost']):<11} {c['resolved_seeds']}/{n}"
+            )
+    return lines
+
+
+def ttr_table(results: dict[str, Any]) -> list[str]:
+    """`benchmarks.experiments.lab_ttr`'s printed (and rendered) table: one row per policy and setting."""
+    done = results.get("seeds_done", results["seeds"])
+    partial = f" (PARTIAL: {done} of {results['seeds']} seeds done)" if done < results["seeds"] else ""
+    demos = sum(f["written"] for f in results["memory_demos"].values())
+    lines = [
+        f"Test-time rehearsal on EnvACE-Lab: {results['model']}, {done} seeds, {results['test_tasks']} test tasks; "
+        f"continuations: {results['sft_steps']} SFT steps ({demos} memory demonstrations){partial}",
+        "paired with the same policy at N=0 (mean +- 95% CI over seeds); tasks +/- summed over seeds, exact "
+        "McNemar p on the pooled counts",
+        f"{'policy':<11} {'setting':<34} {'success':<16} {'vs N=0':<17} {'tasks +/-':<11} {'p':<7} "
+        "rehearsal tokens/task",
+    ]
+    for r in results["rows"]:
+        vs = "" if r["setting"] == "N=0" else _fmt(r["diff_mean"], r["diff_ci95"], signed=True)
+        counts = "" if r["setting"] == "N=0" else f"+{r['gained']}/-{r['lost']}"
+        p = "" if r["setting"] == "N=0" else f"{r['p_pooled']:.3g}"
+        lines.append(
+            f"{r['policy']:<11} {r['setting']:<34} {_fmt(r['mean'], r['ci95']):<16} {vs:<17} {counts:<11} {p:<7} "
+            f"{r['tokens_per_task']:.0f}"
+        )
+    return lines

@@ -1,0 +1,64 @@
+"""`benchmarks/experiments/lab_grpo_budget.py`: its paired comparison, and the whole protocol on the tiny model with
+tiny budgets (every checkpoint evaluated on the warm start's tasks, the table, the plot, a resumed rerun)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from benchmarks.experiments import lab_grpo_budget
+from benchmarks.stats import mcnemar_exact
+from tests.benchmarks.experiments.test_lab_ablations import RECIPE
+
+
+def test_compare_pairs_each_seed_with_its_reference():
+    warm = {f"t{i}": 0.0 for i in range(10)}
+    better = {f"t{i}": 1.0 if i < 8 else 0.0 for i in range(10)}  # 8 gained, 0 lost: p = 2/256
+    mixed = {f"t{i}": 1.0 if i < 2 else 0.0 for i in range(10)}  # 2 gained: not resolved
+    c = lab_grpo_budget.compare([better, mixed], [warm, warm])
+    assert c["success"] == [0.8, 0.2]
+    assert c["diff_mean"] == pytest.approx(0.5) and c["diff_ci95"] > 0.5  # two seeds far apart: a wide interval
+    assert (c["gained"], c["lost"]) == (10, 0)
+    assert c["p_values"] == [mcnemar_exact(8, 0), mcnemar_exact(2, 0)]
+    assert c["resolved_seeds"] == 1
+    worse = lab_grpo_budget.compare([warm], [better])  # losses are never counted as resolved gains
+    assert worse["resolved_seeds"] == 0 and worse["lost"] == 8 and worse["ci95"] is None
+
+
+def test_options_are_checked():
+    with pytest.raises(SystemExit):
+        lab_grpo_budget.parse_args(["--steps", "10", "--eval-every", "3"])
+    with pytest.raises(SystemExit):
+        lab_grpo_budget.parse_args(["--arms"])
+
+
+@pytest.mark.slow
+def test_every_checkpoint_is_evaluated_and_a_rerun_resumes(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(RECIPE))
+    out = tmp_path / "budget"
+    argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "2", "--steps", "2", "--eval-every", "1"]
+    argv += ["--arms", "role_grpo", "null_rehearser", "--limit", "1"]
+    results = lab_grpo_budget.main(argv)
+    assert results["seeds_done"] == 2 and results["test_tasks"] == len(RECIPE["categories"])
+    for arm in ("role_grpo", "null_rehearser"):
+        row = results["arms"][arm]
+        assert list(row["checkpoints"]) == ["1", "2"]
+        for step in (1, 2):
+            c = row["checkpoints"][str(step)]
+            assert len(c["success"]) == 2 and len(c["p_values"]) == 2
+            for seed in (0, 1):  # each checkpoint's own model, evaluated on the warm start's tasks
+                stage = json.loads((out / f"{arm}/seed{seed}/eval_step{step}/stage_done.json").read_text())
+                assert stage["config"]["model"].endswith(f"step_{step:06d}/model")
+    assert results["arms"]["null_rehearser"]["real_tool_calls"] == [0, 0]
+    assert (out / "grpo_budget.png").stat().st_size > 1000
+    assert json.loads((out / "results.json").read_text())["arms"] == json.loads(json.dumps(results["arms"]))
+    printed = capsys.readouterr().out
+    assert "GRPO budget on EnvACE-Lab" in printed and "resolved seeds" in printed
+
+    again = lab_grpo_budget.main(argv)
+    printed = capsys.readouterr().out
+    assert "[stage] warm_start/sft ..." not in printed and printed.count("already done") >= 13
+    assert again["arms"] == results["arms"]
