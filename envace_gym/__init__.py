@@ -8,7 +8,9 @@ registration), so no model and no benchmark data is loaded until an environment 
 * ``EnvACE-Rehearse-v0``: `envace_gym.envs.rehearse.RehearseEnv`, the same env answered by the policy's
   REHEARSE role.
 * ``EnvACE-LabDiscrete-v0``: `benchmarks.lab.discrete.LabDiscreteEnv`, the lab world with discrete actions and
-  a one-hot observation, for stable-baselines3 (the model-free baseline).
+  a one-hot observation, for stable-baselines3 (the model-free baseline), stated rules.
+* ``EnvACE-LabHiddenDiscrete-v0``: `benchmarks.lab.discrete_hidden.LabHiddenDiscreteEnv`, the same for the
+  hidden-rules world (the observation holds what the prompt and the tool outputs so far show).
 """
 
 from gymnasium.envs.registration import register, registry
@@ -54,4 +56,11 @@ if "EnvACE-LabDiscrete-v0" not in registry:
         id="EnvACE-LabDiscrete-v0",
         entry_point="benchmarks.lab.discrete:LabDiscreteEnv",
         kwargs={"suite": "lab-stated", "split": "train", "max_steps": 8},
+    )
+
+if "EnvACE-LabHiddenDiscrete-v0" not in registry:
+    register(
+        id="EnvACE-LabHiddenDiscrete-v0",
+        entry_point="benchmarks.lab.discrete_hidden:LabHiddenDiscreteEnv",
+        kwargs={"suite": "lab", "split": "train", "max_steps": 8},
     )

@@ -71,6 +71,8 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
     """The lab world with discrete actions and a one-hot observation (see the module docstring)."""
 
     metadata = {"render_modes": []}
+    rules = "stated"
+    """The rules of the suites this env accepts (`benchmarks.lab.tasks.LabConfig.rules`)."""
 
     def __init__(
         self,
@@ -86,25 +88,14 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
         self.suite = cast("LabSuite", make_suite(suite))
         if not hasattr(self.suite, "score"):
             raise ValueError(f"suite {suite!r} is not a lab suite (it has no score(task, calls, reply))")
-        if self.suite.config.rules != "stated":
-            raise ValueError(
-                f"suite {suite!r} has hidden rules; the discrete twin's actions (box-k labels, one "
-                "capacity) are the stated world's: pass suite='lab-stated'"
-            )
+        if self.suite.config.rules != self.rules:
+            raise ValueError(self._wrong_rules(suite))
         self.tasks: list[Task] = self.suite.tasks(categories, split)
         config = self.suite.config
         self.shelves = list(string.ascii_uppercase[: config.num_shelves])
         self.capacity = config.capacity
         self.max_steps, self.max_boxes = max_steps, max_boxes
-        self.actions: list[tuple[str, ...]] = (
-            [("locate", i) for i in ITEMS]
-            + [("list_shelf", s) for s in self.shelves]
-            + [("move", i, s) for i in ITEMS for s in self.shelves]
-            + [("pack", i) for i in ITEMS]
-            + [("ship", f"box-{k}", d) for k in range(1, max_boxes + 1) for d in DOCKS]
-            + [("reply", str(n)) for n in range(self.capacity + 1)]
-            + [("done",)]
-        )
+        self.actions: list[tuple[str, ...]] = self._build_actions()
         self.action_space = spaces.Discrete(len(self.actions))  # type: ignore[assignment]  # a Space[np.int64]
         self._blocks = self._block_sizes()
         self.observation_space = spaces.Box(0.0, 1.0, (sum(n for _, n in self._blocks),), np.float32)
@@ -128,19 +119,8 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
         self.backend = self.suite.make_backend(self.task)
         self.calls: list[ToolCall] = []
         self.last_failed = False
-        present = {i for items in self.task.metadata["initial_state"]["shelves"].values() for i in items}
-        is_count = self.task.metadata["category"] == "count"
-        self._mask = np.array(
-            [
-                (a[0] == "reply") == is_count
-                if a[0] in ("reply", "done")
-                else a[1] in present
-                if a[0] in ("locate", "move", "pack")
-                else True
-                for a in self.actions
-            ],
-            dtype=bool,
-        )
+        self.outputs: list[str] = []  # the output of each call, in order
+        self._mask = self._make_mask(self.task)
         return self._observe(), {"task_id": self.task.id, "real_calls": 0}
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -159,9 +139,11 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
             "ship": ("box", "dock"),
         }[kind]
         call = ToolCall(kind, dict(zip(names, args)))
-        self.last_failed = self.backend.execute(call).startswith('{"error"')
+        output = self.backend.execute(call)
+        self.last_failed = output.startswith('{"error"')
         self.real_calls += 1
         self.calls.append(call)
+        self.outputs.append(output)
         if len(self.calls) >= self.max_steps:
             return self._finish(None, info, terminated=False)
         info["real_calls"] = len(self.calls)
@@ -175,7 +157,39 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
         """The observation's blocks in order, as (name, width)."""
         return list(self._blocks)
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ helpers (the first four: hooks)
+    def _wrong_rules(self, suite: str) -> str:
+        return (
+            f"suite {suite!r} has hidden rules; the discrete twin's actions (box-k labels, one capacity) are the "
+            "stated world's: pass suite='lab-stated', or use EnvACE-LabHiddenDiscrete-v0 for the hidden rules"
+        )
+
+    def _build_actions(self) -> list[tuple[str, ...]]:
+        return (
+            [("locate", i) for i in ITEMS]
+            + [("list_shelf", s) for s in self.shelves]
+            + [("move", i, s) for i in ITEMS for s in self.shelves]
+            + [("pack", i) for i in ITEMS]
+            + [("ship", f"box-{k}", d) for k in range(1, self.max_boxes + 1) for d in DOCKS]
+            + [("reply", str(n)) for n in range(self.capacity + 1)]
+            + [("done",)]
+        )
+
+    def _make_mask(self, task: Task) -> np.ndarray:
+        present = {i for items in task.metadata["initial_state"]["shelves"].values() for i in items}
+        is_count = task.metadata["category"] == "count"
+        return np.array(
+            [
+                (a[0] == "reply") == is_count
+                if a[0] in ("reply", "done")
+                else a[1] in present
+                if a[0] in ("locate", "move", "pack")
+                else True
+                for a in self.actions
+            ],
+            dtype=bool,
+        )
+
     def _finish(self, reply: str | None, info: dict[str, Any], terminated: bool):
         if self.task is None:  # unreachable: only step() finishes, after checking the task
             raise RuntimeError("call reset() before step()")
