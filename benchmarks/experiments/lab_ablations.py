@@ -20,9 +20,9 @@ real backend, with exact match apart on outputs that are errors and on the other
 (``--ttr-n``, ``--ttr-sequential-n``, ``--base-rehearser-n``; none by default), every ``role_grpo`` policy is
 also scored with test-time rehearsal, N attempts per user turn, ``parallel`` and ``sequential``, with the
 trained policy as the rehearser and with the pre-RL (warm-start) model as the rehearser (the paper's
-base-rehearser control). On a stated-rules recipe, the model-free row is sb3-contrib's MaskablePPO on
-``EnvACE-LabDiscrete-v0`` (`benchmarks/experiments/lab_sb3_baseline.py`), trained on the real backend, scored on
-the same test tasks; the hidden-rules world has no discrete twin yet, so no such row.
+base-rehearser control). The model-free row is sb3-contrib's MaskablePPO on the recipe's world's discrete twin
+(``EnvACE-LabHiddenDiscrete-v0`` for the hidden rules, ``EnvACE-LabDiscrete-v0`` for the stated;
+`benchmarks/experiments/maskable_ppo.py`), trained on the real backend, scored on the same test tasks.
 
 Printed per row: test success as mean +- the half-width of a 95% Student-t interval over seeds, the paired
 difference to ``role_grpo`` on the same seeds (same interval; one seed gives no interval and none is printed),
@@ -211,7 +211,6 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
     steps = args.grpo_steps or recipe.grpo.num_steps
     suite = make_suite(recipe.suite)
-    stated = getattr(getattr(suite, "config", None), "rules", None) == "stated"  # only it has a discrete twin
     models = default_store()
     stages = StageRunner(out, log)
     t_start = time.perf_counter()
@@ -238,12 +237,10 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         + [("trained", None, "sequential", n) for n in args.ttr_sequential_n]
         + [("base", warm, "parallel", n) for n in args.base_rehearser_n]
     )
-    run_sb3 = bool(args.sb3_timesteps) and stated
-    if args.sb3_timesteps and not stated:
-        log(
-            "[ablations] no MaskablePPO row: the hidden-rules world has no discrete twin (EnvACE-LabDiscrete-v0 "
-            "is the stated-rules world's)"
-        )
+    twin = sb3_twin(recipe.suite)
+    run_sb3 = bool(args.sb3_timesteps) and twin is not None
+    if args.sb3_timesteps and twin is None:
+        log(f"[ablations] no MaskablePPO row: suite {recipe.suite!r} has no discrete twin (only the lab's have)")
 
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
     rehearsal: dict[str, list[dict[str, Any]]] = {}
@@ -303,7 +300,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 stages.stage(
                     f"sb3_maskable_ppo/seed{seed}",
                     lambda _, seed=seed, sb3_settings=sb3_settings: {
-                        "row": run_seed(seed, args.sb3_timesteps, recipe.categories, limit=recipe.eval.limit),
+                        "row": run_seed(
+                            seed, args.sb3_timesteps, recipe.categories, limit=recipe.eval.limit, suite=recipe.suite
+                        ),
                         "config": sb3_settings,
                     },
                     sb3_settings,
@@ -330,6 +329,14 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         f"stage time {results['stage_minutes']:.1f} min"
     )
     return results
+
+
+def sb3_twin(suite: str) -> str | None:
+    """The env id of the discrete twin the MaskablePPO row trains on for the recipe's `suite` (the hidden or
+    the stated lab world's), or None: no such row."""
+    from benchmarks.experiments.maskable_ppo import discrete_twin
+
+    return discrete_twin(suite)
 
 
 def _task_rewards(folder: Path) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""The model-free baseline on EnvACE-Lab, one seed: sb3-contrib's MaskablePPO on ``EnvACE-LabDiscrete-v0``,
+"""The model-free baseline on EnvACE-Lab, one seed: sb3-contrib's MaskablePPO on the world's discrete twin
+(``EnvACE-LabDiscrete-v0`` for the stated rules, ``EnvACE-LabHiddenDiscrete-v0`` for the hidden rules),
 trained on the train split against the real backend and scored on the test split.
 
 A helper module, not a script: `benchmarks.experiments.lab_sb3_baseline` runs it over seeds and
@@ -14,16 +15,36 @@ import numpy as np
 
 import envace_gym  # noqa: F401  (registers the ids)
 
-__all__ = ["run_seed"]
+__all__ = ["TWINS", "discrete_twin", "run_seed"]
+
+TWINS = {"stated": "EnvACE-LabDiscrete-v0", "hidden": "EnvACE-LabHiddenDiscrete-v0"}
+"""The discrete twin's env id per lab rule set (`benchmarks.lab.tasks.LabConfig.rules`)."""
 
 
-def run_seed(seed: int, timesteps: int, categories: list[str] | None, limit: int | None = None) -> dict:
-    """Train one MaskablePPO on the train split and score it on the test tasks: every one, or the first
-    `limit` of each category (the tasks ``envace eval --limit`` plays)."""
+def discrete_twin(suite: str) -> str | None:
+    """The env id of registered suite `suite`'s discrete twin, or None when it has none (not a lab suite)."""
+    from envace_gym.suites import make_suite
+
+    rules = getattr(getattr(make_suite(suite), "config", None), "rules", None)
+    return TWINS.get(rules) if isinstance(rules, str) else None
+
+
+def run_seed(
+    seed: int, timesteps: int, categories: list[str] | None, limit: int | None = None, suite: str = "lab-stated"
+) -> dict:
+    """Train one MaskablePPO on the train split of `suite`'s discrete twin and score it on the test tasks:
+    every one, or the first `limit` of each category (the tasks ``envace eval --limit`` plays).
+
+    Raises:
+        ValueError: `suite` has no discrete twin (`discrete_twin`).
+    """
     from sb3_contrib import MaskablePPO
 
-    train = gym.make("EnvACE-LabDiscrete-v0", categories=categories, split="train").unwrapped
-    test = gym.make("EnvACE-LabDiscrete-v0", categories=categories, split="test").unwrapped
+    env_id = discrete_twin(suite)
+    if env_id is None:
+        raise ValueError(f"suite {suite!r} has no discrete twin (a lab suite has: {TWINS})")
+    train = gym.make(env_id, suite=suite, categories=categories, split="train").unwrapped
+    test = gym.make(env_id, suite=suite, categories=categories, split="test").unwrapped
     t0 = time.perf_counter()
     from stable_baselines3.common.logger import Logger
 

@@ -4,6 +4,7 @@ table, the plot, and a second run that resumes every stage instead of redoing it
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -150,3 +151,16 @@ def test_paired_task_counts_and_a_single_seed_prints_no_interval():
     assert "after 0.500 (no interval: 1 seed)" in lines[-1]
     partial = lab_ablations.table({**results, "seeds": 10, "seeds_done": 1})
     assert "PARTIAL: 1 of 10 seeds done" in partial[0] and "1 seeds" in partial[0]
+
+
+def test_the_default_hidden_rules_recipe_gets_its_maskable_ppo_row():
+    """The slow test above runs the row on the stated world; the default recipe is the hidden world's, whose
+    discrete twin the row now trains on (one tiny MaskablePPO seed on the real backend, one test task)."""
+    from benchmarks.experiments.maskable_ppo import run_seed
+
+    recipe = Path(__file__).resolve().parents[3] / "configs" / "recipes" / "lab.yaml"
+    suite = yaml.safe_load(recipe.read_text())["suite"]
+    assert suite == "lab" and lab_ablations.sb3_twin(suite) == "EnvACE-LabHiddenDiscrete-v0"
+    assert lab_ablations.sb3_twin("lab-stated") == "EnvACE-LabDiscrete-v0" and lab_ablations.sb3_twin("bfcl") is None
+    row = run_seed(0, 64, ["ship"], limit=1, suite=suite)
+    assert row["test_tasks"] == 1 and 0 < row["train_real_calls"] <= 1024 and 0.0 <= row["test_success"] <= 1.0
