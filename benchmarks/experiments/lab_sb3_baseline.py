@@ -1,4 +1,7 @@
-"""The model-free baseline on EnvACE-Lab: sb3-contrib's MaskablePPO on ``EnvACE-LabDiscrete-v0``, real backend only.
+"""The model-free baseline on EnvACE-Lab: sb3-contrib's MaskablePPO on a discrete twin, real backend only.
+
+``--suite`` picks the world: ``lab-stated`` (the default, ``EnvACE-LabDiscrete-v0``) or ``lab`` (the hidden
+rules, ``EnvACE-LabHiddenDiscrete-v0``, whose observation shows a hidden value only once an output has).
 
 For each seed: train on the train split for ``--timesteps`` env steps (every tool call goes to the real
 backend; the closing actions are not calls), then play every test-split task once with the deterministic
@@ -6,8 +9,8 @@ policy. Prints per seed the test success, the real tool calls training made and 
 and a 95% Student-t interval over seeds. The row the lab ablations compare a world-rehearsing policy with:
 what success PPO reaches, and how many real calls it needed.
 
-    .venv/bin/python -m benchmarks.experiments.lab_sb3_baseline [--seeds 5] [--timesteps 50000] [--quick] \\
-        [--out FILE.json]
+    .venv/bin/python -m benchmarks.experiments.lab_sb3_baseline [--suite lab] [--seeds 5] [--timesteps 50000] \\
+        [--quick] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from benchmarks.stats import mean_ci95, plus_minus
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", default="lab-stated", help="lab-stated, lab, or a registered variant of either")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--timesteps", type=int, default=50_000)
     ap.add_argument("--categories", nargs="*", default=None, help="lab categories (default: all)")
@@ -36,7 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     rows = []
     for seed in range(args.seeds):
-        row = run_seed(seed, args.timesteps, args.categories)
+        row = run_seed(seed, args.timesteps, args.categories, suite=args.suite)
         rows.append(row)
         print(
             f"seed {seed}: test success {row['test_success']:.3f} ({row['test_tasks']} tasks), "
@@ -46,10 +50,12 @@ def main(argv: list[str] | None = None) -> dict:
     success, half = mean_ci95([r["test_success"] for r in rows])
     calls, calls_half = mean_ci95([float(r["train_real_calls"]) for r in rows])
     print(
-        f"MaskablePPO, {args.timesteps} steps, {args.seeds} seeds: test success {plus_minus(success, half)} (95% CI), "
+        f"MaskablePPO on {args.suite}, {args.timesteps} steps, {args.seeds} seeds: "
+        f"test success {plus_minus(success, half)} (95% CI), "
         f"real tool calls in training {plus_minus(calls, calls_half, '.0f')}"
     )
     result = {
+        "suite": args.suite,
         "timesteps": args.timesteps,
         "seeds": args.seeds,
         "rows": rows,

@@ -10,7 +10,7 @@ from gymnasium.utils.env_checker import check_env
 import envace_gym  # noqa: F401
 
 ENVACE_IDS = sorted(i for i in gym.registry if i.startswith("EnvACE-") and "Discrete" not in i)
-"""The text-action envs (the lab's discrete twin has its own tests in tests/benchmarks/lab/test_lab_discrete.py)."""
+"""The text-action envs (the lab's discrete twins have their own tests: tests/benchmarks/lab/test_lab_discrete*.py)."""
 TINY = {"EnvACE-Rehearse-v0": dict(model="tiny-random", max_new_tokens=8)}
 ACTIONS = ["[ls()]", "<tool_call>{bad json</tool_call>", "[cd(folder='document')]", "Done.", ""]
 
@@ -21,6 +21,7 @@ def test_ids_are_registered_with_string_entry_points():
         spec = gym.spec(env_id)
         assert isinstance(spec.entry_point, str) and spec.entry_point.startswith("envace_gym.envs.")
     assert gym.spec("EnvACE-LabDiscrete-v0").entry_point == "benchmarks.lab.discrete:LabDiscreteEnv"
+    assert gym.spec("EnvACE-LabHiddenDiscrete-v0").entry_point == "benchmarks.lab.discrete_hidden:LabHiddenDiscreteEnv"
     assert isinstance(gym.spec("EnvACE-Rehearse-v0").vector_entry_point, str)
 
 
