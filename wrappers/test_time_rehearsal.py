@@ -32,6 +32,7 @@ shows it where it was.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -54,6 +55,13 @@ MEMORY_HEADER = (
     "Rehearsal memory (private notes from {n} rehearsal attempts; their tool outputs were imagined, not real):\n"
 )
 """Header of the memory message; ``{n}`` is the number of attempts."""
+_HEADER_LINE = re.compile(
+    "^"
+    + re.escape(MEMORY_HEADER.split("{n}")[0])
+    + r"\d+"
+    + re.escape(MEMORY_HEADER.split("{n}")[1].rstrip("\n"))
+    + r"\n?"
+)
 
 CRITIC_SYSTEM = (
     "You review a private rehearsal of a tool-using assistant. The tool outputs in the rehearsal were "
@@ -481,7 +489,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         def count(text: str) -> int:
             return len(base.renderer.content_ids(text))
 
-        lines = [line for line in str(self.memory_provider(base)).removeprefix(header).splitlines() if line]
+        provided = _HEADER_LINE.sub("", str(self.memory_provider(base)), count=1)  # any N's header, once
+        lines = [line for line in provided.splitlines() if line]
         kept: list[str] = []
         for line in lines:
             if count(header + "\n".join([*kept, line])) > self.memory_tokens:

@@ -151,8 +151,10 @@ class EvalConfig:
     memory_from: str | None = _f(
         None,
         (
-            "control: an earlier test-time rehearsal evaluation folder; each task reads, at user turn t, the memory "
-            "that run built for the next task of its category (cyclic, in id order) at turn t, and no attempts run"
+            "control: an earlier test-time rehearsal evaluation folder (same rehearsal_n and memory); each task "
+            "reads, at user turn t, the memory that run built for the next task of its category (cyclic, in id order; "
+            "the next task overall for a category of one) at turn t, or that task's last memory when it had fewer "
+            "turns; no attempts run"
         ),
     )
     attempt_max_steps: int | None = _f(None, "ACT steps per rehearsal attempt (none: max_steps_per_turn)")
@@ -193,6 +195,10 @@ class EvalConfig:
         coerce_fields(self)
         if self.out is None:
             mode = "fidelity" if self.fidelity else f"n{self.rehearsal_n}-{self.rehearsal_mode}"
+            if self.rehearsal_n and self.attempt_outputs != "rehearsed":
+                mode += f"-{self.attempt_outputs}"
+            if self.rehearsal_n and self.memory_from:
+                mode += "-other-task"
             self.out = os.path.join("eval_out", f"{Path(self.model).name}-{self.suite}-{self.split}-{mode}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(
@@ -243,6 +249,17 @@ class EvalConfig:
                 f"invalid EvalConfig: memory_from {self.memory_from!r} has no transcripts.jsonl; give the folder of a "
                 "test-time rehearsal evaluation"
             )
+        if self.memory_from:
+            source = Path(self.memory_from, "eval_config.json")
+            ran = json.loads(source.read_text()) if source.is_file() else {}
+            for name in ("rehearsal_n", "memory"):
+                if name in ran and ran[name] != getattr(self, name):
+                    raise ValueError(
+                        f"invalid EvalConfig: memory_from {self.memory_from!r} ran with {name}={ran[name]!r}, this "
+                        f"evaluation has {name}={getattr(self, name)!r}; the control reads memories of the same kind"
+                    )
+        if self.attempt_outputs != "rehearsed" and not self.rehearsal_n:
+            raise ValueError("invalid EvalConfig: attempt_outputs shapes test-time rehearsal; set rehearsal_n >= 1")
 
 
 @dataclass
@@ -299,13 +316,17 @@ def other_task_memories(folder: str | Path, tasks: Sequence[Any]) -> dict[str, l
     missing = [t.id for t in tasks if not recorded.get(t.id)]
     if missing:
         raise ValueError(f"memory_from: {path} holds no memory for {len(missing)} tasks, e.g. {missing[:3]}")
+    ordered = sorted(t.id for t in tasks)
+    if len(set(ordered)) < 2:
+        raise ValueError("memory_from: the other-task control needs at least two tasks")
     by_category: dict[str, list[str]] = {}
     for t in sorted(tasks, key=lambda t: t.id):
         by_category.setdefault(str(t.metadata.get("category", "")), []).append(t.id)
     out = {}
     for ids in by_category.values():
         for k, task_id in enumerate(ids):
-            out[task_id] = recorded[ids[(k + 1) % len(ids)]]
+            other = ids[(k + 1) % len(ids)] if len(ids) > 1 else ordered[(ordered.index(task_id) + 1) % len(ordered)]
+            out[task_id] = recorded[other]
     return out
 
 

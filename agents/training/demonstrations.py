@@ -711,7 +711,8 @@ def record_memory_demonstrations(
     Args:
         policy: an `agents.policy.Policy` with the suite env's tokenizer (it ACTs and REHEARSEs in the attempts).
         path: the JSONL file to append to.
-        suite, categories, split, task_ids, limit: the tasks, as in `build_demonstrations`.
+        suite, categories, split, task_ids: the tasks, as in `build_demonstrations`.
+        limit: play at most this many tasks (None: all); unlike `build_demonstrations`, it counts tasks played.
         n, mode, memory_tokens, attempt_max_steps, max_new_tokens, attempt_temperature: the wrapper's
             settings (`wrappers.TestTimeRehearsal`); the attempts are capped at `attempt_max_steps` ACT steps
             because the demonstration env has no step limit of its own.

@@ -160,6 +160,12 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 stage_settings(config),
                 ignore=stage_ignores(TrainConfig),
             )
+            missing = [s for s in checkpoints if not (checkpoint_dir(out / name / "grpo", s) / "model").is_dir()]
+            if missing:  # a finished run saved at other steps (save_every is not part of what a stage compares)
+                raise ValueError(
+                    f"{out / name / 'grpo'} has no checkpoint at steps {missing}: it ran with another --eval-every; "
+                    "give another --out or the --eval-every it ran with"
+                )
             rewards = {
                 step: evaluation(f"{name}/eval_step{step}", str(checkpoint_dir(out / name / "grpo", step) / "model"))
                 for step in checkpoints

@@ -18,10 +18,11 @@ Protocol (fixed before any result was seen; every setting is reported):
    constant (null rehearser: the memory then carries calls, not outcomes), from a copy of the real backend
    (oracle: diagnosis only), and another task's memory (``--memory-from``: if it ties, the memory is ignored).
 
-Each row is paired by seed and task with the same policy at N = 0 (95% t-interval over seeds; tasks gained and
-lost summed over seeds) and reports the tokens generated per task for rehearsal (every attempt's ACT and REHEARSE
-tokens, on top of the committed episode's), so a gain can be weighed against its compute. Stages resume
-(`agents.pipeline.StageRunner`).
+Each row is paired by seed and task with the same policy at N = 0: the mean difference with its 95% t-interval
+over seeds, tasks gained and lost summed over seeds, and per seed an exact McNemar test on that seed's own tasks
+(the seeds it resolves up or down are counted). Each row also reports the tokens generated per task for rehearsal
+(every attempt's ACT and REHEARSE tokens, on top of the committed episode's), so a gain can be weighed against its
+compute. Stages resume (`agents.pipeline.StageRunner`).
 """
 
 from __future__ import annotations
@@ -87,15 +88,25 @@ def rehearsal_tokens_per_task(folder: Path) -> float:
 
 
 def compare(rows: list[dict[str, float]], references: list[dict[str, float]]) -> dict[str, Any]:
-    """Per-seed success and the paired difference to `references` (same seed, same tasks)."""
+    """Per-seed success and the paired difference to `references` (same seed, same tasks): the mean difference
+    with its 95% t-interval over seeds (seeds are the unit: the same tasks repeat in every seed), discordant
+    tasks summed over seeds, and per seed an exact McNemar p on that seed's own tasks, with the seeds whose
+    difference it resolves (p < 0.05) counted by direction."""
     success = [sum(r.values()) / len(r) for r in rows]
     mean, half = mean_ci95(success)
     out: dict[str, Any] = {"success": success, "mean": mean, "ci95": half}
     diffs = [s - sum(r.values()) / len(r) for s, r in zip(success, references)]
     out["diff_mean"], out["diff_ci95"] = mean_ci95(diffs)
-    gained = sum(sum(row[t] > ref[t] for t in ref) for row, ref in zip(rows, references))
-    lost = sum(sum(row[t] < ref[t] for t in ref) for row, ref in zip(rows, references))
-    out.update(gained=gained, lost=lost, p_pooled=mcnemar_exact(gained, lost))
+    gained = [sum(row[t] > ref[t] for t in ref) for row, ref in zip(rows, references)]
+    lost = [sum(row[t] < ref[t] for t in ref) for row, ref in zip(rows, references)]
+    p_values = [mcnemar_exact(g, lo) for g, lo in zip(gained, lost)]
+    out.update(
+        gained=sum(gained),
+        lost=sum(lost),
+        p_values=p_values,
+        resolved_up=sum(p < 0.05 and g > lo for p, g, lo in zip(p_values, gained, lost)),
+        resolved_down=sum(p < 0.05 and g < lo for p, g, lo in zip(p_values, gained, lost)),
+    )
     return out
 
 
@@ -108,7 +119,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     from agents.config import load_dataclass
     from agents.models import default_store
-    from agents.pipeline import PipelineConfig, StageRunner, latest_model, sft_stage, stage_settings
+    from agents.pipeline import PipelineConfig, StageRunner, latest_model, sft_stage, stage_ignores, stage_settings
     from agents.policy import load_policy
     from agents.training.demonstrations import record_memory_demonstrations
     from agents.training.sft import SFTConfig, SFTTrainer
@@ -143,6 +154,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             "task_ids": ids,
             "attempt_max_steps": recipe.eval.max_steps_per_turn,
             "max_new_tokens": recipe.eval.max_new_tokens,
+            "memory_tokens": recipe.eval.memory_tokens,
+            "mode": recipe.eval.rehearsal_mode,
         }
 
         def record(
@@ -156,6 +169,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 categories,
                 task_ids=ids,
                 n=n,
+                mode=recipe.eval.rehearsal_mode,
+                memory_tokens=recipe.eval.memory_tokens,
                 attempt_max_steps=recipe.eval.max_steps_per_turn,
                 max_new_tokens=recipe.eval.max_new_tokens,
                 seed=n,
@@ -188,6 +203,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 "config": stage_settings(config),
             },
             stage_settings(config),
+            ignore=stage_ignores(SFTConfig),
         )
         return latest_model(folder)
 

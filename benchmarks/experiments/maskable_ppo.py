@@ -22,10 +22,15 @@ TWINS = {"stated": "EnvACE-LabDiscrete-v0", "hidden": "EnvACE-LabHiddenDiscrete-
 
 
 def discrete_twin(suite: str) -> str | None:
-    """The env id of registered suite `suite`'s discrete twin, or None when it has none (not a lab suite)."""
+    """The env id of registered suite `suite`'s discrete twin, or None when it has none: not a lab suite, or a lab
+    variant with more than one user turn (a twin's observation holds the whole instruction from the start, which
+    would show a later turn's request before the text policy sees it)."""
     from envace_gym.suites import make_suite
 
-    rules = getattr(getattr(make_suite(suite), "config", None), "rules", None)
+    config = getattr(make_suite(suite), "config", None)
+    rules = getattr(config, "rules", None)
+    if getattr(config, "user_turns", 1) != 1:
+        return None
     return TWINS.get(rules) if isinstance(rules, str) else None
 
 

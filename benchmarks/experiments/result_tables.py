@@ -45,17 +45,17 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
     lines = [
         f"Test-time rehearsal on EnvACE-Lab: {results['model']}, {done} seeds, {results['test_tasks']} test tasks; "
         f"continuations: {results['sft_steps']} SFT steps ({demos} memory demonstrations){partial}",
-        "paired with the same policy at N=0 (mean +- 95% CI over seeds); tasks +/- summed over seeds, exact "
-        "McNemar p on the pooled counts",
-        f"{'policy':<11} {'setting':<34} {'success':<16} {'vs N=0':<17} {'tasks +/-':<11} {'p':<7} "
+        "paired with the same policy at N=0 (mean +- 95% CI over seeds); tasks +/- summed over seeds; seeds p<.05: "
+        "the seeds whose own tasks resolve the difference up/down (exact McNemar)",
+        f"{'policy':<11} {'setting':<34} {'success':<16} {'vs N=0':<17} {'tasks +/-':<11} {'seeds p<.05':<12} "
         "rehearsal tokens/task",
     ]
     for r in results["rows"]:
         vs = "" if r["setting"] == "N=0" else _fmt(r["diff_mean"], r["diff_ci95"], signed=True)
         counts = "" if r["setting"] == "N=0" else f"+{r['gained']}/-{r['lost']}"
-        p = "" if r["setting"] == "N=0" else f"{r['p_pooled']:.3g}"
+        p = "" if r["setting"] == "N=0" else f"+{r['resolved_up']}/-{r['resolved_down']}"
         lines.append(
-            f"{r['policy']:<11} {r['setting']:<34} {_fmt(r['mean'], r['ci95']):<16} {vs:<17} {counts:<11} {p:<7} "
+            f"{r['policy']:<11} {r['setting']:<34} {_fmt(r['mean'], r['ci95']):<16} {vs:<17} {counts:<11} {p:<12} "
             f"{r['tokens_per_task']:.0f}"
         )
     return lines

@@ -284,6 +284,12 @@ def test_a_provided_memory_replaces_the_attempts_and_keeps_its_bound():
     count = len(env.unwrapped.renderer.content_ids(rec["memory"] + "\nline 99: " + "word " * 5))
     assert count > 60  # the next line would not have fit
     assert env.unwrapped.trajectory.messages[-1].content == rec["memory"]
+    # a memory recorded with another N (its own header) is inserted under this wrapper's header only
+    again = TestTimeRehearsal(
+        make_env(), policy, n=2, seed=0, memory_provider=lambda _: MEMORY_HEADER.format(n=3) + "x"
+    )
+    _, info = again.reset(seed=0, options={"task_id": "scripted_1"})
+    assert info["rehearsal"]["memory"] == MEMORY_HEADER.format(n=2) + "x"
 
 
 def test_real_attempt_outputs_need_a_real_backend():

@@ -354,6 +354,11 @@ def test_the_other_task_control_reads_the_next_tasks_recorded_memories(tmp_path)
         EvalConfig(**{**common, "rehearsal_n": 0}, memory_from=str(own))
     with pytest.raises(ValueError, match="has no transcripts.jsonl"):
         EvalConfig(**common, memory_from=str(tmp_path))
+    with pytest.raises(ValueError, match="ran with rehearsal_n=1"):  # memories of another N are another control
+        EvalConfig(**{**common, "rehearsal_n": 2}, memory_from=str(own))
+    with pytest.raises(ValueError, match="attempt_outputs shapes test-time rehearsal"):
+        EvalConfig(**{**common, "rehearsal_n": 0}, attempt_outputs="null")
+    assert EvalConfig(**{**common, "attempt_outputs": "null"}).out.endswith("n1-parallel-null")
     from tests.testing_env import TASKS
 
     with pytest.raises(ValueError, match="holds no memory for 1 tasks"):

@@ -162,5 +162,10 @@ def test_the_default_hidden_rules_recipe_gets_its_maskable_ppo_row():
     suite = yaml.safe_load(recipe.read_text())["suite"]
     assert suite == "lab" and lab_ablations.sb3_twin(suite) == "EnvACE-LabHiddenDiscrete-v0"
     assert lab_ablations.sb3_twin("lab-stated") == "EnvACE-LabDiscrete-v0" and lab_ablations.sb3_twin("bfcl") is None
+    from benchmarks.lab import LabConfig, LabSuite
+    from envace_gym.suites import register_suite
+
+    register_suite("lab-2turn-twin-test", lambda: LabSuite(LabConfig(user_turns=2)))
+    assert lab_ablations.sb3_twin("lab-2turn-twin-test") is None  # a twin would show turn 2's request at reset
     row = run_seed(0, 64, ["ship"], limit=1, suite=suite)
     assert row["test_tasks"] == 1 and 0 < row["train_real_calls"] <= 1024 and 0.0 <= row["test_success"] <= 1.0

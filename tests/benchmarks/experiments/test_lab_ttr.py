@@ -17,7 +17,9 @@ def test_compare_is_paired_with_the_reference_seed_by_seed():
     rows = [{"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 0.0}]
     c = lab_ttr.compare(rows, ref)
     assert c["success"] == [1.0, 0.5] and c["diff_mean"] == pytest.approx(0.5)
-    assert (c["gained"], c["lost"]) == (2, 0) and c["p_pooled"] == pytest.approx(0.5)
+    assert (c["gained"], c["lost"]) == (2, 0) and c["p_values"] == [1.0, 1.0]  # one discordant task per seed
+    many = lab_ttr.compare([{f"t{i}": 0.0 for i in range(10)}], [{f"t{i}": 1.0 for i in range(10)}])
+    assert many["p_values"] == [pytest.approx(2 / 1024)] and (many["resolved_up"], many["resolved_down"]) == (0, 1)
 
 
 def test_options_are_checked():
