@@ -118,3 +118,23 @@ def test_tau2_airline_over_mcp_gives_the_outputs_and_final_state_of_the_in_proce
         assert backend.execute(_call("calculate", expression="9 ** 9 ** 9")).startswith("Error: exponent")
     finally:
         backend.close()
+
+
+def test_test_time_rehearsal_over_an_mcp_backend_never_reaches_the_server():
+    from tests.wrappers.test_test_time_rehearsal import ScriptedPolicy, always
+    from wrappers import TestTimeRehearsal
+
+    policy = ScriptedPolicy(always(format_tool_calls([_call("count")], "hermes")))
+    rehearse = gym.make(
+        "EnvACE-Rehearse-v0", model="tiny-random", suite="mcp", server=SERVER, tasks=[{"id": "c", "prompt": "Count."}]
+    )
+    env = TestTimeRehearsal(RealTools(rehearse, backend=MCPBackend(SERVER)), policy, n=2, seed=0, attempt_max_steps=2)
+    try:
+        _, info = env.reset(options={"task_id": "c"})
+        attempts = info["rehearsal"]["attempts"]
+        assert [a["tool_calls"] for a in attempts] == [2, 2]  # four count calls, each answered by REHEARSE
+        assert '{"name": "count", "arguments": {}} ->' in info["rehearsal"]["memory"]
+        _, _, _, _, info = env.step(format_tool_calls([_call("count")], "hermes"))
+        assert info["new_messages"][-1]["content"] == "1"  # the server's first count: no rehearsal reached it
+    finally:
+        env.close()
