@@ -94,6 +94,10 @@ def _ci(mean: float | None, half: float | None, digits: int = 3) -> str:
     return f"{mean:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
 
 
+def _date(result: dict[str, Any]) -> str:
+    return f" ({result['date']})" if "date" in result else ""
+
+
 def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
     """The SFT-from-scratch section (`benchmarks.experiments.lab_tiny_sft`)."""
     s = result["settings"]
@@ -144,7 +148,15 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
     from benchmarks.experiments.ablations_table import table
 
     command = current_command(result.get("command", "python -m benchmarks.experiments.lab_ablations"))
-    lines = ["## The paper's comparisons on the lab", "", f"`{command}`", "", "```", *table(result), "```"]
+    lines = [
+        "## The paper's comparisons on the lab",
+        "",
+        f"`{command}`{_date(result)}",
+        "",
+        "```",
+        *table(result),
+        "```",
+    ]
     for png in sorted(folder.glob("*.png")):
         lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
     return lines
@@ -157,7 +169,7 @@ def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
     lines = [
         "## Role-wise GRPO against its budget on the lab",
         "",
-        f"`{current_command(result['command'])}`",
+        f"`{current_command(result['command'])}`{_date(result)}",
         "",
         "```",
     ]
@@ -174,7 +186,7 @@ def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
     lines = [
         "## Test-time rehearsal on the lab",
         "",
-        f"`{current_command(result['command'])}`",
+        f"`{current_command(result['command'])}`{_date(result)}",
         "",
         "```",
         *table(result),

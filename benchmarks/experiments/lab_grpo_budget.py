@@ -39,7 +39,7 @@ ARMS: dict[str, dict[str, Any]] = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--recipe", default=str(RECIPE), help="the envace pipeline YAML whose stages every arm uses")
     ap.add_argument("--out", default="runs/lab_grpo_budget", help="folder of every stage, results.json and the plot")
     ap.add_argument(

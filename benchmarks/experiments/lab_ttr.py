@@ -49,7 +49,7 @@ CONTROL_N = 2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument(
         "--recipe", default=str(RECIPE), help="the envace pipeline YAML (model, suite, SFT and eval settings)"
     )
