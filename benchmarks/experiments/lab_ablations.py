@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.experiments.ablations_table import FIDELITY_METRICS, table
+from benchmarks.experiments.paired import task_rewards
 from benchmarks.stats import mean_ci95
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,7 +226,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         return evaluation(name, model, fidelity=True, limit=args.fidelity_limit) if args.fidelity_limit else {}
 
     warm_eval = evaluation("warm_start/eval", warm)
-    warm_eval["task_rewards"] = _task_rewards(out / "warm_start" / "eval")
+    warm_eval["task_rewards"] = task_rewards(out / "warm_start" / "eval")
     warm_fid = fidelity("warm_start/fidelity", warm)
     # the warm start's real calls are the reference solutions of its demonstrations, executed to build them
     used = set(warm_info["task_ids"])
@@ -260,7 +261,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             )
             trained = latest_model(out / name / "grpo")
             row = evaluation(f"{name}/eval", trained)
-            row["task_rewards"] = _task_rewards(out / name / "eval")
+            row["task_rewards"] = task_rewards(out / name / "eval")
             runs[arm].append(
                 {
                     "seed": seed,
@@ -284,7 +285,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 memory_tokens=args.ttr_memory_tokens,
                 critique_tokens=args.ttr_critique_tokens,
             )
-            row["task_rewards"] = _task_rewards(out / stage)
+            row["task_rewards"] = task_rewards(out / stage)
             rehearsal.setdefault(f"N={n} {mode}, {rehearser} rehearser", []).append(
                 {"seed": seed, "eval": row, "eval_s": stages.timings[stage]}
             )
@@ -339,16 +340,10 @@ def sb3_twin(suite: str) -> str | None:
     return discrete_twin(suite)
 
 
-def _task_rewards(folder: Path) -> dict[str, float]:
-    """Task id -> reward of the evaluation written to `folder` (its ``episodes.jsonl``)."""
-    from agents.training.run_folder import read_jsonl
-
-    return {e["task_id"]: float(e["reward"]) for e in read_jsonl(folder / "episodes.jsonl")}
-
-
 def paired_tasks(rows: list[dict[str, float]], references: list[dict[str, float]]) -> dict[str, int]:
     """Tasks where a row scored above (``gained``) or below (``lost``) its reference, summed over the seeds
-    (`rows[i]` is paired with `references[i]`: the same seed's per-task rewards, `_task_rewards`)."""
+    (`rows[i]` is paired with `references[i]`: the same seed's per-task rewards,
+    `benchmarks.experiments.paired.task_rewards`)."""
     gained = lost = tasks = 0
     for row, ref in zip(rows, references):
         gained += sum(row[t] > ref[t] for t in ref)

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.experiments.paired import paired_comparison, start_recipe_run, task_rewards
 from benchmarks.experiments.result_tables import grpo_budget_table as table
-from benchmarks.stats import mcnemar_exact, mean_ci95
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
@@ -64,42 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def task_rewards(folder: Path) -> dict[str, float]:
-    """Task id -> reward of the evaluation written to `folder` (its ``episodes.jsonl``)."""
-    from agents.training.run_folder import read_jsonl
-
-    return {e["task_id"]: float(e["reward"]) for e in read_jsonl(folder / "episodes.jsonl")}
-
-
 def compare(rows: list[dict[str, float]], references: list[dict[str, float]]) -> dict[str, Any]:
-    """Paired comparison of per-task rewards, one dict per seed (`rows[i]` against `references[i]`, the same
-    tasks): success means, the mean paired difference with its 95% t-interval over seeds, discordant tasks
-    summed over seeds, and the seeds whose own gain is resolved (more gained than lost, exact McNemar
-    p < 0.05 on that seed's tasks)."""
-    success = [sum(r.values()) / len(r) for r in rows]
-    ref_success = [sum(r.values()) / len(r) for r in references]
-    diff, diff_half = mean_ci95([s - r for s, r in zip(success, ref_success)])
-    mean, half = mean_ci95(success)
-    gained = lost = resolved = 0
-    p_values = []
-    for row, ref in zip(rows, references):
-        g = sum(row[t] > ref[t] for t in ref)
-        lo = sum(row[t] < ref[t] for t in ref)
-        p = mcnemar_exact(g, lo)
-        p_values.append(p)
-        gained, lost = gained + g, lost + lo
-        resolved += int(g > lo and p < 0.05)
-    return {
-        "success": success,
-        "mean": mean,
-        "ci95": half,
-        "diff_mean": diff,
-        "diff_ci95": diff_half,
-        "gained": gained,
-        "lost": lost,
-        "p_values": p_values,
-        "resolved_seeds": resolved,
-    }
+    """`benchmarks.experiments.paired.paired_comparison` of the checkpoints' per-task rewards with the warm start's,
+    plus ``resolved_seeds``: the seeds whose own gain is resolved (more gained than lost, exact McNemar p < 0.05)."""
+    out = paired_comparison(rows, references)
+    out["resolved_seeds"] = out["resolved_up"]
+    return out
 
 
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
@@ -107,33 +77,13 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     import datetime
     import shlex
 
-    import torch
-
-    from agents.config import TrainConfig, load_dataclass
-    from agents.models import default_store
-    from agents.pipeline import (
-        PipelineConfig,
-        StageRunner,
-        grpo_stage,
-        latest_model,
-        sft_stage,
-        stage_ignores,
-        stage_settings,
-    )
+    from agents.config import TrainConfig
+    from agents.pipeline import grpo_stage, stage_ignores, stage_settings
     from agents.training.checkpoint import checkpoint_dir
 
-    torch.set_num_threads(args.threads)
     out = Path(args.out)
-    recipe = load_dataclass(PipelineConfig, args.recipe, run_dir=str(out), threads=args.threads)
-    recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
-    models = default_store()
-    stages = StageRunner(out, log)
     t_start = time.perf_counter()
-    if args.warm:
-        warm = latest_model(args.warm)
-    else:
-        stages.stage("warm_start/sft", lambda folder: sft_stage(recipe, folder, models, log))
-        warm = latest_model(out / "warm_start" / "sft")
+    recipe, models, stages, warm = start_recipe_run(args, log)
 
     def evaluation(name: str, model: str) -> dict[str, float]:
         stages.evaluate(name, recipe.eval_config(out / name, model), models)

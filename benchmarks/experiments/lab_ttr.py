@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.experiments.paired import episodes, paired_comparison, start_recipe_run
 from benchmarks.experiments.result_tables import ttr_table as table
-from benchmarks.stats import mcnemar_exact, mean_ci95
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
@@ -73,13 +73,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def episodes(folder: Path) -> dict[str, dict[str, Any]]:
-    """Task id -> its ``episodes.jsonl`` record in an evaluation folder."""
-    from agents.training.run_folder import read_jsonl
-
-    return {e["task_id"]: e for e in read_jsonl(folder / "episodes.jsonl")}
-
-
 def rehearsal_tokens_per_task(folder: Path) -> float:
     """Mean tokens generated per task for test-time rehearsal (every attempt's ACT and REHEARSE tokens; the
     episodes' ``rehearsal_generated_tokens``), on top of what the committed episode generates."""
@@ -87,27 +80,8 @@ def rehearsal_tokens_per_task(folder: Path) -> float:
     return sum(float(e.get("rehearsal_generated_tokens") or 0) for e in eps.values()) / max(len(eps), 1)
 
 
-def compare(rows: list[dict[str, float]], references: list[dict[str, float]]) -> dict[str, Any]:
-    """Per-seed success and the paired difference to `references` (same seed, same tasks): the mean difference
-    with its 95% t-interval over seeds (seeds are the unit: the same tasks repeat in every seed), discordant
-    tasks summed over seeds, and per seed an exact McNemar p on that seed's own tasks, with the seeds whose
-    difference it resolves (p < 0.05) counted by direction."""
-    success = [sum(r.values()) / len(r) for r in rows]
-    mean, half = mean_ci95(success)
-    out: dict[str, Any] = {"success": success, "mean": mean, "ci95": half}
-    diffs = [s - sum(r.values()) / len(r) for s, r in zip(success, references)]
-    out["diff_mean"], out["diff_ci95"] = mean_ci95(diffs)
-    gained = [sum(row[t] > ref[t] for t in ref) for row, ref in zip(rows, references)]
-    lost = [sum(row[t] < ref[t] for t in ref) for row, ref in zip(rows, references)]
-    p_values = [mcnemar_exact(g, lo) for g, lo in zip(gained, lost)]
-    out.update(
-        gained=sum(gained),
-        lost=sum(lost),
-        p_values=p_values,
-        resolved_up=sum(p < 0.05 and g > lo for p, g, lo in zip(p_values, gained, lost)),
-        resolved_down=sum(p < 0.05 and g < lo for p, g, lo in zip(p_values, gained, lost)),
-    )
-    return out
+compare = paired_comparison
+"""Each setting against the same policy at N=0 (`benchmarks.experiments.paired.paired_comparison`)."""
 
 
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
@@ -115,28 +89,15 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     import datetime
     import shlex
 
-    import torch
-
-    from agents.config import load_dataclass
-    from agents.models import default_store
-    from agents.pipeline import PipelineConfig, StageRunner, latest_model, sft_stage, stage_ignores, stage_settings
+    from agents.pipeline import latest_model, stage_ignores, stage_settings
     from agents.policy import load_policy
     from agents.training.demonstrations import record_memory_demonstrations
     from agents.training.sft import SFTConfig, SFTTrainer
     from envace_gym.suites import make_suite
 
-    torch.set_num_threads(args.threads)
     out = Path(args.out)
-    recipe = load_dataclass(PipelineConfig, args.recipe, run_dir=str(out), threads=args.threads)
-    recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
-    models = default_store()
-    stages = StageRunner(out, log)
     t_start = time.perf_counter()
-    if args.warm:
-        warm = latest_model(args.warm)
-    else:
-        stages.stage("warm_start/sft", lambda folder: sft_stage(recipe, folder, models, log))
-        warm = latest_model(out / "warm_start" / "sft")
+    recipe, models, stages, warm = start_recipe_run(args, log)
 
     # 1. memory demonstrations: disjoint train tasks per N, the same for every seed
     suite = make_suite(recipe.suite)

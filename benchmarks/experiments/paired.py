@@ -1,0 +1,83 @@
+"""What the lab experiments share (a module, not a script): a recipe run's start (the recipe, the model store,
+the stage runner, the warm start), per-task rewards of an evaluation folder, and the paired comparison of
+per-task rewards by seed."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from benchmarks.stats import mcnemar_exact, mean_ci95
+
+__all__ = ["episodes", "task_rewards", "paired_comparison", "start_recipe_run"]
+
+
+def episodes(folder: Path) -> dict[str, dict[str, Any]]:
+    """Task id -> its ``episodes.jsonl`` record in an evaluation folder (`agents.evaluation.evaluate`)."""
+    from agents.training.run_folder import read_jsonl
+
+    return {e["task_id"]: e for e in read_jsonl(Path(folder) / "episodes.jsonl")}
+
+
+def task_rewards(folder: Path) -> dict[str, float]:
+    """Task id -> reward of the evaluation written to `folder` (its ``episodes.jsonl``)."""
+    return {task: float(e["reward"]) for task, e in episodes(folder).items()}
+
+
+def paired_comparison(rows: list[dict[str, float]], references: list[dict[str, float]]) -> dict[str, Any]:
+    """Per-task rewards paired by seed: `rows[i]` against `references[i]` (the same seed, the same tasks).
+
+    Returns:
+        ``success`` (per seed), its ``mean`` and ``ci95`` (half-width of the 95% t-interval over seeds), the mean
+        paired difference ``diff_mean`` with ``diff_ci95`` (seeds are the unit: the same tasks repeat in every
+        seed), ``gained`` / ``lost`` (discordant tasks summed over seeds), ``p_values`` (per seed, the exact
+        McNemar test on that seed's own tasks, `benchmarks.stats.mcnemar_exact`) and ``resolved_up`` /
+        ``resolved_down`` (the seeds with p < 0.05 and more tasks gained / lost).
+    """
+    success = [sum(r.values()) / len(r) for r in rows]
+    mean, half = mean_ci95(success)
+    diff_mean, diff_half = mean_ci95([s - sum(r.values()) / len(r) for s, r in zip(success, references)])
+    gained = [sum(row[t] > ref[t] for t in ref) for row, ref in zip(rows, references)]
+    lost = [sum(row[t] < ref[t] for t in ref) for row, ref in zip(rows, references)]
+    p_values = [mcnemar_exact(g, lo) for g, lo in zip(gained, lost)]
+    return {
+        "success": success,
+        "mean": mean,
+        "ci95": half,
+        "diff_mean": diff_mean,
+        "diff_ci95": diff_half,
+        "gained": sum(gained),
+        "lost": sum(lost),
+        "p_values": p_values,
+        "resolved_up": sum(p < 0.05 and g > lo for p, g, lo in zip(p_values, gained, lost)),
+        "resolved_down": sum(p < 0.05 and g < lo for p, g, lo in zip(p_values, gained, lost)),
+    }
+
+
+def start_recipe_run(args: Any, log: Any = print) -> tuple[Any, Any, Any, str]:
+    """The start every lab experiment shares: the recipe at ``args.recipe`` (its evaluations limited to
+    ``args.limit`` tasks per family, ``args.threads`` torch threads), the default model store, a stage runner
+    in ``args.out`` and the warm start: the newest checkpoint of the SFT run folder ``args.warm``, or the
+    recipe's SFT stage run (or resumed) in ``<out>/warm_start/sft``.
+
+    Returns:
+        ``(recipe, models, stages, warm)``: the `agents.pipeline.PipelineConfig`, the `agents.models.ModelStore`,
+        the `agents.pipeline.StageRunner` and the warm start's model folder.
+    """
+    import torch
+
+    from agents.config import load_dataclass
+    from agents.models import default_store
+    from agents.pipeline import PipelineConfig, StageRunner, latest_model, sft_stage
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    recipe = load_dataclass(PipelineConfig, args.recipe, run_dir=str(out), threads=args.threads)
+    recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
+    models = default_store()
+    stages = StageRunner(out, log)
+    if args.warm:
+        return recipe, models, stages, latest_model(args.warm)
+    stages.stage("warm_start/sft", lambda folder: sft_stage(recipe, folder, models, log))
+    return recipe, models, stages, latest_model(out / "warm_start" / "sft")
