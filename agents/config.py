@@ -223,6 +223,18 @@ class TrainConfig:
         "inline",
         "rehearsal prompt: 'inline' continues the trajectory; 'separate' uses a simulator prompt and its own row",
     )
+    rehearsal_n: int = _f(
+        0,
+        (
+            "rehearsal-aware RL: before each user turn's committed steps, this many private rehearsal attempts whose "
+            "'trace' memory the committed steps read (wrappers.TestTimeRehearsal); the committed reward trains the "
+            "attempts' ACT and REHEARSE tokens too (agents.rollout.collect_rollouts; 0: off)"
+        ),
+    )
+    rehearsal_mode: Literal["parallel", "sequential"] = _f(
+        "parallel", "rehearsal-aware RL: attempts from the same context, or each reading the earlier ones' memory"
+    )
+    rehearsal_memory_tokens: int = _f(256, "rehearsal-aware RL: bound on each rehearsal memory, in tokens")
     max_new_tokens: int = _f(
         128,
         (
@@ -387,6 +399,11 @@ class TrainConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.rehearsal_n < 0 or self.rehearsal_memory_tokens < 1:
+            fail(
+                f"rehearsal_n must be >= 0 and rehearsal_memory_tokens >= 1, got {self.rehearsal_n}, "
+                f"{self.rehearsal_memory_tokens}"
+            )
         if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
             fail(f"max_episode_tokens must be None (no budget) or >= 1, got {self.max_episode_tokens}")
         from agents.engines.registry import registered_engines
@@ -440,7 +457,16 @@ class TrainConfig:
                 f"algo must be one of {list(ADVANTAGE_ESTIMATORS)} (agents.grpo.ADVANTAGE_ESTIMATORS), got "
                 f"{self.algo!r}"
             )
-        for name in ("rollout", "prompt_mode", "policy", "weighting", "aggregation", "lr_schedule", "dtype"):
+        for name in (
+            "rollout",
+            "prompt_mode",
+            "rehearsal_mode",
+            "policy",
+            "weighting",
+            "aggregation",
+            "lr_schedule",
+            "dtype",
+        ):
             allowed = typing.get_args(_HINTS[name])
             if getattr(self, name) not in allowed:
                 fail(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")

@@ -44,7 +44,7 @@ __all__ = [
 PAD_ROLE = -1
 """``role_mask`` value of right-padding positions (every real token holds a `Role` value, 0-4)."""
 
-RowKind = Literal["trajectory", "rehearsal"]
+RowKind = Literal["trajectory", "rehearsal", "attempt"]
 PromptMode = Literal["inline", "separate"]
 RolloutMode = Literal["rehearse", "real", "null"]
 
@@ -113,6 +113,10 @@ class RolloutStats:
             (τ²'s evaluator replays them a second time, and its reference actions), and a suite whose
             verifier replays nothing (``mcp``) executes none of them. Counted apart from
             ``real_tool_calls``: a rehearsing rollout needs these and nothing else from the real world.
+        generated_tokens: ACT and REHEARSE tokens generated per trajectory: its committed segments with
+            logprobs, its ``separate``-mode rehearsal rows and its rehearsal attempts (the compute a
+            comparison at equal generated tokens counts).
+        attempt_tokens: of those, the ones generated in rehearsal attempts (0 without ``rehearsal_n``).
     """
 
     group_ids: list[int]
@@ -130,6 +134,8 @@ class RolloutStats:
     rollout: str
     real_tool_calls: int = 0
     verifier_replay_calls: int = 0
+    generated_tokens: list[int] = field(default_factory=list)
+    attempt_tokens: list[int] = field(default_factory=list)
 
     @property
     def reward_mean(self) -> float:
@@ -172,6 +178,8 @@ class RolloutStats:
             rollout=parts[0].rollout,
             real_tool_calls=sum(p.real_tool_calls for p in parts),
             verifier_replay_calls=sum(p.verifier_replay_calls for p in parts),
+            generated_tokens=[g for p in parts for g in p.generated_tokens],
+            attempt_tokens=[a for p in parts for a in p.attempt_tokens],
         )
 
 
@@ -190,6 +198,9 @@ def collect_rollouts(
     invalid_action_penalty: float = 0.1,
     first_env: int = 0,
     num_global_envs: int | None = None,
+    rehearsal_n: int = 0,
+    rehearsal_mode: Literal["parallel", "sequential"] = "parallel",
+    rehearsal_memory_tokens: int = 256,
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Play K episodes of each of B tasks through a `RehearseVectorEnv` with ``num_envs == B·K``.
 
@@ -218,6 +229,16 @@ def collect_rollouts(
     user turn reached (its step count, empty actions and `RehearsalRecord` rows, as the env recorded them).
     In ``inline`` mode the REHEARSE segments are already in ``trajectory.segments`` and ``rehearsals`` is
     empty. `build_batch` reads these rows; everything is JSON-compatible (`Trajectory.to_dict`).
+
+    Rehearsal-aware rollouts (``rehearsal_n > 0``, issue 37). At the opening of every user turn (after the
+    reset, and after each step that opens a new turn) each env first runs ``rehearsal_n`` private rehearsal
+    attempts of the turn and gets their ``"trace"`` memory inserted before its committed ACT step
+    (`wrappers.TestTimeRehearsal` over the env, ``keep_attempt_rows=True``; the attempts' calls are answered by
+    the env's rehearser, or by a constant for ``rollout="null"``), so a rollout is the attempts, the memory and
+    the committed execution. The attempts of all envs are batched (`agents.engines.batching.BatchCoordinator`);
+    env i's attempts are seeded from ``(seed, first_env + i)``. Each attempt is kept as an
+    `envace_gym.types.AttemptRecord` in the turn's ``TurnInfo.attempts``; `build_batch` trains its ACT and
+    REHEARSE tokens with the committed trajectory's reward. The memory is context (no loss).
 
     Temperature. ``old_logprobs`` are ``log_softmax(logits / temperature)`` (`agents.engines.generation`): ACT
     tokens at ``temperature``, REHEARSE tokens at the env's rehearsal ``temperature``. A warning is issued
@@ -254,6 +275,9 @@ def collect_rollouts(
             shards together play what one process would (up to floating-point differences between batch
             shapes).
         num_global_envs: the whole rollout's env count (None: B·K, no sharding).
+        rehearsal_n: private rehearsal attempts per user turn before the committed steps (0: none; see above).
+        rehearsal_mode: ``"parallel"`` or ``"sequential"`` attempts (`wrappers.TestTimeRehearsal`).
+        rehearsal_memory_tokens: bound on each memory, in tokens.
 
     Returns:
         ``(trajectories, stats)``: the B·K trajectories (group-major, `group_ids_for`) and their
@@ -262,8 +286,8 @@ def collect_rollouts(
 
     Raises:
         ValueError: empty ``task_ids``, ``group_size < 1``, ``num_envs != B·K``, negative penalty, an unknown
-            ``rollout``, ``max_steps < 1``, a shard outside ``num_global_envs``, or a policy returning the
-            wrong number of actions.
+            ``rollout``, ``max_steps < 1``, a shard outside ``num_global_envs``, a negative ``rehearsal_n``, or a
+            policy returning the wrong number of actions.
         TypeError: ``vector_env`` has no ``envs`` (not a `RehearseVectorEnv`).
         KeyError: a task id unknown to the envs (from ``ToolUseEnv.reset``).
     """
@@ -277,6 +301,8 @@ def collect_rollouts(
         raise ValueError(f"rollout must be one of {get_args(RolloutMode)}, got {rollout!r}")
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be None or >= 1, got {max_steps}")
+    if isinstance(rehearsal_n, bool) or not isinstance(rehearsal_n, int) or rehearsal_n < 0:
+        raise ValueError(f"rehearsal_n must be an int >= 0, got {rehearsal_n!r}")
     base = getattr(vector_env, "unwrapped", vector_env)
     envs = getattr(base, "envs", None)
     if envs is None:
@@ -309,12 +335,21 @@ def collect_rollouts(
     if first_env < 0 or first_env + n > total:
         raise ValueError(f"envs {first_env}..{first_env + n - 1} are not inside a rollout of {total} envs")
     env_task_ids = [t for t in task_ids for _ in range(group_size)]
+    rehearse_turns = (
+        _turn_rehearsals(
+            policy, envs, rollout, rehearsal_n, rehearsal_mode, rehearsal_memory_tokens, temperature, seed, first_env
+        )
+        if rehearsal_n
+        else None
+    )
     vector_env.reset(seed=seed + first_env, options={"task_ids": env_task_ids})
     rng = np.random.default_rng(seed)
     done = [False] * n
     results: list[Trajectory | None] = [None] * n
     turns = [0] * n
     turn_info: list[list[TurnInfo]] = [[TurnInfo(turn=0)] for _ in range(n)]
+    if rehearse_turns is not None:
+        rehearse_turns(list(range(n)), turn_info)
     rows_seen = [0] * n
     empty = [0] * n
     cut = [0] * n
@@ -349,6 +384,7 @@ def collect_rollouts(
             turn_info[i][-1].steps += 1
         _, _, terminated, truncated, infos = vector_env.step(actions)
         num_steps += 1
+        opened: list[int] = []
         for i in active:
             env = envs[i]
             rows = getattr(env, "rehearsal_rows", [])
@@ -362,6 +398,9 @@ def collect_rollouts(
             if new_turn != turns[i]:
                 turns[i] = new_turn
                 turn_info[i].append(TurnInfo(turn=new_turn))
+                opened.append(i)
+        if rehearse_turns is not None and opened:
+            rehearse_turns(opened, turn_info)
 
     trajectories: list[Trajectory] = []
     verifier_rewards: list[float] = []
@@ -390,8 +429,64 @@ def collect_rollouts(
         rollout=rollout,
         real_tool_calls=sum(calls) if rollout == "real" else 0,
         verifier_replay_calls=sum(c for t, c in zip(trajectories, calls) if t.terminated),
+        generated_tokens=[_generated_tokens(t) for t in trajectories],
+        attempt_tokens=[sum(a.generated_tokens for e in t.turn_info for a in e.attempts) for t in trajectories],
     )
     return trajectories, stats
+
+
+def _generated_tokens(traj: Trajectory) -> int:
+    """ACT and REHEARSE tokens generated for `traj`: committed segments with logprobs, separate-mode rehearsal
+    rows, rehearsal attempts."""
+    committed = sum(len(s.token_ids) for s in traj.segments if s.role in _TRAINABLE and s.logprobs is not None)
+    rows = sum(len(r.token_ids) for e in traj.turn_info for r in e.rehearsals)
+    return committed + rows + sum(a.generated_tokens for e in traj.turn_info for a in e.attempts)
+
+
+def _turn_rehearsals(
+    policy: Any,
+    envs: Sequence[Any],
+    rollout: str,
+    n: int,
+    mode: Literal["parallel", "sequential"],
+    memory_tokens: int,
+    temperature: float,
+    seed: int,
+    first_env: int,
+) -> Any:
+    """The hook `collect_rollouts` calls with the envs that open a user turn: runs their rehearsal attempts
+    (batched across envs), inserts each memory and keeps the attempts in the turn's `TurnInfo`."""
+    from agents.engines.batching import BatchCoordinator, coalesced
+    from wrappers.test_time_rehearsal import TestTimeRehearsal
+
+    wrappers = []
+    for i, env in enumerate(envs):
+        rehearser = env.rehearser  # the ACT policy's own REHEARSE role, or the per-role rehearse model's
+        wrappers.append(
+            TestTimeRehearsal(
+                env,
+                policy,
+                n=n,
+                mode=mode,
+                memory="trace",
+                memory_tokens=memory_tokens,
+                rehearser_policy=rehearser,
+                attempt_temperature=temperature,
+                seed=int(np.random.SeedSequence([seed, first_env + i]).generate_state(1)[0]),
+                attempt_outputs="null" if rollout == "null" else "rehearsed",
+                keep_attempt_rows=True,
+            )
+        )
+    engines = [policy, getattr(envs[0].rehearser, "policy", None)] if envs else [policy]
+
+    def rehearse(indices: list[int], turn_info: list[list[TurnInfo]]) -> None:
+        batcher = BatchCoordinator()
+        with coalesced(engines, batcher):
+            batcher.run([wrappers[i].rehearse for i in indices])
+        for i in indices:
+            turn_info[i][-1].attempts.extend(wrappers[i].attempt_rows)
+
+    return rehearse
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -405,7 +500,9 @@ class RolloutBatch:
 
     N rows of T tokens, right-padded. Inline mode: N = number of trajectories (B·K from `collect_rollouts`),
     one row each. Separate mode: the B·K ACT rows first (row i = trajectory i), then one row per rehearsal
-    (simulator prompt + completion), in trajectory order then rehearsal order. S = number of trainable
+    (simulator prompt + completion), in trajectory order then rehearsal order. Rehearsal-aware rollouts add,
+    after those, one ``"attempt"`` row per rehearsal attempt (its context without loss, then its ACT and, inline,
+    REHEARSE segments), each followed by its separate-mode rehearsal rows, in trajectory order. S = number of trainable
     segments (ACT/REHEARSE segments that have recorded logprobs) over all rows.
 
     Attributes:
@@ -423,7 +520,7 @@ class RolloutBatch:
         group_ids: ``(N,) int64``, the group (instruction) of each row's trajectory.
         rewards: ``(N,) float32``, R(τ) of each row's trajectory (penalised; see `collect_rollouts`).
         traj_ids: ``(N,) int64``, the index of each row's trajectory in the input list.
-        row_kinds: ``(N,)`` list of ``"trajectory"`` or ``"rehearsal"``.
+        row_kinds: ``(N,)`` list of ``"trajectory"``, ``"rehearsal"`` or ``"attempt"``.
         task_ids: ``(N,)`` list of the row's task id.
         seg_rewards: ``(S,) float32``, R(τ) of each segment's trajectory.
         seg_group_ids: ``(S,) int64``.
@@ -538,6 +635,20 @@ def _rows(trajectories: Sequence[Trajectory], prompt_mode: PromptMode) -> list[_
                     [(Role.PROMPT, list(r.prompt_ids), None), (Role.REHEARSE, list(r.token_ids), r.logprobs)],
                 )
             )
+    for i, t in enumerate(trajectories):
+        for entry in t.turn_info:
+            for a in entry.attempts:
+                rows.append(_Row("attempt", i, [(s.role, list(s.token_ids), s.logprobs) for s in a.segments]))
+                for r in a.rehearsals:
+                    if prompt_mode == "inline" or r.prompt_ids is None:
+                        raise ValueError(f"an attempt of trajectory {i} carries separate-mode rehearsal rows")
+                    rows.append(
+                        _Row(
+                            "rehearsal",
+                            i,
+                            [(Role.PROMPT, list(r.prompt_ids), None), (Role.REHEARSE, list(r.token_ids), r.logprobs)],
+                        )
+                    )
     return rows
 
 
@@ -557,7 +668,8 @@ def build_batch(
     sequence); ``separate``, one ACT row per trajectory (its rehearsed tool messages are OBSERVATION
     tokens) plus one row per rehearsal read from ``trajectory.turn_info[*].rehearsals`` (as
     `collect_rollouts` stores them): the simulator prompt ids as PROMPT, then the generated ids as REHEARSE
-    with their recorded logprobs.
+    with their recorded logprobs. Rehearsal attempts (``TurnInfo.attempts``, rehearsal-aware rollouts) are rows
+    of their own whose segments belong to the committed trajectory: reward, group and role baselines are its.
 
     Advantages: every ACT/REHEARSE segment with logprobs is one advantage segment (reward R(τ) of its
     trajectory, its group, its role, its length); segments without logprobs (plain-text actions) are left

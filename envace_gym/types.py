@@ -20,6 +20,7 @@ __all__ = [
     "Task",
     "Segment",
     "RehearsalRecord",
+    "AttemptRecord",
     "TurnInfo",
     "Trajectory",
     "MessageRole",
@@ -328,6 +329,45 @@ class RehearsalRecord:
 
 
 @dataclass
+class AttemptRecord:
+    """One private rehearsal attempt of a user turn, kept as training rows (rehearsal-aware RL).
+
+    `wrappers.TestTimeRehearsal` (``keep_attempt_rows=True``) records it; `agents.rollout.collect_rollouts`
+    keeps it in the committed trajectory's `TurnInfo` and `agents.rollout.build_batch` trains it with the
+    committed trajectory's reward (issue 37: the committed execution's reward trains the attempts' ACT and
+    REHEARSE tokens).
+
+    Attributes:
+        segments: the attempt's whole token sequence as segments, from the first token of the episode: the
+            committed context it was forked from carries no logprobs (context, never trained twice), the
+            attempt's own ACT and (``inline`` mode) REHEARSE segments keep their sampling logprobs; it ends with
+            the attempt's last generated segment.
+        rehearsals: the attempt's ``separate``-mode rehearsal rows (empty in ``inline`` mode).
+    """
+
+    segments: list[Segment]
+    rehearsals: list[RehearsalRecord] = field(default_factory=list)
+
+    @property
+    def generated_tokens(self) -> int:
+        """ACT and REHEARSE tokens the attempt generated (its segments with logprobs and its rehearsal rows)."""
+        inline = sum(len(s.token_ids) for s in self.segments if s.logprobs is not None)
+        return inline + sum(len(r.token_ids) for r in self.rehearsals)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible dict."""
+        return {"segments": [s.to_dict() for s in self.segments], "rehearsals": [r.to_dict() for r in self.rehearsals]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AttemptRecord:
+        """Inverse of `to_dict`."""
+        return cls(
+            segments=[Segment.from_dict(s) for s in d.get("segments", [])],
+            rehearsals=[RehearsalRecord.from_dict(r) for r in d.get("rehearsals", [])],
+        )
+
+
+@dataclass
 class TurnInfo:
     """What happened in one user turn of a trajectory (`agents.rollout.collect_rollouts` fills it).
 
@@ -336,12 +376,15 @@ class TurnInfo:
         steps: ACT messages played in the turn.
         empty_actions: how many of them were empty (the invalid-action penalty's count).
         rehearsals: the turn's ``separate``-mode rehearsal rows, in order (empty in ``inline`` mode).
+        attempts: the private rehearsal attempts made before the turn's committed ACT steps (rehearsal-aware
+            RL; empty otherwise).
     """
 
     turn: int
     steps: int = 0
     empty_actions: int = 0
     rehearsals: list[RehearsalRecord] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible dict."""
@@ -350,6 +393,7 @@ class TurnInfo:
             "steps": self.steps,
             "empty_actions": self.empty_actions,
             "rehearsals": [r.to_dict() for r in self.rehearsals],
+            "attempts": [a.to_dict() for a in self.attempts],
         }
 
     @classmethod
@@ -360,6 +404,7 @@ class TurnInfo:
             steps=int(d.get("steps", 0)),
             empty_actions=int(d.get("empty_actions", 0)),
             rehearsals=[RehearsalRecord.from_dict(r) for r in d.get("rehearsals", [])],
+            attempts=[AttemptRecord.from_dict(a) for a in d.get("attempts", [])],
         )
 
 

@@ -43,7 +43,7 @@ from gymnasium.utils import RecordConstructorArgs
 from envace_gym.parsing import format_tool_calls
 from envace_gym.rehearsal import RehearseRequest, RehearseResponse, requests_by_setting
 from envace_gym.responders import ConstantResponse, RealBackend, Rehearsal
-from envace_gym.types import Message, Role, ToolCall
+from envace_gym.types import AttemptRecord, Message, Role, Segment, ToolCall
 
 __all__ = ["TestTimeRehearsal", "MEMORY_HEADER", "trace_memory"]
 
@@ -278,6 +278,10 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         memory_provider: called with the unwrapped env at the opening of each user turn, returns the memory
             content to insert (after the header, cut to ``memory_tokens``) instead of running attempts; None:
             attempts as configured.
+        keep_attempt_rows: also keep each attempt's tokens as an `envace_gym.types.AttemptRecord` (its
+            generated segments with their sampling logprobs, the context as segments without) in
+            ``self.attempt_rows`` (the last `rehearse` call's, in attempt order), for rehearsal-aware RL
+            (`agents.rollout.collect_rollouts` with ``rehearsal_n``); off: nothing is kept.
 
     Raises:
         TypeError: the env keeps no token sequence, or `policy` lacks ``act``.
@@ -290,6 +294,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         * v0.2.0: ``memory="trace"`` (the default), attempts rehearse the whole turn by default, and critic
           and summariser see the committed context.
         * v0.3.0: ``attempt_outputs`` and ``memory_provider`` (the controls).
+        * v0.4.0: ``keep_attempt_rows`` (rehearsal-aware RL).
     """
 
     __test__ = False  # not a pytest class despite the name
@@ -310,6 +315,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         memory: Memory = "trace",
         attempt_outputs: AttemptOutputs = "rehearsed",
         memory_provider: Callable[[Any], str] | None = None,
+        keep_attempt_rows: bool = False,
     ) -> None:
         RecordConstructorArgs.__init__(
             self,
@@ -375,6 +381,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         self.attempt_temperature = attempt_temperature
         self.attempt_outputs: AttemptOutputs = attempt_outputs
         self.memory_provider = memory_provider
+        self.keep_attempt_rows = bool(keep_attempt_rows)
+        self.attempt_rows: list[AttemptRecord] = []
         self._rng = np.random.default_rng(seed)
         if rehearser_policy is not None and hasattr(rehearser_policy, "rehearse"):
             self.rehearser = rehearser_policy  # a ready Rehearser (e.g. agents.policy.PolicyRehearser)
@@ -425,6 +433,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         attempts: list[dict[str, Any]] = []
         critiques: list[tuple[str, int]] = []
         summary = self.memory == "summary"
+        self.attempt_rows = []
         if self.memory_provider is not None:
             return self._provided(base, before)
         if self.mode == "parallel":
@@ -543,6 +552,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         """Play every fork until its turn ends, its episode ends or `attempt_max_steps`; ACT is batched."""
         starts = [(len(f.trajectory.messages), f.turn) for f in forks]
         start_tokens = [len(f.trajectory.token_ids) for f in forks]
+        context_segments = [{id(seg) for seg in f.trajectory.segments} for f in forks]  # the fork point's
+        context_rows = [len(f.rehearsal_rows) for f in forks]
         stats: list[dict[str, Any]] = [{"steps": 0, "tool_calls": 0, "ended": "steps", "act_tokens": 0} for _ in forks]
         active = list(range(len(forks)))
         max_new = self.max_new_tokens or forks[0].max_new_tokens
@@ -561,7 +572,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
                 s = stats[i]
                 s["steps"] += 1
                 s["tool_calls"] += len(info["tool_calls"])
-                s["act_tokens"] += len(action.token_ids)
+                s["act_tokens"] += len(getattr(action, "token_ids", ()))  # a plain-text action generated none
                 if terminated or truncated:
                     s["ended"] = "episode"
                 elif forks[i].turn != starts[i][1]:
@@ -571,6 +582,10 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             active = still
         out = []
         base: Any = self.env.unwrapped
+        if self.keep_attempt_rows:
+            self.attempt_rows.extend(
+                self._attempt_row(f, known, rows) for f, known, rows in zip(forks, context_segments, context_rows)
+            )
         for fork, (m0, _), s, t0 in zip(forks, starts, stats, start_tokens):
             rehearsed = sum(len(seg.token_ids) for seg in fork.trajectory.segments if seg.role == Role.REHEARSE)
             rehearsed += sum(len(r.token_ids) for r in fork.rehearsal_rows[len(base.rehearsal_rows) :])
@@ -588,6 +603,18 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
                 }
             )
         return out
+
+    @staticmethod
+    def _attempt_row(fork: Any, context: set[int], rows_before: int) -> AttemptRecord:
+        """`fork`'s tokens as an `AttemptRecord`: segments present at the fork point (ids in `context`) lose their
+        logprobs, segments after the attempt's last generated one are dropped (the next turn's opening)."""
+        segments = [
+            Segment(seg.role, list(seg.token_ids), None if id(seg) in context else seg.logprobs, seg.text)
+            for seg in fork.trajectory.segments
+        ]
+        generated = [i for i, seg in enumerate(segments) if seg.logprobs is not None]
+        segments = segments[: generated[-1] + 1] if generated else []
+        return AttemptRecord(segments=segments, rehearsals=list(fork.rehearsal_rows[rows_before:]))
 
     def _critique(
         self, context: list[Message], tools: Any, request: str, attempts: list[dict[str, Any]]

@@ -398,6 +398,9 @@ class RoleWiseGRPOTrainer:
                 invalid_action_penalty=cfg.invalid_action_penalty,
                 first_env=first * cfg.group_size,
                 num_global_envs=cfg.trajectories_per_step,
+                rehearsal_n=cfg.rehearsal_n,
+                rehearsal_mode=cfg.rehearsal_mode,
+                rehearsal_memory_tokens=cfg.rehearsal_memory_tokens,
             )
         batch = build_batch(
             trajectories,
@@ -778,6 +781,8 @@ class RoleWiseGRPOTrainer:
             "rollout/groups_with_reward_variance": _groups_with_variance(rewards, rstats.group_ids),
             "rollout/real_tool_calls": rstats.real_tool_calls,
             "rollout/verifier_replay_calls": rstats.verifier_replay_calls,
+            "rollout/generated_tokens": int(sum(rstats.generated_tokens)),
+            "rollout/attempt_tokens": int(sum(rstats.attempt_tokens)),
         }
         generated = 0
         for role in (Role.ACT, Role.REHEARSE):

@@ -446,3 +446,65 @@ def test_a_registered_advantage_estimator_is_used_by_name_and_by_object(policy, 
     from agents.config import TrainConfig
 
     assert TrainConfig(model="tiny-random", suite="scripted", algo="doubled").algo == "doubled"
+
+
+class CallAtAttemptStart:
+    """The tiny model's policy, except that a rehearsal attempt's first ACT step (whose context is exactly an
+    env's reset context: the committed step sees the memory after it) plays the plain-text call ADD3, so every
+    attempt rehearses a tool output."""
+
+    def __init__(self, policy, starts):
+        self.policy, self.starts = policy, starts
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def act(self, contexts, *, max_new_tokens, temperature, seeds):
+        out = self.policy.act(contexts, max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds)
+        return [ADD3 if tuple(c) in self.starts else o for c, o in zip(contexts, out)]
+
+
+@pytest.mark.parametrize("mode", ["inline", "separate"])
+def test_rehearsal_aware_rollouts_train_each_attempt_with_the_committed_reward(policy, venvs, mode):
+    from wrappers.test_time_rehearsal import MEMORY_HEADER
+
+    venv = venvs[mode]
+    venv.reset(seed=0, options={"task_ids": [t for t in TASKS for _ in range(K)]})
+    starts = {tuple(e.unwrapped.trajectory.token_ids) for e in venv.unwrapped.envs}
+    trajs, stats = collect_rollouts(
+        CallAtAttemptStart(policy, starts), venv, TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=5, rehearsal_n=2
+    )
+    for t in trajs:
+        # every user turn reached (scripted_1 has two) was rehearsed twice before its committed steps
+        assert [len(e.attempts) for e in t.turn_info] == [2] * len(t.turn_info)
+        memory = [s.text for s in t.segments if s.role == Role.PROMPT and s.text.startswith(MEMORY_HEADER[:20])]
+        assert len(memory) == len(t.turn_info) and memory[0].startswith(MEMORY_HEADER.format(n=2))
+        assert memory[0].count('{"name": "add", "arguments": {"value": 3}} -> ') == 2  # the attempts' calls
+        for a in t.turn_info[0].attempts:
+            ids = [i for s in a.segments for i in s.token_ids]
+            assert tuple(ids[: len(next(iter(starts)))]) in starts  # forked from the reset context
+            context = next(k for k, s in enumerate(a.segments) if s.role == Role.ACT)
+            assert all(s.logprobs is None for s in a.segments[:context])  # context never trained twice
+            rehearsed = [s for s in a.segments if s.role == Role.REHEARSE] + a.rehearsals
+            assert rehearsed and all(r.logprobs is not None for r in rehearsed)  # the attempt's call was rehearsed
+    attempts = [[a for e in t.turn_info for a in e.attempts] for t in trajs]
+    assert stats.attempt_tokens == [sum(a.generated_tokens for a in tried) for tried in attempts]
+    assert all(g > a > 0 for g, a in zip(stats.generated_tokens, stats.attempt_tokens))
+
+    batch = _batch(trajs, policy, mode)
+    attempt_rows = [r for r, k in enumerate(batch.row_kinds) if k == "attempt"]
+    assert len(attempt_rows) == sum(len(tried) for tried in attempts)
+    with torch.no_grad():
+        recomputed = token_logprobs(policy.model, batch.input_ids, batch.attention_mask, temperature=1.0)  # (N, T)
+    mask = batch.loss_mask[attempt_rows] if mode == "inline" else batch.loss_mask
+    got = recomputed.float().cpu()[attempt_rows] if mode == "inline" else recomputed.float().cpu()
+    want = batch.old_logprobs[attempt_rows] if mode == "inline" else batch.old_logprobs
+    assert int(mask.sum()) > 0 and float((got - want)[mask].abs().max()) < 1e-3
+    # an attempt's segments carry its committed trajectory's reward, group and role-wise advantage
+    seg_rows = batch.seg_rows.tolist()
+    for s, row in enumerate(seg_rows):
+        traj = int(batch.traj_ids[row])
+        assert float(batch.seg_rewards[s]) == pytest.approx(trajs[traj].reward)
+        role = batch.seg_roles[s]
+        same = [u for u, r in enumerate(seg_rows) if int(batch.traj_ids[r]) == traj and batch.seg_roles[u] == role]
+        assert torch.allclose(batch.seg_advantages[same], batch.seg_advantages[s])

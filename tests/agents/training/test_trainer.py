@@ -105,8 +105,9 @@ def test_resume_is_exact(tmp_path):
         dict(rollout="real", suite="scripted"),
         dict(rollout="null"),
         dict(beta=0.05, entropy_coef=0.01, aggregation="seq-mean-token-sum", ppo_epochs=2, num_minibatches=2),
+        dict(rehearsal_n=2, rehearsal_mode="sequential"),
     ],
-    ids=["grpo", "separate", "per_role", "real", "null", "kl-entropy-minibatches"],
+    ids=["grpo", "separate", "per_role", "real", "null", "kl-entropy-minibatches", "rehearsal-aware"],
 )
 def test_ablations_run_one_step(tmp_path, overrides):
     trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path), num_steps=1, **{**FAST, **overrides}))
@@ -114,6 +115,9 @@ def test_ablations_run_one_step(tmp_path, overrides):
     assert m["step"] == 1 and m["train/loss"] == m["train/loss"]
     if overrides.get("policy") == "per_role":
         assert trainer.rehearse_policy.model is not trainer.policy.model
+    # only rehearsal-aware rollouts generate attempt tokens, and they are counted in the generated total
+    assert (m["rollout/attempt_tokens"] > 0) == ("rehearsal_n" in overrides)
+    assert m["rollout/generated_tokens"] > m["rollout/attempt_tokens"]
 
 
 def test_logprob_mismatch_is_logged_and_truncated_importance_sampling_keeps_on_policy_steps(tmp_path):
