@@ -168,6 +168,14 @@ class TrainConfig:
         None, "start from this checkpoint's model folder (e.g. an `envace sft` checkpoint) instead of --model"
     )
     num_steps: int = _f(4, "training steps (one rollout batch and its update each)")
+    generated_token_budget: int = _f(
+        0,
+        (
+            "also stop once the rollouts have generated this many ACT and REHEARSE tokens in all (rehearsal attempts "
+            "included; the metric rollout/generated_tokens_total), so runs of different rollout costs can be compared "
+            "at equal compute; 0: num_steps alone"
+        ),
+    )
     save_every: int = _f(1, "save a checkpoint every this many steps (and at the end)")
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (older ones are deleted)")
     resume: bool = _f(
@@ -399,6 +407,8 @@ class TrainConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.generated_token_budget < 0:
+            fail(f"generated_token_budget must be >= 0 (0: no budget), got {self.generated_token_budget}")
         if self.rehearsal_n < 0 or self.rehearsal_memory_tokens < 1:
             fail(
                 f"rehearsal_n must be >= 0 and rehearsal_memory_tokens >= 1, got {self.rehearsal_n}, "
@@ -498,6 +508,7 @@ class TrainConfig:
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
         "run_dir",
         "num_steps",
+        "generated_token_budget",
         "save_every",
         "keep_checkpoints",
         "resume",

@@ -450,7 +450,8 @@ class StageRunner:
 def stage_ignores(config_class: Any) -> tuple[str, ...]:
     """The fields a trainer may resume with changed (``RESUME_IGNORES``) less its length: a finished stage's
     step or epoch count is part of what it produced."""
-    return tuple(f for f in config_class.RESUME_IGNORES if f not in ("num_steps", "max_steps", "num_epochs"))
+    length = ("num_steps", "max_steps", "num_epochs", "generated_token_budget")
+    return tuple(f for f in config_class.RESUME_IGNORES if f not in length)
 
 
 def stage_settings(config: Any) -> dict[str, Any]:

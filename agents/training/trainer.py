@@ -306,6 +306,7 @@ class RoleWiseGRPOTrainer:
         )
         self.step = 0
         self.nonfinite_in_a_row = {name: 0 for name in self.models}
+        self.generated_tokens = 0  # ACT and REHEARSE tokens the rollouts generated so far (generated_token_budget)
         self._mismatch_sum, self._mismatch_tokens = 0.0, 0  # filled by each update
         self._unmeasured: set[str] = set()
         self._writer: SummaryWriter | None = None
@@ -314,7 +315,9 @@ class RoleWiseGRPOTrainer:
             if ckpt is not None:
                 from agents.training.checkpoint import trainer_state
 
-                self.nonfinite_in_a_row.update(trainer_state(ckpt).get("nonfinite_in_a_row", {}))
+                state = trainer_state(ckpt)
+                self.nonfinite_in_a_row.update(state.get("nonfinite_in_a_row", {}))
+                self.generated_tokens = int(state.get("generated_tokens", 0))
                 self._apply_optimizer_config()
                 self.clear_kv_caches()  # an engine holding its own copy of the weights (vLLM) reloads them
         parallel.same_everywhere(self.step, "the step to resume from")  # ranks that resumed apart would diverge
@@ -332,7 +335,8 @@ class RoleWiseGRPOTrainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self, progress: bool = True) -> list[dict[str, Any]]:
-        """Run until ``config.num_steps`` steps are done (resuming counts the finished ones); returns the metrics."""
+        """Run until ``config.num_steps`` steps are done (resuming counts the finished ones), or until the rollouts
+        have generated ``config.generated_token_budget`` tokens when it is set; returns the metrics."""
         from agents.users import simulated_user
 
         with simulated_user(self.config, self.policy, self._store):  # suites with a simulated user (τ²)
@@ -342,7 +346,8 @@ class RoleWiseGRPOTrainer:
         history = []
         progress = progress and self.parallel.is_main
         bar = tqdm(total=self.config.num_steps, initial=self.step, desc="train", disable=not progress, unit="step")
-        while self.step < self.config.num_steps:
+        budget = self.config.generated_token_budget
+        while self.step < self.config.num_steps and not (budget and self.generated_tokens >= budget):
             metrics = self.train_step()
             history.append(metrics)
             bar.update(1)
@@ -356,7 +361,8 @@ class RoleWiseGRPOTrainer:
                     f"loss {metrics['train/loss']:.4f}, rollout {metrics['perf/rollout_s']:.0f} s + update "
                     f"{metrics['perf/update_s']:.0f} s"
                 )
-            if self.step % self.config.save_every == 0 or self.step == self.config.num_steps:
+            done = self.step == self.config.num_steps or bool(budget and self.generated_tokens >= budget)
+            if self.step % self.config.save_every == 0 or done:
                 self.save()
         bar.close()
         if self._writer is not None:
@@ -431,6 +437,8 @@ class RoleWiseGRPOTrainer:
         if self.parallel.distributed:
             view = _StepView.concat(self.parallel.gather(view))
         metrics = self._metrics(view, train_stats, t1 - t0, t2 - t1)
+        self.generated_tokens += metrics["rollout/generated_tokens"]  # every rank: the gathered view's total
+        metrics["rollout/generated_tokens_total"] = self.generated_tokens
         if self.parallel.is_main:
             self._log(metrics)
         return metrics
@@ -758,7 +766,7 @@ class RoleWiseGRPOTrainer:
                 self.schedulers,
                 self.tokenizer,
                 self.config.to_dict(),
-                extra={"nonfinite_in_a_row": dict(self.nonfinite_in_a_row)},
+                extra={"nonfinite_in_a_row": dict(self.nonfinite_in_a_row), "generated_tokens": self.generated_tokens},
                 model_state_dicts=model_states,
                 optimizer_state_dicts=optimizer_states,
             )

@@ -96,6 +96,25 @@ def test_resume_is_exact(tmp_path):
     assert hist_a[-1]["rollout/reward_mean"] == hist_b[-1]["rollout/reward_mean"]
 
 
+def test_a_generated_token_budget_ends_the_run_and_survives_a_resume(tmp_path):
+    """The run stops at the first step whose cumulative generated tokens reach the budget; a resume with a larger
+    budget continues from the checkpoint's count, not from zero."""
+    first = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path), num_steps=10, generated_token_budget=1, **FAST))
+    (m1,) = first.train(progress=False)
+    first.close()
+    assert m1["step"] == 1 and m1["rollout/generated_tokens_total"] == m1["rollout/generated_tokens"] > 0
+    budget = m1["rollout/generated_tokens"] + 1  # one more step reaches it
+    resumed = RoleWiseGRPOTrainer(
+        TrainConfig(run_dir=str(tmp_path), num_steps=10, generated_token_budget=budget, **FAST)
+    )
+    assert resumed.step == 1 and resumed.generated_tokens == m1["rollout/generated_tokens"]
+    (m2,) = resumed.train(progress=False)
+    assert (
+        m2["step"] == 2
+        and m2["rollout/generated_tokens_total"] == m1["rollout/generated_tokens"] + m2["rollout/generated_tokens"]
+    )
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
