@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["grpo_budget_table", "ttr_table"]
+__all__ = ["grpo_budget_table", "ttr_table", "rehearsal_rl_table"]
 
 
 def _fmt(mean: float | None, half: float | None, signed: bool = False) -> str:
@@ -57,5 +57,32 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"{r['policy']:<11} {r['setting']:<34} {_fmt(r['mean'], r['ci95']):<16} {vs:<17} {counts:<11} {p:<12} "
             f"{r['tokens_per_task']:.0f}"
+        )
+    return lines
+
+
+def rehearsal_rl_table(results: dict[str, Any]) -> list[str]:
+    """`benchmarks.experiments.lab_rehearsal_rl`'s printed (and rendered) table: one row per policy and N."""
+    done = results.get("seeds_done", results["seeds"])
+    g = results["grpo"]
+    partial = f" (PARTIAL: {done} of {results['seeds']} seeds done)" if done < results["seeds"] else ""
+    lines = [
+        f"Rehearsal-aware RL on EnvACE-Lab: {results['model']}, {done} seeds, {results['test_tasks']} test tasks; "
+        f"GRPO B={g['batch_tasks']} x K={g['group_size']}, lr {g['lr']}, N={results['n']} attempts{partial}",
+        f"paired with {results['reference']} at the same N (mean +- 95% CI over seeds); tasks +/- summed over seeds; "
+        "seeds p<.05: the seeds whose own tasks resolve the difference up/down (exact McNemar)",
+        f"{'policy':<23} {'N':<4} {'success':<16} {'vs ' + results['reference']:<34} {'tasks +/-':<11} "
+        f"{'seeds p<.05':<12} {'train steps':<12} {'train tokens (k)':<17} eval rehearsal tokens/task",
+    ]
+    for r in results["rows"]:
+        ref = r["policy"] == results["reference"]
+        vs = "" if ref else _fmt(r["diff_mean"], r["diff_ci95"], signed=True)
+        counts = "" if ref else f"+{r['gained']}/-{r['lost']}"
+        p = "" if ref else f"+{r['resolved_up']}/-{r['resolved_down']}"
+        steps = "/".join(str(s) for s in r["train_steps"]) or "-"
+        tokens = "/".join(f"{t / 1000:.0f}" for t in r["train_generated_tokens"]) or "-"
+        lines.append(
+            f"{r['policy']:<23} {r['setting'][2:]:<4} {_fmt(r['mean'], r['ci95']):<16} {vs:<34} {counts:<11} {p:<12} "
+            f"{steps:<12} {tokens:<17} {r['tokens_per_task']:.0f}"
         )
     return lines
