@@ -16,7 +16,9 @@ Protocol (fixed before any result was seen; every setting is reported):
    policy (``warm``, ``plain_sft``, ``memory_sft``) at N = 0 and at N = 1, 2, 3 parallel attempts of its own
    rehearsal (trace memory); for ``memory_sft`` at N = 2 also three controls: the attempts' outputs from a
    constant (null rehearser: the memory then carries calls, not outcomes), from a copy of the real backend
-   (oracle: diagnosis only), and another task's memory (``--memory-from``: if it ties, the memory is ignored).
+   (oracle: diagnosis only), and another task's memory (``--memory-from``: if it ties, the memory is ignored);
+   for ``plain_sft`` and ``memory_sft`` at N = 2 also sequential attempts and the warm start as the rehearser (the
+   paper's base-model rehearser: the policy acts, a model without the continuation imagines the outputs).
 
 Each row is paired by seed and task with the same policy at N = 0: the mean difference with its 95% t-interval
 over seeds, tasks gained and lost summed over seeds, and per seed an exact McNemar test on that seed's own tasks
@@ -46,6 +48,11 @@ CONTROLS: dict[str, dict[str, Any]] = {
     "other task's memory": {},  # memory_from: the same policy's own N=2 evaluation
 }
 CONTROL_N = 2
+VARIANTS: dict[str, dict[str, Any]] = {
+    "sequential": {"rehearsal_mode": "sequential"},
+    "warm-start rehearser": {},  # rehearser_model: the warm start (the paper's base-model rehearser)
+}
+"""Settings at N=2 for every policy trained past the warm start (for the warm start itself they are its own rows)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,7 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--memory-tasks", type=int, default=40, help="train tasks per family and per N with a memory")
     ap.add_argument("--sft-steps", type=int, default=150, help="SFT steps of each continuation")
     ap.add_argument("--limit", type=int, default=100, help="test tasks per family")
-    ap.add_argument("--no-controls", action="store_true", help="skip the three controls")
+    ap.add_argument(
+        "--no-controls", action="store_true", help="skip the three controls and the sequential and rehearser rows"
+    )
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.memory_tasks < 1 or args.sft_steps < 1 or args.limit < 1:
@@ -192,6 +201,13 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             rows = {"N=0": evaluation(base_name, model, 0 if policy == "warm" else seed)}
             for n in args.n:
                 rows[f"N={n}"] = evaluation(f"{policy}/seed{seed}/n{n}", model, seed, rehearsal_n=n)
+            if policy != "warm" and not args.no_controls:
+                for variant, changes in VARIANTS.items():
+                    changes = changes or {"rehearser_model": warm}
+                    slug = variant.split(" ")[0].replace("-", "_")
+                    rows[f"N={CONTROL_N}, {variant}"] = evaluation(
+                        f"{policy}/seed{seed}/n{CONTROL_N}_{slug}", model, seed, rehearsal_n=CONTROL_N, **changes
+                    )
             if policy == "memory_sft" and not args.no_controls:
                 own = out / f"{policy}/seed{seed}/n{CONTROL_N}"
                 for control, changes in CONTROLS.items():

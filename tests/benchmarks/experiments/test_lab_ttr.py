@@ -41,7 +41,9 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     rows = {(r["policy"], r["setting"]): r for r in results["rows"]}
     settings = ["N=0", "N=1", "N=2"]
     controls = ["N=2, null outputs", "N=2, real outputs (oracle)", "N=2, other task's memory"]
-    assert list(rows) == [(p, s) for p in lab_ttr.POLICIES for s in settings + (controls if p == "memory_sft" else [])]
+    variants = ["N=2, sequential", "N=2, warm-start rehearser"]
+    expected = {"warm": settings, "plain_sft": settings + variants, "memory_sft": settings + variants + controls}
+    assert list(rows) == [(p, s) for p in lab_ttr.POLICIES for s in expected[p]]
     n_tasks = results["test_tasks"]
     assert n_tasks == len(RECIPE["categories"])
     for (_, setting), r in rows.items():
@@ -58,6 +60,10 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     plain = json.loads((out / "plain_sft/seed0/sft/stage_done.json").read_text())["config"]
     assert sft["data"][1:] == [d["path"] for d in demos.values()] and plain["data"] == [sft["data"][0]]
     assert sft["init"] == plain["init"] == results["warm_start"] and sft["task_ids"] == plain["task_ids"]
+    sequential = json.loads((out / "memory_sft/seed0/n2_sequential/eval_config.json").read_text())
+    assert sequential["rehearsal_mode"] == "sequential" and sequential["rehearser_model"] is None
+    base = json.loads((out / "plain_sft/seed0/n2_warm_start/eval_config.json").read_text())
+    assert base["rehearser_model"] == results["warm_start"] and base["rehearsal_mode"] == "parallel"
     assert (out / "ttr.png").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "Test-time rehearsal on EnvACE-Lab" in printed
