@@ -1,0 +1,78 @@
+"""Wall time of one role-wise GRPO step on the hidden-rules lab with ``lab-tiny``, against the lab issue's target.
+
+The target (EnvACE-Lab v1): one role-wise GRPO step of at least 128 trajectories in at most 3 seconds on 2 cores.
+This script builds the recipe's trainer (``configs/recipes/lab.yaml``: B=16 x K=8, inline rehearsal, 8 ACT steps
+per turn, 40 new tokens per message) from a warm start, runs ``--steps`` training steps after ``--warmup`` untimed
+ones, and prints per step the rollout and update seconds (the trainer's own ``perf/rollout_s`` and
+``perf/update_s``), the generated tokens, and the median step time against the target. ``--rehearsal-n N`` times
+rehearsal-aware steps instead (N attempts per user turn before the committed steps).
+
+    .venv/bin/python -m benchmarks.perf.lab_grpo_step --init runs/lab_ablations/warm_start/sft
+
+Run it on an idle machine: other processes on the 2 cores slow every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import tempfile
+from pathlib import Path
+
+TARGET_S = 3.0
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab.yaml"
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--init", required=True, help="a warm start's SFT run folder (an untrained model earns no reward to train on)"
+    )
+    ap.add_argument("--recipe", default=str(RECIPE))
+    ap.add_argument("--steps", type=int, default=5, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    ap.add_argument("--rehearsal-n", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be >= 1 and --warmup >= 0")
+
+    import torch
+
+    from agents.config import load_dataclass
+    from agents.pipeline import PipelineConfig, latest_model
+    from agents.training.trainer import RoleWiseGRPOTrainer
+
+    torch.set_num_threads(args.threads)
+    recipe = load_dataclass(PipelineConfig, args.recipe, threads=args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = dataclasses.replace(
+            recipe.grpo_config(tmp, latest_model(args.init)),
+            num_steps=args.warmup + args.steps,
+            save_every=10**6,
+            tensorboard=False,
+            rehearsal_n=args.rehearsal_n,
+        )
+        trainer = RoleWiseGRPOTrainer(config, log=lambda *_: None)
+        try:
+            rows = [trainer.train_step() for _ in range(args.warmup + args.steps)][args.warmup :]
+        finally:
+            trainer.close()
+    print(
+        f"lab GRPO step: B={config.batch_tasks} x K={config.group_size} = {config.trajectories_per_step} trajectories, "
+        f"rehearsal_n={args.rehearsal_n}, {args.threads} threads"
+    )
+    print(f"{'step':>4} {'rollout s':>10} {'update s':>9} {'step s':>7} {'generated tokens':>17}")
+    for m in rows:
+        print(
+            f"{m['step']:>4} {m['perf/rollout_s']:>10.2f} {m['perf/update_s']:>9.2f} {m['perf/step_s']:>7.2f} "
+            f"{m['rollout/generated_tokens']:>17}"
+        )
+    median = statistics.median(m["perf/step_s"] for m in rows)
+    print(f"median step {median:.2f} s; target {TARGET_S:.1f} s: ratio {median / TARGET_S:.2f}")
+    return {"median_step_s": median, "ratio_to_target": median / TARGET_S}
+
+
+if __name__ == "__main__":
+    main()
