@@ -30,7 +30,8 @@ Implementation details:
    ``group_by_length=False``): more padding, but every batch mixes lengths and so task families, which a
    model trained from scratch needs (length-sorted batches of one family each pull it back and forth).
 4. AdamW, gradient clipping, and the GRPO trainer's schedule (`agents.training.optim.make_lr_scheduler`: linear
-   warmup then constant, linear or cosine decay over the total steps).
+   warmup then constant, linear or cosine decay over the total steps), set by the ``--optim.*`` options, the
+   same `agents.config.OptimConfig` as ``envace train``'s.
 5. LoRA (``--lora``, needs ``pip install envace-gym[lora]``): peft adapters on the attention and MLP
    projections; only they are trained and the optimizer holds only their state. A checkpoint's
    ``model/`` is the adapter merged into a copy of the base (a plain Hugging Face folder, valid as

@@ -741,9 +741,9 @@ class RoleWiseGRPOTrainer:
             if self.nonfinite_in_a_row[name] >= cfg.max_nonfinite_steps:
                 raise FloatingPointError(
                     f"{self.nonfinite_in_a_row[name]} optimizer steps in a row had a non-finite loss or gradient (last "
-                    "at "
-                    f"training step {self.step}, {name}); lower --optim.lr, keep --optim.max-grad-norm > 0, or check the model "
-                    f"in {self.config.init or self.config.model}; --max-nonfinite-steps sets how many are tolerated"
+                    f"at training step {self.step}, {name}); lower --optim.lr, keep --optim.max-grad-norm > 0, or "
+                    f"check the model in {self.config.init or self.config.model}; --max-nonfinite-steps sets how many "
+                    "are tolerated"
                 )
         return stats, (grad_norm if finite else None)
 
