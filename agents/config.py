@@ -6,6 +6,12 @@ grouped like CleanRL's ``Args`` and TRL's ``GRPOConfig`` ("Parameters that contr
 others are filled in `__post_init__` and never set by hand. `__post_init__` rejects bad combinations with a
 message that says what to change, before any model loads.
 
+What GRPO and SFT (`agents.training.sft.SFTConfig`) share are three nested groups, defined and validated once
+here and held by both with each command's defaults: `RunConfig` (``run``: checkpoints, resume, device,
+threads), `OptimConfig` (``optim``: AdamW and the learning-rate schedule) and `MemoryConfig` (``memory``). On
+the command line a group's fields are ``--run.save-every``, ``--optim.lr``, ...; in YAML mappings under
+``run:``, ``optim:`` and ``memory:``.
+
 Defaults are small-CPU settings (those of ``make demo-bfcl``, the BFCL pipeline); the paper's run (Qwen3-8B, 16 GPUs)
 used lr 1e-6, AdamW weight decay 0.01, grad clip 1.0, 16 instructions x K=4 per step, temperature 1.0, one
 optimizer step per batch, an invalid-action penalty of 0.1 and about 470 steps (docs/design.md §1).
@@ -172,7 +178,7 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def flat_fields(config: Any) -> dict[str, Any]:
     """A config (a dataclass, or the dict ``dataclasses.asdict`` makes of one) as one flat dict: a nested config's
     fields as ``<name>.<field>`` (``{"optim.lr": 1e-5, ...}``), each value as stored."""
-    values = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+    values = config if isinstance(config, dict) else dataclasses.asdict(config)
     out: dict[str, Any] = {}
     for name, value in values.items():
         if isinstance(value, dict):
