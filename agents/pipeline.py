@@ -218,7 +218,7 @@ class PipelineConfig:
             if f.name not in ("sft", "grpo", "eval"):
                 continue
             given = flat_fields(getattr(self, f.name))
-            default = flat_fields(f.default_factory())  # type: ignore[misc]  # a nested_config_field has one
+            default = flat_fields(f.default_factory())  # type: ignore[operator]  # a nested_config_field has one
             for name in self.pipeline_fields(f.name):
                 if given[name] != default[name]:
                     raise ValueError(
