@@ -5,7 +5,8 @@ Read first (the algorithm, at the top of the package):
 * `agents.grpo`: role-wise advantages and the GRPO loss, as pure functions.
 * `agents.rollout`: drive the vector env, fill a `RolloutBatch`.
 * `agents.policy`: the `Policy` (generation with logprobs) and its rehearser.
-* `agents.config`: `TrainConfig`, the GRPO trainer's settings; `agents.models`: loading models and tokenizers.
+* `agents.config`: `TrainConfig`, the GRPO trainer's settings, and the groups of settings it shares with SFT
+  (`RunConfig`, `OptimConfig`, `MemoryConfig`); `agents.models`: loading models and tokenizers.
 * `agents.pipeline`: the recipe, eval -> SFT -> GRPO -> eval (``make demo``); `agents.users`: a model as the
   simulated user.
 
@@ -26,6 +27,9 @@ PUBLIC: dict[str, str] = {
     # training
     "RoleWiseGRPOTrainer": "agents.training.trainer",
     "TrainConfig": "agents.config",
+    "RunConfig": "agents.config",
+    "OptimConfig": "agents.config",
+    "MemoryConfig": "agents.config",
     "load_config": "agents.config",
     "SFTTrainer": "agents.training.sft",
     "SFTConfig": "agents.training.sft",
@@ -61,6 +65,9 @@ PUBLIC: dict[str, str] = {
 __all__ = list(PUBLIC)
 
 if TYPE_CHECKING:  # the same names, re-exported for type checkers and editors (a test checks they agree)
+    from agents.config import MemoryConfig as MemoryConfig
+    from agents.config import OptimConfig as OptimConfig
+    from agents.config import RunConfig as RunConfig
     from agents.config import TrainConfig as TrainConfig
     from agents.config import load_config as load_config
     from agents.engines.registry import GenerationEngine as GenerationEngine

@@ -6,6 +6,12 @@ grouped like CleanRL's ``Args`` and TRL's ``GRPOConfig`` ("Parameters that contr
 others are filled in `__post_init__` and never set by hand. `__post_init__` rejects bad combinations with a
 message that says what to change, before any model loads.
 
+What GRPO and SFT (`agents.training.sft.SFTConfig`) share are three nested groups, defined and validated once
+here and held by both with each command's defaults: `RunConfig` (``run``: checkpoints, resume, device,
+threads), `OptimConfig` (``optim``: AdamW and the learning-rate schedule) and `MemoryConfig` (``memory``). On
+the command line a group's fields are ``--run.save-every``, ``--optim.lr``, ...; in YAML mappings under
+``run:``, ``optim:`` and ``memory:``.
+
 Defaults are small-CPU settings (those of ``make demo-bfcl``, the BFCL pipeline); the paper's run (Qwen3-8B, 16 GPUs)
 used lr 1e-6, AdamW weight decay 0.01, grad clip 1.0, 16 instructions x K=4 per step, temperature 1.0, one
 optimizer step per batch, an invalid-action penalty of 0.1 and about 470 steps (docs/design.md §1).
@@ -27,6 +33,9 @@ import yaml
 
 __all__ = [
     "TrainConfig",
+    "RunConfig",
+    "OptimConfig",
+    "MemoryConfig",
     "config_field",
     "add_config_arguments",
     "config_from_args",
@@ -36,6 +45,8 @@ __all__ = [
     "load_dataclass",
     "nested_config_field",
     "field_default",
+    "flat_fields",
+    "replace_fields",
     "NOT_GIVEN",
 ]
 
@@ -43,24 +54,30 @@ __all__ = [
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def coerce_fields(obj: Any) -> None:
+def coerce_fields(obj: Any, prefix: str = "") -> None:
     """Coerce every field of the dataclass instance `obj` to its annotated type, in place, or raise.
 
     The one type check of every config (`TrainConfig`, `agents.training.sft.SFTConfig`,
-    `agents.pipeline.PipelineConfig`), run first in their ``__post_init__``, so a value from YAML (PyYAML reads ``1e-5``
-    as a string) or from Python is handled the same way: ``int`` takes an int or an integral string (not a bool, not
-    2.5); ``float`` takes a number or a numeric string and must be finite; ``bool`` takes a bool or one of
-    true/false, yes/no, on/off, 1/0; ``str`` must be a string; ``list[str]`` takes a list of strings (a single
-    string becomes a one-item list); ``Literal`` values must be among the choices; ``X | None`` takes None.
+    `agents.pipeline.PipelineConfig`, the shared groups `RunConfig`, `OptimConfig`, `MemoryConfig`), run first in their
+    ``__post_init__``, so a value from YAML (PyYAML reads ``1e-5`` as a string) or from Python is handled the same way:
+    ``int`` takes an int or an integral string (not a bool, not 2.5); ``float`` takes a number or a numeric string and
+    must be finite; ``bool`` takes a bool or one of true/false, yes/no, on/off, 1/0; ``str`` must be a string;
+    ``list[str]`` takes a list of strings (a single string becomes a one-item list); ``Literal`` values must be among
+    the choices; ``X | None`` takes None. A field that holds another config (`nested_config_field`) takes that config
+    or a mapping of its fields, laid over the field's defaults (nested mappings merged key by key).
+
+    Args:
+        obj: the config to check.
+        prefix: put before each field name in messages (a group's name as a user types it, e.g. ``"optim."``).
 
     Raises:
-        ValueError: ``invalid <Class>: <field> must be <type>, got <value>`` naming the accepted values.
+        ValueError: ``invalid <Class>: <prefix><field> must be <type>, got <value>`` naming the accepted values.
     """
     cls = type(obj)
     hints = typing.get_type_hints(cls)
 
     def fail(name: str, what: str, value: Any) -> NoReturn:
-        raise ValueError(f"invalid {cls.__name__}: {name} must be {what}, got {value!r}")
+        raise ValueError(f"invalid {cls.__name__}: {prefix}{name} must be {what}, got {value!r}")
 
     def coerce(name: str, hint: Any, value: Any) -> Any:
         origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -121,10 +138,10 @@ def coerce_fields(obj: Any) -> None:
         if not f.init:
             continue
         value, hint = getattr(obj, f.name), hints[f.name]
-        # a stage config inside another: a mapping (YAML) over its defaults
+        # a config inside another (a stage, a shared group): a mapping (YAML) over its defaults
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             if isinstance(value, dict):
-                value = _load(hint, None, {**f.metadata.get("defaults", {}), **value})
+                value = _load(hint, None, _merged(f.metadata.get("defaults", {}), value))
             elif not isinstance(value, hint):
                 fail(f.name, f"a {hint.__name__} or a mapping of its fields", value)
             setattr(obj, f.name, value)
@@ -140,11 +157,51 @@ def config_field(default: Any, help: str, **kw: Any) -> Any:
 
 
 def nested_config_field(cls: type, help: str, **defaults: Any) -> Any:
-    """A field holding a whole config of another command (``cls``, built with ``defaults`` over its own).
+    """A field holding another config: a command's whole config (a pipeline stage) or a shared group of fields
+    (`RunConfig`, `OptimConfig`, `MemoryConfig`), built with ``defaults`` over the class's own. A default for a
+    field that is itself a config is a mapping of its fields (``optim={"lr": 1e-4}``).
 
-    On the command line its fields are ``--<name>.<field>`` options; in YAML a mapping under ``<name>``.
+    On the command line its fields are ``--<name>.<field>`` options (``--<name>.<group>.<field>`` one level
+    down); in YAML a mapping under ``<name>``.
     """
     return field(default_factory=lambda: cls(**defaults), metadata={"help": help, "defaults": dict(defaults)})
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over` on top, a mapping in both (a nested config's fields) merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def flat_fields(config: Any) -> dict[str, Any]:
+    """A config (a dataclass, or the dict ``dataclasses.asdict`` makes of one) as one flat dict: a nested config's
+    fields as ``<name>.<field>`` (``{"optim.lr": 1e-5, ...}``), each value as stored."""
+    values = config if isinstance(config, dict) else dataclasses.asdict(config)
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if isinstance(value, dict):
+            out.update({f"{name}.{k}": v for k, v in flat_fields(value).items()})
+        else:
+            out[name] = value
+    return out
+
+
+def replace_fields(config: Any, changes: dict[str, Any]) -> Any:
+    """A copy of the config dataclass `config` with `changes` applied (``dataclasses.replace``, so validated
+    again); a nested config's field is named ``<name>.<field>`` (``{"run.threads": 2, "model": "m"}``)."""
+    direct: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for name, value in changes.items():
+        head, dot, rest = name.partition(".")
+        if dot:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            direct[name] = value
+    for head, sub in nested.items():
+        direct[head] = replace_fields(getattr(config, head), sub)
+    return dataclasses.replace(config, **direct)
 
 
 _f = config_field
@@ -154,6 +211,111 @@ DEVICE_HELP = (
     "where the model trains and generates: 'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or "
     "'cuda:N'; under accelerate launch each process takes its own GPU ('cpu' forces CPU processes)"
 )
+
+
+def _group_fail(cls: type, name: str) -> Any:
+    """The ``fail(message)`` of a shared group's checks: each message starts with a field name, which gets the
+    group's ``<name>.`` in front, as the user types it."""
+
+    def fail(msg: str) -> NoReturn:
+        raise ValueError(f"invalid {cls.__name__}: {name}.{msg}")
+
+    return fail
+
+
+@dataclass
+class RunConfig:
+    """How a training run keeps its folder and uses the machine: ``--run.<field>`` options, a ``run:`` mapping in
+    YAML. `TrainConfig` and `agents.training.sft.SFTConfig` both hold one (``envace train`` and ``envace sft``
+    differ only in ``save_every``). Nothing here changes what is trained, so a run may resume with any of it
+    changed."""
+
+    save_every: int = _f(1, "save a checkpoint every this many optimizer steps (and at the end)")
+    keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (older ones are deleted)")
+    resume: bool = _f(
+        True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)"
+    )
+    allow_config_change: bool = _f(
+        False,
+        (
+            "resume even when result-affecting fields (optim.lr, the algorithm, the data, ...) differ from the "
+            "checkpoint's; the new values are used"
+        ),
+    )
+    device: str = _f("auto", DEVICE_HELP)
+    threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, "run.")
+        fail = _group_fail(RunConfig, "run")
+        for name in ("save_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                fail(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.threads < 0:
+            fail(f"threads must be >= 0 (0: torch's default), got {self.threads}")
+        check_device(self.device, fail)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and its learning-rate schedule: ``--optim.<field>`` options, an ``optim:`` mapping in YAML.
+    `TrainConfig` and `agents.training.sft.SFTConfig` both hold one, each with its own defaults (``envace train``:
+    lr 1e-5, weight decay 0.01, constant; ``envace sft``: lr 2e-5, no weight decay, cosine)."""
+
+    lr: float = _f(1e-5, "AdamW learning rate (the paper's 8B GRPO run used 1e-6)")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.999, "AdamW beta2")
+    max_grad_norm: float = _f(1.0, "gradient clipping norm (0: off)")
+    lr_schedule: Literal["constant", "linear", "cosine"] = _f("constant", "learning-rate schedule after warmup")
+    warmup_steps: int = _f(0, "linear warmup steps of the schedule")
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, "optim.")
+        fail = _group_fail(OptimConfig, "optim")
+        if self.lr <= 0:
+            fail(f"lr must be > 0, got {self.lr}")
+        for name in ("weight_decay", "max_grad_norm", "warmup_steps"):
+            if getattr(self, name) < 0:
+                fail(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass
+class MemoryConfig:
+    """How a trainer trades time for memory: ``--memory.<field>`` options, a ``memory:`` mapping in YAML, held by
+    `TrainConfig` and `agents.training.sft.SFTConfig`. None of it changes what is trained (up to float rounding),
+    so a run may resume with any of it changed."""
+
+    logprob_chunk_size: int = _f(512, "positions per chunk through the LM head when computing logprobs")
+    gradient_checkpointing: bool = _f(
+        True,
+        (
+            "recompute decoder activations layer by layer in the backward pass: about 30% slower, but without it CPU "
+            "attention keeps every layer's (rows, heads, T, T) probabilities (SmolLM2, one 4k-token row: ~13 GB; "
+            "2 rows x 4k: ~36 GB)"
+        ),
+    )
+    malloc_mmap_threshold_kb: int = _f(
+        128,
+        (
+            "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.training.allocator; "
+            "0: keep glibc's dynamic threshold)"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, "memory.")
+        fail = _group_fail(MemoryConfig, "memory")
+        if self.logprob_chunk_size < 1:
+            fail(f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
+        if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
+            fail(
+                "malloc_mmap_threshold_kb must be in [0, 32768] (0 keeps glibc's default), got "
+                f"{self.malloc_mmap_threshold_kb}"
+            )
 
 
 @dataclass
@@ -176,27 +338,7 @@ class TrainConfig:
             "at equal compute; 0: num_steps alone"
         ),
     )
-    save_every: int = _f(1, "save a checkpoint every this many steps (and at the end)")
-    keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (older ones are deleted)")
-    resume: bool = _f(
-        True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)"
-    )
-    allow_config_change: bool = _f(
-        False,
-        (
-            "resume even when result-affecting fields (lr, algo, weighting, ...) differ from the checkpoint's; the new "
-            "values are used"
-        ),
-    )
-    device: str = _f("auto", DEVICE_HELP)
-    threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
-    malloc_mmap_threshold_kb: int = _f(
-        128,
-        (
-            "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.training.allocator; "
-            "0: keep glibc's dynamic threshold)"
-        ),
-    )
+    run: RunConfig = nested_config_field(RunConfig, "checkpoints, resume and the machine (RunConfig)")
     tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")
     engine: str = _f(
         "hf",
@@ -337,11 +479,9 @@ class TrainConfig:
     num_minibatches: int = _f(1, "optimizer steps per epoch; the B*K trajectory rows must split into whole minibatches")
 
     # --- Parameters that control the optimizer --------------------------------------------------------
-    lr: float = _f(1e-5, "AdamW learning rate (the paper's 8B run used 1e-6)")
-    weight_decay: float = _f(0.01, "AdamW weight decay")
-    adam_beta1: float = _f(0.9, "AdamW beta1")
-    adam_beta2: float = _f(0.999, "AdamW beta2")
-    max_grad_norm: float = _f(1.0, "gradient clipping norm (0: off)")
+    optim: OptimConfig = nested_config_field(
+        OptimConfig, "AdamW and its learning-rate schedule (OptimConfig)", lr=1e-5, weight_decay=0.01
+    )
     max_nonfinite_steps: int = _f(
         3,
         (
@@ -349,11 +489,9 @@ class TrainConfig:
             "many in a row (per model) stop the run"
         ),
     )
-    lr_schedule: Literal["constant", "linear", "cosine"] = _f("constant", "learning-rate schedule after warmup")
-    warmup_steps: int = _f(0, "linear warmup steps of the schedule")
 
     # --- Parameters that control memory ---------------------------------------------------------------
-    logprob_chunk_size: int = _f(512, "positions per chunk through the LM head when recomputing logprobs")
+    memory: MemoryConfig = nested_config_field(MemoryConfig, "time traded for memory (MemoryConfig)")
     micro_batch_tokens: int = _f(
         1024,
         (
@@ -361,13 +499,6 @@ class TrainConfig:
             "into micro-batches of at most this many (rows x longest row; a longer row goes alone) whose gradients add "
             "up to the minibatch's, so only float rounding changes. Less padding is less work, and a CPU forward "
             "without padding skips the attention mask (1024 was fastest on 2 cores for 135M; raise it on a GPU)"
-        ),
-    )
-    gradient_checkpointing: bool = _f(
-        True,
-        (
-            "recompute activations layer by layer in the backward pass: about 30% slower, but without it CPU attention "
-            "keeps every layer's (rows, heads, T, T) probabilities (SmolLM2, 2 rows x 4k tokens: ~36 GB)"
         ),
     )
     shard_optimizer: bool = _f(
@@ -396,17 +527,8 @@ class TrainConfig:
         coerce_fields(self)
         if not self.model.strip():
             fail("model must name a model ('smollm2-135m', a local folder or 'tiny-random'), got ''")
-        for name in ("seed", "threads", "warmup_steps"):
-            if getattr(self, name) < 0:
-                fail(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_grad_norm < 0 or self.weight_decay < 0:
-            fail(
-                f"max_grad_norm and weight_decay must be >= 0 (max_grad_norm 0 turns clipping off), got "
-                f"{self.max_grad_norm}, {self.weight_decay}"
-            )
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.seed < 0:
+            fail(f"seed must be >= 0, got {self.seed}")
         if self.generated_token_budget < 0:
             fail(f"generated_token_budget must be >= 0 (0: no budget), got {self.generated_token_budget}")
         if self.rehearsal_n < 0 or self.rehearsal_memory_tokens < 1:
@@ -433,22 +555,13 @@ class TrainConfig:
             "max_steps_per_turn",
             "ppo_epochs",
             "num_minibatches",
-            "save_every",
-            "logprob_chunk_size",
             "micro_batch_tokens",
-            "keep_checkpoints",
             "max_nonfinite_steps",
             "user_max_new_tokens",
             "user_max_turns",
         ):
             if getattr(self, name) < 1:
                 fail(f"{name} must be >= 1, got {getattr(self, name)}")
-        check_device(self.device, fail)
-        if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
-            fail(
-                "malloc_mmap_threshold_kb must be in [0, 32768] (0 keeps glibc's default), got "
-                f"{self.malloc_mmap_threshold_kb}"
-            )
         if self.group_size == 1:
             fail(
                 "group_size K=1 makes every advantage zero (a group of one has no baseline); set --group-size 2 or more"
@@ -467,16 +580,7 @@ class TrainConfig:
                 f"algo must be one of {list(ADVANTAGE_ESTIMATORS)} (agents.grpo.ADVANTAGE_ESTIMATORS), got "
                 f"{self.algo!r}"
             )
-        for name in (
-            "rollout",
-            "prompt_mode",
-            "rehearsal_mode",
-            "policy",
-            "weighting",
-            "aggregation",
-            "lr_schedule",
-            "dtype",
-        ):
+        for name in ("rollout", "prompt_mode", "rehearsal_mode", "policy", "weighting", "aggregation", "dtype"):
             allowed = typing.get_args(_HINTS[name])
             if getattr(self, name) not in allowed:
                 fail(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
@@ -484,8 +588,8 @@ class TrainConfig:
             fail(f"temperature and user_temperature must be >= 0, got {self.temperature}, {self.user_temperature}")
         if not 0 <= self.clip_eps_low < 1 or self.clip_eps_high < 0:
             fail(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {self.clip_eps_low}, {self.clip_eps_high}")
-        if self.beta < 0 or self.entropy_coef < 0 or self.lr <= 0 or self.invalid_action_penalty < 0:
-            fail("beta, entropy_coef and invalid_action_penalty must be >= 0 and lr > 0")
+        if self.beta < 0 or self.entropy_coef < 0 or self.invalid_action_penalty < 0:
+            fail("beta, entropy_coef and invalid_action_penalty must be >= 0")
         if self.importance_sampling_cap < 0 or 0 < self.importance_sampling_cap < 1:
             fail(
                 f"importance_sampling_cap must be 0 (off) or >= 1 (a cap below 1 would shrink on-policy tokens), "
@@ -509,30 +613,17 @@ class TrainConfig:
         "run_dir",
         "num_steps",
         "generated_token_budget",
-        "save_every",
-        "keep_checkpoints",
-        "resume",
-        "allow_config_change",
-        "threads",
-        "device",
-        "malloc_mmap_threshold_kb",
+        "run",
+        "memory",
         "tensorboard",
         "min_solvable_fraction",
         "max_nonfinite_steps",
-        "logprob_chunk_size",
         "micro_batch_tokens",
-        "gradient_checkpointing",
         "shard_optimizer",
     )
-    """Fields that may change between a run and its resume (bookkeeping, memory, speed): every other one
-    changes what is trained, so a resume with another value refuses unless ``allow_config_change``."""
-
-    REMOVED_FIELDS: typing.ClassVar[dict[str, str]] = {
-        "max_rollout_steps": "it cut every episode after that many ACT messages in total and set R = 0, so most "
-        "multi-turn tasks could never earn reward; episodes are now limited per user turn by "
-        "max_steps_per_turn (BFCL's semantics)",
-    }
-    """Fields of earlier versions, each with what replaced it (a config naming one fails with that message)."""
+    """Fields that may change between a run and its resume (bookkeeping, memory, speed; a group's name, such as
+    ``run``, stands for each of its fields): every other one changes what is trained, so a resume with another
+    value refuses unless ``run.allow_config_change``."""
 
 
 _HINTS = typing.get_type_hints(TrainConfig)
@@ -567,16 +658,9 @@ def _load(cls: type, path: str | Path | None, overrides: dict[str, Any]) -> Any:
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: expected a mapping of {cls.__name__} fields, got {type(loaded).__name__}")
         values.update(loaded)
-    for k, v in overrides.items():
-        if isinstance(v, dict) and isinstance(values.get(k), dict):  # a nested config: options over the file's mapping
-            values[k] = {**values[k], **v}
-        else:
-            values[k] = v
+    values = _merged(values, overrides)  # a nested config's options over the file's mapping of it
     computed = {f.name for f in dataclasses.fields(cls) if not f.init}
     known = {f.name for f in _settable_fields(cls)}
-    removed = {k: v for k, v in getattr(cls, "REMOVED_FIELDS", {}).items() if k in values}
-    if removed:
-        raise ValueError("; ".join(f"{cls.__name__} field {k!r} was removed: {why}" for k, why in removed.items()))
     unknown = sorted(set(values) - known - computed)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(known)}")
@@ -613,28 +697,37 @@ def _optional(kind: type) -> Any:
     return parse
 
 
-def add_dataclass_arguments(parser: Any, cls: type, prefix: str = "", defaults: dict[str, Any] | None = None) -> None:
+def add_dataclass_arguments(parser: Any, cls: type) -> None:
     """Add ``--config FILE`` and one ``--field-name`` option per settable field of `cls` (help from the field).
 
-    A field that holds another config (`nested_config_field`) becomes a group of ``--<field>.<name>`` options
-    (`prefix` and `defaults` are how that recursion passes the group's name and its default values).
+    A field that holds another config (`nested_config_field`) becomes a titled group of ``--<field>.<name>``
+    options, and a config inside that one a group of ``--<field>.<group>.<name>`` options (as ``--grpo.optim.lr``);
+    each option's help ends with its default there (the nested field's defaults over its class's own).
     """
+    parser.add_argument(
+        "--config", default=None, help=f"YAML file of {cls.__name__} fields (command-line options override it)"
+    )
+    _add_field_arguments(parser, parser, cls, "", {})
+
+
+def _add_field_arguments(root: Any, parser: Any, cls: type, prefix: str, defaults: dict[str, Any]) -> None:
+    """The options of `cls`'s fields on `parser` (`root` or one of its groups), named ``--<prefix><field>``;
+    `defaults` are the values that replace the fields' own defaults in the help."""
     hints = typing.get_type_hints(cls)
-    if not prefix:
-        parser.add_argument(
-            "--config", default=None, help=f"YAML file of {cls.__name__} fields (command-line options override it)"
-        )
     for f in _settable_fields(cls):
         hint = hints[f.name]
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            group = parser.add_argument_group(f"{prefix}{f.name}", f.metadata["help"].replace("%", "%%"))
-            add_dataclass_arguments(group, hint, f"{prefix}{f.name}.", f.metadata.get("defaults", {}))
+            over = defaults.get(f.name, {})
+            nested = _merged(f.metadata.get("defaults", {}), over if isinstance(over, dict) else {})
+            # every group on the root parser: argparse deprecates groups inside groups
+            group = root.add_argument_group(f"{prefix}{f.name}", f.metadata["help"].replace("%", "%%"))
+            _add_field_arguments(root, group, hint, f"{prefix}{f.name}.", nested)
             continue
         if type(None) in typing.get_args(hint):  # Optional[X]: the option takes X ("none" gives None via coercion)
             hint = next(a for a in typing.get_args(hint) if a is not type(None))
         origin = typing.get_origin(hint)
         args = typing.get_args(hint)
-        default = (defaults or {}).get(f.name, field_default(f))
+        default = defaults.get(f.name, field_default(f))
         # argparse %-formats help strings: a literal "%" (as in "30% slower") must be doubled
         help_text = f"{f.metadata['help']} (default: {default})".replace("%", "%%")
         kw: dict[str, Any] = {"default": NOT_GIVEN, "dest": prefix + f.name, "help": help_text}
@@ -648,10 +741,6 @@ def add_dataclass_arguments(parser: Any, cls: type, prefix: str = "", defaults: 
             kw["type"] = hint if f.default is not None or hint is str else _optional(hint)
         aliases = [f"--{prefix}{a}" for a in f.metadata.get("aliases", ())]  # e.g. --domains for τ²'s categories
         parser.add_argument("--" + prefix + f.name.replace("_", "-"), *aliases, **kw)
-    for name in getattr(cls, "REMOVED_FIELDS", {}):  # accepted only to fail with the message that says what replaced it
-        parser.add_argument(
-            "--" + prefix + name.replace("_", "-"), dest=prefix + name, default=NOT_GIVEN, help=argparse.SUPPRESS
-        )
 
 
 class _NotGiven:
@@ -675,9 +764,6 @@ def _option_values(cls: type, args: argparse.Namespace, prefix: str = "") -> dic
                 values[f.name] = nested
         elif getattr(args, prefix + f.name, NOT_GIVEN) is not NOT_GIVEN:
             values[f.name] = getattr(args, prefix + f.name)
-    for name in getattr(cls, "REMOVED_FIELDS", {}):
-        if getattr(args, prefix + name, NOT_GIVEN) is not NOT_GIVEN:
-            values[name] = getattr(args, prefix + name)
     return values
 
 
@@ -701,5 +787,14 @@ def _dump_yaml(config: TrainConfig, path: str | Path) -> None:
 
 
 def field_docs(cls: type = TrainConfig) -> Sequence[tuple[str, str, Any]]:
-    """(name, help, default) of every settable field of `cls`, for docs tables."""
-    return [(f.name, f.metadata["help"], field_default(f)) for f in _settable_fields(cls)]
+    """(name, help, default) of every settable field of `cls`, for docs tables; a nested config's fields are
+    named ``<name>.<field>``, with the defaults it has there."""
+    flat = flat_fields(cls())
+    hints = typing.get_type_hints(cls)
+    out: list[tuple[str, str, Any]] = []
+    for f in _settable_fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += [(f"{f.name}.{n}", h, flat[f"{f.name}.{n}"]) for n, h, _ in field_docs(hints[f.name])]
+        else:
+            out.append((f.name, f.metadata["help"], field_default(f)))
+    return out

@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,8 +46,9 @@ from typing import Any
 from agents.config import (
     TrainConfig,
     config_field,
-    field_default,
+    flat_fields,
     nested_config_field,
+    replace_fields,
 )
 from agents.evaluation.evaluate import EvalConfig, resume_ignores
 from agents.models import ModelStore, default_store
@@ -78,39 +78,6 @@ STAGES = ("eval_base", "sft", "eval_sft", "grpo", "eval_grpo")
 ``test_time_rehearsal_n`` adds `REHEARSAL_STAGE`."""
 REHEARSAL_STAGE = "eval_grpo_rehearsal"
 
-_OWNED = {
-    "sft": (
-        "run_dir",
-        "model",
-        "init",
-        "seed",
-        "data",
-        "categories",
-        "split",
-        "task_ids",
-        "threads",
-        "min_solvable_fraction",
-    ),
-    "grpo": ("run_dir", "model", "init", "seed", "suite", "categories", "split", "threads", "min_solvable_fraction"),
-    "eval": (
-        "model",
-        "suite",
-        "categories",
-        "split",
-        "seed",
-        "out",
-        "min_solvable_fraction",
-        "fidelity",
-        "rehearsal_n",
-    ),
-}
-"""Fields of each stage config that the pipeline sets itself (from its own fields, or per stage), so they
-must stay at their defaults in ``sft``, ``grpo`` and ``eval``."""
-
-_OWNED_HINTS = {
-    "fidelity": "set --fidelity true to add a fidelity stage after each evaluation",
-    "rehearsal_n": "set --test-time-rehearsal-n N to add an evaluation of the trained policy with test-time rehearsal",
-}
 PER_STAGE = "(one folder per stage)"
 """The default of ``eval.out``: each evaluation writes to its stage's folder."""
 
@@ -122,15 +89,17 @@ class PipelineConfig:
     ``sft`` (an `agents.training.sft.SFTConfig`), ``grpo`` (an `agents.config.TrainConfig`) and ``eval`` (an
     `agents.evaluation.evaluate.EvalConfig`, used by every evaluation) are the stage commands' own configs, with
     this job's defaults; on the command line their fields are ``--sft.<field>``, ``--grpo.<field>`` and
-    ``--eval.<field>``, in YAML mappings under ``sft:``, ``grpo:`` and ``eval:``. The pipeline sets the
-    fields listed in `_OWNED` itself: the run folders, the model each stage starts from, the seed, the
-    suite, its categories and splits (train for SFT and GRPO, test for evaluation), the SFT task ids (the
-    ``sft.max_demos`` shortest train demonstrations that fit ``sft.max_seq_len`` whole) and the budget check.
-    A stage config given as an object (``PipelineConfig(grpo=TrainConfig(...))``) is used with its own
-    defaults; given as a mapping (YAML, ``grpo={"lr": 1e-6}``, the options) it starts from this job's.
+    ``--eval.<field>`` (a shared group's one level down: ``--grpo.optim.lr``), in YAML mappings under ``sft:``,
+    ``grpo:`` and ``eval:`` (``grpo: {optim: {lr: 1e-6}}``). The pipeline sets some stage fields itself
+    (`pipeline_fields`): from its own options, the model, seed, suite, categories, CPU threads and budget check
+    of every stage; per stage, the run folders, the model each stage starts from, the splits (train for SFT and
+    GRPO, test for evaluation), the SFT task ids (the ``sft.max_demos`` shortest train demonstrations that fit
+    ``sft.max_seq_len`` whole) and which evaluations score fidelity or rehearse at test time. A stage config
+    given as an object (``PipelineConfig(grpo=TrainConfig(...))``) is used with its own defaults; given as a
+    mapping (YAML, ``grpo={"optim": {"lr": 1e-6}}``, the options) it starts from this job's.
 
     Raises:
-        ValueError: a bad value (naming its field), or a stage field the pipeline sets (naming the one to use).
+        ValueError: a bad value (naming its field), or a stage field the pipeline sets (naming the option to use).
     """
 
     run_dir: str = _f("runs/demo", "folder of the whole run (one sub-folder per stage)")
@@ -191,8 +160,7 @@ class PipelineConfig:
         overflow="drop",
         batch_tokens=3584,
         max_batch_rows=1,
-        lr=1e-4,
-        lr_schedule="constant",
+        optim={"lr": 1e-4, "lr_schedule": "constant"},
     )
     grpo: TrainConfig = nested_config_field(
         TrainConfig,
@@ -200,11 +168,11 @@ class PipelineConfig:
         num_steps=3,
         batch_tasks=1,
         group_size=2,
-        lr=1e-5,
+        optim={"lr": 1e-5},
         max_steps_per_turn=5,
         max_new_tokens=128,
         rehearse_max_new_tokens=64,
-        save_every=3,
+        run={"save_every": 3},
     )
     eval: EvalConfig = nested_config_field(
         EvalConfig,
@@ -215,29 +183,6 @@ class PipelineConfig:
         max_steps_per_turn=5,
         out=PER_STAGE,
     )
-
-    REMOVED_FIELDS: typing.ClassVar[dict[str, str]] = {
-        "grpo_max_rollout_steps": "it capped every GRPO episode at that many ACT messages in total with R = 0 after; "
-        "use grpo.max_steps_per_turn (a limit per user turn, BFCL's semantics)",
-        **{
-            old: f"each stage has its own config now: use {new}"
-            for old, new in {
-                "sft_steps": "sft.max_steps",
-                "sft_max_demos": "sft.max_demos",
-                "sft_max_seq_len": "sft.max_seq_len",
-                "sft_lr": "sft.lr",
-                "grpo_steps": "grpo.num_steps",
-                "grpo_batch_tasks": "grpo.batch_tasks",
-                "grpo_group_size": "grpo.group_size",
-                "grpo_lr": "grpo.lr",
-                "grpo_max_steps_per_turn": "grpo.max_steps_per_turn",
-                "max_new_tokens": "grpo.max_new_tokens and eval.max_new_tokens",
-                "rehearse_max_new_tokens": "grpo.rehearse_max_new_tokens",
-                "eval_tasks": "eval.limit",
-                "eval_max_steps_per_turn": "eval.max_steps_per_turn",
-            }.items()
-        },
-    }
 
     def __post_init__(self) -> None:
         from agents.config import coerce_fields
@@ -269,16 +214,84 @@ class PipelineConfig:
 
         if self.suite not in registered_suites():
             raise ValueError(f"invalid PipelineConfig: suite must be one of {registered_suites()}, got {self.suite!r}")
-        for stage, owned in _OWNED.items():
-            config = getattr(self, stage)
-            job_defaults = next(f for f in dataclasses.fields(self) if f.name == stage).metadata["defaults"]
-            for f in dataclasses.fields(config):
-                if f.name in owned and getattr(config, f.name) != job_defaults.get(f.name, field_default(f)):
-                    top = f.name if f.name in {g.name for g in dataclasses.fields(self)} else None
-                    hint = _OWNED_HINTS.get(f.name) or (
-                        f"set --{top.replace('_', '-')} for every stage" if top else "leave it out"
+        for f in dataclasses.fields(self):
+            if f.name not in ("sft", "grpo", "eval"):
+                continue
+            given = flat_fields(getattr(self, f.name))
+            default = flat_fields(f.default_factory())  # type: ignore[operator]  # a nested_config_field has one
+            for name in self.pipeline_fields(f.name):
+                if given[name] != default[name]:
+                    raise ValueError(
+                        f"invalid PipelineConfig: the pipeline sets {f.name}.{name} itself; {self._instead(name)}"
                     )
-                    raise ValueError(f"invalid PipelineConfig: the pipeline sets {stage}.{f.name} itself; {hint}")
+
+    def pipeline_fields(
+        self,
+        stage: str,
+        out: str | Path = "",
+        start: str = "",
+        task_ids: Sequence[str] = (),
+        fidelity: bool = False,
+        rehearsal_n: int = 0,
+    ) -> dict[str, Any]:
+        """The fields of stage config `stage` (``"sft"``, ``"grpo"`` or ``"eval"``) that the pipeline sets itself,
+        with their values (a shared group's field as ``<group>.<field>``, as `agents.config.replace_fields` takes
+        them): the pipeline's model, seed, categories and budget check in every stage, its suite and CPU threads
+        where the stage has them, and per stage the folder `out`, the split, the model folder `start` a stage
+        after SFT starts from, the SFT `task_ids`, and whether an evaluation scores `fidelity` or rehearses at test
+        time (`rehearsal_n`). These must stay at their defaults in ``sft``, ``grpo`` and ``eval``."""
+        every = {
+            "model": self.model,
+            "seed": self.seed,
+            "categories": self._categories(),
+            "min_solvable_fraction": self.min_solvable_fraction,
+        }
+        if stage == "sft":
+            return {
+                **every,
+                "run_dir": str(out),
+                "run.threads": self.threads,
+                "data": [self.suite],
+                "split": "train",
+                "task_ids": list(task_ids),
+            }
+        if stage == "grpo":
+            return {
+                **every,
+                "run_dir": str(out),
+                "run.threads": self.threads,
+                "init": start,
+                "suite": self.suite,
+                "split": "train",
+            }
+        if stage == "eval":
+            return {
+                **every,
+                "model": start,
+                "suite": self.suite,
+                "split": "test",
+                "out": str(out),
+                "fidelity": fidelity,
+                "rehearsal_n": rehearsal_n,
+            }
+        raise ValueError(f"no stage {stage!r}; the stages with a config are sft, grpo and eval")
+
+    def _instead(self, name: str) -> str:
+        """What to set instead of the stage field `name` that the pipeline sets itself."""
+        option = {
+            "run.threads": "threads",
+            "data": "suite",
+            "rehearsal_n": "test_time_rehearsal_n",
+        }.get(name, name)
+        if option == "fidelity":
+            return "set --fidelity true to add a fidelity stage after each evaluation"
+        if option == "test_time_rehearsal_n":
+            return "set --test-time-rehearsal-n N to add an evaluation of the trained policy with test-time rehearsal"
+        if option in ("run_dir", "out"):
+            return "each stage writes to its own folder under --run-dir"
+        if option in {f.name for f in dataclasses.fields(self)}:
+            return f"set --{option.replace('_', '-')} for every stage"
+        return "leave it out"
 
     def rehearsal_subset_limit(self) -> int | None:
         """``test_time_rehearsal_limit`` when the test-time rehearsal stage runs on fewer tasks per category
@@ -293,45 +306,17 @@ class PipelineConfig:
 
     def sft_config(self, out: str | Path, task_ids: list[str]) -> SFTConfig:
         """The SFT stage's config: ``sft`` with the pipeline's fields, training on `task_ids` into `out`."""
-        return dataclasses.replace(
-            self.sft,
-            run_dir=str(out),
-            model=self.model,
-            seed=self.seed,
-            data=[self.suite],
-            categories=self._categories(),
-            split="train",
-            task_ids=list(task_ids),
-            threads=self.threads,
-            min_solvable_fraction=self.min_solvable_fraction,
-        )
+        return replace_fields(self.sft, self.pipeline_fields("sft", out, task_ids=task_ids))
 
     def grpo_config(self, out: str | Path, init: str) -> TrainConfig:
         """The GRPO stage's config: ``grpo`` with the pipeline's fields, from the model folder `init` into `out`."""
-        return dataclasses.replace(
-            self.grpo,
-            run_dir=str(out),
-            model=self.model,
-            init=init,
-            seed=self.seed,
-            suite=self.suite,
-            categories=self._categories(),
-            split="train",
-            threads=self.threads,
-            min_solvable_fraction=self.min_solvable_fraction,
-        )
+        return replace_fields(self.grpo, self.pipeline_fields("grpo", out, start=init))
 
-    def eval_config(self, out: str | Path, model: str) -> EvalConfig:
-        """An evaluation stage's config: ``eval`` with the pipeline's fields, of `model`, written to `out`."""
-        return dataclasses.replace(
-            self.eval,
-            model=model,
-            suite=self.suite,
-            categories=self._categories(),
-            split="test",
-            seed=self.seed,
-            out=str(out),
-            min_solvable_fraction=self.min_solvable_fraction,
+    def eval_config(self, out: str | Path, model: str, fidelity: bool = False, rehearsal_n: int = 0) -> EvalConfig:
+        """An evaluation stage's config: ``eval`` with the pipeline's fields, of `model`, written to `out`; with
+        `fidelity`, a fidelity stage, and with `rehearsal_n` > 0, test-time rehearsal of that many attempts."""
+        return replace_fields(
+            self.eval, self.pipeline_fields("eval", out, start=model, fidelity=fidelity, rehearsal_n=rehearsal_n)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -775,8 +760,9 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     run.mkdir(parents=True, exist_ok=True)
     stages = StageRunner(run, log)
 
-    def evaluate_stage(name: str, model: str, **changes: Any) -> None:
-        stages.evaluate(name, dataclasses.replace(config.eval_config(run / name, model), **changes), models)
+    def evaluate_stage(name: str, model: str, limit: int | None = None, **changes: Any) -> None:
+        ev = config.eval_config(run / name, model, **changes)
+        stages.evaluate(name, ev if limit is None else dataclasses.replace(ev, limit=limit), models)
 
     def evaluations(name: str, model: str) -> None:
         evaluate_stage(f"eval_{name}", model)
@@ -809,12 +795,7 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     same_tasks = None
     if config.test_time_rehearsal_n:
         subset = config.rehearsal_subset_limit()
-        evaluate_stage(
-            REHEARSAL_STAGE,
-            grpo_model,
-            rehearsal_n=config.test_time_rehearsal_n,
-            **({} if subset is None else {"limit": subset}),
-        )
+        evaluate_stage(REHEARSAL_STAGE, grpo_model, limit=subset, rehearsal_n=config.test_time_rehearsal_n)
         if subset is not None:
             same_tasks = same_tasks_row(run / "eval_grpo", run / REHEARSAL_STAGE)
 

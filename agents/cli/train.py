@@ -11,7 +11,7 @@ __all__ = ["cmd_train", "register_train_parser"]
 
 def cmd_train(args: argparse.Namespace) -> int:
     """``envace train``: role-wise GRPO (`agents.training.trainer.RoleWiseGRPOTrainer`) with a `TrainConfig`."""
-    from agents.config import config_from_args
+    from agents.config import config_from_args, flat_fields
     from agents.training.trainer import RoleWiseGRPOTrainer
 
     config = config_from_args(args)  # fails fast, before any model loads
@@ -27,7 +27,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     elif trainer.step:
         print(f"[train] resumed from step {trainer.step} in {config.run_dir}")
-    print("[train] " + " ".join(f"{k}={v}" for k, v in config.to_dict().items()))
+    print("[train] " + " ".join(f"{k}={v}" for k, v in flat_fields(config).items()))
     history = trainer.train()
     if history:
         last = history[-1]

@@ -14,7 +14,7 @@ gradient checkpointing, one forward and backward, 2 threads): peak RSS 4.17 GB w
 threshold, 1.94 GB with a fixed 128 KiB threshold (full logits: 10.02 and 8.86 GB). The price is time:
 the step took 35-41 s instead of 30 s (every large block is a fresh mapping whose pages fault in;
 thresholds of 1 and 8 MiB measured the same, 37-38 s and 1.95-2.08 GB). Set
-``malloc_mmap_threshold_kb=0`` in the trainers' configs to trade the memory back for that time.
+``--memory.malloc-mmap-threshold-kb 0`` in either trainer to trade the memory back for that time.
 
 `set_malloc_mmap_threshold` fixes the threshold with ``mallopt(M_MMAP_THRESHOLD, n)`` (which also
 switches off the dynamic adjustment; glibc ``mallopt(3)``), the same as starting Python with the

@@ -334,7 +334,7 @@ def fsdp_plugin_from_environment() -> Any | None:
     Raises:
         ValueError: a setting the trainer does not take: ``fsdp_version`` other than 2, an
             ``fsdp_auto_wrap_policy`` other than ``TRANSFORMER_BASED_WRAP``, accelerate's
-            ``fsdp_activation_checkpointing`` (the trainer's ``--gradient-checkpointing`` does it), mixed
+            ``fsdp_activation_checkpointing`` (the trainer's ``--memory.gradient-checkpointing`` does it), mixed
             precision (the trainer's ``--dtype`` sets the precision), a state dict type other than
             ``FULL_STATE_DICT``, ``fsdp_cpu_ram_efficient_loading``; or a torch without the FSDP calls used.
     """
@@ -377,7 +377,7 @@ def fsdp_plugin_from_environment() -> Any | None:
     if plugin.activation_checkpointing:
         raise ValueError(
             "fsdp_activation_checkpointing in the accelerate config: the trainer checkpoints the "
-            "decoder layers itself (--gradient-checkpointing, on by default); set it false"
+            "decoder layers itself (--memory.gradient-checkpointing, on by default); set it false"
         )
     if plugin.mixed_precision_policy is not None:
         raise ValueError(

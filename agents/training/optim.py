@@ -44,7 +44,7 @@ def apply_optimizer_settings(
     betas: tuple[float, float],
 ) -> None:
     """Put the config's AdamW settings into optimizers restored from a checkpoint (which carry the old ones, and
-    ``allow_config_change`` may have changed them); the learning rate follows each schedule at its step."""
+    ``run.allow_config_change`` may have changed them); the learning rate follows each schedule at its step."""
     for name, opt in optimizers.items():
         sched = schedulers[name]
         sched.base_lrs = [lr for _ in opt.param_groups]

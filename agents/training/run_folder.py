@@ -7,7 +7,7 @@
   killed after logging step s + 1 but before its checkpoint does not log that step twice; a cut last line (a
   writer killed mid-line) is dropped with a warning.
 * `changed_fields`: the result-affecting config fields whose value differs from the checkpoint's; resuming
-  with any of them refuses unless ``allow_config_change`` is set.
+  with any of them refuses unless ``run.allow_config_change`` is set.
 * `read_jsonl`: JSON Lines reading that skips a cut last line with a warning (any other bad line raises).
 """
 
@@ -183,9 +183,19 @@ def trim_jsonl(path: str | Path, max_step: int, key: str = "step") -> int:
 
 
 def changed_fields(saved: dict[str, Any], current: dict[str, Any], ignore: Iterable[str]) -> dict[str, tuple[Any, Any]]:
-    """``{field: (saved, current)}`` for every field outside `ignore` whose value differs."""
+    """``{field: (saved, current)}`` for every field outside `ignore` whose value differs (a field `saved` lacks
+    is not compared). A nested config's fields are compared one by one and named ``<group>.<field>``
+    (`agents.config.flat_fields`); a group's name in `ignore` ignores each of its fields."""
+    from agents.config import flat_fields
+
     skip = set(ignore)
-    return {k: (saved.get(k), v) for k, v in current.items() if k not in skip and k in saved and saved[k] != v}
+    old, new = flat_fields(saved), flat_fields(current)
+
+    def ignored(name: str) -> bool:
+        parts = name.split(".")
+        return any(".".join(parts[:i]) in skip for i in range(1, len(parts) + 1))
+
+    return {k: (old[k], v) for k, v in new.items() if not ignored(k) and k in old and old[k] != v}
 
 
 def check_resume_config(
@@ -214,8 +224,8 @@ def check_resume_config(
     if not allow_change:
         raise RunFolderError(
             f"{run_dir} holds a run whose checkpoint {ckpt.name} was trained with other settings ({listed}); "
-            "resuming would mix them. Use a new --run-dir, --resume false to start over in this folder, or "
-            "--allow-config-change true to continue with the new values"
+            "resuming would mix them. Use a new --run-dir, --run.resume false to start over in this folder, or "
+            "--run.allow-config-change true to continue with the new values"
         )
     if log is not None:
         log(f"[resume] continuing {ckpt.name} with changed settings: {listed}")

@@ -30,7 +30,8 @@ Implementation details:
    ``group_by_length=False``): more padding, but every batch mixes lengths and so task families, which a
    model trained from scratch needs (length-sorted batches of one family each pull it back and forth).
 4. AdamW, gradient clipping, and the GRPO trainer's schedule (`agents.training.optim.make_lr_scheduler`: linear
-   warmup then constant, linear or cosine decay over the total steps).
+   warmup then constant, linear or cosine decay over the total steps), set by the ``--optim.*`` options, the
+   same `agents.config.OptimConfig` as ``envace train``'s.
 5. LoRA (``--lora``, needs ``pip install envace-gym[lora]``): peft adapters on the attention and MLP
    projections; only they are trained and the optimizer holds only their state. A checkpoint's
    ``model/`` is the adapter merged into a copy of the base (a plain Hugging Face folder, valid as
@@ -73,10 +74,12 @@ from typing import Any, Literal, cast
 import torch
 
 from agents.config import (
-    DEVICE_HELP,
-    check_device,
+    MemoryConfig,
+    OptimConfig,
+    RunConfig,
     coerce_fields,
     config_field,
+    nested_config_field,
 )
 from agents.models import ModelStore, default_store
 from agents.rollout import PAD_ROLE
@@ -112,27 +115,7 @@ class SFTConfig:
     seed: int = _f(0, "seed of the batch order (per epoch), of LoRA initialisation and of the --error-demos draws")
     model: str = _f("smollm2-135m", "model to fine-tune: 'smollm2-135m', a local Hugging Face folder, or 'tiny-random'")
     init: str | None = _f(None, "start from this folder (e.g. a checkpoint's model/) instead of --model")
-    save_every: int = _f(50, "save a checkpoint every this many optimizer steps (and at the end)")
-    keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep")
-    resume: bool = _f(
-        True, "continue from the newest checkpoint in run_dir that loads (newer unreadable ones are skipped and named)"
-    )
-    allow_config_change: bool = _f(
-        False,
-        (
-            "resume even when result-affecting fields (lr, data, roles, ...) differ from the checkpoint's; the new "
-            "values are used"
-        ),
-    )
-    device: str = _f("auto", DEVICE_HELP)
-    threads: int = _f(0, "torch CPU threads (0: leave torch's default)")
-    malloc_mmap_threshold_kb: int = _f(
-        128,
-        (
-            "fix glibc's mmap threshold at this many KiB so freed activations leave RSS (agents.training.allocator; "
-            "0: keep glibc's dynamic threshold)"
-        ),
-    )
+    run: RunConfig = nested_config_field(RunConfig, "checkpoints, resume and the machine (RunConfig)", save_every=50)
 
     # --- Parameters that control the data -------------------------------------------------------------
     data: list[str] = _f(
@@ -205,23 +188,16 @@ class SFTConfig:
         "length-bucketed batches (less padding); off: shuffled batches of "
         "min(max_batch_rows, max(1, batch_tokens // longest sequence)) rows",
     )
-    lr: float = _f(2e-5, "AdamW learning rate")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    adam_beta1: float = _f(0.9, "AdamW beta1")
-    adam_beta2: float = _f(0.999, "AdamW beta2")
-    max_grad_norm: float = _f(1.0, "gradient clipping norm (0: off)")
-    lr_schedule: Literal["constant", "linear", "cosine"] = _f("cosine", "learning-rate schedule after warmup")
-    warmup_steps: int = _f(0, "linear warmup steps")
+    optim: OptimConfig = nested_config_field(
+        OptimConfig,
+        "AdamW and its learning-rate schedule (OptimConfig)",
+        lr=2e-5,
+        weight_decay=0.0,
+        lr_schedule="cosine",
+    )
 
     # --- Parameters that control memory ---------------------------------------------------------------
-    logprob_chunk_size: int = _f(512, "positions per chunk through the LM head")
-    gradient_checkpointing: bool = _f(
-        True,
-        (
-            "recompute decoder activations layer by layer in the backward: about 30% slower, but a 4k-token SmolLM2 "
-            "row otherwise keeps ~13 GB of attention probabilities"
-        ),
-    )
+    memory: MemoryConfig = nested_config_field(MemoryConfig, "time traded for memory (MemoryConfig)")
     lora: bool = _f(False, "train LoRA adapters instead of every weight (needs peft: pip install envace-gym[lora])")
     lora_r: int = _f(16, "LoRA rank")
     lora_alpha: float = _f(32.0, "LoRA alpha (the update is scaled by alpha / r)")
@@ -237,12 +213,8 @@ class SFTConfig:
         coerce_fields(self)
         if not self.model.strip():
             fail("model must name a model ('smollm2-135m', a local folder or 'tiny-random'), got ''")
-        check_device(self.device, fail)
-        if self.seed < 0 or self.weight_decay < 0:
-            fail(f"seed and weight_decay must be >= 0, got {self.seed}, {self.weight_decay}")
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.seed < 0:
+            fail(f"seed must be >= 0, got {self.seed}")
         from envace_gym.suites import make_suite, registered_suites
 
         suites = registered_suites()
@@ -261,29 +233,15 @@ class SFTConfig:
             if self.error_demos and not callable(getattr(suite, "mutations", None)):
                 fail(f"error_demos: suite {source!r} proposes no mistakes (no Suite.mutations); set --error-demos 0")
 
-        for name in (
-            "save_every",
-            "keep_checkpoints",
-            "num_epochs",
-            "batch_tokens",
-            "max_batch_rows",
-            "logprob_chunk_size",
-            "max_seq_len",
-            "lora_r",
-        ):
+        for name in ("num_epochs", "batch_tokens", "max_batch_rows", "max_seq_len", "lora_r"):
             if getattr(self, name) < 1:
                 fail(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "max_demos", "warmup_steps", "threads", "error_demos"):
+        for name in ("max_steps", "max_demos", "error_demos"):
             if getattr(self, name) < 0:
                 fail(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.malloc_mmap_threshold_kb <= 32768:
-            fail(
-                "malloc_mmap_threshold_kb must be in [0, 32768] (0 keeps glibc's default), got "
-                f"{self.malloc_mmap_threshold_kb}"
-            )
-        if self.lr <= 0 or min(self.act_weight, self.rehearse_weight, self.prompt_weight, self.max_grad_norm) < 0:
-            fail("lr must be > 0 and act_weight, rehearse_weight, prompt_weight, max_grad_norm >= 0")
-        for name in ("calls_per_message", "overflow", "loss_normalization", "lr_schedule"):
+        if min(self.act_weight, self.rehearse_weight, self.prompt_weight) < 0:
+            fail("act_weight, rehearse_weight and prompt_weight must be >= 0")
+        for name in ("calls_per_message", "overflow", "loss_normalization"):
             allowed = typing.get_args(_HINTS[name])
             if getattr(self, name) not in allowed:
                 fail(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
@@ -325,16 +283,9 @@ class SFTConfig:
 
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
         "run_dir",
-        "save_every",
-        "keep_checkpoints",
-        "resume",
-        "allow_config_change",
-        "threads",
-        "device",
-        "malloc_mmap_threshold_kb",
+        "run",
+        "memory",
         "min_solvable_fraction",
-        "logprob_chunk_size",
-        "gradient_checkpointing",
         "max_steps",
         "num_epochs",
     )
@@ -602,7 +553,7 @@ class SFTTrainer:
         from agents.training.run_folder import RunLock, check_resume_config, trim_jsonl
 
         self.config = config
-        self.parallel = parallel = parallel or DataParallel.from_environment(config.device)
+        self.parallel = parallel = parallel or DataParallel.from_environment(config.run.device)
         if not parallel.is_main:
             log = None
         self.run_dir = Path(config.run_dir)
@@ -616,11 +567,11 @@ class SFTTrainer:
         if parallel.is_main:  # rank 0 owns the run folder
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._lock = RunLock(self.run_dir).acquire()
-        if config.resume:
+        if config.run.resume:
             check_resume_config(
-                self.run_dir, config.to_dict(), SFTConfig.RESUME_IGNORES, config.allow_config_change, log
+                self.run_dir, config.to_dict(), SFTConfig.RESUME_IGNORES, config.run.allow_config_change, log
             )
-        prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
+        prepare_process(config.run.threads, config.memory.malloc_mmap_threshold_kb, config.seed)
         if config.lora:
             _require_peft()
             if parallel.shards_weights:
@@ -655,7 +606,7 @@ class SFTTrainer:
         )
         self.total_steps = config.max_steps or config.num_epochs * self.batches_per_epoch
 
-        if config.gradient_checkpointing:
+        if config.memory.gradient_checkpointing:
             enable_gradient_checkpointing(base)
         self.model: torch.nn.Module = base
         if config.lora:
@@ -681,11 +632,16 @@ class SFTTrainer:
         )
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            params, lr=config.lr, weight_decay=config.weight_decay, betas=(config.adam_beta1, config.adam_beta2)
+            params,
+            lr=config.optim.lr,
+            weight_decay=config.optim.weight_decay,
+            betas=(config.optim.adam_beta1, config.optim.adam_beta2),
         )
-        self.scheduler = make_lr_scheduler(self.optimizer, config.lr_schedule, config.warmup_steps, self.total_steps)
+        self.scheduler = make_lr_scheduler(
+            self.optimizer, config.optim.lr_schedule, config.optim.warmup_steps, self.total_steps
+        )
         self.step = 0
-        if config.resume:
+        if config.run.resume:
             if config.lora:
                 from peft import set_peft_model_state_dict
                 from safetensors.torch import load_file
@@ -705,9 +661,9 @@ class SFTTrainer:
             apply_optimizer_settings(
                 {"model": self.optimizer},
                 {"model": self.scheduler},
-                config.lr,
-                config.weight_decay,
-                (config.adam_beta1, config.adam_beta2),
+                config.optim.lr,
+                config.optim.weight_decay,
+                (config.optim.adam_beta1, config.optim.adam_beta2),
             )
         parallel.same_everywhere(self.step, "the step to resume from")  # ranks that resumed apart would diverge
         parallel.barrier()  # every rank has read the run folder before rank 0 rewrites parts of it
@@ -739,7 +695,7 @@ class SFTTrainer:
                 pad=f"{m['data/padding_fraction']:.2f}",
                 tok_s=f"{m['perf/tokens_per_s']:.0f}",
             )
-            if self.step % self.config.save_every == 0 or self.step == self.total_steps:
+            if self.step % self.config.run.save_every == 0 or self.step == self.total_steps:
                 self.save()
         bar.close()
         return history
@@ -765,7 +721,7 @@ class SFTTrainer:
         input_ids, attention_mask, role_mask = input_ids.to(device), attention_mask.to(device), role_mask.to(device)
         self.model.train()
         lr = float(self.scheduler.get_last_lr()[0])
-        logprobs = self._logprobs(input_ids, attention_mask, chunk_size=cfg.logprob_chunk_size)  # (n, T)
+        logprobs = self._logprobs(input_ids, attention_mask, chunk_size=cfg.memory.logprob_chunk_size)  # (n, T)
         counts = None
         if par.distributed:
             roles = list(self.weights)
@@ -781,8 +737,8 @@ class SFTTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         (loss * par.world_size).backward()  # DDP averages the ranks' gradients
         params = [p for p in self.model.parameters() if p.requires_grad]
-        if cfg.max_grad_norm > 0:
-            grad_norm = as_float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        if cfg.optim.max_grad_norm > 0:
+            grad_norm = as_float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm))
         else:
             grad_norm = as_float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
         self.optimizer.step()
@@ -851,7 +807,7 @@ class SFTTrainer:
                 model_state_dicts={"model": model_state} if model_state is not None else None,
                 optimizer_state_dicts={"model": optimizer_state} if optimizer_state is not None else None,
             )
-            prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
+            prune_checkpoints(self.run_dir, self.config.run.keep_checkpoints)
         self.parallel.barrier()
         return path
 

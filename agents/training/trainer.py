@@ -15,7 +15,7 @@ One training step, in the order of the algorithm box:
    ``max_nonfinite_steps`` of them in a row stop the run;
 5. the prefix KV caches are cleared: by an update that trains, before its passes (its activations get that
    memory), and after it (the weights changed; `RoleWiseGRPOTrainer.clear_kv_caches`);
-6. metrics to ``metrics.jsonl`` and TensorBoard, a checkpoint every ``save_every`` steps.
+6. metrics to ``metrics.jsonl`` and TensorBoard, a checkpoint every ``run.save_every`` steps.
 
 Before any model loads, the trainer checks that at least ``min_solvable_fraction`` of the selected tasks can
 be completed within ``max_steps_per_turn``, ``max_new_tokens`` and ``max_episode_tokens`` (`agents.training.budgets`):
@@ -195,7 +195,7 @@ class RoleWiseGRPOTrainer:
         from envace_gym.suites import make_suite
 
         self.config = config
-        self.parallel = parallel = parallel or DataParallel.from_environment(config.device)
+        self.parallel = parallel = parallel or DataParallel.from_environment(config.run.device)
         if not parallel.is_main:
             log = None
         if parallel.shards_weights and config.shard_optimizer:
@@ -252,11 +252,11 @@ class RoleWiseGRPOTrainer:
         if parallel.is_main:  # rank 0 owns the run folder
             self.run_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
             self._lock = RunLock(self.run_dir).acquire()
-        if config.resume:
+        if config.run.resume:
             check_resume_config(
-                self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.allow_config_change, log
+                self.run_dir, config.to_dict(), TrainConfig.RESUME_IGNORES, config.run.allow_config_change, log
             )
-        prepare_process(config.threads, config.malloc_mmap_threshold_kb, config.seed)
+        prepare_process(config.run.threads, config.memory.malloc_mmap_threshold_kb, config.seed)
         model = models.model(source, dtype=getattr(torch, config.dtype), device=parallel.device, shared=False)
         self.tokenizer = tokenizer
         self.policy = self._policy(model, tokenizer, engine)
@@ -266,7 +266,7 @@ class RoleWiseGRPOTrainer:
         self.models: dict[str, torch.nn.Module] = {"model": self.policy.model}
         if self.rehearse_policy is not self.policy:
             self.models["rehearse_model"] = self.rehearse_policy.model
-        if config.gradient_checkpointing:
+        if config.memory.gradient_checkpointing:
             for m in self.models.values():
                 enable_gradient_checkpointing(m)
         self.ref_model = None
@@ -282,14 +282,14 @@ class RoleWiseGRPOTrainer:
             k: parallel.adamw(
                 m.parameters(),
                 shard=config.shard_optimizer,
-                lr=config.lr,
-                weight_decay=config.weight_decay,
-                betas=(config.adam_beta1, config.adam_beta2),
+                lr=config.optim.lr,
+                weight_decay=config.optim.weight_decay,
+                betas=(config.optim.adam_beta1, config.optim.adam_beta2),
             )
             for k, m in self.models.items()
         }
         self.schedulers = {
-            k: make_lr_scheduler(o, config.lr_schedule, config.warmup_steps, config.num_steps)
+            k: make_lr_scheduler(o, config.optim.lr_schedule, config.optim.warmup_steps, config.num_steps)
             for k, o in self.optimizers.items()
         }
         self.env = RehearseVectorEnv(
@@ -310,7 +310,7 @@ class RoleWiseGRPOTrainer:
         self._mismatch_sum, self._mismatch_tokens = 0.0, 0  # filled by each update
         self._unmeasured: set[str] = set()
         self._writer: SummaryWriter | None = None
-        if config.resume:
+        if config.run.resume:
             ckpt, self.step = load_newest(self.run_dir, self.models, self.optimizers, self.schedulers, log=log)
             if ckpt is not None:
                 from agents.training.checkpoint import trainer_state
@@ -330,7 +330,11 @@ class RoleWiseGRPOTrainer:
     def _apply_optimizer_config(self) -> None:
         cfg = self.config
         apply_optimizer_settings(
-            self.optimizers, self.schedulers, cfg.lr, cfg.weight_decay, (cfg.adam_beta1, cfg.adam_beta2)
+            self.optimizers,
+            self.schedulers,
+            cfg.optim.lr,
+            cfg.optim.weight_decay,
+            (cfg.optim.adam_beta1, cfg.optim.adam_beta2),
         )
 
     # ------------------------------------------------------------------ the loop
@@ -362,7 +366,7 @@ class RoleWiseGRPOTrainer:
                     f"{metrics['perf/update_s']:.0f} s"
                 )
             done = self.step == self.config.num_steps or bool(budget and self.generated_tokens >= budget)
-            if self.step % self.config.save_every == 0 or done:
+            if self.step % self.config.run.save_every == 0 or done:
                 self.save()
         bar.close()
         if self._writer is not None:
@@ -573,7 +577,9 @@ class RoleWiseGRPOTrainer:
             )  # (m, t)
             for name, _, role in targets:
                 lp = (
-                    self._logprob_modules[name](ids, attn, temperature=temperature, chunk_size=cfg.logprob_chunk_size)
+                    self._logprob_modules[name](
+                        ids, attn, temperature=temperature, chunk_size=cfg.memory.logprob_chunk_size
+                    )
                     .float()
                     .cpu()
                 )  # (m, t)
@@ -671,10 +677,16 @@ class RoleWiseGRPOTrainer:
             with sync:
                 if cfg.entropy_coef > 0:
                     logprobs, entropy = forward(
-                        ids, attn, temperature=temperature, chunk_size=cfg.logprob_chunk_size, return_entropy=True
+                        ids,
+                        attn,
+                        temperature=temperature,
+                        chunk_size=cfg.memory.logprob_chunk_size,
+                        return_entropy=True,
                     )  # (m, t) x2
                 else:
-                    logprobs = forward(ids, attn, temperature=temperature, chunk_size=cfg.logprob_chunk_size)  # (m, t)
+                    logprobs = forward(
+                        ids, attn, temperature=temperature, chunk_size=cfg.memory.logprob_chunk_size
+                    )  # (m, t)
                     entropy = None
                 if name in self._unmeasured:  # this model's first forward of the update: no optimizer step yet
                     self._add_mismatch(logprobs, old, m_mask)
@@ -682,7 +694,7 @@ class RoleWiseGRPOTrainer:
                 if self.ref_model is not None:
                     with torch.no_grad():
                         ref = token_logprobs(
-                            self.ref_model, ids, attn, temperature=temperature, chunk_size=cfg.logprob_chunk_size
+                            self.ref_model, ids, attn, temperature=temperature, chunk_size=cfg.memory.logprob_chunk_size
                         )  # (m, t)
                 weights = tis_weights[rows, :width].to(device) if tis_weights is not None else None
                 loss, stats = grpo_loss(
@@ -722,8 +734,8 @@ class RoleWiseGRPOTrainer:
         finite = par.all(loss_finite)
         if finite:
             grads = [p.grad for p in model.parameters() if p.grad is not None]
-            if cfg.max_grad_norm > 0:
-                grad_norm = as_float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+            if cfg.optim.max_grad_norm > 0:
+                grad_norm = as_float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm))
             else:
                 grad_norm = as_float(
                     torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
@@ -740,9 +752,9 @@ class RoleWiseGRPOTrainer:
             if self.nonfinite_in_a_row[name] >= cfg.max_nonfinite_steps:
                 raise FloatingPointError(
                     f"{self.nonfinite_in_a_row[name]} optimizer steps in a row had a non-finite loss or gradient (last "
-                    "at "
-                    f"training step {self.step}, {name}); lower --lr, keep --max-grad-norm > 0, or check the model "
-                    f"in {self.config.init or self.config.model}; --max-nonfinite-steps sets how many are tolerated"
+                    f"at training step {self.step}, {name}); lower --optim.lr, keep --optim.max-grad-norm > 0, or "
+                    f"check the model in {self.config.init or self.config.model}; --max-nonfinite-steps sets how many "
+                    "are tolerated"
                 )
         return stats, (grad_norm if finite else None)
 
@@ -770,7 +782,7 @@ class RoleWiseGRPOTrainer:
                 model_state_dicts=model_states,
                 optimizer_state_dicts=optimizer_states,
             )
-            prune_checkpoints(self.run_dir, self.config.keep_checkpoints)
+            prune_checkpoints(self.run_dir, self.config.run.keep_checkpoints)
         self.parallel.barrier()
         return path
 

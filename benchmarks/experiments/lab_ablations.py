@@ -193,7 +193,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     import torch
 
-    from agents.config import TrainConfig, load_dataclass
+    from agents.config import TrainConfig, load_dataclass, replace_fields
     from agents.models import default_store
     from agents.pipeline import (
         PipelineConfig,
@@ -250,8 +250,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     for seed in range(args.seeds):
         for arm in args.arms:
             name = f"{arm}/seed{seed}"
-            config = dataclasses.replace(
-                recipe.grpo_config(out / name / "grpo", warm), seed=seed, num_steps=steps, save_every=steps, **ARMS[arm]
+            config = replace_fields(
+                recipe.grpo_config(out / name / "grpo", warm),
+                {"seed": seed, "num_steps": steps, "run.save_every": steps, **ARMS[arm]},
             )
             info = stages.stage(
                 f"{name}/grpo",
@@ -446,16 +447,12 @@ def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, sb
         "seeds": args.seeds,
         "grpo_steps": steps,
         "grpo": {
-            k: getattr(recipe.grpo, k)
-            for k in (
-                "batch_tasks",
-                "group_size",
-                "lr",
-                "max_new_tokens",
-                "rehearse_max_new_tokens",
-                "max_steps_per_turn",
-                "temperature",
-            )
+            **{k: getattr(recipe.grpo, k) for k in ("batch_tasks", "group_size")},
+            "lr": recipe.grpo.optim.lr,
+            **{
+                k: getattr(recipe.grpo, k)
+                for k in ("max_new_tokens", "rehearse_max_new_tokens", "max_steps_per_turn", "temperature")
+            },
         },
         "test_tasks": warm_eval["n_tasks"],
         "fidelity_tasks": warm_fid.get("n_tasks"),

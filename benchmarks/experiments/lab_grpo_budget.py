@@ -17,7 +17,6 @@ every checkpoint is reported; nothing is chosen after seeing a result. Stages re
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     import datetime
     import shlex
 
-    from agents.config import TrainConfig
+    from agents.config import TrainConfig, replace_fields
     from agents.pipeline import grpo_stage, stage_ignores, stage_settings
     from agents.training.checkpoint import checkpoint_dir
 
@@ -96,13 +95,15 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     for seed in range(args.seeds):
         for arm in args.arms:
             name = f"{arm}/seed{seed}"
-            config = dataclasses.replace(
+            config = replace_fields(
                 recipe.grpo_config(out / name / "grpo", warm),
-                seed=seed,
-                num_steps=args.steps,
-                save_every=args.eval_every,
-                keep_checkpoints=len(checkpoints),
-                **ARMS[arm],
+                {
+                    "seed": seed,
+                    "num_steps": args.steps,
+                    "run.save_every": args.eval_every,
+                    "run.keep_checkpoints": len(checkpoints),
+                    **ARMS[arm],
+                },
             )
             info = stages.stage(
                 f"{name}/grpo",
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 ignore=stage_ignores(TrainConfig),
             )
             missing = [s for s in checkpoints if not (checkpoint_dir(out / name / "grpo", s) / "model").is_dir()]
-            if missing:  # a finished run saved at other steps (save_every is not part of what a stage compares)
+            if missing:  # a finished run saved at other steps (run.save_every is not part of what a stage compares)
                 raise ValueError(
                     f"{out / name / 'grpo'} has no checkpoint at steps {missing}: it ran with another --eval-every; "
                     "give another --out or the --eval-every it ran with"
@@ -170,7 +171,7 @@ def summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed) -> dict[s
         "seeds": args.seeds,
         "steps": args.steps,
         "eval_every": args.eval_every,
-        "grpo": {"batch_tasks": grpo.batch_tasks, "group_size": grpo.group_size, "lr": grpo.lr},
+        "grpo": {"batch_tasks": grpo.batch_tasks, "group_size": grpo.group_size, "lr": grpo.optim.lr},
         "arms": arms,
     }
 

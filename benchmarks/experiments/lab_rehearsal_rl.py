@@ -180,7 +180,7 @@ def summarize(args, recipe, warm, measured, training) -> dict[str, Any]:
         "steps": args.steps,
         "n": args.n,
         "reference": REFERENCE,
-        "grpo": {"batch_tasks": g.batch_tasks, "group_size": g.group_size, "lr": g.lr},
+        "grpo": {"batch_tasks": g.batch_tasks, "group_size": g.group_size, "lr": g.optim.lr},
         "test_tasks": len(next(iter(measured.values()))[0]["rewards"]),
         "rows": rows,
     }

@@ -156,14 +156,11 @@ def run(args: argparse.Namespace, log=print) -> dict:
         max_steps=args.steps,
         batch_tokens=args.batch_tokens,
         max_batch_rows=24,
-        lr=args.lr,
-        lr_schedule="cosine",
-        warmup_steps=min(100, args.steps // 10),
+        optim={"lr": args.lr, "lr_schedule": "cosine", "warmup_steps": min(100, args.steps // 10)},
         max_seq_len=1024,
-        gradient_checkpointing=False,
-        save_every=args.steps,
+        memory={"gradient_checkpointing": False},
+        run={"save_every": args.steps, "threads": args.threads},
         seed=args.seed,
-        threads=args.threads,
     )
     history = SFTTrainer(sft, models=store).train()
     sft_s = time.perf_counter() - t0

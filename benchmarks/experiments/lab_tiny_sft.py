@@ -162,16 +162,12 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
         max_batch_rows=args.rows,
         group_by_length=args.group_by_length,
         max_seq_len=512,
-        lr=args.lr,
-        lr_schedule="constant",
-        warmup_steps=args.warmup_steps,
+        optim={"lr": args.lr, "lr_schedule": "constant", "warmup_steps": args.warmup_steps},
         prompt_weight=args.prompt_weight,
         error_demos=args.error_demos,
-        gradient_checkpointing=False,
-        save_every=args.steps,
+        memory={"gradient_checkpointing": False, "malloc_mmap_threshold_kb": 0},
+        run={"save_every": args.steps, "threads": args.threads},
         seed=seed,
-        threads=args.threads,
-        malloc_mmap_threshold_kb=0,
     )
     t0 = time.perf_counter()
     history = SFTTrainer(config, models=store, log=None).train(progress=False)

@@ -98,6 +98,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     import datetime
     import shlex
 
+    from agents.config import replace_fields
     from agents.pipeline import latest_model, stage_ignores, stage_settings
     from agents.policy import load_policy
     from agents.training.demonstrations import record_memory_demonstrations
@@ -155,16 +156,18 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     def continuation(name: str, seed: int, data: list[str]) -> str:
         folder = out / name / f"seed{seed}" / "sft"
-        config: SFTConfig = dataclasses.replace(
+        config: SFTConfig = replace_fields(
             recipe.sft_config(folder, train_ids),
-            init=warm,
-            seed=seed,
-            data=data,
-            max_demos=0,
-            max_steps=args.sft_steps,
-            save_every=args.sft_steps,
-            max_seq_len=max(recipe.sft.max_seq_len, 1024),
-            warmup_steps=0,
+            {
+                "init": warm,
+                "seed": seed,
+                "data": data,
+                "max_demos": 0,
+                "max_steps": args.sft_steps,
+                "run.save_every": args.sft_steps,
+                "max_seq_len": max(recipe.sft.max_seq_len, 1024),
+                "optim.warmup_steps": 0,
+            },
         )
         stages.stage(
             f"{name}/seed{seed}/sft",

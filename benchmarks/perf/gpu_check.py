@@ -99,13 +99,11 @@ def run_setting(
         max_steps_per_turn=2,
         min_solvable_fraction=0.0,
         skip_empty_updates=False,
-        lr=1e-6,
-        device=device,
+        optim={"lr": 1e-6},
         dtype=dtype,
         tensorboard=False,
         engine=engine,
-        save_every=10_000,
-        threads=args.cpu_threads if device == "cpu" else 0,
+        run={"device": device, "save_every": 10_000, "threads": args.cpu_threads if device == "cpu" else 0},
     )
     t0 = time.perf_counter()
     trainer = RoleWiseGRPOTrainer(config, log=None)

@@ -15,7 +15,6 @@ Run it on an idle machine: other processes on the 2 cores slow every step.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import tempfile
 from pathlib import Path
@@ -40,19 +39,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     import torch
 
-    from agents.config import load_dataclass
+    from agents.config import load_dataclass, replace_fields
     from agents.pipeline import PipelineConfig, latest_model
     from agents.training.trainer import RoleWiseGRPOTrainer
 
     torch.set_num_threads(args.threads)
     recipe = load_dataclass(PipelineConfig, args.recipe, threads=args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        config = dataclasses.replace(
+        config = replace_fields(
             recipe.grpo_config(tmp, latest_model(args.init)),
-            num_steps=args.warmup + args.steps,
-            save_every=10**6,
-            tensorboard=False,
-            rehearsal_n=args.rehearsal_n,
+            {
+                "num_steps": args.warmup + args.steps,
+                "run.save_every": 10**6,
+                "tensorboard": False,
+                "rehearsal_n": args.rehearsal_n,
+            },
         )
         trainer = RoleWiseGRPOTrainer(config, log=lambda *_: None)
         try:

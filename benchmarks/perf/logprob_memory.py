@@ -20,7 +20,7 @@ Variants:
     chunked-gc  chunked plus `enable_gradient_checkpointing`: what `envace train` and `envace sft` run.
 
 Allocator: every child first fixes glibc's mmap threshold at ``--malloc-mmap-threshold-kb`` (default 128,
-the trainers' default ``malloc_mmap_threshold_kb``; see `agents.training.allocator`), so freed activations leave
+the trainers' default ``memory.malloc_mmap_threshold_kb``; see `agents.training.allocator`), so freed activations leave
 the RSS. A variant name with the suffix ``/glibc`` (e.g. ``chunked-gc/glibc``) keeps glibc's dynamic
 threshold instead, to show what the allocator setting alone is worth.
 

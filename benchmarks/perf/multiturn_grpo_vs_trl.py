@@ -75,13 +75,12 @@ def run_ours(args, rollout: str) -> dict:
             rehearse_max_new_tokens=args.max_new_tokens,
             max_steps_per_turn=args.max_steps_per_turn,
             temperature=1.0,
-            lr=1e-6,
+            optim={"lr": 1e-6},
             num_steps=1,
             seed=args.seed,
             min_solvable_fraction=0.0,
             tensorboard=False,
-            threads=args.threads,
-            device="cpu",
+            run={"threads": args.threads, "device": "cpu"},
             skip_empty_updates=not args.force_update,
         )
         trainer = RoleWiseGRPOTrainer(config, log=None)

@@ -43,14 +43,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             model=LAB_TINY_MODEL,
             data=["lab"],
             max_steps=10_000,
-            lr=1e-3,
+            optim={"lr": 1e-3},
             batch_tokens=1 << 20,
             max_batch_rows=args.rows,
             max_seq_len=512,
-            save_every=10_000,
-            gradient_checkpointing=False,
-            threads=args.threads,
-            resume=False,
+            memory={"gradient_checkpointing": False},
+            run={"save_every": 10_000, "threads": args.threads, "resume": False},
         )
         trainer = SFTTrainer(config, log=None)
         model = copy.deepcopy(trainer.model).train()

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from agents.cli import main
-from agents.config import TrainConfig, load_dataclass
+from agents.config import MemoryConfig, OptimConfig, RunConfig, TrainConfig, load_dataclass
 from agents.evaluation.evaluate import EvalConfig
 from agents.pipeline import PipelineConfig
 from agents.training.sft import SFTConfig
@@ -44,6 +44,51 @@ def test_every_field_is_an_option_with_its_help(command):
     for option, help_text in _options(COMMANDS[command]):
         assert f"{option} " in text, option
         assert " ".join(help_text.split())[:40] in text, option
+
+
+def test_the_shared_groups_are_options_one_and_two_levels_down_with_each_commands_defaults():
+    train, sft, pipeline = _help("train"), _help("sft"), _help("pipeline")
+    assert "--optim.lr OPTIM.LR AdamW learning rate" in train and "--grpo.optim.lr GRPO.OPTIM.LR AdamW" in pipeline
+    # the help's default is the command's own: envace train, envace sft, and the pipeline's stages
+    assert "(default: 1e-05) --optim.weight-decay OPTIM.WEIGHT_DECAY AdamW weight decay (default: 0.01)" in train
+    assert "(default: 2e-05) --optim.weight-decay OPTIM.WEIGHT_DECAY AdamW weight decay (default: 0.0)" in sft
+    assert "--sft.optim.lr SFT.OPTIM.LR AdamW learning rate (the paper's 8B GRPO run used 1e-6) (default: 0.0001)" in (
+        pipeline
+    )
+    assert "--sft.run.save-every SFT.RUN.SAVE_EVERY" in pipeline and "(and at the end) (default: 3)" in pipeline
+    for command in ("train", "sft"):  # the old flat spellings are gone
+        with pytest.raises(SystemExit):
+            main([command, "--lr", "1e-3"])
+
+
+def test_each_command_keeps_its_defaults_in_the_shared_groups():
+    assert TrainConfig().optim == OptimConfig(lr=1e-5, weight_decay=0.01, lr_schedule="constant")
+    assert SFTConfig().optim == OptimConfig(lr=2e-5, weight_decay=0.0, lr_schedule="cosine")
+    assert (TrainConfig().run, SFTConfig().run) == (RunConfig(save_every=1), RunConfig(save_every=50))
+    assert TrainConfig().memory == SFTConfig().memory == MemoryConfig()
+    # a mapping lays its fields over the command's defaults, not the group class's
+    assert TrainConfig(optim={"lr": 3e-6}).optim == OptimConfig(lr=3e-6, weight_decay=0.01)
+    assert SFTConfig(optim={"warmup_steps": 4}).optim.lr_schedule == "cosine"
+
+
+@pytest.mark.parametrize(
+    "group, message",
+    [
+        ({"optim": {"lr": 0}}, "invalid OptimConfig: optim.lr must be > 0, got 0.0"),
+        ({"optim": {"adam_beta2": 1.0}}, "invalid OptimConfig: optim.adam_beta2 must be in [0, 1), got 1.0"),
+        ({"optim": {"lr_schedule": "step"}}, "invalid OptimConfig: optim.lr_schedule must be one of"),
+        ({"run": {"save_every": 0}}, "invalid RunConfig: run.save_every must be >= 1, got 0"),
+        ({"run": {"device": "gpu"}}, "invalid RunConfig: run.device must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+        ({"memory": {"logprob_chunk_size": "x"}}, "invalid MemoryConfig: memory.logprob_chunk_size must be an integer"),
+    ],
+)
+def test_a_shared_group_validates_once_with_the_same_message_in_every_command(group, message):
+    messages = []
+    for build in (TrainConfig, SFTConfig, lambda **kw: PipelineConfig(grpo=kw), lambda **kw: PipelineConfig(sft=kw)):
+        with pytest.raises(ValueError) as err:
+            build(**group)
+        messages.append(str(err.value))
+    assert messages[0].startswith(message) and len(set(messages)) == 1, messages
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -60,10 +60,13 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path, c
     assert main(["pipeline", "--run-dir", str(run), *ARGS]) == 0
     assert out.count("already done") == 0 and capsys.readouterr().out.count("already done") == 5
     # another budget on the same folder refuses, naming the field, instead of reporting the old run as its own
-    for stage, option in (("sft", "--sft.lr"), ("grpo", "--grpo.lr")):
+    for stage, option in (("sft", "--sft.optim.lr"), ("grpo", "--grpo.optim.lr")):
         assert main(["pipeline", "--run-dir", str(run), *ARGS, option, "0.5"]) == 2
         err = capsys.readouterr().err
-        assert f"{run / stage} was run with other settings (lr)" in err, err
+        assert f"{run / stage} was run with other settings (optim.lr)" in err, err
+    # what may change on resume (a group's name in RESUME_IGNORES covers its fields) does not refuse
+    assert main(["pipeline", "--run-dir", str(run), *ARGS, "--grpo.run.keep-checkpoints", "5"]) == 0
+    assert capsys.readouterr().out.count("already done") == 5
     # a moved run folder is still the same run: every stage is skipped
     moved = tmp_path / "moved"
     run.rename(moved)
@@ -78,8 +81,18 @@ def test_bad_pipeline_config_fails_fast():
         PipelineConfig(grpo={"seed": 3})
     with pytest.raises(ValueError, match="the pipeline sets sft.task_ids itself; leave it out"):
         PipelineConfig(sft={"task_ids": ["x"]})
-    with pytest.raises(ValueError, match="use sft.max_steps"):
+    with pytest.raises(ValueError, match="unknown PipelineConfig field"):
         load_dataclass(PipelineConfig, None, sft_steps=3)
+    # a field of a stage's shared group that the pipeline sets, named as typed, with the pipeline option to use
+    with pytest.raises(ValueError, match=r"the pipeline sets grpo.run.threads itself; set --threads for every stage"):
+        dataclass_from_args(PipelineConfig, build_parser().parse_args(["pipeline", "--grpo.run.threads", "3"]))
+    with pytest.raises(ValueError, match="the pipeline sets sft.model itself; set --model for every stage"):
+        PipelineConfig(sft={"model": "tiny-random"})
+    with pytest.raises(ValueError, match="the pipeline sets sft.data itself; set --suite for every stage"):
+        PipelineConfig(sft={"data": ["lab"]})
+    with pytest.raises(ValueError, match="the pipeline sets grpo.run_dir itself; each stage writes to its own folder"):
+        PipelineConfig(grpo={"run_dir": "elsewhere"})
+    assert PipelineConfig(grpo={"run": {"save_every": 1, "device": "cpu"}}).grpo.run.threads == 0  # not set: fine
     with pytest.raises(ValueError, match="the pipeline sets eval.out itself"):
         PipelineConfig(eval={"out": "elsewhere"})
     with pytest.raises(ValueError, match="sets eval.fidelity itself; set --fidelity true"):
@@ -113,15 +126,40 @@ def test_stage_configs_compose_from_options_and_yaml(tmp_path):
     from agents.cli import build_parser
 
     path = tmp_path / "p.yaml"
-    path.write_text("seed: 7\nsft:\n  lr: 0.001\n  max_steps: 2\neval:\n  limit: 2\n")
-    args = build_parser().parse_args(["pipeline", "--config", str(path), "--sft.max-steps", "5", "--grpo.lr", "3e-6"])
+    path.write_text("seed: 7\nsft:\n  optim: {lr: 0.001}\n  max_steps: 2\neval:\n  limit: 2\n")
+    args = build_parser().parse_args(
+        [
+            "pipeline",
+            "--config",
+            str(path),
+            "--sft.max-steps",
+            "5",
+            "--grpo.optim.lr",
+            "3e-6",
+            "--sft.optim.warmup-steps",
+            "2",
+        ]
+    )
     config = dataclass_from_args(PipelineConfig, args)
-    assert (config.sft.lr, config.sft.max_steps, config.sft.max_seq_len) == (0.001, 5, 3584)  # file, option, default
-    assert (config.grpo.lr, config.grpo.group_size, config.eval.limit) == (3e-6, 2, 2)
+    assert (config.sft.optim.lr, config.sft.max_steps, config.sft.max_seq_len) == (
+        0.001,
+        5,
+        3584,
+    )  # file, option, default
+    # two levels: the file's and the option's fields of sft.optim merge over this job's (constant), not envace sft's
+    assert (config.sft.optim.warmup_steps, config.sft.optim.lr_schedule, config.sft.run.save_every) == (
+        2,
+        "constant",
+        50,
+    )
+    assert (config.grpo.optim.lr, config.grpo.optim.weight_decay, config.grpo.run.save_every) == (3e-6, 0.01, 3)
+    assert (config.grpo.group_size, config.eval.limit) == (2, 2)
     none = dataclass_from_args(PipelineConfig, build_parser().parse_args(["pipeline", "--eval.limit", "none"]))
     assert none.eval.limit is None  # an explicit none is a value, not "not given"
     grpo = config.grpo_config(tmp_path / "g", init="some/ckpt")
-    assert (grpo.seed, grpo.init, grpo.split, grpo.lr) == (7, "some/ckpt", "train", 3e-6)
+    assert (grpo.seed, grpo.init, grpo.split, grpo.optim.lr, grpo.run.threads) == (7, "some/ckpt", "train", 3e-6, 2)
+    sft = config.sft_config(tmp_path / "s", ["t1"])
+    assert (sft.run_dir, sft.task_ids, sft.run.threads, sft.optim.lr) == (str(tmp_path / "s"), ["t1"], 2, 0.001)
     ev = config.eval_config(tmp_path / "e", model="m")
     assert (ev.seed, ev.model, ev.split, ev.out, ev.limit) == (7, "m", "test", str(tmp_path / "e"), 2)
 

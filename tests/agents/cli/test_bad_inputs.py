@@ -25,13 +25,15 @@ TRAIN = [
 ]
 BAD_TRAIN = [
     (["--temperature", "nan"], "temperature"),
-    (["--max-grad-norm", "-1"], "max_grad_norm"),
-    (["--warmup-steps", "-3"], "warmup_steps"),
+    (["--optim.max-grad-norm", "-1"], "optim.max_grad_norm"),
+    (["--optim.warmup-steps", "-3"], "optim.warmup_steps"),
     (["--batch-tasks", "100000"], "batch-tasks"),
-    (["--threads", "-1"], "threads"),
-    (["--lr", "nan"], "lr"),
-    (["--weight-decay", "-1"], "weight_decay"),
-    (["--adam-beta1", "2.0"], "adam_beta1"),
+    (["--run.threads", "-1"], "run.threads"),
+    (["--run.device", "gpu"], "run.device"),
+    (["--optim.lr", "nan"], "optim.lr"),
+    (["--optim.weight-decay", "-1"], "optim.weight_decay"),
+    (["--optim.adam-beta1", "2.0"], "optim.adam_beta1"),
+    (["--memory.logprob-chunk-size", "0"], "memory.logprob_chunk_size"),
     (["--suite", "bfcl", "--categories", "foo"], "unknown BFCL category 'foo'"),
     (["--task-ids", "bogus_1"], "task_ids"),
     (["--suite", "nosuch"], "unknown suite 'nosuch'"),
@@ -39,7 +41,9 @@ BAD_TRAIN = [
 ]
 BAD_YAML = [
     ("num_steps: 2.5", "num_steps must be an integer"),
-    ("adam_beta2: -1", "adam_beta2"),
+    ("optim: {adam_beta2: -1}", "optim.adam_beta2"),
+    ("optim: {learning_rate: 1}", "unknown OptimConfig field(s) ['learning_rate']"),
+    ("run: 3", "run must be a RunConfig or a mapping of its fields"),
     ("clip_eps_high: .inf", "clip_eps_high must be a finite number"),
     ("seed: -5", "seed"),
     ("model: ''", "model must name a model"),
@@ -66,10 +70,12 @@ def test_bad_yaml_values_fail_fast_naming_the_field(tmp_path, no_model_loads, ca
 def test_yaml_strings_are_coerced_by_the_field_type(tmp_path):
     """PyYAML reads 1e-5 as a string and quoted booleans stay strings: each field's type decides."""
     path = tmp_path / "c.yaml"
-    path.write_text("lr: 1e-5\ngroup_size: '4'\ntensorboard: 'false'\nresume: 'no'\nmax_episode_tokens: null\n")
+    path.write_text(
+        "optim: {lr: 1e-5}\ngroup_size: '4'\ntensorboard: 'false'\nrun: {resume: 'no'}\nmax_episode_tokens: null\n"
+    )
     config = load_config(path)
-    assert (config.lr, config.group_size, config.tensorboard, config.resume) == (1e-5, 4, False, False)
-    assert config.max_episode_tokens is None and isinstance(TrainConfig(lr=1).lr, float)
+    assert (config.optim.lr, config.group_size, config.tensorboard, config.run.resume) == (1e-5, 4, False, False)
+    assert config.max_episode_tokens is None and isinstance(TrainConfig(optim={"lr": 1}).optim.lr, float)
 
 
 @pytest.mark.parametrize(
@@ -98,8 +104,8 @@ def test_bad_sft_inputs_fail_fast(tmp_path, no_model_loads, capsys):
     assert "no JSONL file" in capsys.readouterr().err
     assert main([*sft, "--categories", "foo"]) == 2
     assert "unknown BFCL category 'foo'" in capsys.readouterr().err
-    assert main([*sft, "--lr", "nan"]) == 2
-    assert "lr must be a finite number" in capsys.readouterr().err
+    assert main([*sft, "--optim.lr", "nan"]) == 2
+    assert "optim.lr must be a finite number" in capsys.readouterr().err
     corrupt = tmp_path / "corrupt.jsonl"
     corrupt.write_text('{"task_id": "x"}\nnot json at all\n{"task_id": "y"}\n')
     assert main([*sft, "--data", str(corrupt)]) == 2

@@ -23,7 +23,7 @@ FAST = dict(
     rehearse_max_new_tokens=6,
     max_steps_per_turn=2,
     min_solvable_fraction=0.0,
-    lr=1e-3,
+    optim={"lr": 1e-3},
     tensorboard=False,
 )
 

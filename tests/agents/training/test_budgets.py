@@ -194,22 +194,3 @@ def test_eval_sft_and_pipeline_refuse_before_loading_a_model(tmp_path, no_model_
         ["pipeline", "--run-dir", str(tmp_path / "p"), "--model", "tiny-random", "--eval.max-steps-per-turn", "1"],
         "--eval.max-steps-per-turn",
     )
-
-
-def test_the_removed_episode_cap_says_what_replaced_it(tmp_path, capsys):
-    from agents.config import load_config
-
-    _refused(
-        capsys,
-        ["train", "--run-dir", str(tmp_path), "--model", "tiny-random", "--max-rollout-steps", "6"],
-        "max_rollout_steps.*max_steps_per_turn",
-    )
-    path = tmp_path / "c.yaml"
-    path.write_text("max_rollout_steps: 6\n")
-    with pytest.raises(ValueError, match="per user turn"):
-        load_config(path)
-    _refused(
-        capsys,
-        ["pipeline", "--run-dir", str(tmp_path / "p"), "--grpo-max-rollout-steps", "3"],
-        "grpo.max_steps_per_turn",
-    )

@@ -85,7 +85,7 @@ def test_fsdp_settings_come_from_the_launcher_and_unsupported_ones_fail_fast(mon
         fsdp_plugin_from_environment()
     monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP")
     monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
-    with pytest.raises(ValueError, match="--gradient-checkpointing"):
+    with pytest.raises(ValueError, match="--memory.gradient-checkpointing"):
         fsdp_plugin_from_environment()
     monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "false")
     monkeypatch.setenv("FSDP_VERSION", "1")
@@ -221,11 +221,11 @@ GRPO = [
     "2",
     "--min-solvable-fraction",
     "0",
-    "--lr",
+    "--optim.lr",
     "1e-3",
     "--tensorboard",
     "false",
-    "--save-every",
+    "--run.save-every",
     "1",
     "--ppo-epochs",
     "2",
@@ -429,11 +429,11 @@ def test_two_processes_fine_tune_what_one_fine_tunes(tmp_path, config):
         str(data),
         "--min-reward",
         "1.0",
-        "--lr",
+        "--optim.lr",
         "3e-3",
         "--max-steps",
         "2",
-        "--save-every",
+        "--run.save-every",
         "2",
     ]
     assert main([*args, "--run-dir", str(tmp_path / "one")]) == 0

@@ -29,14 +29,14 @@ FAST = dict(
     rehearse_max_new_tokens=6,
     max_steps_per_turn=2,
     min_solvable_fraction=0.0,
-    lr=1e-3,
+    optim={"lr": 1e-3},
     tensorboard=False,
     beta=0.05,  # a KL term, so every step updates (the tests need weights that move)
 )
 
 
-def _trainer(run, **kw):
-    return RoleWiseGRPOTrainer(TrainConfig(run_dir=str(run), **{**FAST, **kw}), log=LOG.append)
+def _trainer(folder, **kw):
+    return RoleWiseGRPOTrainer(TrainConfig(run_dir=str(folder), **{**FAST, **kw}), log=LOG.append)
 
 
 LOG: list[str] = []
@@ -48,13 +48,13 @@ def _steps(run):
 
 @pytest.mark.parametrize("victim", ["model/model.safetensors", "optimizer.pt"])
 def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path, victim):
-    t = _trainer(tmp_path, num_steps=2, save_every=1)
+    t = _trainer(tmp_path, num_steps=2, run={"save_every": 1})
     t.train(progress=False)
     t.close()
     path = tmp_path / "checkpoints" / "step_000002" / victim
     path.write_bytes(path.read_bytes()[:100])  # truncated, as a full disk or a kill mid-copy leaves it
     LOG.clear()
-    resumed = _trainer(tmp_path, num_steps=2, save_every=1)
+    resumed = _trainer(tmp_path, num_steps=2, run={"save_every": 1})
     assert resumed.step == 1
     assert any("skipped step_000002" in line and victim.split("/")[-1] in line for line in LOG)
     assert _steps(tmp_path) == [1]  # the step after the good checkpoint is redone, not kept twice
@@ -104,12 +104,12 @@ def test_resuming_with_changed_settings_refuses_unless_allowed(tmp_path):
     t = _trainer(tmp_path, num_steps=1)
     t.train(progress=False)
     t.close()
-    with pytest.raises(RunFolderError, match=r"lr: 0\.001 -> 0\.002.*--allow-config-change"):
-        _trainer(tmp_path, num_steps=2, lr=2e-3)
-    resumed = _trainer(tmp_path, num_steps=2, lr=2e-3, allow_config_change=True, save_every=5)
+    with pytest.raises(RunFolderError, match=r"optim.lr: 0\.001 -> 0\.002.*--run.allow-config-change"):
+        _trainer(tmp_path, num_steps=2, optim={"lr": 2e-3})
+    resumed = _trainer(tmp_path, num_steps=2, optim={"lr": 2e-3}, run={"allow_config_change": True, "save_every": 5})
     assert resumed.step == 1 and resumed.optimizers["model"].param_groups[0]["lr"] == pytest.approx(2e-3)
     resumed.close()
-    _trainer(tmp_path, num_steps=5, save_every=5).close()  # num_steps, save_every may change freely
+    _trainer(tmp_path, num_steps=5, run={"save_every": 5}).close()  # num_steps, run.save_every may change freely
 
 
 def test_a_tampered_checkpoint_cannot_run_code(tmp_path):

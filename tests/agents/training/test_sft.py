@@ -43,7 +43,13 @@ def demo():
 
 
 def _cfg(tmp_path, **kw):
-    base = dict(run_dir=str(tmp_path), model="tiny-random", lr=3e-3, lr_schedule="constant", max_steps=3, save_every=1)
+    base = dict(
+        run_dir=str(tmp_path),
+        model="tiny-random",
+        optim={"lr": 3e-3, "lr_schedule": "constant"},
+        max_steps=3,
+        run={"save_every": 1},
+    )
     return SFTConfig(**{**base, **kw})
 
 
@@ -103,7 +109,7 @@ def test_the_trainer_draws_shuffled_batches_when_asked(tmp_path, demo):
 
 
 def test_few_sft_steps_raise_act_and_rehearse_logprobs(tmp_path, demo):
-    trainer = SFTTrainer(_cfg(tmp_path, max_steps=6, save_every=100), demos=[demo])
+    trainer = SFTTrainer(_cfg(tmp_path, max_steps=6, run={"save_every": 100}), demos=[demo])
     before = demo_logprobs(trainer.model, [demo], trainer.pad_id)
     hist = trainer.train(progress=False)
     after = demo_logprobs(trainer.model, [demo], trainer.pad_id)
@@ -173,15 +179,15 @@ def test_cli_checkpoint_is_a_grpo_init_and_resume_is_exact(tmp_path):
         str(data),
         "--min-reward",
         "1.0",
-        "--lr",
+        "--optim.lr",
         "3e-3",
-        "--lr-schedule",
+        "--optim.lr-schedule",
         "linear",
-        "--warmup-steps",
+        "--optim.warmup-steps",
         "1",
         "--max-steps",
         "3",
-        "--save-every",
+        "--run.save-every",
         "2",
     ]
     assert main(args + ["--run-dir", str(tmp_path / "a")]) == 0
@@ -197,9 +203,7 @@ def test_cli_checkpoint_is_a_grpo_init_and_resume_is_exact(tmp_path):
             model="tiny-random",
             data=[str(data)],
             max_steps=3,
-            lr=3e-3,
-            lr_schedule="linear",
-            warmup_steps=1,
+            optim={"lr": 3e-3, "lr_schedule": "linear", "warmup_steps": 1},
         )
     )
     assert straight.step == 3
@@ -207,11 +211,9 @@ def test_cli_checkpoint_is_a_grpo_init_and_resume_is_exact(tmp_path):
         run_dir=str(tmp_path / "b"),
         model="tiny-random",
         data=[str(data)],
-        lr=3e-3,
-        lr_schedule="linear",
-        warmup_steps=1,
+        optim={"lr": 3e-3, "lr_schedule": "linear", "warmup_steps": 1},
         max_steps=3,
-        save_every=2,
+        run={"save_every": 2},
     )
     first = SFTTrainer(SFTConfig(**cfg))
     first.train_step()
@@ -250,7 +252,17 @@ def test_lora_trains_adapters_only_and_saves_a_merged_model(tmp_path, demo):
     pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    trainer = SFTTrainer(_cfg(tmp_path, lora=True, lora_r=4, lr=1e-2, max_steps=2, save_every=2), demos=[demo])
+    trainer = SFTTrainer(
+        _cfg(
+            tmp_path,
+            lora=True,
+            lora_r=4,
+            optim={"lr": 1e-2, "lr_schedule": "constant"},
+            max_steps=2,
+            run={"save_every": 2},
+        ),
+        demos=[demo],
+    )
     frozen = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora_" not in k}
     before = demo_logprobs(trainer.model, [demo], trainer.pad_id)
     trainer.train(progress=False)
@@ -260,7 +272,17 @@ def test_lora_trains_adapters_only_and_saves_a_merged_model(tmp_path, demo):
     assert after["logprob/act"] > before["logprob/act"]
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / "step_000002" / "model")
     assert demo_logprobs(merged, [demo], trainer.pad_id)["logprob/act"] == pytest.approx(after["logprob/act"], abs=1e-4)
-    resumed = SFTTrainer(_cfg(tmp_path, lora=True, lora_r=4, lr=1e-2, max_steps=2, save_every=2), demos=[demo])
+    resumed = SFTTrainer(
+        _cfg(
+            tmp_path,
+            lora=True,
+            lora_r=4,
+            optim={"lr": 1e-2, "lr_schedule": "constant"},
+            max_steps=2,
+            run={"save_every": 2},
+        ),
+        demos=[demo],
+    )
     assert resumed.step == 2
     assert demo_logprobs(resumed.model, [demo], trainer.pad_id)["logprob/act"] == pytest.approx(
         after["logprob/act"], abs=1e-5
@@ -274,8 +296,8 @@ def test_config_validation_and_measurement(tmp_path):
         SFTConfig(roles="rehearse", rehearse_weight=0.0)
     with pytest.raises(ValueError, match="batch_tokens"):
         SFTConfig(batch_tokens=0)
-    with pytest.raises(ValueError, match="malloc_mmap_threshold_kb"):
-        SFTConfig(malloc_mmap_threshold_kb=-1)
+    with pytest.raises(ValueError, match="memory.malloc_mmap_threshold_kb"):
+        SFTConfig(memory={"malloc_mmap_threshold_kb": -1})
     from agents.policy import load_policy
 
     policy = load_policy("tiny-random")

@@ -23,7 +23,7 @@ FAST = dict(
     rehearse_max_new_tokens=6,
     max_steps_per_turn=2,
     min_solvable_fraction=0.0,
-    lr=1e-3,
+    optim={"lr": 1e-3},
     tensorboard=False,
 )
 
@@ -306,8 +306,8 @@ def test_a_batch_without_signal_skips_its_update_unless_told_not_to(tmp_path):
         (dict(policy="per_role", rollout="real"), "per_role"),
         (dict(policy="per_role", rollout="null"), "never rehearses"),
         (dict(temperature=-1.0), "temperature"),
-        (dict(malloc_mmap_threshold_kb=-1), "malloc_mmap_threshold_kb"),
-        (dict(malloc_mmap_threshold_kb=40000), "malloc_mmap_threshold_kb"),
+        (dict(memory={"malloc_mmap_threshold_kb": -1}), "memory.malloc_mmap_threshold_kb"),
+        (dict(memory={"malloc_mmap_threshold_kb": 40000}), "memory.malloc_mmap_threshold_kb"),
         (dict(importance_sampling_cap=0.5), "importance_sampling_cap"),
         (dict(dtype="float16"), "dtype must be one of"),
     ],
@@ -319,9 +319,14 @@ def test_bad_configs_fail_fast_with_a_message(bad, match):
 
 def test_yaml_config_with_overrides(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("lr: 0.001\ngroup_size: 4\n")
+    path.write_text("optim: {lr: 0.001}\ngroup_size: 4\n")
     config = load_config(path, group_size=2)
-    assert config.lr == 0.001 and config.group_size == 2 and config.trajectories_per_step == config.batch_tasks * 2
+    assert (
+        config.optim.lr == 0.001
+        and config.optim.weight_decay == 0.01
+        and config.group_size == 2
+        and config.trajectories_per_step == config.batch_tasks * 2
+    )
     path.write_text("learning_rate: 1\n")
     with pytest.raises(ValueError, match="unknown TrainConfig field"):
         load_config(path)
@@ -363,7 +368,9 @@ def test_prefix_kv_is_cleared_after_a_fused_adamw_step(tmp_path):
     weights must still not be reused, so the next rollout's logprobs equal a full recompute."""
     from agents.training.logprobs import token_logprobs
 
-    trainer = RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path), num_steps=1, **{**FAST, "beta": 0.05, "lr": 5e-2}))
+    trainer = RoleWiseGRPOTrainer(
+        TrainConfig(run_dir=str(tmp_path), num_steps=1, **{**FAST, "beta": 0.05, "optim": {"lr": 5e-2}})
+    )
     model = trainer.policy.model
     trainer.optimizers["model"] = torch.optim.AdamW(model.parameters(), lr=5e-2, fused=True)
     trainer.schedulers["model"] = torch.optim.lr_scheduler.LambdaLR(trainer.optimizers["model"], lambda s: 1.0)

@@ -17,7 +17,7 @@ RECIPE = {
     "suite": "lab-stated",
     "categories": ["relocate", "count"],
     "min_solvable_fraction": 0.0,
-    "sft": {"max_steps": 1, "max_demos": 2, "max_batch_rows": 1, "gradient_checkpointing": False},
+    "sft": {"max_steps": 1, "max_demos": 2, "max_batch_rows": 1, "memory": {"gradient_checkpointing": False}},
     "grpo": {
         "num_steps": 1,
         "batch_tasks": 1,
@@ -25,7 +25,7 @@ RECIPE = {
         "max_new_tokens": 4,
         "rehearse_max_new_tokens": 4,
         "max_steps_per_turn": 2,
-        "gradient_checkpointing": False,
+        "memory": {"gradient_checkpointing": False},
     },
     "eval": {"limit": 1, "max_new_tokens": 4, "max_steps_per_turn": 2},
 }

@@ -44,7 +44,7 @@ def two_threads():
 
 
 def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(tmp_path, two_threads):
-    from agents.config import load_dataclass
+    from agents.config import load_dataclass, replace_fields
     from agents.models import default_store
     from agents.pipeline import PipelineConfig, StageRunner, grpo_stage, latest_model, sft_stage
     from agents.training.run_folder import read_jsonl
@@ -55,8 +55,9 @@ def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(tmp_path, two
     stages = StageRunner(tmp_path)
     stages.stage("sft", lambda folder: sft_stage(recipe, folder, models))
     warm = latest_model(tmp_path / "sft")
-    config = dataclasses.replace(
-        recipe.grpo_config(tmp_path / "grpo", warm), num_steps=GRPO_STEPS, save_every=GRPO_STEPS, seed=GRPO_SEED
+    config = replace_fields(
+        recipe.grpo_config(tmp_path / "grpo", warm),
+        {"num_steps": GRPO_STEPS, "run.save_every": GRPO_STEPS, "seed": GRPO_SEED},
     )
     trained_info = stages.stage("grpo", lambda _: grpo_stage(config, models))
     trained = latest_model(tmp_path / "grpo")
