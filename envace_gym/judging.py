@@ -217,9 +217,12 @@ _MAX_OBJECT_STARTS = 64  # bounds the JSON scan of a long reply (each start is o
 
 
 def parse_json_object(text: str) -> dict[str, Any] | None:
-    """The last JSON object in `text` (a fenced block first, else the last ``{`` that starts one), or None.
+    """The last top-level JSON object in `text` (the last fenced block that holds one first), or None.
 
-    Read with `json.JSONDecoder.raw_decode` (never evaluated); reasoning in ``<think>`` blocks is dropped first.
+    Objects are read with `json.JSONDecoder.raw_decode` (never evaluated), left to right, an object's nested
+    objects skipped (so ``{"results": [{...}]}`` is the whole object, not its last item); at most
+    `_MAX_OBJECT_STARTS` starts are tried, which bounds the time on a reply full of braces. Reasoning in
+    ``<think>`` blocks is dropped first.
     """
     text = strip_thinking(text)
     decoder = json.JSONDecoder()
@@ -230,15 +233,19 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
             continue
         if isinstance(value, dict):
             return value
-    starts = [i for i, ch in enumerate(text) if ch == "{"][-_MAX_OBJECT_STARTS:]
-    for i in reversed(starts):
+    found: dict[str, Any] | None = None
+    i, tries = text.find("{"), 0
+    while i != -1 and tries < _MAX_OBJECT_STARTS:
+        tries += 1
         try:
-            value, _ = decoder.raw_decode(text, i)
+            value, end = decoder.raw_decode(text, i)
         except ValueError:
+            i = text.find("{", i + 1)
             continue
         if isinstance(value, dict):
-            return value
-    return None
+            found = value
+        i = text.find("{", end)
+    return found
 
 
 def _as_verdict(value: Any) -> bool | None:

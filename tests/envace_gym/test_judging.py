@@ -170,3 +170,10 @@ def test_the_last_checklist_turn_covers_later_user_turns():
     asked = checklist_prompts(traj, Checklist("t", [[ChecklistItem("the whole job")]]))
     ((_, _, prompt),) = asked
     assert "now ship it" in prompt[1].content and "I cannot ship it." in prompt[1].content
+
+
+def test_the_outer_object_is_read_not_its_last_nested_one():
+    assert parse_json_object('Here: {"results": [{"metExpectation": true}]} done') == {
+        "results": [{"metExpectation": True}]
+    }
+    assert parse_json_object('{"a": 1} and later {"b": {"c": 2}}') == {"b": {"c": 2}}
