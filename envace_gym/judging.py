@@ -481,11 +481,17 @@ def _turn_groups(trajectory: Trajectory, checklist: Checklist) -> list[list[Mess
     return out
 
 
-def checklist_prompts(trajectory: Trajectory, checklist: Checklist) -> list[tuple[int, int, list[Message] | None]]:
+def checklist_prompts(
+    trajectory: Trajectory, checklist: Checklist, system: bool = True
+) -> list[tuple[int, int, list[Message] | None]]:
     """The judge prompts of a checklist on a trajectory: ``(turn, item index, prompt)`` per item, in order; the
     prompt is None for a turn the conversation never reached (it is not asked). A prompt is a system message
     (`JUDGE_SYSTEM_PROMPT`) and a user message holding the conversation before the turn, the turn itself
-    (`transcript`) and the item."""
+    (`transcript`) and the item. ``system=False`` leaves the conversation's system messages out of the transcript
+    (a long agent policy or world description the items do not need: shorter prompts, a cheaper judge)."""
+    if not system:
+        trajectory = copy.copy(trajectory)
+        trajectory.messages = [m for m in trajectory.messages if m.role != "system"]
     groups = _turn_groups(trajectory, checklist)
     turns = conversation_turns(trajectory.messages)
     out: list[tuple[int, int, list[Message] | None]] = []
@@ -535,6 +541,7 @@ def score_with_judge(
     *,
     backend: Any = None,
     unparseable_score: float = 0.0,
+    system: bool = True,
 ) -> tuple[float, dict[str, Any]]:
     """The checklist reward of a trajectory (module docstring): R in [0, 1] and its details.
 
@@ -547,6 +554,7 @@ def score_with_judge(
             ``judge`` reward).
         unparseable_score: the score of an item whose verdict cannot be read (counted in ``judge.stats`` and in
             the details, never raised).
+        system: show the judge the conversation's system messages (`checklist_prompts`).
 
     Returns:
         ``(reward, info)``; ``info``: ``turns`` (per checklist turn: ``turn``, ``reached``, ``score`` and
@@ -563,6 +571,9 @@ def score_with_judge(
         raise ValueError(f"unparseable_score must be in [0, 1], got {unparseable_score!r}")
     if backend is not None:
         trajectory = with_real_observations(trajectory, backend)
+    if not system:
+        trajectory = copy.copy(trajectory)
+        trajectory.messages = [m for m in trajectory.messages if m.role != "system"]
     asked = checklist_prompts(trajectory, checklist)
     groups = _turn_groups(trajectory, checklist)
     prompts = [p for _, _, p in asked if p is not None]

@@ -14,7 +14,9 @@ Episodes are played on the real backend by ``--policy``:
 Each episode is scored by the verifier (R in {0, 1}) and by the judge (R in [0, 1], a pass when R >= ``--threshold``,
 default 1.0: every item met, the verifier's own all-or-nothing). The judge is a `agents.judges.LocalJudge` of
 ``--judge`` (default ``smollm2-135m``, greedy), or an `agents.judges.OpenAIJudge` of ``--judge-url`` (vLLM, SGLang,
-``envace serve``). Small judges are weak: the table reports what they do, unparseable verdicts included (scored as
+``envace serve``), shown the conversation without its system message unless ``--judge-system`` (the checklist items
+name calls, errors and answers, which the conversation shows; the lab's rules and layout would double every prompt).
+Small judges are weak: the table reports what they do, unparseable verdicts included (scored as
 ``--unparseable-score`` and counted).
 
     .venv/bin/python -m benchmarks.experiments.judge_agreement                      # 12 episodes, ~2-4 min on 2 cores
@@ -46,6 +48,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--judge-url", default=None, help="an OpenAI-compatible base URL instead (OpenAIJudge)")
     ap.add_argument("--judge-model", default=None, help="with --judge-url: the served model id (default: --judge)")
     ap.add_argument("--judge-tokens", type=int, default=24, help="cap per judge reply, tokens")
+    ap.add_argument(
+        "--judge-system",
+        action="store_true",
+        help="show the judge the episode's system message (the lab's rules and layout; ~2x longer prompts)",
+    )
     ap.add_argument("--threshold", type=float, default=1.0, help="judge R at or above which an episode passes")
     ap.add_argument("--unparseable-score", type=float, default=0.0)
     ap.add_argument("--max-new-tokens", type=int, default=64, help="model policy: cap per ACT message")
@@ -180,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for (trajectory, mistaken), task in zip(episodes, tasks):
         verifier = suite.verify(trajectory).reward
         judged, info = score_with_judge(
-            trajectory, suite.checklist(task), judge, unparseable_score=args.unparseable_score
+            trajectory, suite.checklist(task), judge, unparseable_score=args.unparseable_score, system=args.judge_system
         )
         pairs.append((verifier == 1.0, judged >= args.threshold))
         records.append(

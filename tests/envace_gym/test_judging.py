@@ -177,3 +177,12 @@ def test_the_outer_object_is_read_not_its_last_nested_one():
         "results": [{"metExpectation": True}]
     }
     assert parse_json_object('{"a": 1} and later {"b": {"c": 2}}') == {"b": {"c": 2}}
+
+
+def test_system_messages_can_be_left_out_of_the_judged_transcript():
+    traj = two_turn_trajectory()
+    checklist = Checklist("t", [[ChecklistItem("moved the lamp")]])
+    ((_, _, full),) = checklist_prompts(traj, checklist)
+    ((_, _, short),) = checklist_prompts(traj, checklist, system=False)
+    assert "You run a warehouse." in full[1].content and "You run a warehouse." not in short[1].content
+    assert "move the lamp" in short[1].content
