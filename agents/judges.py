@@ -38,6 +38,10 @@ class LocalJudge(CachedJudge):
         batch_size: prompts per batched decode.
         cache_size: replies kept in the prompt cache.
         policy: an already loaded `agents.policy.Policy` to use instead of loading `model`.
+        reply_prefix: text the judge's reply is made to start with (appended after the assistant opener, then
+            continued by the model; the reply returned includes it). ``'{"answer":'`` leaves a small model only
+            ``true`` or ``false`` to write: SmolLM2-135M answers the checklist prompt in free prose without it
+            (every verdict unparseable) and with it in 2-3 tokens. Empty (default): the model writes the whole reply.
 
     Raises:
         ValueError: ``max_new_tokens`` or ``batch_size`` below 1, a negative temperature, and the errors of
@@ -55,6 +59,7 @@ class LocalJudge(CachedJudge):
         batch_size: int = 8,
         cache_size: int = 100_000,
         policy: Any = None,
+        reply_prefix: str = "",
     ) -> None:
         super().__init__(cache_size)
         if max_new_tokens < 1 or batch_size < 1:
@@ -71,12 +76,14 @@ class LocalJudge(CachedJudge):
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.batch_size = batch_size
+        self.reply_prefix = reply_prefix
+        self._prefix_ids = self.policy.renderer.content_ids(reply_prefix) if reply_prefix else []
 
     def __repr__(self) -> str:
-        return f"LocalJudge(model={self.model!r}, max_new_tokens={self.max_new_tokens})"
+        return f"LocalJudge(model={self.model!r}, max_new_tokens={self.max_new_tokens}, prefix={self.reply_prefix!r})"
 
     def _generate(self, prompts: list[list[Message]]) -> list[str]:
-        contexts = [self.policy.renderer.prompt_ids(p, None) for p in prompts]
+        contexts = [self.policy.renderer.prompt_ids(p, None) + self._prefix_ids for p in prompts]
         out: list[str] = []
         for i in range(0, len(contexts), self.batch_size):
             gens = self.policy.generate(
@@ -86,7 +93,7 @@ class LocalJudge(CachedJudge):
                 seeds=[0] * len(contexts[i : i + self.batch_size]),
                 use_cache=False,
             )
-            out += [self.policy.decode(g.token_ids) for g in gens]
+            out += [self.reply_prefix + self.policy.decode(g.token_ids) for g in gens]
         return out
 
 

@@ -558,7 +558,8 @@ def score_with_judge(
 
     Returns:
         ``(reward, info)``; ``info``: ``turns`` (per checklist turn: ``turn``, ``reached``, ``score`` and
-        ``items``, each with ``item``, ``weight``, ``verdict`` (True, False or None) and ``score``), ``judged``
+        ``items``, each with ``item``, ``weight``, ``verdict`` (True, False or None), ``score`` and the judge's
+        ``reply`` (None when not asked)), ``judged``
         (items asked) and ``unparseable`` (items whose verdict could not be read).
 
     Raises:
@@ -586,10 +587,12 @@ def score_with_judge(
                 continue
             item = items[j]
             if prompt is None:
-                rows.append({"item": item.item, "weight": item.weight, "verdict": False, "score": 0.0})
+                rows.append({"item": item.item, "weight": item.weight, "verdict": False, "score": 0.0, "reply": None})
             else:
                 r = next(results)
-                rows.append({"item": item.item, "weight": item.weight, "verdict": r.verdict, "score": r.score})
+                rows.append(
+                    {"item": item.item, "weight": item.weight, "verdict": r.verdict, "score": r.score, "reply": r.reply}
+                )
         total = sum(r["weight"] for r in rows)
         score = sum(r["weight"] * r["score"] for r in rows) / total if total else None
         reached = groups[k] is not None

@@ -18,8 +18,9 @@ from agents.models import tiny_random_model
 from agents.policy import Policy
 
 
-def fixed_reply_policy(tokenizer: Any, reply: str) -> Policy:
-    """A `Policy` whose model greedily answers `reply` (then ``<|im_end|>``) after any chat prompt.
+def fixed_reply_policy(tokenizer: Any, reply: str, after: str | None = None) -> Policy:
+    """A `Policy` whose model greedily answers `reply` (then ``<|im_end|>``) after any chat prompt, or, with
+    `after`, after a prompt that ends with the ids of that text (a judge's reply prefix).
 
     Raises:
         ValueError: the chain repeats a token (a bigram table cannot tell its two successors apart).
@@ -27,7 +28,7 @@ def fixed_reply_policy(tokenizer: Any, reply: str) -> Policy:
     model = tiny_random_model(seed=0, tie_word_embeddings=False)
     policy = Policy(model, tokenizer, kv_cache=False)
     r = policy.renderer
-    start = r.generation_prompt_ids[-1]
+    start = r.content_ids(after)[-1] if after else r.generation_prompt_ids[-1]
     chain = [start, *r.content_ids(reply), *r.generation_end_ids("assistant")]
     if len(set(chain[:-1])) != len(chain) - 1:
         raise ValueError(f"the reply {reply!r} repeats a token; choose another text")

@@ -16,7 +16,9 @@ default 1.0: every item met, the verifier's own all-or-nothing). The judge is a 
 ``--judge`` (default ``smollm2-135m``, greedy), or an `agents.judges.OpenAIJudge` of ``--judge-url`` (vLLM, SGLang,
 ``envace serve``), shown the conversation without its system message unless ``--judge-system`` (the checklist items
 name calls, errors and answers, which the conversation shows; the lab's rules and layout would double every prompt).
-Small judges are weak: the table reports what they do, unparseable verdicts included (scored as
+A local judge's reply is made to start with ``--judge-prefix`` (default ``{"answer":``, so a small model only
+writes ``true`` or ``false``; without it SmolLM2-135M answers in prose and every verdict is unparseable). Small
+judges are weak: the table reports what they do, unparseable verdicts included (scored as
 ``--unparseable-score`` and counted).
 
     .venv/bin/python -m benchmarks.experiments.judge_agreement                      # 12 episodes, ~2-4 min on 2 cores
@@ -47,7 +49,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--judge", default="smollm2-135m", help="LocalJudge model (name or folder)")
     ap.add_argument("--judge-url", default=None, help="an OpenAI-compatible base URL instead (OpenAIJudge)")
     ap.add_argument("--judge-model", default=None, help="with --judge-url: the served model id (default: --judge)")
-    ap.add_argument("--judge-tokens", type=int, default=24, help="cap per judge reply, tokens")
+    ap.add_argument("--judge-tokens", type=int, default=4, help="cap per judge reply, tokens (after the prefix)")
+    ap.add_argument(
+        "--judge-prefix",
+        default='{"answer":',
+        help="LocalJudge: the text its reply is made to start with (LocalJudge's reply_prefix; '' for none)",
+    )
     ap.add_argument(
         "--judge-system",
         action="store_true",
@@ -176,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         judge: Any = OpenAIJudge(args.judge_model or args.judge, args.judge_url, max_tokens=args.judge_tokens)
         tokenizer = default_store().tokenizer("smollm2-135m")
     else:
-        judge = LocalJudge(args.judge, max_new_tokens=args.judge_tokens)
+        judge = LocalJudge(args.judge, max_new_tokens=args.judge_tokens, reply_prefix=args.judge_prefix)
         tokenizer = judge.policy.tokenizer
     if args.policy == "reference":
         episodes = reference_episodes(args.suite, suite, tasks, tokenizer, args)

@@ -170,3 +170,15 @@ def test_bad_judge_settings_are_refused(yes_policy):
         OpenAIJudge("m", "http://127.0.0.1:1/v1", timeout=0)
     with pytest.raises(ValueError, match="cache_size"):
         LocalJudge(policy=yes_policy, cache_size=-1)
+
+
+def test_a_reply_prefix_is_continued_and_kept(smol_tokenizer):
+    policy = fixed_reply_policy(smol_tokenizer, " true}", after='{"answer":')
+    judge = LocalJudge(policy=policy, max_new_tokens=4, reply_prefix='{"answer":')
+    assert judge.complete([[Message("user", "Did it ship?")]]) == ['{"answer": true}']
+    reward, info = score_with_judge(trajectory(), Checklist("t", [[ChecklistItem("moved the lamp")]]), judge)
+    assert reward == 1.0 and info["turns"][0]["items"][0]["reply"] == '{"answer": true}'
+    # without the prefix the same model is not steered into its answer: nothing readable
+    assert LocalJudge(policy=policy, max_new_tokens=4).complete([[Message("user", "Did it ship?")]]) != [
+        '{"answer": true}'
+    ]
