@@ -10,6 +10,9 @@ Read first (the algorithm, at the top of the package):
 * `agents.pipeline`: the recipe, eval -> SFT -> GRPO -> eval (``make demo``); `agents.users`: a model as the
   simulated user.
 
+Judge rewards: `agents.judges` (`LocalJudge`, `OpenAIJudge`) and `agents.serving` (the OpenAI-compatible server of
+``envace serve``).
+
 Then by concern: `agents.engines` (what samples tokens), `agents.training` (the trainers and what they stand
 on), `agents.evaluation` (real-backend evaluation, plots) and `agents.cli` (the ``envace`` command).
 
@@ -54,6 +57,11 @@ PUBLIC: dict[str, str] = {
     "make_engine": "agents.engines.registry",
     "register_engine": "agents.engines.registry",
     "registered_engines": "agents.engines.registry",
+    # judge rewards and the chat server
+    "LocalJudge": "agents.judges",
+    "OpenAIJudge": "agents.judges",
+    "make_chat_app": "agents.serving",
+    "ChatServer": "agents.serving",
     # the algorithm
     "collect_rollouts": "agents.rollout",
     "RolloutBatch": "agents.rollout",
@@ -80,6 +88,8 @@ if TYPE_CHECKING:  # the same names, re-exported for type checkers and editors (
     from agents.evaluation.evaluate import evaluate as evaluate
     from agents.grpo import grpo_loss as grpo_loss
     from agents.grpo import role_wise_advantages as role_wise_advantages
+    from agents.judges import LocalJudge as LocalJudge
+    from agents.judges import OpenAIJudge as OpenAIJudge
     from agents.models import ModelStore as ModelStore
     from agents.models import load_model as load_model
     from agents.models import load_model_and_tokenizer as load_model_and_tokenizer
@@ -92,6 +102,8 @@ if TYPE_CHECKING:  # the same names, re-exported for type checkers and editors (
     from agents.policy import make_policy_rehearser as make_policy_rehearser
     from agents.rollout import RolloutBatch as RolloutBatch
     from agents.rollout import collect_rollouts as collect_rollouts
+    from agents.serving import ChatServer as ChatServer
+    from agents.serving import make_chat_app as make_chat_app
     from agents.training.demonstrations import build_demonstrations as build_demonstrations
     from agents.training.sft import SFTConfig as SFTConfig
     from agents.training.sft import SFTTrainer as SFTTrainer

@@ -32,6 +32,8 @@ Optionally:
   right before reference call ``calls[position]`` (`calls`: ``ground_truth`` flattened over the turns; `rng`:
   a seeded ``random.Random``). ``agents.training.demonstrations.build_demonstrations(mutations=k)`` plays them on the
   real backend to build error demonstrations (the world model sees failures); a suite without it gives none.
+* ``Suite.checklist(task) -> envace_gym.judging.Checklist | None``: a checklist derived from the reference solution,
+  for a judge reward (`envace_gym.judging.score_with_judge`) scored on the same trajectories as the verifier.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ Subcommands (each has ``--help``; each lives in its own module of `agents.cli`):
 * ``envace train``: role-wise GRPO over ``EnvACE-Rehearse-v0`` (`agents.cli.train`, running
   `agents.training.trainer`); ``--help`` lists every `agents.config.TrainConfig` field, ``--config FILE.yaml``
   loads them, options override the file.
+* ``envace serve``: an OpenAI-compatible chat-completions server over a local model (`agents.cli.serve`, running
+  `agents.serving`), e.g. a judge's endpoint.
 * ``envace demo``: a one-turn smoke run of the default model on a real BFCL task (`agents.cli.demo`).
 """
 
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agents.cli.demo import register_demo_parser
     from agents.cli.eval import add_eval_parsers
     from agents.cli.pipeline import register_pipeline_parser
+    from agents.cli.serve import register_serve_parser
     from agents.cli.sft import register_sft_parser
     from agents.cli.train import register_train_parser
 
@@ -58,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_parsers(sub)
     register_sft_parser(sub)
     register_pipeline_parser(sub)
+    register_serve_parser(sub)
     return parser
 
 

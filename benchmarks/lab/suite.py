@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import random
 import re
 from collections.abc import Iterator, Sequence
@@ -10,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from benchmarks.lab.hidden import make_hidden_task
 from benchmarks.lab.tasks import CATEGORIES, ITEMS, LabConfig, make_stated_task, reference_final_state
 from benchmarks.lab.world import LabBackend, Warehouse
+from envace_gym.judging import Checklist, ChecklistItem
 from envace_gym.suites import VerifierResult
 from envace_gym.types import Task, ToolCall, Trajectory
 
@@ -186,6 +188,38 @@ class LabSuite:
         if answer is None or turn != task.num_turns - 1:
             return None
         return f"The shelf has {answer} free slot{'s' if answer != '1' else ''}."
+
+    def checklist(self, task: Task) -> Checklist:
+        """A checklist derived from the reference solution (`envace_gym.judging`), item for item what `verify`
+        checks, so that a judge and the verifier can be compared on the same trajectories
+        (``benchmarks/experiments/judge_agreement.py``). Per user turn, weight 1 each:
+
+        * one item per reference call that changes the warehouse (found by replaying the reference on a fresh
+          backend: a call whose state snapshot differs after it), naming the call and its arguments; read-only
+          calls (``locate``, ``list_shelf``) are left out, as the verifier does not ask for them;
+        * "no tool call in this turn returned an error";
+        * for a ``count`` task, in its last turn: the reply gives the expected number and no other.
+        """
+        backend = self.make_backend(task)
+        turns: list[list[ChecklistItem]] = []
+        for calls in self.ground_truth(task):
+            items = []
+            for call in calls:
+                before = backend.snapshot()
+                backend.execute(call)
+                if backend.snapshot() != before:
+                    args = ", ".join(f"{k}={json.dumps(v)}" for k, v in call.arguments.items())
+                    items.append(ChecklistItem(f"The assistant called {call.name}({args})."))
+            items.append(ChecklistItem("None of the assistant's tool calls in this turn returned an error."))
+            turns.append(items)
+        answer = task.metadata.get("answer")
+        if answer is not None:
+            turns[-1].append(
+                ChecklistItem(
+                    f"The assistant's last reply gives {answer} as the number of free slots, and no other number."
+                )
+            )
+        return Checklist(task.id, turns)
 
     def verify(self, trajectory: Trajectory, backend: LabBackend | None = None) -> VerifierResult:
         """Replay the ACT calls and compare the final state (and a ``count`` answer); see the class docstring."""

@@ -7,9 +7,11 @@ default ``airline`` and ``retail``); splits are the package's ``split_tasks.json
 Task ids are ``<domain>_<τ² id>``.
 
 Excluded by default, and counted in `Tau2Suite.excluded` (per domain, with the reason): tasks whose
-reward basis includes ``NL_ASSERTION`` (their reward needs an LLM judge), tasks with expected actions of
-the user (``requestor="user"``) and tasks that start from a recorded message history (two ``mock``
-tasks). None of the airline and retail tasks is excluded.
+reward basis includes ``NL_ASSERTION`` unless a judge is configured (``Tau2Suite(judge=...)``: they are then
+included and scored with τ²'s own NL-assertion prompt, `benchmarks.tau2.nl_assertions`), tasks with expected
+actions of the user (``requestor="user"``) and tasks that start from a recorded message history (two ``mock``
+tasks). None of the airline and retail tasks is excluded, and no task of the offered domains (airline, retail,
+mock) has ``NL_ASSERTION`` in its reward basis in the installed data, so a judge changes no count there today.
 
 The agent's system prompt is `SYSTEM_PROMPT` with the domain's policy; the tool schemas are τ²'s
 (``Environment.get_tools()``), shown by the chat template. The real backend is the domain's official
@@ -22,7 +24,9 @@ environment (a rehearsed episode is scored on what its calls really do), the con
 τ² messages (user texts, the agent's texts and calls, the real tool results), and τ²'s evaluators score
 it for each basis of the task's ``reward_basis``: ``DB`` and ``ENV_ASSERTION`` by
 `tau2.evaluator.evaluator_env.EnvironmentEvaluator`, ``ACTION`` by ``ActionEvaluator``, ``COMMUNICATE`` by
-``CommunicateEvaluator``; R is their product, as τ²'s ``evaluate_simulation`` combines them. The env calls
+``CommunicateEvaluator``, ``NL_ASSERTION`` (with a judge) by `benchmarks.tau2.nl_assertions.evaluate_nl_assertions`
+(τ²'s ``NLAssertionsEvaluator`` prompt and rule, the call through the judge instead of litellm); R is their
+product, as τ²'s ``evaluate_simulation`` (``ALL_WITH_NL_ASSERTIONS``) combines them. The env calls
 the verifier only for a conversation that ended (the user stopped: τ²'s ``USER_STOP``); a truncated one
 scores 0, as τ² scores a premature termination.
 """
@@ -34,7 +38,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.tau2.environment import DOMAINS, domain_paths, domain_policy, environment_constructor, make_environment
+from benchmarks.tau2.nl_assertions import evaluate_nl_assertions
 from benchmarks.tau2.users import ScriptedUser, opening_text
+from envace_gym.judging import Checklist, ChecklistItem, Judge, JudgeError
 from envace_gym.suites import UserTurns, VerifierResult
 from envace_gym.types import Message, Task, ToolCall, ToolSpec, Trajectory
 
@@ -103,6 +109,10 @@ class Tau2Suite:
     Args:
         user_factory: builds the user of one episode from the envace task (default: `ScriptedUser`);
             e.g. ``lambda task: ModelUser(task, ...)``.
+        judge: an `envace_gym.judging.Judge` (`agents.judges.LocalJudge`, `agents.judges.OpenAIJudge`): tasks
+            with an ``NL_ASSERTION`` reward are included and judged; None (default) leaves them out.
+        nl_unparseable_score: the NL-assertion reward of a judge reply that cannot be read (counted in
+            ``judge.stats.unparseable``).
 
     Attributes:
         excluded: per domain, ``{task id: reason}`` of the τ² tasks left out.
@@ -111,8 +121,17 @@ class Tau2Suite:
     name = "tau2"
     categories = DOMAINS
 
-    def __init__(self, user_factory: Callable[[Task], UserTurns] | None = None) -> None:
+    def __init__(
+        self,
+        user_factory: Callable[[Task], UserTurns] | None = None,
+        judge: Judge | None = None,
+        nl_unparseable_score: float = 0.0,
+    ) -> None:
+        if not 0.0 <= nl_unparseable_score <= 1.0:
+            raise ValueError(f"nl_unparseable_score must be in [0, 1], got {nl_unparseable_score!r}")
         self.user_factory = user_factory
+        self.judge = judge
+        self.nl_unparseable_score = nl_unparseable_score
         self.excluded: dict[str, dict[str, str]] = {}
         self._tasks: dict[str, list[Task]] = {}
         self._splits: dict[str, dict[str, list[str]]] = {}
@@ -133,7 +152,7 @@ class Tau2Suite:
             out = []
             for item in raw:
                 tau = TauTask.model_validate(item)
-                reason = _exclusion(tau)
+                reason = _exclusion(tau, judged=self.judge is not None)
                 if reason:
                     excluded[str(tau.id)] = reason
                     continue
@@ -200,15 +219,39 @@ class Tau2Suite:
         info = _tau2_task(task).evaluation_criteria.communicate_info or []
         return " ".join(str(i) for i in info) if info else None
 
+    def checklist(self, task: Task) -> Checklist | None:
+        """A one-turn checklist from τ²'s evaluation criteria, for a judge to score the whole conversation
+        (`envace_gym.judging.score_with_judge`): one item per expected action (the call and its arguments), per
+        fact to tell the user (``communicate_info``) and per NL assertion, weight 1 each; None when the task
+        has none of them."""
+        criteria = _tau2_task(task).evaluation_criteria
+        if criteria is None:
+            return None
+        items = [
+            ChecklistItem(
+                f"The agent called {a.name} with the arguments {json.dumps(dict(a.arguments), sort_keys=True)}."
+            )
+            for a in criteria.actions or []
+        ]
+        items += [ChecklistItem(f"The agent told the user: {info}.") for info in criteria.communicate_info or []]
+        items += [ChecklistItem(str(a)) for a in criteria.nl_assertions or []]
+        return Checklist(task.id, [items]) if items else None
+
     # ------------------------------------------------------------------ reward
     def verify(self, trajectory: Trajectory, backend: Tau2Backend | None = None) -> VerifierResult:
         """τ²'s reward of the conversation; see the module docstring (the episode's backend is not read).
-        Never raises: a conversation τ²'s evaluators refuse scores 0 with ``details["error"]``."""
+        A conversation τ²'s evaluators refuse scores 0 with ``details["error"]``.
+
+        Raises:
+            envace_gym.judging.JudgeError: the judge of an ``NL_ASSERTION`` task could not be asked.
+        """
         task = trajectory.task
         tau = _tau2_task(task)
         try:
             messages, n = self._tau2_messages(trajectory, tau)
             return self._score(task, tau, messages, n)
+        except JudgeError:  # the judge could not be asked: a broken set-up, not a reward of 0
+            raise
         except Exception as err:  # τ²'s set_state refuses a replay that differs from the recorded outputs
             return VerifierResult(reward=0.0, valid=False, details={"error": f"{type(err).__name__}: {err}"})
 
@@ -252,8 +295,7 @@ class Tau2Suite:
                     messages.append(AssistantMessage(role="assistant", content=text))
         return messages, n
 
-    @staticmethod
-    def _score(task: Task, tau: Any, messages: list[Any], n: int) -> VerifierResult:
+    def _score(self, task: Task, tau: Any, messages: list[Any], n: int) -> VerifierResult:
         """τ²'s evaluators for each basis of the task's reward basis, multiplied (``evaluate_simulation``)."""
         from tau2.data_model.tasks import RewardType
         from tau2.evaluator.evaluator_action import ActionEvaluator
@@ -275,6 +317,16 @@ class Tau2Suite:
             reward *= info.reward
             breakdown.update({k.value: v for k, v in (info.reward_breakdown or {}).items()})
             details["actions_matched"] = [c.action_match for c in info.action_checks or []]
+        if RewardType.NL_ASSERTION in basis:
+            if self.judge is None:  # τ² raises here too: an NL basis that is not evaluated
+                raise ValueError("the task's reward needs NL assertions judged; make the suite with a judge")
+            nl = evaluate_nl_assertions(
+                self.judge, messages, tau.evaluation_criteria.nl_assertions or [], self.nl_unparseable_score
+            )
+            reward *= nl.reward
+            breakdown[RewardType.NL_ASSERTION.value] = nl.reward
+            details["nl_assertions"] = nl.checks
+            details["nl_parsed"] = nl.parsed
         if RewardType.COMMUNICATE in basis:
             info = CommunicateEvaluator.calculate_reward(tau, messages)
             reward *= info.reward
@@ -302,12 +354,12 @@ class _AfterSystemPrompt:
         return bool(getattr(self.user, "gave_up", False))
 
 
-def _exclusion(tau: Any) -> str | None:
-    """Why the τ² task `tau` is left out, or None."""
+def _exclusion(tau: Any, judged: bool = False) -> str | None:
+    """Why the τ² task `tau` is left out, or None (`judged`: a judge scores NL assertions)."""
     criteria = tau.evaluation_criteria
     if criteria is None:
         return "no evaluation criteria"
-    if any(r.value == "NL_ASSERTION" for r in criteria.reward_basis):
+    if not judged and any(r.value == "NL_ASSERTION" for r in criteria.reward_basis):
         return "NL_ASSERTION reward (needs an LLM judge)"
     if any(a.requestor == "user" for a in criteria.actions or []):
         return "expected user actions (the user's own tools)"
