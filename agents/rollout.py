@@ -337,7 +337,16 @@ def collect_rollouts(
     env_task_ids = [t for t in task_ids for _ in range(group_size)]
     rehearse_turns = (
         _turn_rehearsals(
-            policy, envs, rollout, rehearsal_n, rehearsal_mode, rehearsal_memory_tokens, temperature, seed, first_env
+            policy,
+            envs,
+            rollout,
+            rehearsal_n,
+            rehearsal_mode,
+            rehearsal_memory_tokens,
+            temperature,
+            max_new_tokens,
+            seed,
+            first_env,
         )
         if rehearsal_n
         else None
@@ -451,6 +460,7 @@ def _turn_rehearsals(
     mode: Literal["parallel", "sequential"],
     memory_tokens: int,
     temperature: float,
+    max_new_tokens: int,
     seed: int,
     first_env: int,
 ) -> Any:
@@ -472,6 +482,8 @@ def _turn_rehearsals(
                 memory_tokens=memory_tokens,
                 rehearser_policy=rehearser,
                 attempt_temperature=temperature,
+                max_new_tokens=max_new_tokens,  # the committed ACT steps' cap; rehearsals keep the env's
+                rehearse_max_new_tokens=env.max_new_tokens,
                 seed=int(np.random.SeedSequence([seed, first_env + i]).generate_state(1)[0]),
                 attempt_outputs="null" if rollout == "null" else "rehearsed",
                 keep_attempt_rows=True,
@@ -483,8 +495,8 @@ def _turn_rehearsals(
         batcher = BatchCoordinator()
         with coalesced(engines, batcher):
             batcher.run([wrappers[i].rehearse for i in indices])
-        for i in indices:
-            turn_info[i][-1].attempts.extend(wrappers[i].attempt_rows)
+        for i in indices:  # an attempt that generated nothing with logprobs (plain-text actions) trains nothing
+            turn_info[i][-1].attempts.extend(a for a in wrappers[i].attempt_rows if a.generated_tokens)
 
     return rehearse
 

@@ -268,6 +268,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             ``policy`` itself, inline.
         attempt_max_steps: ACT steps per attempt (>= 1); None: the env's ``max_steps_per_turn``.
         max_new_tokens: cap per generated ACT message and rehearsed tool response; None: the env's.
+        rehearse_max_new_tokens: cap per rehearsed tool response when it differs from the ACT cap (a trainer's
+            ``rehearse_max_new_tokens``); None: as ``max_new_tokens``.
         critique_tokens: cap per critique (>= 1; ``"summary"`` only).
         attempt_temperature: sampling temperature of attempts (ACT and REHEARSE); > 0 keeps parallel
             attempts from being identical.
@@ -309,6 +311,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         rehearser_policy: Any = None,
         attempt_max_steps: int | None = None,
         max_new_tokens: int | None = None,
+        rehearse_max_new_tokens: int | None = None,
         critique_tokens: int = 64,
         attempt_temperature: float = 1.0,
         seed: int | None = None,
@@ -325,6 +328,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             memory_tokens=memory_tokens,
             attempt_max_steps=attempt_max_steps,
             max_new_tokens=max_new_tokens,
+            rehearse_max_new_tokens=rehearse_max_new_tokens,
             critique_tokens=critique_tokens,
             attempt_temperature=attempt_temperature,
             seed=seed,
@@ -354,6 +358,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             )
         if attempt_max_steps is not None and (not isinstance(attempt_max_steps, int) or attempt_max_steps < 1):
             raise ValueError(f"attempt_max_steps must be None or an int >= 1, got {attempt_max_steps!r}")
+        if rehearse_max_new_tokens is not None and rehearse_max_new_tokens < 1:
+            raise ValueError(f"rehearse_max_new_tokens must be None or >= 1, got {rehearse_max_new_tokens!r}")
         if critique_tokens < 1 or (max_new_tokens is not None and max_new_tokens < 1):
             raise ValueError(
                 f"critique_tokens and max_new_tokens must be >= 1, got {critique_tokens!r}, {max_new_tokens!r}"
@@ -377,6 +383,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         self.memory_tokens = memory_tokens
         self.attempt_max_steps = attempt_max_steps
         self.max_new_tokens = max_new_tokens
+        self.rehearse_max_new_tokens = rehearse_max_new_tokens
         self.critique_tokens = critique_tokens
         self.attempt_temperature = attempt_temperature
         self.attempt_outputs: AttemptOutputs = attempt_outputs
@@ -544,8 +551,9 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             responder = ConstantResponse()
         fork = base.fork(responder=responder, seed=self._seed())
         fork.temperature = self.attempt_temperature
-        if self.max_new_tokens is not None:
-            fork.max_new_tokens = self.max_new_tokens
+        rehearse_cap = self.rehearse_max_new_tokens or self.max_new_tokens
+        if rehearse_cap is not None:
+            fork.max_new_tokens = rehearse_cap  # the env's max_new_tokens caps its rehearsed responses
         return fork
 
     def _run_attempts(self, forks: list[Any]) -> list[dict[str, Any]]:
@@ -556,7 +564,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         context_rows = [len(f.rehearsal_rows) for f in forks]
         stats: list[dict[str, Any]] = [{"steps": 0, "tool_calls": 0, "ended": "steps", "act_tokens": 0} for _ in forks]
         active = list(range(len(forks)))
-        max_new = self.max_new_tokens or forks[0].max_new_tokens
+        committed: Any = self.env.unwrapped  # a ToolUseEnv (checked in __init__)
+        max_new = self.max_new_tokens or committed.max_new_tokens  # the committed env's cap, not a fork's
         for _ in range(self.attempt_max_steps or forks[0].max_steps_per_turn):
             if not active:
                 break

@@ -20,10 +20,11 @@ Protocol (fixed before any result was seen; every setting is reported):
    and every continuation at N = 0 and at N = ``--n`` parallel attempts of its own rehearsal (trace memory, the
    setting ``rehearsal_rl`` trained with).
 
-Rows are paired by seed and task with ``role_grpo_equal_tokens`` at the same N (the issue's comparison): the mean
-difference with its 95% t-interval over seeds, tasks gained and lost summed over seeds, and per seed an exact McNemar
-test. Each row reports the tokens generated in training and, at evaluation, the rehearsal tokens per task. Stages
-resume (`agents.pipeline.StageRunner`).
+The equal-token run stops at the first step whose cumulative tokens reach the budget, so it overshoots by less than
+one step's tokens (both totals are reported). Rows are paired by seed and task with ``role_grpo_equal_tokens`` at the
+same N (the issue's comparison): the mean difference with its 95% t-interval over seeds, tasks gained and lost summed
+over seeds, and per seed an exact McNemar test. Each row reports the tokens generated in training and, at evaluation,
+the rehearsal tokens per task. Stages resume (`agents.pipeline.StageRunner`).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         return {
             "model": latest_model(folder),
             "steps": len(history),
-            "generated_tokens": sum(int(h["rollout/generated_tokens"]) for h in history),
+            "generated_tokens": int(history[-1]["rollout/generated_tokens_total"]) if history else 0,
             "attempt_tokens": sum(int(h.get("rollout/attempt_tokens", 0)) for h in history),
             "seconds": info["seconds"],
         }
@@ -129,6 +130,12 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             ),
             "role_grpo_equal_steps": grpo(f"role_grpo_equal_steps/seed{seed}", seed, num_steps=args.steps),
         }
+        equal = runs["role_grpo_equal_tokens"]
+        if equal["generated_tokens"] < rl["generated_tokens"]:  # the step cap ended it first: not equal compute
+            raise RuntimeError(
+                f"role_grpo_equal_tokens/seed{seed} stopped at {equal['steps']} steps with {equal['generated_tokens']} "
+                f"generated tokens, short of rehearsal_rl's {rl['generated_tokens']}; raise its step cap"
+            )
         for policy, info in runs.items():
             training[policy].append(info)
         models_of = {"start": start_of(seed), **{p: info["model"] for p, info in runs.items()}}

@@ -471,8 +471,16 @@ def test_rehearsal_aware_rollouts_train_each_attempt_with_the_committed_reward(p
     venv = venvs[mode]
     venv.reset(seed=0, options={"task_ids": [t for t in TASKS for _ in range(K)]})
     starts = {tuple(e.unwrapped.trajectory.token_ids) for e in venv.unwrapped.envs}
+    act_cap = NEW + 3  # the envs' own cap, NEW, is the rehearsals'
     trajs, stats = collect_rollouts(
-        CallAtAttemptStart(policy, starts), venv, TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=5, rehearsal_n=2
+        CallAtAttemptStart(policy, starts),
+        venv,
+        TASKS,
+        K,
+        max_new_tokens=act_cap,
+        temperature=1.0,
+        seed=5,
+        rehearsal_n=2,
     )
     for t in trajs:
         # every user turn reached (scripted_1 has two) was rehearsed twice before its committed steps
@@ -487,7 +495,22 @@ def test_rehearsal_aware_rollouts_train_each_attempt_with_the_committed_reward(p
             assert all(s.logprobs is None for s in a.segments[:context])  # context never trained twice
             rehearsed = [s for s in a.segments if s.role == Role.REHEARSE] + a.rehearsals
             assert rehearsed and all(r.logprobs is not None for r in rehearsed)  # the attempt's call was rehearsed
+        # in every turn, an attempt trains only what it generated after its fork point: its first trainable token
+        # lies past its common prefix with the committed trajectory (whose earlier ACT turns have logprobs)
+        for a in (a for e in t.turn_info for a in e.attempts):
+            ids = [i for s in a.segments for i in s.token_ids]
+            shared = next((k for k, (x, y) in enumerate(zip(ids, t.token_ids)) if x != y), len(ids))
+            first_trained = sum(
+                len(s.token_ids) for s in a.segments[: next(k for k, s in enumerate(a.segments) if s.logprobs)]
+            )
+            assert first_trained >= shared
     attempts = [[a for e in t.turn_info for a in e.attempts] for t in trajs]
+    acts = [
+        len(s.token_ids) for tried in attempts for a in tried for s in a.segments if s.role == Role.ACT and s.logprobs
+    ]
+    rehearsed = [len(s.token_ids) for tried in attempts for a in tried for s in a.segments if s.role == Role.REHEARSE]
+    rehearsed += [len(r.token_ids) for tried in attempts for a in tried for r in a.rehearsals]
+    assert max(acts) == act_cap and max(rehearsed) <= NEW  # each role kept its own cap
     assert stats.attempt_tokens == [sum(a.generated_tokens for a in tried) for tried in attempts]
     assert all(g > a > 0 for g, a in zip(stats.generated_tokens, stats.attempt_tokens))
 
