@@ -325,7 +325,10 @@ class TrainConfig:
     # --- Parameters that control the experiment -------------------------------------------------------
     run_dir: str = _f("runs/envace", "folder for checkpoints, metrics.jsonl, TensorBoard events and config.yaml")
     seed: int = _f(0, "seed of task sampling, rollouts and initialisation; step s uses seeds derived from (seed, s)")
-    model: str = _f("smollm2-135m", "policy model: 'smollm2-135m', a local Hugging Face folder, or 'tiny-random'")
+    model: str = _f(
+        "smollm2-135m",
+        ("policy model: 'smollm2-135m', 'lab-tiny', 'smollm2-lab', a local Hugging Face folder, or 'tiny-random'"),
+    )
     init: str | None = _f(
         None, "start from this checkpoint's model folder (e.g. an `envace sft` checkpoint) instead of --model"
     )

@@ -109,7 +109,10 @@ metric means."""
 class EvalConfig:
     """Settings of one evaluation run; see each field's help (``envace eval --help``)."""
 
-    model: str = _f("smollm2-135m", "model to evaluate: 'smollm2-135m', 'tiny-random' or a local Hugging Face folder")
+    model: str = _f(
+        "smollm2-135m",
+        ("model to evaluate: 'smollm2-135m', 'lab-tiny', 'smollm2-lab', 'tiny-random' or a local Hugging Face folder"),
+    )
     suite: str = _f("bfcl", "registered suite name (envace_gym.suites)")
     categories: list[str] | None = _f(
         None,

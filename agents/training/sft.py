@@ -113,7 +113,13 @@ class SFTConfig:
     # --- Parameters that control the experiment -------------------------------------------------------
     run_dir: str = _f("runs/sft", "folder for checkpoints, metrics.jsonl, config.json and data_stats.json")
     seed: int = _f(0, "seed of the batch order (per epoch), of LoRA initialisation and of the --error-demos draws")
-    model: str = _f("smollm2-135m", "model to fine-tune: 'smollm2-135m', a local Hugging Face folder, or 'tiny-random'")
+    model: str = _f(
+        "smollm2-135m",
+        (
+            "model to fine-tune: 'smollm2-135m', 'lab-tiny', 'smollm2-lab', a local Hugging Face folder, or "
+            "'tiny-random'"
+        ),
+    )
     init: str | None = _f(None, "start from this folder (e.g. a checkpoint's model/) instead of --model")
     run: RunConfig = nested_config_field(RunConfig, "checkpoints, resume and the machine (RunConfig)", save_every=50)
 
