@@ -415,6 +415,27 @@ class TrainConfig:
         ),
     )
     invalid_action_penalty: float = _f(0.1, "subtracted from R(tau) when an ACT response is empty (docs/design.md §1)")
+    reward: Literal["replay", "judge", "judge_imagined"] = _f(
+        "replay",
+        (
+            "R(tau): 'replay', the suite's verifier replaying the calls on real backends; 'judge', an LLM judge's "
+            "checklist score of the episode with its calls replayed on a real backend; 'judge_imagined', the judge's "
+            "score of the episode as rehearsed, with no real backend at reward time (envace_gym.judging)"
+        ),
+    )
+    checklists: str | None = _f(
+        None, "judge rewards: a checklist JSONL (envace_gym.judging; none: the suite's own checklist(task), e.g. lab)"
+    )
+    judge_model: str = _f("smollm2-135m", "judge rewards: the judge model (local), or its name at --judge-url")
+    judge_url: str | None = _f(
+        None, "judge rewards: an OpenAI-compatible endpoint (envace serve, vLLM, ...); none: a LocalJudge"
+    )
+    judge_reply_prefix: str = _f(
+        "", "judge rewards, local judge: text the judge's reply starts with (e.g. '{\"answer\":')"
+    )
+    judge_unparseable_score: float = _f(
+        0.0, "judge rewards: the score of a checklist item whose verdict cannot be read (counted, never raised)"
+    )
     user_model: str | None = _f(
         None,
         (
@@ -532,6 +553,8 @@ class TrainConfig:
             fail("model must name a model ('smollm2-135m', a local folder or 'tiny-random'), got ''")
         if self.seed < 0:
             fail(f"seed must be >= 0, got {self.seed}")
+        if not 0 <= self.judge_unparseable_score <= 1:
+            fail(f"judge_unparseable_score must be in [0, 1], got {self.judge_unparseable_score}")
         if self.generated_token_budget < 0:
             fail(f"generated_token_budget must be >= 0 (0: no budget), got {self.generated_token_budget}")
         if self.rehearsal_n < 0 or self.rehearsal_memory_tokens < 1:
@@ -583,7 +606,16 @@ class TrainConfig:
                 f"algo must be one of {list(ADVANTAGE_ESTIMATORS)} (agents.grpo.ADVANTAGE_ESTIMATORS), got "
                 f"{self.algo!r}"
             )
-        for name in ("rollout", "prompt_mode", "rehearsal_mode", "policy", "weighting", "aggregation", "dtype"):
+        for name in (
+            "rollout",
+            "prompt_mode",
+            "rehearsal_mode",
+            "reward",
+            "policy",
+            "weighting",
+            "aggregation",
+            "dtype",
+        ):
             allowed = typing.get_args(_HINTS[name])
             if getattr(self, name) not in allowed:
                 fail(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")

@@ -64,6 +64,7 @@ import dataclasses
 import math
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -304,6 +305,7 @@ class RoleWiseGRPOTrainer:
             max_steps_per_turn=config.max_steps_per_turn,
             max_episode_tokens=config.max_episode_tokens,
         )
+        self.judge, self._checklist = self._reward_judge(tasks, models)
         self.step = 0
         self.nonfinite_in_a_row = {name: 0 for name in self.models}
         self.generated_tokens = 0  # ACT and REHEARSE tokens the rollouts generated so far (generated_token_budget)
@@ -412,6 +414,7 @@ class RoleWiseGRPOTrainer:
                 rehearsal_mode=cfg.rehearsal_mode,
                 rehearsal_memory_tokens=cfg.rehearsal_memory_tokens,
             )
+        judge_metrics = self._judge_rewards(trajectories, rstats) if self.judge is not None else {}
         batch = build_batch(
             trajectories,
             rstats.group_ids,
@@ -441,11 +444,81 @@ class RoleWiseGRPOTrainer:
         if self.parallel.distributed:
             view = _StepView.concat(self.parallel.gather(view))
         metrics = self._metrics(view, train_stats, t1 - t0, t2 - t1)
+        metrics.update(judge_metrics)
         self.generated_tokens += metrics["rollout/generated_tokens"]  # every rank: the gathered view's total
         metrics["rollout/generated_tokens_total"] = self.generated_tokens
         if self.parallel.is_main:
             self._log(metrics)
         return metrics
+
+    def _reward_judge(self, tasks: Sequence[Any], models: ModelStore) -> tuple[Any, Any]:
+        """The judge and the task -> checklist lookup of ``reward: judge | judge_imagined`` (None, None for
+        ``replay``); the envs' own verifier is turned off, so termination touches no real backend.
+
+        Raises:
+            ValueError: no checklist source (no ``checklists`` file and a suite without ``checklist(task)``), or a
+                task of the pool without a checklist in the file.
+        """
+        cfg = self.config
+        if cfg.reward == "replay":
+            return None, None
+        from agents.judges import LocalJudge, OpenAIJudge
+        from envace_gym.judging import load_checklists
+        from envace_gym.suites import make_suite
+
+        if cfg.checklists:
+            table = load_checklists(cfg.checklists)
+            missing = [t.id for t in tasks if t.id not in table]
+            if missing:
+                raise ValueError(
+                    f"checklists {cfg.checklists} has no checklist for {len(missing)} task(s), e.g. {missing[:3]}"
+                )
+            checklist = lambda task: table[task.id]  # noqa: E731
+        else:
+            suite: Any = make_suite(cfg.suite)  # checklist(task) is an optional method of a suite
+            if not callable(getattr(suite, "checklist", None)):
+                raise ValueError(
+                    f"reward={cfg.reward} needs checklists: suite {cfg.suite!r} derives none (no checklist(task)); "
+                    "give --checklists FILE.jsonl"
+                )
+            checklist = suite.checklist
+        judge: Any
+        if cfg.judge_url:
+            judge = OpenAIJudge(cfg.judge_model, cfg.judge_url)
+        else:
+            judge = LocalJudge(cfg.judge_model, models=models, reply_prefix=cfg.judge_reply_prefix)
+        for env in self.env.unwrapped.envs:
+            base: Any = env.unwrapped  # a ToolUseEnv
+            base.verify = False
+        return judge, checklist
+
+    def _judge_rewards(self, trajectories: Sequence[Trajectory], rstats: RolloutStats) -> dict[str, float]:
+        """Replace each trajectory's R by the judge's checklist score (``reward: judge`` replays its calls on a
+        fresh real backend first; ``judge_imagined`` judges it as rehearsed), the invalid-action penalty applied
+        as `agents.rollout.collect_rollouts` does; returns the step's judge metrics."""
+        from envace_gym.judging import score_with_judge
+        from envace_gym.suites import make_suite
+
+        cfg = self.config
+        suite = make_suite(cfg.suite) if cfg.reward == "judge" else None
+        before = self.judge.stats.unparseable
+        judged = 0
+        for i, traj in enumerate(trajectories):
+            backend = suite.make_backend(traj.task) if suite is not None else None
+            r, info = score_with_judge(
+                traj,
+                self._checklist(traj.task),
+                self.judge,
+                backend=backend,
+                unparseable_score=cfg.judge_unparseable_score,
+            )
+            judged += int(info["judged"])
+            rstats.verifier_rewards[i] = float(r)
+            traj.reward = float(r) - (cfg.invalid_action_penalty if rstats.empty_actions[i] else 0.0)
+            rstats.rewards[i] = traj.reward
+        if cfg.reward == "judge_imagined":
+            rstats.verifier_replay_calls = 0  # nothing was replayed: the judge read the rehearsed episode
+        return {"rollout/judge_items": judged, "rollout/judge_unparseable": self.judge.stats.unparseable - before}
 
     def _policy(self, model: torch.nn.Module, tokenizer: Any, engine: GenerationEngine | None) -> Policy:
         """A `Policy` over `model` sampling with `engine`, or with ``config.engine`` built over `model`."""

@@ -78,7 +78,8 @@ class TextToolUseEnv(gym.Env[str, str]):
     0.0 on every non-final step. On termination, the suite's ``verify(trajectory, backend)`` in [0, 1]
     (the whole trajectory and this episode's real backend in its final state). BFCL replays the ACT calls
     on fresh real backends (BFCL multi-turn: state and response checks per turn; single-turn:
-    the AST checker). A truncated episode gets 0.0, as BFCL fails a forced quit.
+    the AST checker). A truncated episode gets 0.0, as BFCL fails a forced quit. With ``env.verify = False``
+    (a trainer that scores episodes with an LLM judge) termination runs no verifier and the reward is 0.0.
 
     ## Starting State
     ``reset(seed=..., options={"task_id": ...})`` plays the named task; without it a task is drawn
@@ -153,6 +154,9 @@ class TextToolUseEnv(gym.Env[str, str]):
             raise ValueError(f"no tasks for suite={suite!r} categories={categories!r} split={split!r}")
         self._task_index = {t.id: i for i, t in enumerate(self.tasks)}
         self.max_steps_per_turn = max_steps_per_turn
+        # a trainer that scores episodes itself (an LLM judge) turns this off: termination then touches no real
+        # backend and the reward is 0 until the trainer sets it
+        self.verify = True
         self.max_episode_tokens = max_episode_tokens
         self.count_tokens = count_tokens or utf8_quarter_tokens
         self.backend_factory = backend_factory or self.suite.make_backend
@@ -291,7 +295,7 @@ class TextToolUseEnv(gym.Env[str, str]):
                 truncated = True
 
         info = self._info(new, calls=calls, parse_error=parse_error)
-        if terminated:
+        if terminated and self.verify:
             verdict = self.suite.verify(self.trajectory, self.backend)
             reward = float(verdict.reward)
             info["verifier"] = {"reward": reward, "valid": verdict.valid, "details": verdict.details}
