@@ -260,7 +260,9 @@ class RunConfig:
 class OptimConfig:
     """AdamW and its learning-rate schedule: ``--optim.<field>`` options, an ``optim:`` mapping in YAML.
     `TrainConfig` and `agents.training.sft.SFTConfig` both hold one, each with its own defaults (``envace train``:
-    lr 1e-5, weight decay 0.01, constant; ``envace sft``: lr 2e-5, no weight decay, cosine)."""
+    lr 1e-5, weight decay 0.01, constant; ``envace sft``: lr 2e-5, no weight decay, cosine). Those per-command
+    defaults apply to a mapping (``TrainConfig(optim={"lr": 1e-4})``, YAML, options); an ``OptimConfig(...)`` object
+    is used as given, with this class's defaults for the fields it does not set."""
 
     lr: float = _f(1e-5, "AdamW learning rate (the paper's 8B GRPO run used 1e-6)")
     weight_decay: float = _f(0.0, "AdamW weight decay")
