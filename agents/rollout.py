@@ -230,15 +230,16 @@ def collect_rollouts(
     In ``inline`` mode the REHEARSE segments are already in ``trajectory.segments`` and ``rehearsals`` is
     empty. `build_batch` reads these rows; everything is JSON-compatible (`Trajectory.to_dict`).
 
-    Rehearsal-aware rollouts (``rehearsal_n > 0``, issue 37). At the opening of every user turn (after the
-    reset, and after each step that opens a new turn) each env first runs ``rehearsal_n`` private rehearsal
-    attempts of the turn and gets their ``"trace"`` memory inserted before its committed ACT step
-    (`wrappers.TestTimeRehearsal` over the env, ``keep_attempt_rows=True``; the attempts' calls are answered by
-    the env's rehearser, or by a constant for ``rollout="null"``), so a rollout is the attempts, the memory and
-    the committed execution. The attempts of all envs are batched (`agents.engines.batching.BatchCoordinator`);
-    env i's attempts are seeded from ``(seed, first_env + i)``. Each attempt is kept as an
-    `envace_gym.types.AttemptRecord` in the turn's ``TurnInfo.attempts``; `build_batch` trains its ACT and
-    REHEARSE tokens with the committed trajectory's reward. The memory is context (no loss).
+    Rehearsal-aware rollouts (``rehearsal_n > 0``), so the policy learns both to rehearse usefully and to act on
+    what it rehearsed. At the opening of every user turn (after the reset, and after each step that opens a new
+    turn) each env first runs ``rehearsal_n`` private rehearsal attempts of the turn and gets their ``"trace"``
+    memory inserted before its committed ACT step (`wrappers.TestTimeRehearsal` over the env,
+    ``keep_attempt_rows=True``; the attempts' calls are answered by the env's rehearser, or by a constant for
+    ``rollout="null"``), so a rollout is the attempts, the memory and the committed execution. The attempts of
+    all envs are batched (`agents.engines.batching.BatchCoordinator`); env i's attempts are seeded from
+    ``(seed, first_env + i)``. Each attempt is kept as an `envace_gym.types.AttemptRecord` in the turn's
+    ``TurnInfo.attempts``; `build_batch` trains its ACT and REHEARSE tokens with the committed trajectory's reward.
+    The memory is context (no loss).
 
     Temperature. ``old_logprobs`` are ``log_softmax(logits / temperature)`` (`agents.engines.generation`): ACT
     tokens at ``temperature``, REHEARSE tokens at the env's rehearsal ``temperature``. A warning is issued

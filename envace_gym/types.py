@@ -334,8 +334,7 @@ class AttemptRecord:
 
     `wrappers.TestTimeRehearsal` (``keep_attempt_rows=True``) records it; `agents.rollout.collect_rollouts`
     keeps it in the committed trajectory's `TurnInfo` and `agents.rollout.build_batch` trains it with the
-    committed trajectory's reward (issue 37: the committed execution's reward trains the attempts' ACT and
-    REHEARSE tokens).
+    committed trajectory's reward: an attempt is judged by the outcome of the execution it informed.
 
     Attributes:
         segments: the attempt's whole token sequence as segments, from the first token of the episode: the

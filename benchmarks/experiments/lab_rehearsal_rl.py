@@ -36,7 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.experiments.paired import paired_comparison, start_recipe_run, task_rewards
+from benchmarks.experiments.paired import (
+    paired_comparison,
+    rehearsal_tokens_per_task,
+    start_recipe_run,
+    task_rewards,
+)
 from benchmarks.experiments.result_tables import rehearsal_rl_table as table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,11 +113,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     def evaluation(name: str, model: str, seed: int, n: int) -> dict[str, Any]:
         config = dataclasses.replace(recipe.eval_config(out / name, model), seed=seed, rehearsal_n=n)
         stages.evaluate(name, config, models)
-        eps = list(read_jsonl(out / name / "episodes.jsonl"))
-        return {
-            "rewards": task_rewards(out / name),
-            "tokens_per_task": sum(float(e.get("rehearsal_generated_tokens") or 0) for e in eps) / max(len(eps), 1),
-        }
+        return {"rewards": task_rewards(out / name), "tokens_per_task": rehearsal_tokens_per_task(out / name)}
 
     measured: dict[str, list[dict[str, Any]]] = {}
     training: dict[str, list[dict[str, Any]]] = {p: [] for p in POLICIES[1:]}

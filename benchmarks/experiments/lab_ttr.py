@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.experiments.paired import episodes, paired_comparison, start_recipe_run
+from benchmarks.experiments.paired import episodes, paired_comparison, rehearsal_tokens_per_task, start_recipe_run
 from benchmarks.experiments.result_tables import ttr_table as table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,13 +80,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"the controls are run at N={CONTROL_N}: include it in --n or pass --no-controls")
     args.argv = list(argv) if argv is not None else []
     return args
-
-
-def rehearsal_tokens_per_task(folder: Path) -> float:
-    """Mean tokens generated per task for test-time rehearsal (every attempt's ACT and REHEARSE tokens; the
-    episodes' ``rehearsal_generated_tokens``), on top of what the committed episode generates."""
-    eps = episodes(folder)
-    return sum(float(e.get("rehearsal_generated_tokens") or 0) for e in eps.values()) / max(len(eps), 1)
 
 
 compare = paired_comparison

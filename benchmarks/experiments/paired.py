@@ -10,7 +10,7 @@ from typing import Any
 
 from benchmarks.stats import mcnemar_exact, mean_ci95
 
-__all__ = ["episodes", "task_rewards", "paired_comparison", "start_recipe_run"]
+__all__ = ["episodes", "task_rewards", "rehearsal_tokens_per_task", "paired_comparison", "start_recipe_run"]
 
 
 def episodes(folder: Path) -> dict[str, dict[str, Any]]:
@@ -23,6 +23,13 @@ def episodes(folder: Path) -> dict[str, dict[str, Any]]:
 def task_rewards(folder: Path) -> dict[str, float]:
     """Task id -> reward of the evaluation written to `folder` (its ``episodes.jsonl``)."""
     return {task: float(e["reward"]) for task, e in episodes(folder).items()}
+
+
+def rehearsal_tokens_per_task(folder: Path) -> float:
+    """Mean tokens generated per task for test-time rehearsal in an evaluation folder (every attempt's ACT and
+    REHEARSE tokens; the episodes' ``rehearsal_generated_tokens``), on top of what the committed episode generates."""
+    eps = episodes(folder)
+    return sum(float(e.get("rehearsal_generated_tokens") or 0) for e in eps.values()) / max(len(eps), 1)
 
 
 def paired_comparison(rows: list[dict[str, float]], references: list[dict[str, float]]) -> dict[str, Any]:
