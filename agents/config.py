@@ -24,7 +24,7 @@ import dataclasses
 import math
 import re
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NoReturn
@@ -44,6 +44,8 @@ __all__ = [
     "dataclass_from_args",
     "load_dataclass",
     "nested_config_field",
+    "HintingArgumentParser",
+    "moved_option_hints",
     "field_default",
     "flat_fields",
     "replace_fields",
@@ -700,8 +702,80 @@ def _load(cls: type, path: str | Path | None, overrides: dict[str, Any]) -> Any:
     known = {f.name for f in _settable_fields(cls)}
     unknown = sorted(set(values) - known - computed)
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(known)}")
+        moved = [f"{name} is {group}.{name}" for name in unknown for group in _groups_holding(cls, name)]
+        hint = f" ({'; '.join(moved)})" if moved else ""
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}{hint}; valid fields: {sorted(known)}")
     return cls(**{k: v for k, v in values.items() if k not in computed})
+
+
+def _groups_holding(cls: type, name: str) -> list[str]:
+    """The nested config fields of `cls` (``optim``, ``run``, ...) that have a field called `name`: where a
+    top-level spelling such as ``lr`` now lives (``optim.lr``)."""
+    hints = typing.get_type_hints(cls)
+    return [
+        f.name
+        for f in _settable_fields(cls)
+        if isinstance(hints[f.name], type)
+        and dataclasses.is_dataclass(hints[f.name])
+        and any(g.name == name for g in _settable_fields(hints[f.name]))
+    ]
+
+
+def moved_option_hints(unknown: Sequence[str], known: Iterable[str]) -> list[str]:
+    """For each unrecognised ``--option`` in `unknown`, the known options it is one group level short of
+    (``--lr`` -> ``--optim.lr``, ``--grpo.lr`` -> ``--grpo.optim.lr``), as "did you mean" lines.
+
+    Args:
+        unknown: the command line's unrecognised tokens (values and ``--opt=value`` forms are handled).
+        known: every option string of the parser(s), e.g. ``--optim.lr``.
+    """
+    known_paths = [o[2:].split(".") for o in known if o.startswith("--")]
+    lines = []
+    for token in unknown:
+        if not token.startswith("--"):
+            continue
+        want = token[2:].split("=", 1)[0].split(".")
+        matches = sorted(
+            {
+                "--" + ".".join(path)
+                for path in known_paths
+                if len(path) == len(want) + 1 and any(path[:i] + path[i + 1 :] == want for i in range(len(path) - 1))
+            }
+        )
+        if matches:
+            lines.append(f"{token.split('=', 1)[0]}: did you mean {' or '.join(matches)}?")
+    return lines
+
+
+class HintingArgumentParser(argparse.ArgumentParser):
+    """`argparse.ArgumentParser` whose "unrecognized arguments" error also names the grouped option an old
+    top-level spelling became (`moved_option_hints`), looking through every sub-command's options."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.subcommands: list[argparse.Action] = []
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        action = super().add_subparsers(**kwargs)
+        self.subcommands.append(action)
+        return action
+
+    def option_strings(self) -> set[str]:
+        """Every ``--option`` this parser and its sub-commands' parsers accept (read from their help)."""
+        out = set(re.findall(r"(?<![\w-])--[A-Za-z][\w.-]*", self.format_help()))
+        for action in self.subcommands:
+            choices = action.choices if isinstance(action.choices, dict) else {}  # sub-command name -> parser
+            for sub in choices.values():
+                out |= sub.option_strings() if isinstance(sub, HintingArgumentParser) else set()
+        return out
+
+    def error(self, message: str) -> NoReturn:
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            hints = moved_option_hints(message[len(prefix) :].split(), self.option_strings())
+            if hints:
+                message = "; ".join([message, *hints])
+        super().error(message)
 
 
 def check_device(device: str, fail) -> None:

@@ -46,7 +46,9 @@ def _setup_env() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``envace`` argument parser (one sub-parser per command)."""
-    parser = argparse.ArgumentParser(prog="envace", description="EnvACE: world rehearsal for agentic RL")
+    from agents.config import HintingArgumentParser
+
+    parser = HintingArgumentParser(prog="envace", description="EnvACE: world rehearsal for agentic RL")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     from agents.cli.demo import register_demo_parser

@@ -117,3 +117,34 @@ def test_a_refused_train_leaves_no_run_folder(tmp_path, no_model_loads, capsys):
     assert main([*TRAIN, "--run-dir", str(run), "--max-new-tokens", "4", "--min-solvable-fraction", "0.9"]) == 2
     err = capsys.readouterr().err
     assert not run.exists() and err.count("envace train") == 1, err
+
+
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["train", "--lr", "1e-3"], "--lr: did you mean --optim.lr?"),
+        (["train", "--save-every=3"], "--save-every: did you mean --run.save-every?"),
+        (["sft", "--gradient-checkpointing", "true"], "did you mean --memory.gradient-checkpointing?"),
+        (["pipeline", "--grpo.lr", "1e-3"], "--grpo.lr: did you mean --grpo.optim.lr?"),
+    ],
+)
+def test_a_top_level_spelling_of_a_grouped_option_names_the_grouped_one(capsys, argv, hint):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "unrecognized arguments" in err and hint in err, err
+
+
+def test_an_unknown_option_with_no_grouped_twin_gets_no_hint(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--no-such-option", "1"])
+    assert "did you mean" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_a_top_level_yaml_field_of_a_group_names_the_group(tmp_path, no_model_loads, capsys, command):
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 0.1\nthreads: 1\n")
+    assert main([command, "--config", str(path), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "(lr is optim.lr; threads is run.threads)" in err, err
