@@ -342,7 +342,7 @@ class TrainConfig:
         (
             "also stop once the rollouts have generated this many ACT and REHEARSE tokens in all (rehearsal attempts "
             "included; the metric rollout/generated_tokens_total), so runs of different rollout costs can be compared "
-            "at equal compute; 0: num_steps alone"
+            "at equal compute (needs a constant optim.lr_schedule); 0: num_steps alone"
         ),
     )
     run: RunConfig = nested_config_field(RunConfig, "checkpoints, resume and the machine (RunConfig)")
@@ -561,6 +561,12 @@ class TrainConfig:
             fail(f"judge_unparseable_score must be in [0, 1], got {self.judge_unparseable_score}")
         if self.generated_token_budget < 0:
             fail(f"generated_token_budget must be >= 0 (0: no budget), got {self.generated_token_budget}")
+        if self.generated_token_budget and self.optim.lr_schedule != "constant":
+            # the schedule decays over num_steps, which a token budget does not fix: it would stop mid-decay
+            fail(
+                "generated_token_budget needs optim.lr_schedule 'constant' (a decaying schedule runs over "
+                f"num_steps, and a token budget stops the run at an unknown step), got {self.optim.lr_schedule!r}"
+            )
         if self.rehearsal_n < 0 or self.rehearsal_memory_tokens < 1:
             fail(
                 f"rehearsal_n must be >= 0 and rehearsal_memory_tokens >= 1, got {self.rehearsal_n}, "

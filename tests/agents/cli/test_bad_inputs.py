@@ -38,6 +38,7 @@ BAD_TRAIN = [
     (["--task-ids", "bogus_1"], "task_ids"),
     (["--suite", "nosuch"], "unknown suite 'nosuch'"),
     (["--max-episode-tokens", "0"], "max_episode_tokens"),
+    (["--generated-token-budget", "1000", "--optim.lr-schedule", "cosine"], "generated_token_budget needs"),
 ]
 BAD_YAML = [
     ("num_steps: 2.5", "num_steps must be an integer"),
