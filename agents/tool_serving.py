@@ -144,8 +144,9 @@ def copied_tools(command: Sequence[str], start_timeout_s: float = 60.0) -> Serve
     if not command:
         raise ValueError("--like needs the command line of an MCP server, e.g. --like 'mcp-server-time'")
     options: dict[str, Any] = {"server": list(command), "start_timeout_s": start_timeout_s}
+    suite: Any = make_suite("mcp", **options)  # a benchmarks.mcp.MCPSuite
     try:
-        tools = make_suite("mcp", **options).server_tools()  # type: ignore[attr-defined]
+        tools = suite.server_tools()
     except RuntimeError as err:
         raise ValueError(f"--like: {err}") from None
     return ServedTools(suite="mcp", tools=tools, suite_options=options)

@@ -88,9 +88,7 @@ def register_serve_tools_parser(sub: Any) -> argparse.ArgumentParser:
         help="serve the tools of this real MCP server (its command line, one string), copied from one listing",
     )
     p.add_argument("--categories", nargs="*", default=None, help="suite categories whose tasks are served")
-    p.add_argument(
-        "--split", default="all", choices=("train", "test", "all"), help="the split whose tasks are served"
-    )
+    p.add_argument("--split", default="all", choices=("train", "test", "all"), help="the split whose tasks are served")
     p.add_argument(
         "--prompt-mode",
         default="inline",

@@ -17,6 +17,9 @@ and never sent to the server, for tools a server implements in a way this projec
 airline server's ``calculate`` evaluates its argument with Python's ``eval``; `benchmarks.mcp.tau2` maps it
 to `benchmarks.tau2.environment.safe_calculate`).
 
+Hidden tools (``hidden_tools``) are left out of `tools` and refused by `execute`; the client itself calls them with
+`control` (a server's control tools, such as the task and reset tools of a served world model).
+
 The SDK is asynchronous; every backend of a process shares one event loop that runs in a daemon thread,
 and `execute` waits for its call with a time limit.
 """
