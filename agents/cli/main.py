@@ -13,6 +13,8 @@ Subcommands (each has ``--help``; each lives in its own module of `agents.cli`):
   loads them, options override the file.
 * ``envace serve``: an OpenAI-compatible chat-completions server over a local model (`agents.cli.serve`, running
   `agents.serving`), e.g. a judge's endpoint.
+* ``envace serve-tools``: the model's REHEARSE role as a stdio MCP server, a world model any MCP client can call
+  (`agents.cli.serve_tools`, running `agents.tool_serving`).
 * ``envace demo``: a one-turn smoke run of the default model on a real BFCL task (`agents.cli.demo`).
 """
 
@@ -55,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agents.cli.eval import add_eval_parsers
     from agents.cli.pipeline import register_pipeline_parser
     from agents.cli.serve import register_serve_parser
+    from agents.cli.serve_tools import register_serve_tools_parser
     from agents.cli.sft import register_sft_parser
     from agents.cli.train import register_train_parser
 
@@ -64,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_sft_parser(sub)
     register_pipeline_parser(sub)
     register_serve_parser(sub)
+    register_serve_tools_parser(sub)
     return parser
 
 

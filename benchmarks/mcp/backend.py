@@ -17,6 +17,9 @@ and never sent to the server, for tools a server implements in a way this projec
 airline server's ``calculate`` evaluates its argument with Python's ``eval``; `benchmarks.mcp.tau2` maps it
 to `benchmarks.tau2.environment.safe_calculate`).
 
+Hidden tools (``hidden_tools``) are left out of `tools` and refused by `execute`; the client itself calls them with
+`control` (a server's control tools, such as the task and reset tools of a served world model).
+
 The SDK is asynchronous; every backend of a process shares one event loop that runs in a daemon thread,
 and `execute` waits for its call with a time limit.
 """
@@ -289,6 +292,16 @@ class MCPBackend:
             return self._record(call, out)
         if call.name in self.hidden_tools:
             return self._record(call, f"Error: Tool '{call.name}' not found.")
+        return self._record(call, self._remote(call))
+
+    def control(self, name: str, arguments: Mapping[str, Any] | None = None) -> str:
+        """Call one of the server's tools for the client itself, hidden ones included (a server's control
+        tools: a served world model's ``envace_start_task``), outside the rollout: neither `snapshot` nor
+        ``calls`` counts it. Never raises; failures are ``"Error: ..."`` texts as in `execute`."""
+        return self._remote(ToolCall(name=name, arguments=dict(arguments or {})))
+
+    def _remote(self, call: ToolCall) -> str:
+        """The server's answer to `call` as text (the failures of the module docstring as ``"Error: ..."``)."""
         from mcp.shared.exceptions import MCPError
         from mcp_types import CONNECTION_CLOSED
 
@@ -296,23 +309,19 @@ class MCPBackend:
             result = self._call(lambda client: client.call_tool(call.name, dict(call.arguments)), self.call_timeout_s)
         except MCPError as err:
             if err.code != CONNECTION_CLOSED:  # the server answered with a JSON-RPC error (e.g. an unknown tool)
-                return self._record(call, f"Error: {err}")
+                return f"Error: {err}"
             self.close(force=True)  # the server process ended: restart on the next call
             self.restarts += 1
-            return self._record(
-                call, f"Error: the tool server exited during {call.name}; it was restarted and its state is lost"
-            )
+            return f"Error: the tool server exited during {call.name}; it was restarted and its state is lost"
         except Exception as err:  # timeout, a server that never started: restart on the next call
             self.close(force=True)
             self.restarts += 1
             reason = str(err) or type(err).__name__
-            return self._record(
-                call, f"Error: the tool server failed on {call.name} ({reason}); it was restarted and its state is lost"
-            )
+            return f"Error: the tool server failed on {call.name} ({reason}); it was restarted and its state is lost"
         out = self.text(result)
         if getattr(result, "is_error", False) and not out.startswith("Error"):
             out = f"Error: {out}"
-        return self._record(call, out)
+        return out
 
     def _record(self, call: ToolCall, out: str) -> str:
         entry = json.dumps([call.name, call.arguments, out], sort_keys=True, default=str).encode()
