@@ -33,8 +33,11 @@ ARMS: dict[str, dict[str, Any]] = {
     "null_rehearser": {"rollout": "null"},
     "real_rollouts": {"rollout": "real"},
     "grpo": {"algo": "grpo"},
+    "role_grpo_kl": {"beta": 0.04},
 }
-"""Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (as in ``lab_ablations``)."""
+"""Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (as in ``lab_ablations``).
+``role_grpo_kl`` adds a KL penalty to the warm start (k3 estimator, coefficient 0.04: TRL's former default
+for GRPO, not chosen on this world), the usual guard against a run drifting away from its start."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
