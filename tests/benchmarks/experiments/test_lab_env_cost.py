@@ -149,6 +149,9 @@ def test_every_arm_is_trained_scored_and_tabulated_and_a_rerun_resumes(tmp_path,
     assert (out / "env_cost.png").stat().st_size > 1000 and (out / "hybrid_p1/seed0/fidelity/episodes.jsonl").is_file()
     printed = capsys.readouterr().out
     assert "Environment cost on EnvACE-Lab" in printed
+    page = results_page.render(store_dir=results_page.store(out, tmp_path / "store").parent, page=tmp_path / "r.md")
+    text = page.read_text()
+    assert "## Environment cost on the lab" in text and "hybrid_p1_wm1" in text and "env_cost.png" in text
     again = lab_env_cost.main(argv)
     printed = capsys.readouterr().out
     assert "hybrid_p1_wm1/seed0/grpo: already done" in printed and "[stage] hybrid_p1/seed0/grpo ..." not in printed
