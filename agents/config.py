@@ -369,11 +369,27 @@ class TrainConfig:
     # --- Parameters that control the rollouts ---------------------------------------------------------
     batch_tasks: int = _f(2, "B: instructions per step")
     group_size: int = _f(4, "K: trajectories sampled per instruction (the GRPO group); K = 1 makes every advantage 0")
-    rollout: Literal["rehearse", "real", "null"] = _f(
+    rollout: Literal["rehearse", "real", "null", "hybrid"] = _f(
         "rehearse",
         (
             "'rehearse': the policy simulates the tools (EnvACE); 'real': real backends (ablation); 'null': every call "
-            "answered with the same uninformative text (the null-rehearser control)"
+            "answered with the same uninformative text (the null-rehearser control); 'hybrid': each call answered by "
+            "the real backend with probability real_call_prob, else rehearsed (envace_gym.responders.Hybrid)"
+        ),
+    )
+    real_call_prob: float | None = _f(
+        None,
+        (
+            "rollout=hybrid only: the probability p in [0, 1] that a tool call is answered by the real backend (drawn "
+            "per call, seeded by the run's seed and step); a real answer first executes the episode's rehearsed calls "
+            "not yet executed, which count as real calls too (rollout/real_tool_calls)"
+        ),
+    )
+    world_model_loss_weight: float = _f(
+        0.0,
+        (
+            "lambda >= 0: add lambda x the REHEARSE role's teacher-forced cross-entropy on the tool outputs the real "
+            "backend answered (rollout real or hybrid) to the GRPO loss (agents.grpo.world_model_loss); 0: off"
         ),
     )
     prompt_mode: Literal["inline", "separate"] = _f(
@@ -640,10 +656,27 @@ class TrainConfig:
                 f"importance_sampling_cap must be 0 (off) or >= 1 (a cap below 1 would shrink on-policy tokens), "
                 f"got {self.importance_sampling_cap}"
             )
-        if self.policy == "per_role" and self.rollout != "rehearse":
+        if self.policy == "per_role" and self.rollout in ("real", "null"):
             fail(
                 f"policy=per_role trains a separate REHEARSE model, but rollout={self.rollout} never rehearses; "
                 f"use policy=shared"
+            )
+        if self.rollout == "hybrid" and (self.real_call_prob is None or not 0 <= self.real_call_prob <= 1):
+            fail(f"rollout=hybrid needs real_call_prob in [0, 1] (--real-call-prob), got {self.real_call_prob}")
+        if self.rollout != "hybrid" and self.real_call_prob is not None:
+            fail(
+                f"real_call_prob is the share of real calls of rollout=hybrid; rollout={self.rollout} takes none: set "
+                "--rollout hybrid or leave real_call_prob unset (none)"
+            )
+        if self.world_model_loss_weight < 0:
+            fail(f"world_model_loss_weight must be >= 0 (0: off), got {self.world_model_loss_weight}")
+        if self.world_model_loss_weight > 0 and (
+            self.rollout in ("rehearse", "null") or (self.rollout == "hybrid" and self.real_call_prob == 0)
+        ):
+            fail(
+                f"world_model_loss_weight > 0 trains on tool outputs of the real backend, and rollout={self.rollout}"
+                + (" with real_call_prob=0" if self.rollout == "hybrid" else "")
+                + " makes none: set --rollout real, or hybrid with --real-call-prob > 0, or world_model_loss_weight 0"
             )
         if not 0 <= self.min_solvable_fraction <= 1:
             fail(f"min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")

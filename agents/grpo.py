@@ -12,6 +12,10 @@ References:
     - Length and difficulty biases of the loss aggregation and of std scaling: Dr. GRPO, Liu et al., 2025,
       arXiv 2503.20783, §3.1.
     - k3 KL estimator: Schulman, "Approximating KL Divergence", http://joschu.net/blog/kl-approx.html.
+    - The world-model loss (`world_model_loss`) is this project's supervised term beside the GRPO objective of
+      docs/design.md §1, not a paper's equation: teacher-forced cross-entropy of the REHEARSE role on the tool
+      outputs a real backend answered during the rollouts (the idea of a cross-entropy loss on real tool
+      observations next to the RL loss, as proposed for TRL's GRPO trainer).
 
 Vocabulary. A *group* is the K trajectories sampled for one instruction q (``group_ids``). A *segment* is
 one contiguous run of generated tokens of one role ρ ∈ {ACT, REHEARSE} (``envace_gym.types.Role``). Advantages
@@ -101,6 +105,7 @@ __all__ = [
     "LossStats",
     "policy_loss",
     "grpo_loss",
+    "world_model_loss",
 ]
 
 Weighting = Literal["turn", "token", "trajectory"]
@@ -607,6 +612,8 @@ class LossStats:
         clip_fraction: masked token mean of tokens whose importance ratio was clipped (detail 13).
         approx_kl: masked token mean of ``(r - 1) - log r`` (Schulman's k3 of the old policy to the new).
         ratio_mean: masked token mean of the importance ratio r.
+        world_model_loss: `world_model_loss` before its weight (0 when none is computed; the trainer adds the
+            weighted term to ``loss``).
     """
 
     loss: float
@@ -616,6 +623,7 @@ class LossStats:
     clip_fraction: float
     approx_kl: float
     ratio_mean: float
+    world_model_loss: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         """The fields as a dict (metric name -> value)."""
@@ -759,3 +767,32 @@ def grpo_loss(
             entropy=float(_reduce(parts, ent, mask, count)),
             **{k: float(v) for k, v in stats.items()},
         )
+
+
+def world_model_loss(logprobs: Tensor, mask: Tensor, count: float | None = None) -> Tensor:
+    """Teacher-forced cross-entropy of the REHEARSE role on real tool outputs (the world-model loss).
+
+    L_WM = −(1/|M|) Σ_{(n,t) ∈ M} log π_θ(x_{n,t} | x_{n,<t}), where M is the set of target tokens (the real
+    outputs' ids, `agents.rollout.RolloutBatch.world_model_mask`). The trainer minimises L_GRPO + λ·L_WM with
+    λ = ``world_model_loss_weight``: a supervised term beside the GRPO objective of docs/design.md §1 (see the
+    module's references), always a token mean whatever the GRPO aggregation. ``logprobs`` are those the GRPO
+    term uses, log_softmax(logits / temperature): the distribution the REHEARSE role samples from.
+
+    Args:
+        logprobs: ``(N, T)`` floating, log π_θ of each token given its prefix (carries the gradient).
+        mask: ``(N, T) bool``, True on target tokens.
+        count: what the sum divides by: the target tokens of the whole batch when this is a shard or a
+            micro-batch of it, so the parts add up to the whole batch's mean. None: this batch's own count.
+
+    Returns:
+        A 0-d tensor (0 with a zero gradient when no token is masked). Positions outside ``mask`` may hold
+        anything (-inf, NaN): they are selected away before the sum (detail 9).
+
+    Raises:
+        ValueError: the shapes differ or are not 2-D.
+        TypeError: ``mask`` is not bool.
+    """
+    _check_loss_inputs(logprobs=logprobs, mask=mask)
+    nll = torch.where(mask, -logprobs, torch.zeros_like(logprobs))  # (N, T)
+    denominator = float(mask.sum()) if count is None else float(count)
+    return nll.sum() / max(denominator, 1.0)  # ()

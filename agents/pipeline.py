@@ -491,8 +491,9 @@ def sft_stage(config: PipelineConfig, out: Path, models: ModelStore, log=print) 
 def grpo_stage(grpo_config: TrainConfig, models: ModelStore, log=print) -> dict[str, Any]:
     """Role-wise GRPO with `grpo_config` (`agents.training.trainer.RoleWiseGRPOTrainer`, resuming in its run folder);
     returns the stage info: the last step's metrics, per step the groups with reward variance, the totals
-    of real tool calls in the rollouts and of verifier replays (`agents.rollout.RolloutStats`) over every
-    step in ``metrics.jsonl`` (those of an interrupted earlier invocation included), the config."""
+    of real tool calls in the rollouts (backend executions), of real answers, of world-model target tokens and of
+    verifier replays (`agents.rollout.RolloutStats`) over every step in ``metrics.jsonl`` (those of an interrupted
+    earlier invocation included), the config."""
     from agents.training.trainer import RoleWiseGRPOTrainer
 
     trainer = RoleWiseGRPOTrainer(grpo_config, log=lambda *_: None, models=models)
@@ -510,6 +511,8 @@ def grpo_stage(grpo_config: TrainConfig, models: ModelStore, log=print) -> dict[
         "last": history[-1] if history else None,
         "groups_with_reward_variance": groups,
         "real_tool_calls": sum(h.get("rollout/real_tool_calls", 0) for h in every),
+        "real_answers": sum(h.get("rollout/real_answers", 0) for h in every),
+        "world_model_tokens": sum(h.get("rollout/world_model_tokens", 0) for h in every),
         "verifier_replay_calls": sum(h.get("rollout/verifier_replay_calls", 0) for h in every),
         "config": dataclasses.asdict(grpo_config),
     }

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from agents.grpo import AdvantageEstimator, Weighting, advantage_estimator, segment_advantages_to_tokens
-from envace_gym.responders import ConstantResponse, RealBackend, Rehearsal
-from envace_gym.types import Role, Trajectory, TurnInfo
+from envace_gym.responders import ConstantResponse, Hybrid, RealBackend, Rehearsal
+from envace_gym.types import RealOutputRecord, Role, Trajectory, TurnInfo
 
 __all__ = [
     "RolloutBatch",
@@ -44,9 +44,9 @@ __all__ = [
 PAD_ROLE = -1
 """``role_mask`` value of right-padding positions (every real token holds a `Role` value, 0-4)."""
 
-RowKind = Literal["trajectory", "rehearsal", "attempt"]
+RowKind = Literal["trajectory", "rehearsal", "attempt", "world_model"]
 PromptMode = Literal["inline", "separate"]
-RolloutMode = Literal["rehearse", "real", "null"]
+RolloutMode = Literal["rehearse", "real", "null", "hybrid"]
 
 _TRAINABLE = (Role.ACT, Role.REHEARSE)
 
@@ -103,10 +103,13 @@ class RolloutStats:
         cut_generations: generated messages per trajectory that reached their ``max_new_tokens``.
         budget_hit: per trajectory, whether it was truncated or had a cut generation.
         mean_tokens: mean token-sequence length.
-        rollout: ``"rehearse"``, ``"real"`` or ``"null"``.
-        real_tool_calls: calls answered by a real backend while the rollouts were played (every parsed ACT
-            call for ``rollout="real"``; 0 for ``"rehearse"``, where the REHEARSE role answers them, and for
-            ``"null"``, where a constant does).
+        rollout: ``"rehearse"``, ``"real"``, ``"null"`` or ``"hybrid"``.
+        real_tool_calls: executions on a real backend while the rollouts were played, the environment cost
+            (every parsed ACT call for ``rollout="real"``; for ``"hybrid"`` the calls drawn real and the
+            rehearsed calls executed before them to catch the backend up, `envace_gym.responders.Hybrid`; 0 for
+            ``"rehearse"``, where the REHEARSE role answers them, and for ``"null"``, where a constant does).
+        real_answers: calls whose output the policy saw came from a real backend (``"real"``: equal to
+            ``real_tool_calls``; ``"hybrid"``: the calls drawn real; 0 otherwise).
         verifier_replay_calls: the parsed ACT calls of every terminated trajectory (a truncated one is not
             verified: its R is 0), i.e. the calls a call-replay verifier (the lab's, BFCL's multi-turn, τ²'s)
             replays on fresh real backends to score the batch; a verifier may execute each more than once
@@ -133,6 +136,7 @@ class RolloutStats:
     mean_tokens: float
     rollout: str
     real_tool_calls: int = 0
+    real_answers: int = 0
     verifier_replay_calls: int = 0
     generated_tokens: list[int] = field(default_factory=list)
     attempt_tokens: list[int] = field(default_factory=list)
@@ -177,6 +181,7 @@ class RolloutStats:
             mean_tokens=float(np.average([p.mean_tokens for p in parts], weights=sizes)) if sum(sizes) else 0.0,
             rollout=parts[0].rollout,
             real_tool_calls=sum(p.real_tool_calls for p in parts),
+            real_answers=sum(p.real_answers for p in parts),
             verifier_replay_calls=sum(p.verifier_replay_calls for p in parts),
             generated_tokens=[g for p in parts for g in p.generated_tokens],
             attempt_tokens=[a for p in parts for a in p.attempt_tokens],
@@ -201,6 +206,7 @@ def collect_rollouts(
     rehearsal_n: int = 0,
     rehearsal_mode: Literal["parallel", "sequential"] = "parallel",
     rehearsal_memory_tokens: int = 256,
+    real_call_prob: float | None = None,
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Play K episodes of each of B tasks through a `RehearseVectorEnv` with ``num_envs == B·K``.
 
@@ -228,7 +234,16 @@ def collect_rollouts(
     They are carried with the trajectory in ``trajectory.turn_info``: one `envace_gym.types.TurnInfo` per
     user turn reached (its step count, empty actions and `RehearsalRecord` rows, as the env recorded them).
     In ``inline`` mode the REHEARSE segments are already in ``trajectory.segments`` and ``rehearsals`` is
-    empty. `build_batch` reads these rows; everything is JSON-compatible (`Trajectory.to_dict`).
+    empty. `build_batch` reads these rows; everything is JSON-compatible (`Trajectory.to_dict`). The tool outputs
+    a real backend answered (``rollout="real"`` or ``"hybrid"``) are carried the same way, in ``TurnInfo.real_outputs``
+    (`envace_gym.types.RealOutputRecord`, the env's ``real_outputs``): `build_batch` makes them world-model targets
+    when asked.
+
+    Hybrid rollouts (``rollout="hybrid"``). Env i gets ``Hybrid(env.rehearser, real_call_prob, seed=s_i)`` with
+    ``s_i`` drawn from ``(seed, first_env + i)``: each tool call is answered by the real backend with probability
+    ``real_call_prob``, independently, else by the REHEARSE role (batched as in ``"rehearse"``); a real answer first
+    executes the episode's rehearsed calls not yet executed, so the backend reflects the trajectory
+    (`envace_gym.responders.Hybrid`). The same seed draws the same calls real.
 
     Rehearsal-aware rollouts (``rehearsal_n > 0``), so the policy learns both to rehearse usefully and to act on
     what it rehearsed. At the opening of every user turn (after the reset, and after each step that opens a new
@@ -263,7 +278,8 @@ def collect_rollouts(
             before the reset, as `wrappers.RealTools` does; tool outputs are OBSERVATION segments, no loss).
             ``"rehearse"`` sets ``Rehearsal(env.rehearser)``; ``"null"`` (the null-rehearser control) sets
             `envace_gym.responders.ConstantResponse`: every call is answered with the same uninformative text,
-            an OBSERVATION segment (all three override what was set before).
+            an OBSERVATION segment; ``"hybrid"`` draws per call between the real backend and the REHEARSE role
+            (above; needs ``real_call_prob``). Each overrides what was set before.
         max_steps_per_turn: when given, sets each env's ``max_steps_per_turn`` (ACT messages per user turn
             before truncation); None keeps the env's.
         max_steps: cap on vector steps (a safety net, off by default); envs still running then are marked
@@ -279,6 +295,8 @@ def collect_rollouts(
         rehearsal_n: private rehearsal attempts per user turn before the committed steps (0: none; see above).
         rehearsal_mode: ``"parallel"`` or ``"sequential"`` attempts (`wrappers.TestTimeRehearsal`).
         rehearsal_memory_tokens: bound on each memory, in tokens.
+        real_call_prob: ``rollout="hybrid"``: p in [0, 1], the probability that a call is answered by the real
+            backend; None for every other rollout.
 
     Returns:
         ``(trajectories, stats)``: the B·K trajectories (group-major, `group_ids_for`) and their
@@ -287,7 +305,8 @@ def collect_rollouts(
 
     Raises:
         ValueError: empty ``task_ids``, ``group_size < 1``, ``num_envs != B·K``, negative penalty, an unknown
-            ``rollout``, ``max_steps < 1``, a shard outside ``num_global_envs``, a negative ``rehearsal_n``, or a
+            ``rollout``, ``max_steps < 1``, a shard outside ``num_global_envs``, a negative ``rehearsal_n``,
+            ``real_call_prob`` missing or outside [0, 1] for ``"hybrid"`` or given for another rollout, or a
             policy returning the wrong number of actions.
         TypeError: ``vector_env`` has no ``envs`` (not a `RehearseVectorEnv`).
         KeyError: a task id unknown to the envs (from ``ToolUseEnv.reset``).
@@ -304,6 +323,10 @@ def collect_rollouts(
         raise ValueError(f"max_steps must be None or >= 1, got {max_steps}")
     if isinstance(rehearsal_n, bool) or not isinstance(rehearsal_n, int) or rehearsal_n < 0:
         raise ValueError(f"rehearsal_n must be an int >= 0, got {rehearsal_n!r}")
+    if rollout == "hybrid" and (real_call_prob is None or not 0 <= real_call_prob <= 1):
+        raise ValueError(f"rollout='hybrid' needs real_call_prob in [0, 1], got {real_call_prob!r}")
+    if rollout != "hybrid" and real_call_prob is not None:
+        raise ValueError(f"real_call_prob is for rollout='hybrid' only; rollout={rollout!r} got {real_call_prob!r}")
     base = getattr(vector_env, "unwrapped", vector_env)
     envs = getattr(base, "envs", None)
     if envs is None:
@@ -315,26 +338,32 @@ def collect_rollouts(
             f"vector_env has num_envs={len(envs)} but B·K = {len(task_ids)}·{group_size} = {n}; they must match"
         )
     rehearsal_temps = {float(getattr(e, "temperature", temperature)) for e in envs}
-    if rollout == "rehearse" and rehearsal_temps != {float(temperature)}:
+    if rollout in ("rehearse", "hybrid") and rehearsal_temps != {float(temperature)}:
         warnings.warn(
             f"ACT temperature {temperature} differs from the envs' rehearsal temperature(s) {sorted(rehearsal_temps)}: "
             "old_logprobs of ACT and REHEARSE tokens are then at different temperatures",
             stacklevel=2,
         )
-    for env in envs:
-        env.set_responder(
-            RealBackend()
-            if rollout == "real"
-            else ConstantResponse()
-            if rollout == "null"
-            else Rehearsal(env.rehearser)
-        )
-        if max_steps_per_turn is not None:
-            env.max_steps_per_turn = max_steps_per_turn
-
     total = n if num_global_envs is None else num_global_envs
     if first_env < 0 or first_env + n > total:
         raise ValueError(f"envs {first_env}..{first_env + n - 1} are not inside a rollout of {total} envs")
+    for i, env in enumerate(envs):
+        if rollout == "hybrid":
+            assert real_call_prob is not None  # checked above
+            # its own stream per env of the whole rollout, apart from the rehearsal attempts' (seed, env) stream
+            draws = int(np.random.SeedSequence([seed, first_env + i, 1]).generate_state(1)[0])
+            env.set_responder(Hybrid(env.rehearser, real_call_prob, seed=draws))
+        else:
+            env.set_responder(
+                RealBackend()
+                if rollout == "real"
+                else ConstantResponse()
+                if rollout == "null"
+                else Rehearsal(env.rehearser)
+            )
+        if max_steps_per_turn is not None:
+            env.max_steps_per_turn = max_steps_per_turn
+
     env_task_ids = [t for t in task_ids for _ in range(group_size)]
     rehearse_turns = (
         _turn_rehearsals(
@@ -361,9 +390,18 @@ def collect_rollouts(
     if rehearse_turns is not None:
         rehearse_turns(list(range(n)), turn_info)
     rows_seen = [0] * n
+    real_seen = [0] * n
     empty = [0] * n
     cut = [0] * n
+    backend_calls = [0] * n  # hybrid: per trajectory, read from its responder when it ends (before any autoreset)
+    real_answers = [0] * n
     num_steps = num_act_calls = num_capped = 0
+
+    def finish(i: int) -> None:
+        env = envs[i]
+        cut[i] = int(getattr(env, "cut_generations", 0))
+        if isinstance(env.responder, Hybrid):
+            backend_calls[i], real_answers[i] = env.responder.backend_calls, env.responder.real_answers
 
     while not all(done):
         if max_steps is not None and num_steps >= max_steps:
@@ -372,7 +410,7 @@ def collect_rollouts(
                     traj = envs[i].trajectory
                     traj.truncated, traj.reward = True, 0.0
                     results[i], done[i] = traj, True
-                    cut[i] = int(getattr(envs[i], "cut_generations", 0))
+                    finish(i)
                     num_capped += 1
             break
         # one draw per env of the whole rollout per step, active or not: (num_global_envs,), this shard's slice
@@ -400,9 +438,12 @@ def collect_rollouts(
             rows = getattr(env, "rehearsal_rows", [])
             turn_info[i][-1].rehearsals.extend(rows[rows_seen[i] :])
             rows_seen[i] = len(rows)
+            real = getattr(env, "real_outputs", [])
+            turn_info[i][-1].real_outputs.extend(real[real_seen[i] :])
+            real_seen[i] = len(real)
             if terminated[i] or truncated[i]:
                 results[i], done[i] = env.trajectory, True
-                cut[i] = int(getattr(env, "cut_generations", 0))
+                finish(i)
                 continue
             new_turn = int(infos["turn"][i]) if "turn" in infos else turns[i]
             if new_turn != turns[i]:
@@ -437,7 +478,8 @@ def collect_rollouts(
         budget_hit=[bool(t.truncated or c) for t, c in zip(trajectories, cut)],
         mean_tokens=float(np.mean([len(t.token_ids) for t in trajectories])),
         rollout=rollout,
-        real_tool_calls=sum(calls) if rollout == "real" else 0,
+        real_tool_calls=sum(calls) if rollout == "real" else sum(backend_calls),
+        real_answers=sum(calls) if rollout == "real" else sum(real_answers),
         verifier_replay_calls=sum(c for t, c in zip(trajectories, calls) if t.terminated),
         generated_tokens=[_generated_tokens(t) for t in trajectories],
         attempt_tokens=[sum(a.generated_tokens for e in t.turn_info for a in e.attempts) for t in trajectories],
@@ -515,8 +557,10 @@ class RolloutBatch:
     one row each. Separate mode: the B·K ACT rows first (row i = trajectory i), then one row per rehearsal
     (simulator prompt + completion), in trajectory order then rehearsal order. Rehearsal-aware rollouts add,
     after those, one ``"attempt"`` row per rehearsal attempt (its context without loss, then its ACT and, inline,
-    REHEARSE segments), each followed by its separate-mode rehearsal rows, in trajectory order. S = number of trainable
-    segments (ACT/REHEARSE segments that have recorded logprobs) over all rows.
+    REHEARSE segments), each followed by its separate-mode rehearsal rows, in trajectory order. With world-model
+    targets (`build_batch` ``world_model=True``) in ``separate`` mode, last, one ``"world_model"`` row per real tool
+    output (the simulator prompt, then the output as a REHEARSE completion without logprobs). S = number of
+    trainable segments (ACT/REHEARSE segments that have recorded logprobs) over all rows.
 
     Attributes:
         input_ids: ``(N, T) int64``, the recorded token ids; padding holds ``pad_id``.
@@ -533,7 +577,7 @@ class RolloutBatch:
         group_ids: ``(N,) int64``, the group (instruction) of each row's trajectory.
         rewards: ``(N,) float32``, R(τ) of each row's trajectory (penalised; see `collect_rollouts`).
         traj_ids: ``(N,) int64``, the index of each row's trajectory in the input list.
-        row_kinds: ``(N,)`` list of ``"trajectory"``, ``"rehearsal"`` or ``"attempt"``.
+        row_kinds: ``(N,)`` list of ``"trajectory"``, ``"rehearsal"``, ``"attempt"`` or ``"world_model"``.
         task_ids: ``(N,)`` list of the row's task id.
         seg_rewards: ``(S,) float32``, R(τ) of each segment's trajectory.
         seg_group_ids: ``(S,) int64``.
@@ -543,6 +587,10 @@ class RolloutBatch:
         seg_advantages: ``(S,) float32``, from `agents.grpo.role_wise_advantages` (``algo="role_grpo"``) or
             `agents.grpo.grpo_advantages` (``algo="grpo"``).
         seg_rows: ``(S,) int64``, the row of each segment.
+        world_model_mask: ``(N, T) bool``, True on the target tokens of real tool outputs (the world-model loss,
+            `agents.grpo.world_model_loss`): inline, positions of the trajectory rows (OBSERVATION content and the
+            close up to its stop token, never in ``loss_mask``); separate, the completions of the
+            ``"world_model"`` rows. All False without world-model targets; None only in a batch built by hand.
     """
 
     input_ids: torch.Tensor
@@ -564,6 +612,7 @@ class RolloutBatch:
     seg_num_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     seg_advantages: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     seg_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    world_model_mask: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -614,6 +663,7 @@ class RolloutBatch:
             seg_num_tokens=self.seg_num_tokens[keep],
             seg_advantages=self.seg_advantages[keep],
             seg_rows=row_map[self.seg_rows[keep]],
+            world_model_mask=None if self.world_model_mask is None else self.world_model_mask[idx],
         )
 
 
@@ -622,11 +672,34 @@ class _Row:
     kind: RowKind
     traj: int
     pieces: list[tuple[Role, list[int], list[float] | None]]
+    targets: list[tuple[int, int]] = field(default_factory=list)  # world-model (start, length) spans
 
 
-def _rows(trajectories: Sequence[Trajectory], prompt_mode: PromptMode) -> list[_Row]:
+def _inline_targets(i: int, traj: Trajectory, records: Sequence[RealOutputRecord]) -> list[tuple[int, int]]:
+    """The (start, length) spans of trajectory `i`'s real outputs in its own row, each checked against its ids."""
+    ids = traj.token_ids
+    spans = []
+    for r in records:
+        if r.start is None or r.prompt_ids is not None:
+            raise ValueError(f"a real output of trajectory {i} is a separate-mode record but prompt_mode='inline'")
+        if r.start < 1 or ids[r.start : r.start + len(r.token_ids)] != list(r.token_ids):
+            raise ValueError(
+                f"a real output of trajectory {i} ({len(r.token_ids)} target ids at position {r.start}) does not match "
+                "the trajectory's tokens there"
+            )
+        spans.append((r.start, len(r.token_ids)))
+    return spans
+
+
+def _rows(trajectories: Sequence[Trajectory], prompt_mode: PromptMode, world_model: bool = False) -> list[_Row]:
+    real = [[r for entry in t.turn_info for r in entry.real_outputs] if world_model else [] for t in trajectories]
     rows = [
-        _Row("trajectory", i, [(s.role, list(s.token_ids), s.logprobs) for s in t.segments])
+        _Row(
+            "trajectory",
+            i,
+            [(s.role, list(s.token_ids), s.logprobs) for s in t.segments],
+            _inline_targets(i, t, real[i]) if prompt_mode == "inline" else [],
+        )
         for i, t in enumerate(trajectories)
     ]
     for i, t in enumerate(trajectories):
@@ -662,6 +735,16 @@ def _rows(trajectories: Sequence[Trajectory], prompt_mode: PromptMode) -> list[_
                             [(Role.PROMPT, list(r.prompt_ids), None), (Role.REHEARSE, list(r.token_ids), r.logprobs)],
                         )
                     )
+    if prompt_mode == "separate":
+        for i, records in enumerate(real):
+            for out in records:
+                if out.prompt_ids is None:
+                    raise ValueError(f"a real output of trajectory {i} has no prompt_ids (not a separate-mode record)")
+                pieces: list[tuple[Role, list[int], list[float] | None]] = [
+                    (Role.PROMPT, list(out.prompt_ids), None),
+                    (Role.REHEARSE, list(out.token_ids), None),
+                ]
+                rows.append(_Row("world_model", i, pieces, [(len(out.prompt_ids), len(out.token_ids))]))
     return rows
 
 
@@ -674,6 +757,7 @@ def build_batch(
     scale_by_std: bool = False,
     prompt_mode: PromptMode = "inline",
     pad_id: int,
+    world_model: bool = False,
 ) -> RolloutBatch:
     """Pack trajectories into a right-padded `RolloutBatch` with per-token role masks and advantages.
 
@@ -692,6 +776,15 @@ def build_batch(
     group over trajectories; ``weighting`` is ignored).
     Each segment's advantage is broadcast to its tokens with `agents.grpo.segment_advantages_to_tokens`.
 
+    World-model targets (``world_model=True``): every real tool output the trajectories carry
+    (``TurnInfo.real_outputs``, `envace_gym.types.RealOutputRecord`) becomes a teacher-forced REHEARSE target in
+    ``world_model_mask``, in the format a rehearsal of that call has in the batch. ``inline``: the output's
+    positions in its trajectory row, whose prefix is exactly the context an inline rehearsal continues (the
+    sequence up to the tool-message opener), and whose ids are the output's content and the close up to its stop
+    token, what a rehearsal generates. ``separate``: one ``"world_model"`` row per output, its simulator prompt then
+    the output ending as the assistant message a rehearsal writes there. They carry no advantage and are not
+    segments (nothing in the GRPO loss changes); False leaves them out (``world_model_mask`` all False).
+
     Args:
         trajectories: the trajectories (e.g. `collect_rollouts`' B·K, group-major).
         group_ids: one group id per trajectory, ``(len(trajectories),)``; `group_ids_for` gives
@@ -701,6 +794,7 @@ def build_batch(
         scale_by_std: divide advantages by the per-key std (off by default).
         prompt_mode: ``"inline"`` or ``"separate"``: the env's prompt mode at collection.
         pad_id: the id written in padding positions (masked out by ``attention_mask``).
+        world_model: mark the real tool outputs as world-model targets (above).
 
     Returns:
         A `RolloutBatch` on the CPU.
@@ -709,7 +803,9 @@ def build_batch(
         ValueError: no trajectories, ``len(group_ids) != len(trajectories)``, an unknown ``algo`` or
             ``prompt_mode``, a prompt mode that contradicts the trajectories (inline REHEARSE segments in
             ``separate``, rehearsal rows in ``inline``), a generated segment whose logprobs do not match its
-            tokens one to one or that opens its row, or the errors of `agents.grpo` (unknown weighting, ...).
+            tokens one to one or that opens its row, a real-output record of the other prompt mode or (inline)
+            whose ids are not the trajectory's at its position, or the errors of `agents.grpo` (unknown
+            weighting, ...).
     """
     if not trajectories:
         raise ValueError("build_batch needs at least one trajectory")
@@ -718,7 +814,7 @@ def build_batch(
     estimator = advantage_estimator(algo) if isinstance(algo, str) else algo
     if prompt_mode not in ("inline", "separate"):
         raise ValueError(f"prompt_mode must be 'inline' or 'separate', got {prompt_mode!r}")
-    rows = _rows(trajectories, prompt_mode)
+    rows = _rows(trajectories, prompt_mode, world_model)
     n = len(rows)
     t_max = max(1, max(sum(len(ids) for _, ids, _ in r.pieces) for r in rows))
     input_ids = torch.full((n, t_max), int(pad_id), dtype=torch.long)  # (N, T)
@@ -726,6 +822,7 @@ def build_batch(
     role_mask = torch.full((n, t_max), PAD_ROLE, dtype=torch.long)  # (N, T)
     old_logprobs = torch.zeros((n, t_max), dtype=torch.float32)  # (N, T)
     segment_ids = torch.full((n, t_max), -1, dtype=torch.long)  # (N, T)
+    world_model_mask = torch.zeros((n, t_max), dtype=torch.bool)  # (N, T)
     seg_group: list[int] = []
     seg_role: list[int] = []
     seg_traj: list[int] = []
@@ -757,6 +854,8 @@ def build_batch(
                     seg_reward.append(float(trajectories[row.traj].reward))
                     seg_row.append(r_idx)
             pos = end
+        for start, length in row.targets:
+            world_model_mask[r_idx, start : start + length] = True
     seg_rewards = torch.tensor(seg_reward, dtype=torch.float32)  # (S,)
     seg_group_ids = torch.tensor(seg_group, dtype=torch.long)  # (S,)
     seg_roles = torch.tensor(seg_role, dtype=torch.long)  # (S,)
@@ -792,4 +891,5 @@ def build_batch(
         seg_num_tokens=seg_num_tokens,
         seg_advantages=seg_advantages,
         seg_rows=torch.tensor(seg_row, dtype=torch.long),
+        world_model_mask=world_model_mask,
     )

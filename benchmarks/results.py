@@ -2,9 +2,9 @@
 
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``,
-``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``) and renders every stored result into ``docs/results.md``;
-with no folder given it only re-renders. Numbers appear in the page only as this command writes them: edit a script
-or rerun it, never the page.
+``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``, ``lab_env_cost``) and renders every stored result into
+``docs/results.md``; with no folder given it only re-renders. Numbers appear in the page only as this command
+writes them: edit a script or rerun it, never the page.
 
     python -m benchmarks.results runs/lab_tiny_sft runs/lab_ablations   # store these runs' results and render
     python -m benchmarks.results                                        # render what docs/results/ holds
@@ -213,12 +213,31 @@ def render_rehearsal_rl(result: dict[str, Any], folder: Path) -> list[str]:
     ]
 
 
+def render_env_cost(result: dict[str, Any], folder: Path) -> list[str]:
+    """The environment-cost section (`benchmarks.experiments.lab_env_cost`): its printed table and its plot."""
+    from benchmarks.experiments.result_tables import env_cost_table as table
+
+    lines = [
+        "## Environment cost on the lab: what real tool calls in training buy",
+        "",
+        f"`{current_command(result['command'])}`{_date(result)}",
+        "",
+        "```",
+        *table(result),
+        "```",
+    ]
+    for png in sorted(folder.glob("*.png")):
+        lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_tiny_sft": render_tiny_sft,
     "lab_ablations": render_ablations,
     "lab_grpo_budget": render_grpo_budget,
     "lab_ttr": render_ttr,
     "lab_rehearsal_rl": render_rehearsal_rl,
+    "lab_env_cost": render_env_cost,
 }
 """Section renderers by kind, in page order."""
 

@@ -20,6 +20,7 @@ __all__ = [
     "Task",
     "Segment",
     "RehearsalRecord",
+    "RealOutputRecord",
     "AttemptRecord",
     "TurnInfo",
     "Trajectory",
@@ -329,6 +330,50 @@ class RehearsalRecord:
 
 
 @dataclass
+class RealOutputRecord:
+    """One tool output that the real backend answered during an episode, kept as a world-model target.
+
+    `envace_gym.envs.tool_use.ToolUseEnv` records one for every call its `envace_gym.responders.RealBackend` or
+    `envace_gym.responders.Hybrid` answered from the backend; `agents.rollout.build_batch` can train the REHEARSE
+    role on it by teacher forcing (``world_model=True``): the prompt the REHEARSE role would have seen for the call,
+    the real output as the continuation it should have generated.
+
+    Attributes:
+        call: the answered call in the OpenAI format.
+        text: the real output (the tool message content).
+        token_ids: the target `(C,)`: the output's content ids followed by the ids a model writes to end the
+            message (`envace_gym.rendering.ChatRenderer.generation_end_ids`): of a tool message in ``inline`` mode,
+            where the target continues the trajectory, of an assistant message in ``separate`` mode, where it
+            answers the simulator prompt.
+        start: the position of the target's first id in the trajectory's token sequence (``inline``: the
+            ids ``token_ids[start:start + C]`` of the trajectory are the target); None in ``separate`` mode.
+        prompt_ids: ``separate`` mode: the simulator prompt `(P,)` the REHEARSE role would have answered; None
+            in ``inline`` mode.
+    """
+
+    call: dict[str, Any]
+    text: str
+    token_ids: list[int]
+    start: int | None = None
+    prompt_ids: list[int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RealOutputRecord:
+        """Inverse of `to_dict`."""
+        return cls(
+            call=dict(d.get("call") or {}),
+            text=str(d.get("text", "")),
+            token_ids=list(d["token_ids"]),
+            start=int(d["start"]) if d.get("start") is not None else None,
+            prompt_ids=list(d["prompt_ids"]) if d.get("prompt_ids") is not None else None,
+        )
+
+
+@dataclass
 class AttemptRecord:
     """One private rehearsal attempt of a user turn, kept as training rows (rehearsal-aware RL).
 
@@ -377,6 +422,8 @@ class TurnInfo:
         rehearsals: the turn's ``separate``-mode rehearsal rows, in order (empty in ``inline`` mode).
         attempts: the private rehearsal attempts made before the turn's committed ACT steps (rehearsal-aware
             RL; empty otherwise).
+        real_outputs: the turn's tool outputs answered by the real backend, in order (world-model targets; empty
+            for a rehearsed or null rollout).
     """
 
     turn: int
@@ -384,6 +431,7 @@ class TurnInfo:
     empty_actions: int = 0
     rehearsals: list[RehearsalRecord] = field(default_factory=list)
     attempts: list[AttemptRecord] = field(default_factory=list)
+    real_outputs: list[RealOutputRecord] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible dict."""
@@ -393,6 +441,7 @@ class TurnInfo:
             "empty_actions": self.empty_actions,
             "rehearsals": [r.to_dict() for r in self.rehearsals],
             "attempts": [a.to_dict() for a in self.attempts],
+            "real_outputs": [r.to_dict() for r in self.real_outputs],
         }
 
     @classmethod
@@ -404,6 +453,7 @@ class TurnInfo:
             empty_actions=int(d.get("empty_actions", 0)),
             rehearsals=[RehearsalRecord.from_dict(r) for r in d.get("rehearsals", [])],
             attempts=[AttemptRecord.from_dict(a) for a in d.get("attempts", [])],
+            real_outputs=[RealOutputRecord.from_dict(r) for r in d.get("real_outputs", [])],
         )
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.utils import RecordConstructorArgs
 
-from envace_gym.responders import Rehearsal
+from envace_gym.responders import Hybrid, Rehearsal
 from envace_gym.suites import ToolBackend
 from envace_gym.types import Task, ToolCall
 
@@ -200,7 +200,8 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
         backend_factory: Task -> ToolBackend for the shadow; None uses ``env.unwrapped.suite.make_backend``.
 
     Raises:
-        TypeError: the wrapped env is not a rehearsing `ToolUseEnv`, or `backend_factory` is not callable.
+        TypeError: the wrapped env is not a rehearsing `ToolUseEnv` (or it answers some calls from a real backend,
+            `envace_gym.responders.Hybrid`), or `backend_factory` is not callable.
 
     Change log:
         * v0.1.0: initial version.
@@ -216,6 +217,11 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
             raise TypeError(
                 "RehearsalFidelity needs a rehearsing env; this one answers with a real backend (RealTools, "
                 "or EnvACE-Tool-v0's default)"
+            )
+        if isinstance(base.upcoming_responder, Hybrid):  # the shadow would miss the calls the backend answered
+            raise TypeError(
+                "RehearsalFidelity needs an env that rehearses every call; this one's Hybrid responder answers some "
+                "from the real backend (give it Rehearsal(rehearser))"
             )
         if backend_factory is not None and not callable(backend_factory):
             raise TypeError(f"backend_factory must be callable (Task -> ToolBackend), got {backend_factory!r}")

@@ -4,13 +4,15 @@ One training step, in the order of the algorithm box:
 
 1. sample B task ids (seeded by (seed, step), so a resumed run samples exactly what it would have);
 2. `agents.rollout.collect_rollouts`: B x K episodes through one `RehearseVectorEnv` (the shared policy
-   ACTs and REHEARSEs; ``rollout="real"`` uses real backends instead, ``rollout="null"`` a constant answer),
+   ACTs and REHEARSEs; ``rollout="real"`` uses real backends instead, ``rollout="null"`` a constant answer,
+   ``rollout="hybrid"`` the real backend for a ``real_call_prob`` share of the calls drawn per call),
    token in, token out;
 3. `agents.rollout.build_batch`: rows, role masks, old logprobs and per-token advantages (role-wise or plain
-   GRPO, `agents.grpo`);
+   GRPO, `agents.grpo`), and with ``world_model_loss_weight > 0`` the real tool outputs as REHEARSE targets;
 4. ``ppo_epochs`` x ``num_minibatches`` updates: logprobs recomputed in chunks through the LM head
    (`agents.training.logprobs.token_logprobs`), `agents.grpo.grpo_loss` (clipped ratio against the logprobs recorded
-   at generation, optional k3 KL to a frozen reference, optional entropy bonus), AdamW with grad clipping;
+   at generation, optional k3 KL to a frozen reference, optional entropy bonus) plus ``world_model_loss_weight``
+   x `agents.grpo.world_model_loss` (teacher-forced cross-entropy on the real outputs), AdamW with grad clipping;
    an optimizer step whose loss or clipped gradient is not finite is dropped and counted, and
    ``max_nonfinite_steps`` of them in a row stop the run;
 5. the prefix KV caches are cleared: by an update that trains, before its passes (its activations get that
@@ -38,10 +40,13 @@ Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act,
 | ``rollout/empty_action_rate`` | trajectories with an empty ACT response / B·K |
 | ``rollout/truncated_fraction`` | trajectories the env truncated (a user turn used ``max_steps_per_turn`` ACT messages and its last still called a tool, or the episode passed ``max_episode_tokens``) / B·K; their R is 0, as BFCL scores a force-quit turn |
 | ``rollout/reward_capped_fraction`` | trajectories in which a budget bit (truncated, or an ACT message or a rehearsal reached its ``max_new_tokens`` without its stop token) / B·K: rewards a budget, not the policy, may have capped |
-| ``rollout/real_tool_calls`` | calls answered by a real backend while the batch was played (0 for rehearsed rollouts) |
+| ``rollout/real_tool_calls`` | executions on a real backend while the batch was played, the environment cost (0 for rehearsed rollouts; hybrid: the calls drawn real and the rehearsed calls executed to catch the backend up) |
+| ``rollout/real_answers`` | calls whose output the policy saw came from a real backend (rollout real: every call; hybrid: those drawn real) |
+| ``rollout/world_model_tokens`` | target tokens of the world-model loss in the batch (0 when ``world_model_loss_weight`` is 0) |
 | ``rollout/verifier_replay_calls`` | calls the verifier replayed on fresh real backends to score the batch (counted apart) |
 | ``train/advantage_mean/ρ``, ``train/advantage_std/ρ``, ``train/advantage_abs/ρ`` | over role-ρ segments |
-| ``train/loss``, ``train/pg_loss``, ``train/kl``, ``train/entropy`` | `agents.grpo.grpo_loss` terms, mean over minibatches |
+| ``train/loss``, ``train/pg_loss``, ``train/kl``, ``train/entropy`` | `agents.grpo.grpo_loss` terms, mean over minibatches; ``loss`` includes the weighted world-model term |
+| ``train/world_model_loss`` | `agents.grpo.world_model_loss` (nats per target token, before its weight), mean over the minibatch steps that had target tokens; 0 when off or when there were none |
 | ``train/clip_fraction``, ``train/approx_kl``, ``train/ratio_mean`` | masked token means, mean over the (model, minibatch) targets that had loss tokens; with one process, over the rows with a non-zero advantage (rows without one are left out of the update's passes: `RoleWiseGRPOTrainer._minibatch_step`) |
 | ``train/grad_norm`` | total gradient norm before clipping, mean over those targets |
 | ``train/logprob_mismatch`` | mean over loss tokens of abs(log π_trainer − log π_engine), the trainer's recompute before any optimizer step of the update against the logprobs the engine recorded (`UpdateStats`); null when no forward pass ran |
@@ -75,7 +80,7 @@ from tqdm.auto import tqdm
 
 from agents.config import TrainConfig, _dump_yaml
 from agents.engines.registry import GenerationEngine
-from agents.grpo import LossStats, aggregation_count, grpo_loss
+from agents.grpo import LossStats, aggregation_count, grpo_loss, world_model_loss
 from agents.models import ModelStore, default_store
 from agents.policy import Policy, PolicyRehearser
 from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_rollouts
@@ -139,6 +144,7 @@ class UpdateStats:
                 "clip_fraction": 0.0,
                 "approx_kl": 0.0,
                 "ratio_mean": 1.0,
+                "world_model_loss": 0.0,
             }
         )
         return {
@@ -413,6 +419,7 @@ class RoleWiseGRPOTrainer:
                 rehearsal_n=cfg.rehearsal_n,
                 rehearsal_mode=cfg.rehearsal_mode,
                 rehearsal_memory_tokens=cfg.rehearsal_memory_tokens,
+                real_call_prob=cfg.real_call_prob,
             )
         judge_metrics = self._judge_rewards(trajectories, rstats) if self.judge is not None else {}
         batch = build_batch(
@@ -423,6 +430,7 @@ class RoleWiseGRPOTrainer:
             scale_by_std=cfg.scale_by_std,
             prompt_mode=cfg.prompt_mode,
             pad_id=self.policy.pad_id,
+            world_model=cfg.world_model_loss_weight > 0,
         )
         self.parallel.barrier()  # the update waits for the slowest rank's rollouts: count that as rollout time
         t1 = time.perf_counter()
@@ -537,9 +545,13 @@ class RoleWiseGRPOTrainer:
         any (``policy="per_role"``: a minibatch with no REHEARSE token for the REHEARSE model) takes no
         optimizer step and is left out of the means. ``update_targets`` counts the targets averaged.
 
+        With ``world_model_loss_weight`` λ > 0 each step's loss is the GRPO loss plus λ x `agents.grpo.world_model_loss`
+        over the minibatch's world-model target tokens (``batch.world_model_mask``), trained into the model that
+        plays REHEARSE (under ``policy="per_role"`` the REHEARSE model only); target tokens are a learning signal.
+
         When the batch carries no learning signal (every advantage is 0, e.g. all rewards of every group
-        equal, and ``beta == entropy_coef == 0``), the forward and backward passes are skipped (unless
-        ``skip_empty_updates`` is False): the loss would be exactly 0 with zero gradients.
+        equal, no world-model target, and ``beta == entropy_coef == 0``), the forward and backward passes are
+        skipped (unless ``skip_empty_updates`` is False): the loss would be exactly 0 with zero gradients.
         ``skipped_update`` is then True; AdamW's weight decay
         is not applied on such a step (DAPO-style dynamic sampling drops such groups altogether).
 
@@ -554,7 +566,7 @@ class RoleWiseGRPOTrainer:
                 gradient (the message says what to change).
         """
         cfg = self.config
-        signal = bool((batch.advantages[batch.loss_mask] != 0).any())
+        signal = bool((batch.advantages[batch.loss_mask] != 0).any()) or bool(self._targets(batch).any())
         if (
             cfg.skip_empty_updates and cfg.beta == 0 and cfg.entropy_coef == 0 and not self.parallel.any(signal)
         ):  # all ranks
@@ -567,6 +579,7 @@ class RoleWiseGRPOTrainer:
         n = batch.num_rows
         order_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
         applied: list[tuple[LossStats, float]] = []
+        world_model: list[float] = []  # the world-model loss of each applied step that had target tokens
         nonfinite = 0
         tokens = 0
         targets: list[tuple[str, torch.nn.Module, Role | None]] = [("model", self.policy.model, None)]
@@ -577,6 +590,7 @@ class RoleWiseGRPOTrainer:
             ]
         self._mismatch_sum, self._mismatch_tokens = 0.0, 0  # Σ |log π_trainer − log π_engine| over loss tokens
         self._run_tokens = 0  # set by each _minibatch_step: the tokens its passes ran
+        self._run_targets = 0  # and the world-model target tokens of its whole minibatch
         self._unmeasured = {name for name, _, _ in targets}
         tis_weights, tis_sum, tis_tokens = None, 0.0, 0.0
         if cfg.importance_sampling_cap > 0:
@@ -610,6 +624,8 @@ class RoleWiseGRPOTrainer:
                         continue
                     tokens += self._run_tokens
                     applied.append((step_stats, grad_norm))
+                    if self._run_targets:
+                        world_model.append(step_stats.world_model_loss)
         bar.close()
         tokens_sum, diff, measured = self.parallel.sum([tokens, self._mismatch_sum, self._mismatch_tokens])
         tokens = int(tokens_sum)
@@ -620,6 +636,7 @@ class RoleWiseGRPOTrainer:
                 skipped_update=True, skipped_nonfinite=nonfinite, logprob_mismatch=mismatch, tis_weight_mean=tis_mean
             )
         means = {k: sum(getattr(s, k) for s, _ in applied) / len(applied) for k in LossStats.__dataclass_fields__}
+        means["world_model_loss"] = sum(world_model) / len(world_model) if world_model else 0.0
         return UpdateStats(
             loss=LossStats(**means),
             grad_norm=sum(g for _, g in applied) / len(applied),
@@ -629,6 +646,12 @@ class RoleWiseGRPOTrainer:
             logprob_mismatch=mismatch,
             tis_weight_mean=tis_mean,
         )
+
+    def _targets(self, batch: RolloutBatch) -> torch.Tensor:
+        """``(N, T) bool``: the world-model target tokens this update trains (none when the weight is 0)."""
+        if self.config.world_model_loss_weight > 0 and batch.world_model_mask is not None:
+            return batch.world_model_mask
+        return torch.zeros_like(batch.loss_mask)
 
     @torch.no_grad()
     def _recompute_logprobs(self, batch: RolloutBatch, targets: list) -> torch.Tensor:
@@ -709,15 +732,20 @@ class RoleWiseGRPOTrainer:
         mask = mb.loss_mask  # (n, T) bool
         if role is not None:
             mask = mask & (mb.role_mask == int(role))  # (n, T)
-        if not par.any(bool(mask.any())):
+        # the world-model targets train the model that plays REHEARSE
+        targets = self._targets(mb) if role in (None, Role.REHEARSE) else torch.zeros_like(mask)  # (n, T) bool
+        if not par.any(bool(mask.any()) or bool(targets.any())):
             return None
         local_tokens = int(mask.sum())
-        count, global_tokens = par.sum([aggregation_count(mask, cfg.aggregation), local_tokens])
+        count, global_tokens, target_count = par.sum(
+            [aggregation_count(mask, cfg.aggregation), local_tokens, int(targets.sum())]
+        )
+        self._run_targets = int(target_count)
         temperature = cfg.temperature if cfg.temperature > 0 else 1.0
         forward = self._logprob_modules[name]
         opt = self.optimizers[name]
         opt.zero_grad(set_to_none=True)
-        sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy"), 0.0)
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "world_model_loss"), 0.0)
         token_means = dict.fromkeys(("clip_fraction", "approx_kl", "ratio_mean"), 0.0)
         loss_finite = True
         if par.distributed:  # ranks all run theirs (DDP syncs on the last pass; FSDP pads with idle passes)
@@ -726,9 +754,9 @@ class RoleWiseGRPOTrainer:
             # A row whose loss tokens all have A = 0 adds exactly 0 to the loss and to the gradient (the clipped
             # surrogate is A x ratio, and there is no KL or entropy term), so only rows with signal run: in a
             # batch where few groups have reward variance that is most of the update's work.
-            keep = (mask & (mb.advantages != 0)).any(-1)  # (n,) bool
+            keep = (mask & (mb.advantages != 0)).any(-1) | targets.any(-1)  # (n,) bool
         else:
-            keep = mask.any(-1)  # (n,) bool: a row without loss tokens adds nothing
+            keep = mask.any(-1) | targets.any(-1)  # (n,) bool: a row without loss tokens adds nothing
         kept = keep.nonzero().flatten()  # (k,) int64 row indices into mb
         micro = [kept[rows] for rows in micro_batches(mb.attention_mask[kept].sum(-1).tolist(), cfg.micro_batch_tokens)]
         run_tokens = int(mask[kept].sum())  # loss tokens of the rows that run (all of them with several processes)
@@ -746,6 +774,7 @@ class RoleWiseGRPOTrainer:
             ids = mb.input_ids[rows, :width].to(device)  # (m, t)
             attn = mb.attention_mask[rows, :width].to(device)  # (m, t)
             m_mask = mask[rows, :width].to(device)  # (m, t)
+            m_targets = targets[rows, :width].to(device)  # (m, t)
             old = mb.old_logprobs[rows, :width].to(device)  # (m, t)
             with sync:
                 if cfg.entropy_coef > 0:
@@ -785,6 +814,10 @@ class RoleWiseGRPOTrainer:
                     count=count,
                     token_weights=weights,
                 )
+                if target_count:
+                    wm = world_model_loss(logprobs, m_targets, count=target_count)  # (), this pass's share
+                    loss = loss + cfg.world_model_loss_weight * wm
+                    stats = dataclasses.replace(stats, loss=float(loss.detach()), world_model_loss=float(wm.detach()))
                 # a non-finite loss still runs its backward (every rank must join the all-reduce); the step is then
                 # dropped on every rank through par.all(loss_finite) below
                 loss_finite = loss_finite and math.isfinite(float(loss.detach()))
@@ -873,6 +906,8 @@ class RoleWiseGRPOTrainer:
             "rollout/parse_error_rate": view.parse_errors / view.act_messages if view.act_messages else 0.0,
             "rollout/groups_with_reward_variance": _groups_with_variance(rewards, rstats.group_ids),
             "rollout/real_tool_calls": rstats.real_tool_calls,
+            "rollout/real_answers": rstats.real_answers,
+            "rollout/world_model_tokens": view.world_model_tokens,
             "rollout/verifier_replay_calls": rstats.verifier_replay_calls,
             "rollout/generated_tokens": int(sum(rstats.generated_tokens)),
             "rollout/attempt_tokens": int(sum(rstats.attempt_tokens)),
@@ -922,7 +957,8 @@ class _StepView:
     """What a step's metrics are computed from: small enough to gather from every rank.
 
     Segment arrays are ``(S,)`` over the batch's ACT/REHEARSE segments (group ids global); ``truncated`` is
-    per trajectory; ``role_tokens`` maps ``"act"``/``"rehearse"`` to loss tokens.
+    per trajectory; ``role_tokens`` maps ``"act"``/``"rehearse"`` to loss tokens; ``world_model_tokens`` counts
+    the batch's world-model target tokens.
     """
 
     rstats: RolloutStats
@@ -934,6 +970,7 @@ class _StepView:
     seg_advantages: np.ndarray
     seg_group_ids: np.ndarray
     role_tokens: dict[str, int]
+    world_model_tokens: int = 0
 
     @classmethod
     def of(
@@ -953,6 +990,7 @@ class _StepView:
                 role.name.lower(): int(((batch.role_mask == int(role)) & batch.loss_mask).sum())
                 for role in (Role.ACT, Role.REHEARSE)
             },
+            world_model_tokens=int(batch.world_model_mask.sum()) if batch.world_model_mask is not None else 0,
         )
 
     @classmethod
@@ -968,6 +1006,7 @@ class _StepView:
                 for k in ("seg_roles", "seg_rewards", "seg_advantages", "seg_group_ids")
             },
             role_tokens={k: sum(v.role_tokens[k] for v in views) for k in views[0].role_tokens},
+            world_model_tokens=sum(v.world_model_tokens for v in views),
         )
 
 
@@ -994,11 +1033,13 @@ def _whole_minibatch_stats(
 ) -> LossStats:
     """`LossStats` of the whole minibatch from this rank's: the loss terms are already divided by the whole
     minibatch's count, so they add up; the token means are re-weighted by each rank's loss tokens."""
-    sums = ("loss", "pg_loss", "kl", "entropy")
+    sums = ("loss", "pg_loss", "kl", "entropy", "world_model_loss")
     means = ("clip_fraction", "approx_kl", "ratio_mean")
     values = parallel.sum([getattr(stats, k) for k in sums] + [getattr(stats, k) * local_tokens for k in means])
     total = max(global_tokens, 1.0)
-    return LossStats(**dict(zip(sums, values[:4])), **{k: v / total for k, v in zip(means, values[4:])})
+    return LossStats(
+        **dict(zip(sums, values[: len(sums)])), **{k: v / total for k, v in zip(means, values[len(sums) :])}
+    )
 
 
 def _groups_with_variance(rewards: np.ndarray, group_ids: list[int]) -> int:

@@ -15,6 +15,11 @@ test task of the hidden-rules world, 100 per family), and its rehearsal fidelity
 | ``real_rollouts`` | tool calls answered by the real backend during training (``rollout=real``) |
 | ``null_rehearser`` | every tool call answered with the same uninformative text (``rollout=null``): if it matches ``role_grpo``, the world model is not what helps |
 
+``--arms`` also takes the environment-cost arms (none by default): ``hybrid_p<p>`` answers each tool call from the
+real backend with probability p in training (``rollout=hybrid``, p in 0, 0.05, 0.2, 1), ``hybrid_p<p>_wm1`` also
+trains REHEARSE on those real outputs (``world_model_loss_weight=1``); `benchmarks.experiments.arms.env_cost_arms`,
+the table `benchmarks.experiments.lab_env_cost` runs on its own.
+
 Rehearsal fidelity is exact / JSON structure / token F1 of every rehearsed tool output against a shadow
 real backend, with exact match apart on outputs that are errors and on the others. When asked
 (``--ttr-n``, ``--ttr-sequential-n``, ``--base-rehearser-n``; none by default), every ``role_grpo`` policy is
@@ -56,13 +61,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks.experiments.ablations_table import FIDELITY_METRICS, table
+from benchmarks.experiments.arms import env_cost_arms, evaluate, row_fidelity, train_and_score
 from benchmarks.experiments.paired import task_rewards
 from benchmarks.stats import mean_ci95
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
 
-ARMS: dict[str, dict[str, Any]] = {
+DEFAULT_ARMS: dict[str, dict[str, Any]] = {
     "role_grpo": {},
     "role_grpo_token": {"weighting": "token"},
     "grpo": {"algo": "grpo"},
@@ -70,7 +76,11 @@ ARMS: dict[str, dict[str, Any]] = {
     "real_rollouts": {"rollout": "real"},
     "null_rehearser": {"rollout": "null"},
 }
-"""Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (``role_grpo`` is the recipe)."""
+"""The arms run by default: the paper's ablations."""
+
+ARMS: dict[str, dict[str, Any]] = {**DEFAULT_ARMS, **env_cost_arms()}
+"""Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (``role_grpo`` is the recipe): the
+default arms, then the environment-cost arms (`benchmarks.experiments.arms.env_cost_arms`)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,7 +89,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/lab_ablations", help="folder of every stage, results.json and ablations.png")
     ap.add_argument("--seeds", type=int, default=10, help="GRPO seeds per arm (0..S-1)")
     ap.add_argument("--grpo-steps", type=int, default=None, help="GRPO steps per run (default: the recipe's)")
-    ap.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument(
+        "--arms",
+        nargs="*",
+        default=list(DEFAULT_ARMS),
+        choices=list(ARMS),
+        help="the arms to run (default: the paper's ablations; the hybrid_* arms are the environment-cost arms)",
+    )
     ap.add_argument(
         "--ttr-n",
         type=int,
@@ -193,17 +209,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     import torch
 
-    from agents.config import TrainConfig, load_dataclass, replace_fields
+    from agents.config import load_dataclass
     from agents.models import default_store
-    from agents.pipeline import (
-        PipelineConfig,
-        StageRunner,
-        grpo_stage,
-        latest_model,
-        sft_stage,
-        stage_ignores,
-        stage_settings,
-    )
+    from agents.pipeline import PipelineConfig, StageRunner, latest_model, sft_stage
     from envace_gym.suites import make_suite
 
     torch.set_num_threads(args.threads)
@@ -220,7 +228,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     warm = latest_model(out / "warm_start" / "sft")
 
     def evaluation(name: str, model: str, **changes: Any) -> dict[str, Any]:
-        return stages.evaluate(name, dataclasses.replace(recipe.eval_config(out / name, model), **changes), models)
+        return evaluate(stages, recipe, models, name, model, **changes)
 
     def fidelity(name: str, model: str) -> dict[str, Any]:
         return evaluation(name, model, fidelity=True, limit=args.fidelity_limit) if args.fidelity_limit else {}
@@ -249,31 +257,11 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for seed in range(args.seeds):
         for arm in args.arms:
-            name = f"{arm}/seed{seed}"
-            config = replace_fields(
-                recipe.grpo_config(out / name / "grpo", warm),
-                {"seed": seed, "num_steps": steps, "run.save_every": steps, **ARMS[arm]},
+            changes = {"seed": seed, "num_steps": steps, "run.save_every": steps, **ARMS[arm]}
+            run_info = train_and_score(
+                stages, recipe, models, f"{arm}/seed{seed}", warm, changes, fidelity_limit=args.fidelity_limit, log=log
             )
-            info = stages.stage(
-                f"{name}/grpo",
-                lambda _, config=config: grpo_stage(config, models, log),
-                stage_settings(config),
-                ignore=stage_ignores(TrainConfig),
-            )
-            trained = latest_model(out / name / "grpo")
-            row = evaluation(f"{name}/eval", trained)
-            row["task_rewards"] = task_rewards(out / name / "eval")
-            runs[arm].append(
-                {
-                    "seed": seed,
-                    "model": trained,
-                    "eval": row,
-                    "train": {k: info[k] for k in _TOTALS},
-                    "fidelity": fidelity(f"{name}/fidelity", trained),
-                    "train_s": info["seconds"],
-                    "eval_s": stages.timings[f"{name}/eval"],
-                }
-            )
+            runs[arm].append({"seed": seed, **run_info})
         for rehearser, rehearser_model, mode, n in settings:
             stage = f"role_grpo/seed{seed}/ttr_{rehearser}_{mode}_n{n}"
             row = evaluation(
@@ -353,27 +341,6 @@ def paired_tasks(rows: list[dict[str, float]], references: list[dict[str, float]
     return {"gained": gained, "lost": lost, "tasks": tasks}
 
 
-_TOTALS = ("real_tool_calls", "verifier_replay_calls", "groups_with_reward_variance")
-"""The training totals of a GRPO stage (`agents.pipeline.grpo_stage`) that the table reads."""
-
-
-FIDELITY_SPLITS = {
-    "exact": "fidelity_exact_match",
-    "ordinary exact": "fidelity_ordinary_exact_match",
-    "error exact": "fidelity_error_exact_match",
-}
-"""Per-row fidelity columns: exact match over every rehearsed output, over ordinary outputs, over error outputs."""
-
-
-def _row_fidelity(evaluations: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Mean over seeds of each `FIDELITY_SPLITS` field (None when no evaluation measured it)."""
-    out = {}
-    for column, key in FIDELITY_SPLITS.items():
-        values = [e[key] for e in evaluations if e.get(key) is not None]
-        out[column] = float(np.mean(values)) if values else None
-    return out
-
-
 def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, sb3) -> dict[str, Any]:
     reference = [r["eval"]["accuracy"] for r in runs["role_grpo"]]
     ref_tasks = [r["eval"]["task_rewards"] for r in runs["role_grpo"]]
@@ -394,7 +361,7 @@ def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, sb
             "real_tool_calls": warm_calls,
             "verifier_replay_calls": 0,
             "wall_s": warm_s,
-            "fidelity": _row_fidelity([warm_fid]),
+            "fidelity": row_fidelity([warm_fid]),
         }
     ]
     for arm, rs in runs.items():
@@ -411,7 +378,7 @@ def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, sb
                 "verifier_replay_calls": float(np.mean([r["train"]["verifier_replay_calls"] for r in rs])),
                 "groups_with_signal": float(np.mean([sum(r["train"]["groups_with_reward_variance"]) for r in rs])),
                 "wall_s": float(np.mean([r["train_s"] + r["eval_s"] for r in rs])),
-                "fidelity": _row_fidelity([r["fidelity"] for r in rs]),
+                "fidelity": row_fidelity([r["fidelity"] for r in rs]),
             }
         )
     for key, rs in rehearsal.items():

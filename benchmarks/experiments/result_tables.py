@@ -1,11 +1,11 @@
-"""The printed tables of the lab's budget and test-time rehearsal experiments, shared by their scripts and the
-results page (`benchmarks.results`), which may not import a script."""
+"""The printed tables of the lab's budget, test-time rehearsal, rehearsal-aware RL and environment-cost experiments,
+shared by their scripts and the results page (`benchmarks.results`), which may not import a script."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["grpo_budget_table", "ttr_table", "rehearsal_rl_table"]
+__all__ = ["grpo_budget_table", "ttr_table", "rehearsal_rl_table", "env_cost_table"]
 
 
 def _fmt(mean: float | None, half: float | None, signed: bool = False) -> str:
@@ -84,5 +84,47 @@ def rehearsal_rl_table(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"{r['policy']:<23} {r['setting'][2:]:<4} {_fmt(r['mean'], r['ci95']):<16} {vs:<34} {counts:<11} {p:<12} "
             f"{steps:<12} {tokens:<17} {r['tokens_per_task']:.0f}"
+        )
+    return lines
+
+
+def env_cost_table(results: dict[str, Any]) -> list[str]:
+    """`benchmarks.experiments.lab_env_cost`'s printed (and rendered) table: the warm start, then one row per arm."""
+    done = results.get("seeds_done", results["seeds"])
+    g = results["grpo"]
+    partial = f" (PARTIAL: {done} of {results['seeds']} seeds done)" if done < results["seeds"] else ""
+    fidelity = f" on {results['fidelity_tasks']} test tasks" if results.get("fidelity_tasks") else ""
+    lines = [
+        f"Environment cost on EnvACE-Lab: {results['model']}, {done} seeds, {results['grpo_steps']} GRPO steps "
+        f"(B={g['batch_tasks']} x K={g['group_size']}, lr {g['lr']}), hybrid rollouts (p: share of tool calls answered "
+        f"by the real backend), world-model loss weight {results['world_model_weight']:g} where on, "
+        f"{results['test_tasks']} test tasks{partial}",
+        "success on the real backend, mean +- 95% CI over seeds; vs p=0: paired by seed (same CI); tasks +/-: gained / "
+        "lost against p=0, summed over seeds; real calls: executions on the real backend in training per run (the "
+        "catch-up of rehearsed calls included); real answers: calls answered by the backend per run; fid ord / err: "
+        f"rehearsal fidelity, exact match on ordinary / error outputs{fidelity}; seconds: training + evaluation per "
+        "run",
+        f"{'arm':<20} {'p':>5} {'wm':>3} {'success':<16} {'vs p=0':<17} {'tasks +/-':<11} {'real calls':>10} "
+        f"{'real answers':>12} {'fid ord':>7} {'fid err':>7} {'seconds':>7}",
+    ]
+
+    def fid(value: float | None) -> str:
+        return "" if value is None else f"{value:.3f}"
+
+    warm = results["warm_start"]
+    lines.append(
+        f"{'warm start (SFT)':<20} {'':>5} {'':>3} {warm['success']:<16.3f} {'':<17} {'':<11} {'':>10} {'':>12} "
+        f"{fid(warm['fidelity']['ordinary exact']):>7} {fid(warm['fidelity']['error exact']):>7} "
+        f"{warm['seconds']:>7.0f}"
+    )
+    for r in results["rows"]:
+        reference = r["real_call_prob"] == 0 and not r["world_model_loss_weight"]
+        vs = "" if reference else _fmt(r["diff_mean"], r["diff_ci95"], signed=True)
+        counts = "" if reference else f"+{r['gained']}/-{r['lost']}"
+        lines.append(
+            f"{r['arm']:<20} {r['real_call_prob']:>5g} {r['world_model_loss_weight']:>3g} "
+            f"{_fmt(r['mean'], r['ci95']):<16} {vs:<17} {counts:<11} {r['real_tool_calls']:>10.0f} "
+            f"{r['real_answers']:>12.0f} {fid(r['fidelity']['ordinary exact']):>7} "
+            f"{fid(r['fidelity']['error exact']):>7} {r['seconds']:>7.0f}"
         )
     return lines

@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from envace_gym.parsing import ToolCallParseError, parse_tool_calls
-from envace_gym.responders import RealBackend, Rehearsal, Responder, ToolResponder
+from envace_gym.responders import Hybrid, RealBackend, Rehearsal, Responder, ToolResponder
 from envace_gym.spaces import MAX_TEXT_LENGTH, printable_text, replace_surrogates, sanitize
 from envace_gym.suites import Suite, ToolBackend, UserTurns, make_suite, user_turns
 from envace_gym.types import GeneratedText, Message, Task, ToolCall, Trajectory
@@ -346,6 +346,8 @@ class TextToolUseEnv(gym.Env[str, str]):
             raise TypeError(f"a responder needs start, respond and fork (envace_gym.responders), got {responder!r}")
         if isinstance(responder, RealBackend) and responder.factory is None:
             responder.factory = self.backend_factory
+        if isinstance(responder, Hybrid) and responder.real.factory is None:
+            responder.real.factory = self.backend_factory
         return responder
 
     @property
@@ -378,7 +380,9 @@ class TextToolUseEnv(gym.Env[str, str]):
         The copy has its own trajectory, user, counters and random generator (a copy of this env's, or one
         seeded with `seed`); its responder is ``self.responder.fork()`` (a real backend's state copied, a
         rehearser shared), or `responder` (checked as by `set_responder`; a `RealBackend` that has no backend
-        yet starts one in the task's initial state). Steps on the copy never touch this env or its backend.
+        yet starts one in the task's initial state; a `Hybrid` starts the episode with the calls so far
+        remembered, so its first real call catches its backend up). Steps on the copy never touch this env or
+        its backend.
 
         Raises:
             RuntimeError: no episode is running.
@@ -390,6 +394,9 @@ class TextToolUseEnv(gym.Env[str, str]):
             responder = self._checked(responder)
             if isinstance(responder, RealBackend) and responder.backend is None:
                 responder.start(self.task)
+            elif isinstance(responder, Hybrid):
+                responder.start(self.task)
+                responder.remember([c for turn in self.calls_per_turn() for step in turn for c in step])
         twin = copy.copy(self)
         keep = {id(self.task): self.task}  # the task is shared, read-only data
         twin.trajectory = copy.deepcopy(self.trajectory, keep)

@@ -12,9 +12,18 @@ from envace_gym.envs.text import TextToolUseEnv
 from envace_gym.registry import resolve_entry_point
 from envace_gym.rehearsal import PromptMode, Rehearser, RehearseRequest, RehearseResponse, make_rehearser
 from envace_gym.rendering import ChatRenderer
-from envace_gym.responders import Rehearsal, Responder
+from envace_gym.responders import Hybrid, RealBackend, Rehearsal, Responder, ToolResponder
 from envace_gym.suites import ToolBackend
-from envace_gym.types import Message, MessageRole, RehearsalRecord, Role, Segment, Task, ToolCall
+from envace_gym.types import (
+    Message,
+    MessageRole,
+    RealOutputRecord,
+    RehearsalRecord,
+    Role,
+    Segment,
+    Task,
+    ToolCall,
+)
 
 __all__ = ["ToolUseEnv", "TOKENIZER_LOADER"]
 
@@ -31,10 +40,10 @@ class ToolUseEnv(TextToolUseEnv):
     The rules (parsing, error handling, user turns, termination, truncation, the verifier's reward) are
     `TextToolUseEnv`'s. Who answers a tool call is the ``responder`` (`envace_gym.responders`): the suite's
     real backend (``RealBackend()``, the default: ``EnvACE-Tool-v0``), the policy's REHEARSE role
-    (``Rehearsal(rehearser)``: ``EnvACE-Rehearse-v0``, EnvACE, docs/design.md §1), a recorded trajectory
-    (``RecordedResponses``), or one of your own. The final reward always comes from the task's verifier
-    replaying the ACT calls on a fresh *real* backend (docs/design.md §3), so a rehearser that invents
-    convenient observations earns nothing.
+    (``Rehearsal(rehearser)``: ``EnvACE-Rehearse-v0``, EnvACE, docs/design.md §1), both by a per-call draw
+    (``Hybrid(rehearser, p)``), a recorded trajectory (``RecordedResponses``), or one of your own. The final
+    reward always comes from the task's verifier replaying the ACT calls on a fresh *real* backend
+    (docs/design.md §3), so a rehearser that invents convenient observations earns nothing.
 
     The env keeps the trajectory's token sequence (``self.trajectory.segments``), built by appending ids,
     never by re-rendering text: the prompt (system prompt with the tool schemas, first user turn) is
@@ -65,6 +74,10 @@ class ToolUseEnv(TextToolUseEnv):
     REHEARSE tokens so far; ``cut_generations``: generated messages of the episode (ACT actions passed as
     `GeneratedText` and rehearsals) that reached their ``max_new_tokens`` before a stop token (also the
     attribute ``cut_generations``, reset by `reset`).
+
+    The attribute ``real_outputs`` (reset by `reset`) holds one `envace_gym.types.RealOutputRecord` per call of
+    the episode that a `RealBackend` or a `Hybrid` answered from the real backend: the output as a target of
+    the REHEARSE role (a world-model loss trains on it, `agents.rollout.build_batch`).
 
     ## Arguments
     All of `TextToolUseEnv`'s except ``count_tokens`` (tokens are counted with the tokenizer), and:
@@ -192,6 +205,7 @@ class ToolUseEnv(TextToolUseEnv):
         self._episode_tokens = len(prompt)
         self._rehearsals: list[RehearsalRecord] = []
         self.rehearsal_rows: list[RehearsalRecord] = []
+        self.real_outputs: list[RealOutputRecord] = []
         self.cut_generations = 0
         info.update(self._token_info())
         return obs, info
@@ -216,27 +230,59 @@ class ToolUseEnv(TextToolUseEnv):
     def respond(self, call: ToolCall) -> str:
         """Answer one call of the running step and record its tokens: a rehearsal (one model call; a vector
         env batches them with `rehearse_request` / `accept_rehearsal` instead) or the text responder's answer
-        as OBSERVATION tokens.
+        (a `Hybrid`'s real draws included) as OBSERVATION tokens. An answer from a real backend is also kept
+        in ``real_outputs``.
 
         Raises:
             RuntimeError: no episode is running.
         """
         if self.episode_over:
             raise RuntimeError("respond() needs a running episode (call reset())")
-        if not isinstance(self.responder, Rehearsal):
-            text = self.responder.respond(call)
-            self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(text), None, text, generated=False)
-            return text
-        if self._context_full():
-            return self._respond_context_full()
-        request = self.rehearse_request(call)
-        (response,) = self.responder.rehearser.rehearse([request])
-        return self.accept_rehearsal(call, response)
+        responder = self.responder
+        if isinstance(responder, Rehearsal) and responder.rehearses_next():
+            if self._context_full():
+                responder.rehearsed(call)
+                return self._respond_context_full()
+            request = self.rehearse_request(call)
+            (response,) = responder.rehearser.rehearse([request])
+            return self.accept_rehearsal(call, response)
+        # a text responder, or a Hybrid whose draw for this call is the real backend
+        answer = responder.respond if isinstance(responder, Hybrid) else cast(ToolResponder, responder).respond
+        start = len(self.trajectory.token_ids) if self.trajectory is not None else 0
+        text = answer(call)
+        self._append_tool_message(Role.OBSERVATION, self.renderer.content_ids(text), None, text, generated=False)
+        if isinstance(responder, (RealBackend, Hybrid)):
+            self._keep_real_output(call, text, start + len(self.renderer.open_ids("tool")))
+        return text
 
     def needs_rehearsal(self) -> bool:
-        """True when the next tool call is answered by the rehearser: the responder is a `Rehearsal` and the
-        sequence leaves room for a rehearsal within ``max_context_tokens``."""
-        return isinstance(self.responder, Rehearsal) and not self._context_full()
+        """True when the next tool call is answered by the rehearser: the responder is a `Rehearsal` that
+        rehearses this call (a `Hybrid` draws for it) and the sequence leaves room for a rehearsal within
+        ``max_context_tokens``."""
+        return isinstance(self.responder, Rehearsal) and self.responder.rehearses_next() and not self._context_full()
+
+    def _keep_real_output(self, call: ToolCall, text: str, start: int) -> None:
+        """Keep the real output `text` of `call` in ``real_outputs`` as a world-model target (`RealOutputRecord`):
+        inline, the content ids at `start` and the close up to its stop token, as the trajectory holds them;
+        separate, the simulator prompt the rehearser would have answered and the content ending as an assistant
+        message (nothing is kept when the rehearser cannot render that prompt)."""
+        assert self.task is not None and self.trajectory is not None
+        content = self.renderer.content_ids(text)
+        if self.prompt_mode == "inline":
+            end = self.renderer.generation_end_ids("tool")
+            close = self.renderer.close_ids("tool")
+            # a close without a stop token (no end a rehearsal would write in the sequence): the content alone
+            target = content + (end if close[: len(end)] == end else [])
+            self.real_outputs.append(RealOutputRecord(call.to_openai(), text, target, start=start))
+            return
+        render = getattr(self.rehearser, "simulator_prompt_ids", None)
+        if not callable(render):
+            return
+        request = RehearseRequest(
+            tools=self.task.tools_at_turn(self._turn), messages=list(self.trajectory.messages), call=call
+        )
+        target = content + self.renderer.generation_end_ids("assistant")
+        self.real_outputs.append(RealOutputRecord(call.to_openai(), text, target, prompt_ids=list(render(request))))
 
     def fork(self, responder: Responder | None = None, seed: int | None = None) -> ToolUseEnv:
         """`TextToolUseEnv.fork`, plus the token state: the copy's token sequence, rehearsal rows and counters
@@ -244,6 +290,7 @@ class ToolUseEnv(TextToolUseEnv):
         twin = super().fork(responder, seed)
         twin._rehearsals = list(self._rehearsals)
         twin.rehearsal_rows = list(self.rehearsal_rows)
+        twin.real_outputs = list(self.real_outputs)
         if isinstance(twin.responder, Rehearsal):
             twin.prompt_mode = twin.responder.rehearser.prompt_mode
         return twin
@@ -316,6 +363,8 @@ class ToolUseEnv(TextToolUseEnv):
 
     def accept_rehearsal(self, call: ToolCall, response: RehearseResponse) -> str:
         """Record the rehearsed response to `call` (as made by `rehearse_request`) and return its text."""
+        if isinstance(self.responder, Rehearsal):
+            self.responder.rehearsed(call)  # a Hybrid spends its draw and remembers the call for its backend
         if not response.stopped:
             self.cut_generations += 1
         text = response.text

@@ -310,6 +310,15 @@ def test_a_batch_without_signal_skips_its_update_unless_told_not_to(tmp_path):
         (dict(memory={"malloc_mmap_threshold_kb": 40000}), "memory.malloc_mmap_threshold_kb"),
         (dict(importance_sampling_cap=0.5), "importance_sampling_cap"),
         (dict(dtype="float16"), "dtype must be one of"),
+        (dict(rollout="hybrid"), "rollout=hybrid needs real_call_prob"),
+        (dict(rollout="hybrid", real_call_prob=1.5), r"real_call_prob in \[0, 1\] \(--real-call-prob\)"),
+        (dict(real_call_prob=0.2), "set --rollout hybrid or leave real_call_prob unset"),
+        (dict(rollout="real", real_call_prob=1.0), "rollout=real takes none"),
+        (dict(world_model_loss_weight=-1.0), "world_model_loss_weight must be >= 0"),
+        (dict(world_model_loss_weight=1.0), "rollout=rehearse makes none"),
+        (dict(rollout="null", world_model_loss_weight=1.0), "rollout=null makes none"),
+        (dict(rollout="hybrid", real_call_prob=0.0, world_model_loss_weight=1.0), "real_call_prob=0 makes none"),
+        (dict(policy="per_role", rollout="real", world_model_loss_weight=1.0), "never rehearses"),
     ],
 )
 def test_bad_configs_fail_fast_with_a_message(bad, match):

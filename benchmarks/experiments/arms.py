@@ -1,0 +1,144 @@
+"""What the lab's GRPO comparisons share (a module, not a script): the environment-cost arms, and one arm's stages
+from a shared warm start (role-wise GRPO with the arm's settings, the test evaluation on the real backend, rehearsal
+fidelity) with the per-run record that `benchmarks.experiments.lab_ablations` and
+`benchmarks.experiments.lab_env_cost` both tabulate."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from benchmarks.experiments.paired import task_rewards
+
+__all__ = [
+    "ENV_COST_PROBS",
+    "WORLD_MODEL_WEIGHT",
+    "arm_name",
+    "env_cost_arms",
+    "TRAIN_TOTALS",
+    "FIDELITY_SPLITS",
+    "row_fidelity",
+    "evaluate",
+    "train_and_score",
+]
+
+ENV_COST_PROBS = (0.0, 0.05, 0.2, 1.0)
+"""The shares p of tool calls answered by the real backend in training (``rollout: hybrid``): none (EnvACE's
+rehearsed rollouts), a few, a fifth, all (the real-rollout ablation)."""
+
+WORLD_MODEL_WEIGHT = 1.0
+"""λ of the world-model loss arms (``world_model_loss_weight``). Fixed before any run, not tuned: the cross-entropy
+is a mean in nats per target token, as the SFT warm start's loss on its REHEARSE targets, so λ = 1 trains each real
+output as the warm start trained its rehearsal targets, beside a GRPO term whose advantages are of order one
+(rewards in [0, 1])."""
+
+
+def arm_name(p: float, weight: float = 0.0) -> str:
+    """``hybrid_p<p>`` (``hybrid_p0.05``), with ``_wm<λ>`` when the world-model loss is on (``hybrid_p0.2_wm1``)."""
+    return f"hybrid_p{p:g}" + (f"_wm{weight:g}" if weight else "")
+
+
+def env_cost_arms(
+    probs: tuple[float, ...] = ENV_COST_PROBS, weight: float = WORLD_MODEL_WEIGHT
+) -> dict[str, dict[str, Any]]:
+    """Each environment-cost arm's `agents.config.TrainConfig` fields over a recipe's GRPO stage, by `arm_name`:
+    every p of `probs` without the world-model loss, then every p > 0 with it at `weight` (p = 0 makes no real
+    output, so the loss would train nothing: that run is the one without it)."""
+    arms: dict[str, dict[str, Any]] = {}
+    for w in (0.0, weight) if weight else (0.0,):
+        for p in probs:
+            if w and not p:
+                continue
+            arms[arm_name(p, w)] = {
+                "rollout": "hybrid",
+                "real_call_prob": p,
+                **({"world_model_loss_weight": w} if w else {}),
+            }
+    return arms
+
+
+TRAIN_TOTALS = (
+    "real_tool_calls",
+    "real_answers",
+    "verifier_replay_calls",
+    "world_model_tokens",
+    "groups_with_reward_variance",
+)
+"""The training totals of a GRPO stage (`agents.pipeline.grpo_stage`) a run's record keeps (a stage that finished
+before a total was recorded reads 0 for it)."""
+
+
+FIDELITY_SPLITS = {
+    "exact": "fidelity_exact_match",
+    "ordinary exact": "fidelity_ordinary_exact_match",
+    "error exact": "fidelity_error_exact_match",
+}
+"""Per-row fidelity columns: exact match over every rehearsed output, over ordinary outputs, over error outputs."""
+
+
+def row_fidelity(evaluations: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Mean over seeds of each `FIDELITY_SPLITS` field (None when no evaluation measured it)."""
+    out = {}
+    for column, key in FIDELITY_SPLITS.items():
+        values = [e[key] for e in evaluations if e.get(key) is not None]
+        out[column] = float(np.mean(values)) if values else None
+    return out
+
+
+def evaluate(stages: Any, recipe: Any, models: Any, name: str, model: str, **changes: Any) -> dict[str, Any]:
+    """Stage `name` (under the stage runner's folder): the recipe's evaluation of `model` with `changes` to its
+    `agents.evaluation.EvalConfig` fields; returns the evaluation row (`agents.pipeline.StageRunner.evaluate`)."""
+    config = dataclasses.replace(recipe.eval_config(stages.run / name, model), **changes)
+    return stages.evaluate(name, config, models)
+
+
+def train_and_score(
+    stages: Any,
+    recipe: Any,
+    models: Any,
+    name: str,
+    warm: str,
+    changes: dict[str, Any],
+    *,
+    fidelity_limit: int,
+    log: Any = print,
+) -> dict[str, Any]:
+    """One run of an arm: stages ``<name>/grpo`` (the recipe's GRPO stage from `warm` with `changes`, fields named
+    as `agents.config.replace_fields` takes them: ``{"seed": 0, "run.save_every": 20, ...}``), ``<name>/eval``
+    (the recipe's evaluation on the real backend) and, when `fidelity_limit` > 0, ``<name>/fidelity`` (rehearsal
+    fidelity on the first `fidelity_limit` tasks per family). Each is skipped when done.
+
+    Returns:
+        ``model`` (the trained model folder), ``eval`` (the evaluation row with ``task_rewards``, task id ->
+        reward), ``train`` (`TRAIN_TOTALS` of the GRPO stage), ``fidelity`` (the fidelity evaluation's row, ``{}``
+        without one), ``train_s`` and ``eval_s`` (seconds the GRPO and evaluation stages took when they ran).
+    """
+    from agents.config import TrainConfig, replace_fields
+    from agents.pipeline import grpo_stage, latest_model, stage_ignores, stage_settings
+
+    out = stages.run
+    config = replace_fields(recipe.grpo_config(out / name / "grpo", warm), changes)
+    info = stages.stage(
+        f"{name}/grpo",
+        lambda _: grpo_stage(config, models, log),
+        stage_settings(config),
+        ignore=stage_ignores(TrainConfig),
+    )
+    trained = latest_model(out / name / "grpo")
+    row = evaluate(stages, recipe, models, f"{name}/eval", trained)
+    row["task_rewards"] = task_rewards(out / name / "eval")
+    fidelity = (
+        evaluate(stages, recipe, models, f"{name}/fidelity", trained, fidelity=True, limit=fidelity_limit)
+        if fidelity_limit
+        else {}
+    )
+    return {
+        "model": trained,
+        "eval": row,
+        "train": {k: info.get(k, 0) for k in TRAIN_TOTALS},
+        "fidelity": fidelity,
+        "train_s": info["seconds"],
+        "eval_s": stages.timings[f"{name}/eval"],
+    }
