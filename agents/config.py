@@ -45,7 +45,7 @@ __all__ = [
     "load_dataclass",
     "nested_config_field",
     "HintingArgumentParser",
-    "moved_option_hints",
+    "grouped_option_hints",
     "field_default",
     "flat_fields",
     "replace_fields",
@@ -749,7 +749,7 @@ def _load(cls: type, path: str | Path | None, overrides: dict[str, Any]) -> Any:
 
 def _groups_holding(cls: type, name: str) -> list[str]:
     """The nested config fields of `cls` (``optim``, ``run``, ...) that have a field called `name`: where a
-    top-level spelling such as ``lr`` now lives (``optim.lr``)."""
+    top-level spelling such as ``lr`` belongs (``optim.lr``)."""
     hints = typing.get_type_hints(cls)
     return [
         f.name
@@ -760,13 +760,16 @@ def _groups_holding(cls: type, name: str) -> list[str]:
     ]
 
 
-def moved_option_hints(unknown: Sequence[str], known: Iterable[str]) -> list[str]:
-    """For each unrecognised ``--option`` in `unknown`, the known options it is one group level short of
+def grouped_option_hints(unknown: Sequence[str], known: Iterable[str]) -> list[str]:
+    """For each unrecognised ``--option`` in `unknown`, the known options that are it one group level down
     (``--lr`` -> ``--optim.lr``, ``--grpo.lr`` -> ``--grpo.optim.lr``), as "did you mean" lines.
 
     Args:
         unknown: the command line's unrecognised tokens (values and ``--opt=value`` forms are handled).
-        known: every option string of the parser(s), e.g. ``--optim.lr``.
+        known: the option strings of the parser that refused them, e.g. ``--optim.lr``.
+
+    Returns:
+        One line per unrecognised option that has such a twin (``"--lr: did you mean --optim.lr?"``), in order.
     """
     known_paths = [o[2:].split(".") for o in known if o.startswith("--")]
     lines = []
@@ -787,8 +790,8 @@ def moved_option_hints(unknown: Sequence[str], known: Iterable[str]) -> list[str
 
 
 class HintingArgumentParser(argparse.ArgumentParser):
-    """`argparse.ArgumentParser` whose "unrecognized arguments" error also names the grouped option an old
-    top-level spelling became (`moved_option_hints`), looking through every sub-command's options."""
+    """`argparse.ArgumentParser` whose "unrecognized arguments" error also names, for each unknown option, the
+    grouped option of the chosen sub-command it is one level short of (`grouped_option_hints`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -800,21 +803,30 @@ class HintingArgumentParser(argparse.ArgumentParser):
         return action
 
     def option_strings(self) -> set[str]:
-        """Every ``--option`` this parser and its sub-commands' parsers accept (read from their help)."""
-        out = set(re.findall(r"(?<![\w-])--[A-Za-z][\w.-]*", self.format_help()))
+        """Every ``--option`` this parser itself accepts (read from its help)."""
+        return set(re.findall(r"(?<![\w-])--[A-Za-z][\w.-]*", self.format_help()))
+
+    def chosen_parser(self, namespace: argparse.Namespace) -> HintingArgumentParser:
+        """The parser of the sub-command `namespace` chose (recursively), or this one."""
         for action in self.subcommands:
             choices = action.choices if isinstance(action.choices, dict) else {}  # sub-command name -> parser
-            for sub in choices.values():
-                out |= sub.option_strings() if isinstance(sub, HintingArgumentParser) else set()
-        return out
+            sub = choices.get(getattr(namespace, action.dest, None))
+            if isinstance(sub, HintingArgumentParser):
+                return sub.chosen_parser(namespace)
+        return self
 
-    def error(self, message: str) -> NoReturn:
-        prefix = "unrecognized arguments: "
-        if message.startswith(prefix):
-            hints = moved_option_hints(message[len(prefix) :].split(), self.option_strings())
-            if hints:
-                message = "; ".join([message, *hints])
-        super().error(message)
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As `argparse.ArgumentParser.parse_args`.
+
+        Raises:
+            SystemExit: (code 2, via ``error``) a bad or unrecognised option; the message of an unrecognised one
+                adds its "did you mean" line when it has a grouped twin in the chosen sub-command.
+        """
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            hints = grouped_option_hints(extras, self.chosen_parser(parsed).option_strings())
+            self.error("; ".join([f"unrecognized arguments: {' '.join(extras)}", *hints]))
+        return parsed
 
 
 def check_device(device: str, fail) -> None:

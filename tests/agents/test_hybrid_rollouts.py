@@ -220,12 +220,11 @@ def test_the_world_model_term_lowers_the_targets_cross_entropy_and_weight_zero_i
 
 def test_one_training_step_logs_real_calls_answers_and_the_world_model_loss(tmp_path):
     trainer = _trainer(tmp_path, "run", world_model_loss_weight=1.0, real_call_prob=1.0, num_steps=1)
+    # the scripted ACT makes tool calls (a random tiny model would not): what is tested is the metrics' plumbing
+    trainer.policy.act = ScriptedLab(trainer.env.envs).act  # type: ignore[method-assign]
     (m,) = trainer.train(progress=False)
-    for key in ("rollout/real_tool_calls", "rollout/real_answers", "rollout/world_model_tokens"):
-        assert key in m
-    assert m["rollout/real_tool_calls"] == m["rollout/real_answers"]  # p = 1: no catch-up
-    assert (m["rollout/world_model_tokens"] > 0) == (m["rollout/real_answers"] > 0)
-    assert m["train/world_model_loss"] >= 0.0
+    assert m["rollout/real_tool_calls"] == m["rollout/real_answers"] > 0  # p = 1: every call real, no catch-up
+    assert m["rollout/world_model_tokens"] > 0 and m["train/world_model_loss"] > 0.0
 
 
 def test_the_fields_combine_as_documented(tmp_path):

@@ -149,3 +149,11 @@ def test_a_top_level_yaml_field_of_a_group_names_the_group(tmp_path, no_model_lo
     assert main([command, "--config", str(path), "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "(lr is optim.lr; threads is run.threads)" in err, err
+
+
+@pytest.mark.parametrize("argv", [["serve", "--lr", "1"], ["eval", "--lr", "1"]])
+def test_a_hint_names_only_an_option_of_the_chosen_command(capsys, argv):
+    with pytest.raises(SystemExit):
+        main(argv)
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --lr 1" in err and "did you mean" not in err, err
