@@ -581,7 +581,8 @@ class TrainConfig:
             # the schedule decays over num_steps, which a token budget does not fix: it would stop mid-decay
             fail(
                 "generated_token_budget needs optim.lr_schedule 'constant' (a decaying schedule runs over "
-                f"num_steps, and a token budget stops the run at an unknown step), got {self.optim.lr_schedule!r}"
+                "num_steps, and a token budget stops the run at an unknown step): set --optim.lr-schedule constant "
+                f"or --generated-token-budget 0, got {self.optim.lr_schedule!r}"
             )
         if self.rehearsal_n < 0 or self.rehearsal_memory_tokens < 1:
             fail(
@@ -656,10 +657,12 @@ class TrainConfig:
                 f"importance_sampling_cap must be 0 (off) or >= 1 (a cap below 1 would shrink on-policy tokens), "
                 f"got {self.importance_sampling_cap}"
             )
-        if self.policy == "per_role" and self.rollout in ("real", "null"):
+        never_rehearses = self.rollout in ("real", "null") or (self.rollout == "hybrid" and self.real_call_prob == 1)
+        if self.policy == "per_role" and never_rehearses:
+            at = " at real_call_prob=1" if self.rollout == "hybrid" else ""
             fail(
-                f"policy=per_role trains a separate REHEARSE model, but rollout={self.rollout} never rehearses; "
-                f"use policy=shared"
+                f"policy=per_role trains a separate REHEARSE model, but rollout={self.rollout}{at} never rehearses; "
+                "use policy=shared"
             )
         if self.rollout == "hybrid" and (self.real_call_prob is None or not 0 <= self.real_call_prob <= 1):
             fail(f"rollout=hybrid needs real_call_prob in [0, 1] (--real-call-prob), got {self.real_call_prob}")

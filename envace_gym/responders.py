@@ -301,13 +301,18 @@ class Hybrid(Rehearsal):
     def respond(self, call: ToolCall) -> str:
         """Answer `call` from the real backend, after executing the episode's rehearsed calls not yet executed.
 
-        Never raises: a backend error is an error string, as `RealBackend.respond` gives.
+        Never raises: a backend error is an error string, as `RealBackend.respond` gives, and so is a backend
+        that cannot be built (it is built at the episode's first real call, not at ``start``: a dead server
+        becomes an error observation, and the next real call tries again).
         """
         self._spend()
         if self.real.backend is None:
             if self._task is None:
                 return "Error during execution: no backend (the episode has not started)"
-            self.real.start(self._task)
+            try:
+                self.real.start(self._task)
+            except Exception as err:  # a backend that will not start must not crash the vector env's round
+                return f"Error during execution: the backend did not start: {type(err).__name__}: {err}"
         for earlier in self._unexecuted:
             self.real.respond(earlier)
         self.backend_calls += len(self._unexecuted) + 1

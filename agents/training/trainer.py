@@ -580,6 +580,7 @@ class RoleWiseGRPOTrainer:
         order_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
         applied: list[tuple[LossStats, float]] = []
         world_model: list[float] = []  # the world-model loss of each applied step that had target tokens
+        with_loss_tokens: list[LossStats] = []  # the applied steps that had policy-loss tokens
         nonfinite = 0
         tokens = 0
         targets: list[tuple[str, torch.nn.Module, Role | None]] = [("model", self.policy.model, None)]
@@ -624,6 +625,8 @@ class RoleWiseGRPOTrainer:
                         continue
                     tokens += self._run_tokens
                     applied.append((step_stats, grad_norm))
+                    if self._run_tokens:  # a step of world-model targets alone has no policy-loss statistics
+                        with_loss_tokens.append(step_stats)
                     if self._run_targets:
                         world_model.append(step_stats.world_model_loss)
         bar.close()
@@ -635,7 +638,13 @@ class RoleWiseGRPOTrainer:
             return UpdateStats(
                 skipped_update=True, skipped_nonfinite=nonfinite, logprob_mismatch=mismatch, tis_weight_mean=tis_mean
             )
-        means = {k: sum(getattr(s, k) for s, _ in applied) / len(applied) for k in LossStats.__dataclass_fields__}
+        # the loss over every applied step; the policy-loss statistics (token means over loss tokens) over the
+        # steps that had loss tokens, so a step of world-model targets alone does not pull them toward 0
+        policy_steps = with_loss_tokens or [s for s, _ in applied]
+        means = {
+            k: sum(getattr(s, k) for s in policy_steps) / len(policy_steps) for k in LossStats.__dataclass_fields__
+        }
+        means["loss"] = sum(s.loss for s, _ in applied) / len(applied)
         means["world_model_loss"] = sum(world_model) / len(world_model) if world_model else 0.0
         return UpdateStats(
             loss=LossStats(**means),

@@ -138,3 +138,17 @@ def test_fidelity_refuses_an_env_that_answers_some_calls_from_the_backend(rehear
     with pytest.raises(TypeError, match="Hybrid"):
         RehearsalFidelity(env)
     RehearsalFidelity(ToolUseEnv(suite="lab", model="tiny-random", responder=Rehearsal(rehearser)))
+
+
+def test_a_backend_that_does_not_start_becomes_an_error_observation(rehearser, suite):
+    def dead_server(task):
+        raise ConnectionError("server exited")
+
+    task = suite.tasks(["relocate"], "test")[0]
+    hybrid = Hybrid(rehearser, 1.0, seed=0, factory=dead_server)
+    hybrid.start(task)
+    out = hybrid.respond(ToolCall("list_shelf", {"shelf": "A"}))
+    assert out.startswith("Error during execution: the backend did not start") and "server exited" in out
+    # the next real call tries again, with a working backend
+    hybrid.real.factory = suite.make_backend
+    assert json.loads(hybrid.respond(ToolCall("list_shelf", {"shelf": "A"})))["shelf"] == "A"

@@ -319,6 +319,7 @@ def test_a_batch_without_signal_skips_its_update_unless_told_not_to(tmp_path):
         (dict(rollout="null", world_model_loss_weight=1.0), "rollout=null makes none"),
         (dict(rollout="hybrid", real_call_prob=0.0, world_model_loss_weight=1.0), "real_call_prob=0 makes none"),
         (dict(policy="per_role", rollout="real", world_model_loss_weight=1.0), "never rehearses"),
+        (dict(policy="per_role", rollout="hybrid", real_call_prob=1.0), "at real_call_prob=1 never rehearses"),
     ],
 )
 def test_bad_configs_fail_fast_with_a_message(bad, match):
