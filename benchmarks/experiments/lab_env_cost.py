@@ -152,9 +152,14 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 stages, recipe, models, f"{arm}/seed{seed}", warm, changes, fidelity_limit=args.fidelity_limit, log=log
             )
             runs[arm].append({"seed": seed, **{k: v for k, v in record.items() if k != "model"}})
-            results = summarize(args, recipe, steps, warm, warm_row, arms, runs)
+            done = min(len(r) for r in runs.values())
+            # rows, table and plot over the seeds every arm has finished (the first seed while it is under way),
+            # so a partial file never mixes a 2-seed interval with 1-seed ones
+            results = summarize(
+                args, recipe, steps, warm, warm_row, arms, {a: r[: max(done, 1)] for a, r in runs.items()}
+            )
             results.update(
-                seeds_done=min(len(r) for r in runs.values()),
+                seeds_done=done,
                 wall_s=time.perf_counter() - t_start,
                 command=("python -m benchmarks.experiments.lab_env_cost " + shlex.join(args.argv)).strip(),
                 date=datetime.date.today().isoformat(),
