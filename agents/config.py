@@ -347,8 +347,8 @@ class TrainConfig:
     tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")
     engine: str = _f(
         "hf",
-        "generation engine registered in agents.engines.registry: 'hf' (Transformers with the prefix KV cache) or "
-        "'hf-nocache'",
+        "generation engine registered in agents.engines.registry: 'hf' (Transformers with the prefix KV cache), "
+        "'hf-nocache' or 'vllm' (vLLM in this process; needs the vllm extra, docs/guides/engines.md)",
     )
 
     # --- Parameters that control the tasks ------------------------------------------------------------

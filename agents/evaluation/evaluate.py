@@ -179,7 +179,7 @@ class EvalConfig:
         ),
     )
     engine: str = _f(
-        "hf", "generation engine registered in agents.engines.registry ('hf', 'hf-nocache', 'hf-generate')"
+        "hf", "generation engine registered in agents.engines.registry ('hf', 'hf-nocache', 'hf-generate', 'vllm')"
     )
     user_model: str | None = _f(
         None, "suites with a simulated user (tau2): the model that plays the user (none: the evaluated model itself)"
