@@ -148,6 +148,11 @@ class VLLMEngine:
         # embedding model)
         config.architectures = config.architectures or [type(model).__name__]
         config.save_pretrained(self._config_dir.name)
+        # On a CPU, no prompt is split across engine steps (chunked prefill off): when vLLM splits a seeded row's
+        # prompt it rewinds that row's torch.Generator by an offset, which CPU generators do not have ("CPU Generator
+        # does not use offset"). Without chunking, one step's token budget must hold the longest request.
+        context_limit = max_model_len or int(getattr(config, "max_position_embeddings", 0) or 0)
+        step_tokens = max(4096, context_limit) if on_cpu else None
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the worker processes whose OpenMP
         # threads it pins; in-process nothing is pinned, and the trainer's thread setting must keep working.
         set_num_threads = torch.set_num_threads
@@ -167,6 +172,8 @@ class VLLMEngine:
                 enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
                 max_model_len=max_model_len,
                 logprobs_mode="processed_logprobs",
+                enable_chunked_prefill=not on_cpu,
+                max_num_batched_tokens=step_tokens,
             )
         finally:
             torch.set_num_threads = set_num_threads

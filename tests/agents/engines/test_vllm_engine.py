@@ -29,8 +29,8 @@ round differently from Transformers' modules."""
 EOS = 2  # SmolLM2's <|im_end|>, the tiny models' eos
 
 
-def _tiny(arch: str, seed: int = 0) -> torch.nn.Module:
-    return tiny_random_model(arch, seed=seed, hidden_size=64, num_attention_heads=2, num_key_value_heads=1)
+def _tiny(arch: str, seed: int = 0, **config: int) -> torch.nn.Module:
+    return tiny_random_model(arch, seed=seed, hidden_size=64, num_attention_heads=2, num_key_value_heads=1, **config)
 
 
 def _model(name: str) -> torch.nn.Module:
@@ -105,6 +105,18 @@ def test_rows_stop_on_the_given_ids_only():
         engine.generate([[]], max_new_tokens=5, temperature=0.0, stop_ids=[])
     with pytest.raises(ValueError, match="seeds"):
         engine.generate(context, max_new_tokens=5, temperature=1.0, stop_ids=[], seeds=[1, 2])
+
+
+def test_seeded_rows_whose_prompts_exceed_one_engine_step_are_all_sampled():
+    """More prompt tokens than one vLLM step takes (4096 with a 1024-token context limit): vLLM schedules them
+    over several steps. Splitting a seeded row's prompt there would rewind its CPU generator, which CPU generators
+    cannot do; the engine keeps every prompt whole, and the rows stay reproducible from their seeds."""
+    engine, _ = _engines(_tiny("llama", max_position_embeddings=1024))
+    contexts = [[1] + [100 + (7 * i + j) % 40000 for j in range(299)] for i in range(16)]  # 4800 tokens
+    kw = dict(max_new_tokens=4, temperature=1.0, stop_ids=[])
+    gens = engine.generate(contexts, seeds=list(range(16)), **kw)
+    assert [len(g.token_ids) for g in gens] == [4] * 16
+    assert engine.generate(contexts[5:6], seeds=[5], **kw)[0].token_ids == gens[5].token_ids
 
 
 def test_a_context_that_extends_the_last_one_reads_its_prefix_from_the_cache_until_the_weights_change():
