@@ -26,7 +26,13 @@ What it does, behind `agents.engines.registry.GenerationEngine`:
   ACT context extends the last one, so its prefix blocks are found in the cache; `weights_updated` resets it;
 - sleep mode where the platform has it (CUDA): `sleep` frees vLLM's KV cache and moves its weights to host
   memory for the update (level 1), `generate` wakes it. vLLM's CPU backend has no sleep mode: there `sleep`
-  and `wake_up` do nothing.
+  and `wake_up` do nothing;
+- on a CPU no prompt is split across engine steps (chunked prefill off; see `VLLMEngine.__init__`).
+
+An in-process vLLM engine changes its process: at start it sets the global seeds (Python, NumPy, torch) to
+``seed`` and freezes the garbage collector's heap, and on a CPU it binds the process's memory to one NUMA node; its
+shutdown tears down state every other vLLM engine of the process uses, so engines are released together
+(`_Engines`).
 
 The trainer measures what this engine's logprobs differ from its own recompute (``train/logprob_mismatch``)
 and can correct for it with truncated importance sampling (``--importance-sampling-cap``).

@@ -8,7 +8,15 @@ import pytest
 import tests.testing_env  # noqa: F401  (registers the scripted suites)
 from agents.cli import main
 from agents.config import TrainConfig
-from agents.engines.registry import GenerationEngine, HFEngine, make_engine, register_engine, registered_engines
+from agents.engines.registry import (
+    VLLM_MIN_PARAMETERS,
+    GenerationEngine,
+    HFEngine,
+    make_engine,
+    register_engine,
+    registered_engines,
+    resolve_engine,
+)
 from agents.policy import load_policy
 from agents.training.trainer import RoleWiseGRPOTrainer
 
@@ -133,3 +141,22 @@ def test_the_vllm_engine_is_registered_but_imports_vllm_only_when_built():
     policy = load_policy("tiny-random")
     with pytest.raises(ImportError, match="--engine vllm needs vLLM"):
         make_engine("vllm", policy.model, policy.pad_id)
+
+
+def test_auto_is_vllm_where_installed_for_models_of_10m_parameters_or_more_else_hf(tmp_path):
+    import importlib.util
+
+    from agents.evaluation.evaluate import EvalConfig
+    from agents.models import tiny_random_model
+    from agents.policy import Policy
+
+    policy = load_policy("tiny-random", kv_cache=False)
+    small = policy.model  # 3.2M parameters
+    big = tiny_random_model(hidden_size=256, num_attention_heads=4, num_key_value_heads=2)  # 12.6M in the embedding
+    assert sum(p.numel() for p in small.parameters()) < VLLM_MIN_PARAMETERS <= sum(p.numel() for p in big.parameters())
+    assert resolve_engine("auto", small) == "hf"
+    assert resolve_engine("auto", big) == ("vllm" if importlib.util.find_spec("vllm") is not None else "hf")
+    assert resolve_engine("hf-nocache", big) == "hf-nocache"
+    # "auto" on the HF engine keeps the policy's cache setting
+    assert Policy(small, policy.tokenizer, kv_cache=False, engine="auto").engine.kv_cache is None
+    assert TrainConfig(run_dir=str(tmp_path)).engine == EvalConfig().engine == "auto"

@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed here (make venv-vllm; make test-vllm)")
 
 from agents.cli import main  # noqa: E402
-from agents.engines.registry import HFEngine, make_engine  # noqa: E402
+from agents.engines.registry import HFEngine, make_engine, resolve_engine  # noqa: E402
 from agents.engines.vllm_engine import VLLMEngine  # noqa: E402
 from agents.models import LAB_TINY_MODEL, default_store, load_tokenizer, tiny_random_model  # noqa: E402
 from agents.training.logprobs import token_logprobs  # noqa: E402
@@ -65,6 +65,7 @@ def _engines(model: torch.nn.Module) -> tuple[VLLMEngine, HFEngine]:
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "smollm2-135m"])
 def test_greedy_ids_equal_the_hf_engines_and_sampled_logprobs_are_the_trainers(name):
     model = _model(name)
+    assert resolve_engine("auto", model) == ("vllm" if name == "smollm2-135m" else "hf")  # the default's choice
     vllm_engine, hf_engine = _engines(model)
     prompts = _prompts()
     a = vllm_engine.generate(prompts, max_new_tokens=32, temperature=0.0, stop_ids=[EOS])
