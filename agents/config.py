@@ -348,9 +348,10 @@ class TrainConfig:
     run: RunConfig = nested_config_field(RunConfig, "checkpoints, resume and the machine (RunConfig)")
     tensorboard: bool = _f(True, "also write TensorBoard events to run_dir/tb")
     engine: str = _f(
-        "hf",
-        "generation engine registered in agents.engines.registry: 'hf' (Transformers with the prefix KV cache) or "
-        "'hf-nocache'",
+        "auto",
+        "generation engine registered in agents.engines.registry: 'hf' (Transformers with the prefix KV cache), "
+        "'hf-nocache', 'vllm' (vLLM in this process; needs the vllm extra, docs/guides/engines.md) or 'auto' "
+        "('vllm' where installed for models of 10M parameters or more, else 'hf')",
     )
 
     # --- Parameters that control the tasks ------------------------------------------------------------
@@ -701,10 +702,12 @@ class TrainConfig:
         "max_nonfinite_steps",
         "micro_batch_tokens",
         "shard_optimizer",
+        "engine",
     )
-    """Fields that may change between a run and its resume (bookkeeping, memory, speed; a group's name, such as
-    ``run``, stands for each of its fields): every other one changes what is trained, so a resume with another
-    value refuses unless ``run.allow_config_change``."""
+    """Fields that may change between a run and its resume (bookkeeping, memory, speed: an engine samples from
+    the same distribution as another, up to float rounding, which ``train/logprob_mismatch`` reports; a group's
+    name, such as ``run``, stands for each of its fields): every other one changes what is trained, so a resume
+    with another value refuses unless ``run.allow_config_change``."""
 
 
 _HINTS = typing.get_type_hints(TrainConfig)

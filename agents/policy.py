@@ -23,7 +23,7 @@ import torch
 
 from agents.engines.generation import Generation
 from agents.engines.kv_cache import PrefixKVCache
-from agents.engines.registry import GenerationEngine, HFEngine, make_engine
+from agents.engines.registry import GenerationEngine, HFEngine, make_engine, resolve_engine
 from agents.models import ModelStore, default_store
 from envace_gym.rehearsal import PromptMode, RehearseRequest, RehearseResponse, requests_by_setting
 from envace_gym.rendering import ChatRenderer
@@ -51,7 +51,8 @@ class Policy:
             context is re-encoded in full (the fallback, and the benchmarks' baseline); or a cache object to
             share with another policy. Used by the ``"hf"`` engine only.
         engine: the `agents.engines.registry.GenerationEngine` that samples, or the name of a registered one built over
-            `model` (None or ``"hf"``: ``HFEngine(model, pad_id, kv_cache)``).
+            `model` (None or ``"hf"``: ``HFEngine(model, pad_id, kv_cache)``; ``"auto"``: see
+            `agents.engines.registry.resolve_engine`).
 
     Attributes:
         renderer: `envace_gym.rendering.ChatRenderer` of the tokenizer; its end-of-message ids stop generation.
@@ -71,6 +72,8 @@ class Policy:
         self.stop_ids = list(self.renderer.stop_token_ids)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.stop_ids[0])
+        if isinstance(engine, str):
+            engine = resolve_engine(engine, model)
         if engine is None or engine == "hf":
             engine = HFEngine(model, self.pad_id, kv_cache)
         elif isinstance(engine, str):

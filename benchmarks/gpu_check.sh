@@ -4,6 +4,9 @@
 # Role-wise GRPO steps with the Transformers engine on CUDA (bfloat16 and float32) beside the same steps
 # on CPU, in one run: generated tokens/s, step time, peak GPU memory and the trainer/engine logprob mismatch
 # (benchmarks/perf/gpu_check.py). Under 10 minutes on one GPU with the defaults.
+# Where a CUDA build of vLLM is importable (installed beforehand, `pip install vllm`: the check fetches nothing),
+# the vLLM engine is checked too: greedy ids and logprobs against the HF engine, the weight
+# sync after an AdamW step, sleep/wake, then the GRPO steps with --engine vllm; a failed vLLM check exits 1.
 # benchmarks/gpu_assets/ (SmolLM2-135M's config and tokenizer, no weights; the wheels of gymnasium and its
 # two small dependencies) is written by `python -m benchmarks.perf.gpu_check --prepare` on a machine with the
 # project's venv, and travels with the working tree (a few MB).

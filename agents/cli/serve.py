@@ -52,7 +52,12 @@ def register_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="the id clients send as 'model' (default: --model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port (0: a free one, printed at start)")
-    p.add_argument("--engine", default="hf", help="generation engine of agents.engines.registry")
+    p.add_argument(
+        "--engine",
+        default="auto",
+        help="generation engine of agents.engines.registry (auto: vllm where installed for models of 10M "
+        "parameters or more, else hf)",
+    )
     p.add_argument("--default-max-tokens", type=int, default=256, help="completion tokens when a request gives none")
     p.add_argument("--max-tokens-limit", type=int, default=4096, help="the largest max_tokens a request may ask")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))

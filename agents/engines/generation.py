@@ -20,13 +20,14 @@ allocated once, ids and logprobs are copied to Python lists once at the end.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from agents.engines.decode import decode_step, supports_decode_step
 from agents.engines.kv_cache import KVEntry, PrefixKVCache, common_prefix_length
@@ -35,6 +36,11 @@ if TYPE_CHECKING:
     from transformers import PreTrainedConfig
 
 __all__ = ["Generation", "generate"]
+
+# The name of a causal LM's KV-cache argument and output field: ``cache`` from Transformers 5.24 on,
+# ``past_key_values`` before. Both are supported: vLLM's CPU wheel pins transformers<5.20, and the HF engine runs
+# beside it in that environment (the engines' parity tests compare the two).
+_CACHE = "cache" if "cache" in {f.name for f in fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 @dataclass
@@ -85,7 +91,8 @@ def generate(
 
     Args:
         model: a Transformers causal LM (accepts ``attention_mask``, ``position_ids``, ``cache``,
-            ``logits_to_keep``; returns ``out.cache``, a `transformers.DynamicCache`).
+            ``logits_to_keep``; returns ``out.cache``, a `transformers.DynamicCache`; before Transformers 5.24
+            ``past_key_values`` in and out).
         contexts: B token-id lists, each non-empty, of any lengths.
         max_new_tokens: cap on generated tokens per row (>= 1).
         temperature: > 0 samples from ``softmax(logits / temperature)``; 0 is greedy.
@@ -180,11 +187,11 @@ def generate(
                     input_ids=ids,
                     attention_mask=mask,
                     position_ids=next_pos,
-                    cache=cache,
                     use_cache=True,
+                    **{_CACHE: cache},
                     logits_to_keep=1,
                 )
-                cache = out.cache
+                cache = getattr(out, _CACHE)
                 logits = out.logits[:, -1, :].float()  # (B, V)
             next_pos = next_pos + 1
         scaled = (logits / temperature if temperature not in (0.0, 1.0) else logits).cpu()  # (B, V)
@@ -395,7 +402,7 @@ def _prefill(
         cache = _buffer_cache(model, key_buffers, value_buffers, p)
         ids = torch.tensor([list(c[p:]) for c in contexts], dtype=torch.long, device=device)  # (U, S)
         pos = torch.arange(p, width, device=device).expand(n_rows, -1)  # (U, S)
-        out = model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=ids, position_ids=pos, use_cache=True, logits_to_keep=1, **{_CACHE: cache})
         logits = out.logits[:, -1, :].float()  # (U, V)
     else:
         rows_logits = []
@@ -409,7 +416,7 @@ def _prefill(
             )
             ids = torch.tensor([list(ctx[p:])], dtype=torch.long, device=device)  # (1, S_u)
             pos = torch.arange(p, len(ctx), device=device).view(1, -1)  # (1, S_u)
-            out = model(input_ids=ids, position_ids=pos, cache=row_cache, use_cache=True, logits_to_keep=1)
+            out = model(input_ids=ids, position_ids=pos, use_cache=True, logits_to_keep=1, **{_CACHE: row_cache})
             rows_logits.append(out.logits[:, -1, :].float())  # (1, V)
         logits = torch.cat(rows_logits, dim=0)  # (U, V)
         cache = _buffer_cache(model, key_buffers, value_buffers, width)
@@ -481,8 +488,8 @@ def _padded_prefill(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
         position_ids=pos.to(device),
-        cache=cache,
         use_cache=True,
+        **{_CACHE: cache},
         logits_to_keep=1,
     )
     logits = out.logits[:, -1, :].float()  # (U, V)

@@ -179,7 +179,9 @@ class EvalConfig:
         ),
     )
     engine: str = _f(
-        "hf", "generation engine registered in agents.engines.registry ('hf', 'hf-nocache', 'hf-generate')"
+        "auto",
+        "generation engine registered in agents.engines.registry ('hf', 'hf-nocache', 'hf-generate', 'vllm'; 'auto': "
+        "'vllm' where installed for models of 10M parameters or more, else 'hf')",
     )
     user_model: str | None = _f(
         None, "suites with a simulated user (tau2): the model that plays the user (none: the evaluated model itself)"
@@ -539,7 +541,7 @@ OUTPUT_FILES = (
 )
 """The files `evaluate` writes (and the only ones it removes from an output folder)."""
 
-_RESUME_IGNORES = ("out", "min_solvable_fraction", "overwrite")
+_RESUME_IGNORES = ("out", "min_solvable_fraction", "overwrite", "engine")
 REHEARSAL_ONLY_FIELDS = (
     "rehearsal_mode",
     "memory",
@@ -561,8 +563,8 @@ _FIELDS_BEFORE_TRACE_MEMORY = {
 
 
 def resume_ignores(config: EvalConfig) -> tuple[str, ...]:
-    """The fields an evaluation may resume with changed: bookkeeping, and the test-time rehearsal fields when
-    `config` runs no test-time rehearsal."""
+    """The fields an evaluation may resume with changed: bookkeeping, the engine (the same sampling distribution up
+    to float rounding), and the test-time rehearsal fields when `config` runs no test-time rehearsal."""
     return _RESUME_IGNORES + (() if config.rehearsal_n else REHEARSAL_ONLY_FIELDS)
 
 

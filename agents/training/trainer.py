@@ -210,6 +210,8 @@ class RoleWiseGRPOTrainer:
                 "--shard-optimizer (ZeRO stage 1) under an FSDP accelerate config: FSDP already shards "
                 "AdamW's state over the ranks; pass --shard-optimizer false"
             )
+        # vLLM needs whole weights: under FSDP "auto" is the HF engine
+        self._engine_name = "hf" if parallel.shards_weights and config.engine == "auto" else config.engine
         if parallel.shards_weights and config.engine == "vllm":
             raise ValueError(
                 "--engine vllm under an FSDP accelerate config: vLLM loads whole weights after every "
@@ -530,7 +532,7 @@ class RoleWiseGRPOTrainer:
 
     def _policy(self, model: torch.nn.Module, tokenizer: Any, engine: GenerationEngine | None) -> Policy:
         """A `Policy` over `model` sampling with `engine`, or with ``config.engine`` built over `model`."""
-        return Policy(model, tokenizer, engine=engine if engine is not None else self.config.engine)
+        return Policy(model, tokenizer, engine=engine if engine is not None else self._engine_name)
 
     def clear_kv_caches(self) -> None:
         """Tell every engine that its model's weights changed (`GenerationEngine.weights_updated`; the HF

@@ -15,8 +15,14 @@ work as a step with a learning signal.
 Printed per setting (CUDA bfloat16, CUDA float32, CPU float32): generated tokens/s in the rollouts, step,
 rollout and update seconds (mean over the steps after the first, which carries one-time costs), peak GPU
 memory (``torch.cuda.max_memory_allocated``) and the trainer's ``train/logprob_mismatch`` (mean
-abs(log pi_trainer - log pi_engine) over loss tokens); then CUDA's speed-ups over CPU. Where vLLM is
-importable, the same steps also run with the experimental vLLM engine (``--engine vllm``, bfloat16).
+abs(log pi_trainer - log pi_engine) over loss tokens); then CUDA's speed-ups over CPU.
+
+Where vLLM is importable (a CUDA build installed beforehand, ``pip install vllm``: the check fetches nothing),
+the vLLM engine is checked on CUDA too (`vllm_engine_check`, float32): greedy ids and
+logprobs against the HF engine on the same weights, again after an AdamW step and `weights_updated` (the
+layerwise reload; the weight-transfer API's IPC backend is for a trainer in another process), and sleep mode
+(the GPU memory `sleep` frees, and the same output after `wake_up`); then the GRPO steps run with
+``--engine vllm`` in bfloat16 beside the HF rows.
 
     python -m benchmarks.perf.gpu_check --prepare            # here: write benchmarks/gpu_assets/
     bash benchmarks/gpu_check.sh                              # there: prepare if needed, install wheels, run
@@ -71,6 +77,69 @@ def random_model(out: Path) -> Path:
         if (MODEL_ASSETS / name).is_file():
             shutil.copy(MODEL_ASSETS / name, out / name)
     return out
+
+
+def vllm_engine_check(model_dir: Path, new_tokens: int = 24, device: str = "cuda") -> dict:
+    """The vLLM engine against the HF engine on `device`, float32, the model in `model_dir`: greedy ids and
+    logprobs before and after an AdamW step pushed with `weights_updated`, and sleep/wake. Returns the
+    measurements (a failed check is a False or a large number, not an exception)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agents.engines.registry import HFEngine
+    from agents.engines.vllm_engine import VLLMEngine
+    from agents.training.logprobs import token_logprobs
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    texts = ["Ship the lamp from the north dock.", "Which shelf holds the kettle?", "List every item. " * 40]
+    prompts = [
+        tok.encode(
+            tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )
+        for t in texts
+    ]
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
+    t0 = time.perf_counter()
+    engine = VLLMEngine(model, 2, enforce_eager=True)
+    build_s = time.perf_counter() - t0
+    hf = HFEngine(model, 2, kv_cache=False)
+    kw = dict(max_new_tokens=new_tokens, temperature=0.0, stop_ids=[])
+
+    def compare() -> tuple[bool, float]:
+        a, b = engine.generate(prompts, **kw), hf.generate(prompts, **kw)
+        same = all(x.token_ids == y.token_ids for x, y in zip(a, b))
+        diff = max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.logprobs, y.logprobs))
+        return same, diff
+
+    same_before, diff_before = compare()
+    target = torch.tensor([prompts[0] + prompts[1]], device=device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+    (-token_logprobs(model, target, torch.ones_like(target)).sum()).backward()
+    optimizer.step()
+    model.eval()
+    t0 = time.perf_counter()
+    engine.weights_updated()
+    sync_s = time.perf_counter() - t0
+    same_after, diff_after = compare()
+    out = engine.generate(prompts, **kw)
+    free_awake = torch.cuda.mem_get_info()[0] if device.startswith("cuda") else 0
+    engine.sleep()
+    freed_gib = (torch.cuda.mem_get_info()[0] - free_awake) / 2**30 if device.startswith("cuda") else 0.0
+    woken = engine.generate(prompts, **kw)  # wakes it
+    return {
+        "setting": f"vllm engine check, {device} float32",
+        "build_s": build_s,
+        "greedy_ids_equal": same_before,
+        "max_abs_logprob_diff": diff_before,
+        "greedy_ids_equal_after_step_and_sync": same_after,
+        "max_abs_logprob_diff_after_sync": diff_after,
+        "sync_s": sync_s,
+        "sleep_available": engine.sleep_between_updates,
+        "sleep_freed_gib": freed_gib,
+        "same_output_after_wake": [g.token_ids for g in woken] == [g.token_ids for g in out],
+    }
 
 
 def run_setting(
@@ -171,15 +240,25 @@ def main(argv=None) -> int:
     settings += [("cuda", "bfloat16", "vllm")] if vllm else []
     settings += [("cpu", "float32", "hf")]
     rows = []
+    engine_check: dict | None = None
+    failed: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         model = random_model(Path(tmp) / "smollm2-135m-random")
+        if vllm:
+            try:
+                engine_check = vllm_engine_check(model)
+                print(json.dumps(engine_check), flush=True)
+            except Exception as err:  # report it and keep the other rows
+                failed.append(f"vllm engine check: {type(err).__name__}: {err}")
+                print(failed[-1], flush=True)
         for i, (device, dtype, engine) in enumerate(settings):
             try:
                 rows.append(run_setting(model, device, dtype, args, Path(tmp) / f"run{i}", engine))
-            except Exception as err:  # the experimental vLLM engine has never run: report, keep the other rows
+            except Exception as err:  # a vLLM failure is reported and the HF rows still run
                 if engine != "vllm":
                     raise
-                print(f"vllm setting failed: {type(err).__name__}: {err}", flush=True)
+                failed.append(f"vllm setting: {type(err).__name__}: {err}")
+                print(failed[-1], flush=True)
                 continue
             print(json.dumps(rows[-1]), flush=True)
     print(
@@ -201,10 +280,14 @@ def main(argv=None) -> int:
             f"step {cpu['step_s'] / r['step_s']:.1f}x faster"
         )
     if not vllm:
-        print("vllm is not importable here (or there is no GPU): no vLLM row")
+        print("vllm is not importable here (or there is no GPU): no vLLM rows")
+    if engine_check is not None:
+        print("vLLM engine check: " + ", ".join(f"{k} {v}" for k, v in engine_check.items() if k != "setting"))
+    for line in failed:
+        print(f"FAILED {line}")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
-    return 0
+        args.json.write_text(json.dumps({"rows": rows, "vllm_engine_check": engine_check}, indent=1))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -4,12 +4,19 @@ evaluation with no change to the trainer, and the built-in engines sample alike.
 from __future__ import annotations
 
 import pytest
-import torch
 
 import tests.testing_env  # noqa: F401  (registers the scripted suites)
 from agents.cli import main
 from agents.config import TrainConfig
-from agents.engines.registry import GenerationEngine, HFEngine, make_engine, register_engine, registered_engines
+from agents.engines.registry import (
+    VLLM_MIN_PARAMETERS,
+    GenerationEngine,
+    HFEngine,
+    make_engine,
+    register_engine,
+    registered_engines,
+    resolve_engine,
+)
 from agents.policy import load_policy
 from agents.training.trainer import RoleWiseGRPOTrainer
 
@@ -130,37 +137,26 @@ def test_the_vllm_engine_is_registered_but_imports_vllm_only_when_built():
 
     assert "vllm" in registered_engines()
     if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed here: the GPU test below covers it")
+        pytest.skip("vLLM is installed here: tests/agents/engines/test_vllm_engine.py covers it")
     policy = load_policy("tiny-random")
     with pytest.raises(ImportError, match="--engine vllm needs vLLM"):
         make_engine("vllm", policy.model, policy.pad_id)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM needs a CUDA GPU")
-def test_vllm_engine_records_logprobs_the_trainer_recomputes(tmp_path):
-    """Where vLLM runs: sampled ids with logprobs close to the trainer's recompute, and a weight push."""
-    pytest.importorskip("vllm")
+def test_auto_is_vllm_where_installed_for_models_of_10m_parameters_or_more_else_hf(tmp_path):
+    import importlib.util
+
+    from agents.evaluation.evaluate import EvalConfig
     from agents.models import tiny_random_model
-    from agents.training.logprobs import token_logprobs
+    from agents.policy import Policy
 
-    model = tiny_random_model(seed=0)
-    model.save_pretrained(tmp_path / "tiny")
-    load_policy("tiny-random").tokenizer.save_pretrained(tmp_path / "tiny")
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny").cuda()
-    engine = make_engine("vllm", model, 0, dtype="float32", gpu_memory_utilization=0.2)
-    (gen,) = engine.generate([[1, 2, 3, 4]], max_new_tokens=8, temperature=1.0, stop_ids=[2], seeds=[0])
-    assert len(gen.token_ids) == len(gen.logprobs) >= 1
-    ids = torch.tensor([[1, 2, 3, 4, *gen.token_ids]], device="cuda")
-    lp = token_logprobs(model, ids, torch.ones_like(ids))[0, 4:].float().cpu()
-    assert torch.allclose(lp, torch.tensor(gen.logprobs), atol=1e-2)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    engine.weights_updated()
-    assert engine.weight_version == 1
-    (again,) = engine.generate([[1, 2, 3, 4]], max_new_tokens=1, temperature=1.0, stop_ids=[2], seeds=[0])
-    ids = torch.tensor([[1, 2, 3, 4, again.token_ids[0]]], device="cuda")
-    pushed = token_logprobs(model, ids, torch.ones_like(ids))[0, 4].float().cpu()
-    assert abs(float(pushed) - again.logprobs[0]) < 1e-2  # vLLM now samples from the perturbed weights
+    policy = load_policy("tiny-random", kv_cache=False)
+    small = policy.model  # 3.2M parameters
+    big = tiny_random_model(hidden_size=256, num_attention_heads=4, num_key_value_heads=2)  # 12.6M in the embedding
+    assert sum(p.numel() for p in small.parameters()) < VLLM_MIN_PARAMETERS <= sum(p.numel() for p in big.parameters())
+    assert resolve_engine("auto", small) == "hf"
+    assert resolve_engine("auto", big) == ("vllm" if importlib.util.find_spec("vllm") is not None else "hf")
+    assert resolve_engine("hf-nocache", big) == "hf-nocache"
+    # "auto" on the HF engine keeps the policy's cache setting
+    assert Policy(small, policy.tokenizer, kv_cache=False, engine="auto").engine.kv_cache is None
+    assert TrainConfig(run_dir=str(tmp_path)).engine == EvalConfig().engine == "auto"
