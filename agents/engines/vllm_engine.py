@@ -101,6 +101,7 @@ class VLLMEngine:
         seed: vLLM's seed for rows sampled without a seed of their own.
 
     Attributes:
+        max_model_len: the longest context plus generation a request may have, in tokens.
         stats: running totals over `generate` calls: ``calls``, ``prompt_tokens`` (context ids given),
             ``cached_prompt_tokens`` (of those, the ones vLLM's prefix cache served, not recomputed) and
             ``generated_tokens``.
@@ -184,6 +185,7 @@ class VLLMEngine:
         finally:
             torch.set_num_threads = set_num_threads
         _Engines.add(self)
+        self.max_model_len = int(self.llm.llm_engine.vllm_config.model_config.max_model_len)
         self._push_weights()
 
     def generate(
@@ -202,7 +204,8 @@ class VLLMEngine:
 
         Raises:
             ValueError: an empty context, ``max_new_tokens < 1``, a negative temperature, ``len(seeds) != B``
-                (the HF engine's checks), or a context longer than the engine's ``max_model_len``.
+                (the HF engine's checks), or a context of ``max_model_len`` tokens or more. A row that reaches
+                ``max_model_len`` ends there, with fewer than ``max_new_tokens`` ids and ``stopped`` False.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -215,6 +218,13 @@ class VLLMEngine:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        longest = max(len(c) for c in contexts)
+        if longest >= self.max_model_len:
+            raise ValueError(
+                f"a context of {longest} tokens does not fit vLLM's max_model_len={self.max_model_len} (the model's "
+                "context limit unless the engine was given one): shorten the episode (--max-episode-tokens) or use "
+                "--engine hf"
+            )
         row_seeds = list(seeds) if seeds is not None else [None] * len(contexts)
         if len(row_seeds) != len(contexts):
             raise ValueError(f"{len(row_seeds)} seeds for {len(contexts)} contexts")

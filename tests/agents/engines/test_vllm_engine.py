@@ -108,7 +108,7 @@ def test_rows_stop_on_the_given_ids_only():
         engine.generate(context, max_new_tokens=5, temperature=1.0, stop_ids=[], seeds=[1, 2])
 
 
-def test_seeded_rows_whose_prompts_exceed_one_engine_step_are_all_sampled():
+def test_seeded_rows_whose_prompts_exceed_one_engine_step_are_all_sampled_and_the_context_limit_binds():
     """More prompt tokens than one vLLM step takes (4096 with a 1024-token context limit): vLLM schedules them
     over several steps. Splitting a seeded row's prompt there would rewind its CPU generator, which CPU generators
     cannot do; the engine keeps every prompt whole, and the rows stay reproducible from their seeds."""
@@ -118,6 +118,12 @@ def test_seeded_rows_whose_prompts_exceed_one_engine_step_are_all_sampled():
     gens = engine.generate(contexts, seeds=list(range(16)), **kw)
     assert [len(g.token_ids) for g in gens] == [4] * 16
     assert engine.generate(contexts[5:6], seeds=[5], **kw)[0].token_ids == gens[5].token_ids
+    # the context limit binds: a longer context is refused, a row that reaches it ends there
+    assert engine.max_model_len == 1024
+    with pytest.raises(ValueError, match="max_model_len=1024"):
+        engine.generate([[1] * 1100], max_new_tokens=4, temperature=0.0, stop_ids=[])
+    (cut,) = engine.generate([[1] * 1020], max_new_tokens=8, temperature=0.0, stop_ids=[])
+    assert len(cut.token_ids) == 4 and not cut.stopped
 
 
 def test_a_context_that_extends_the_last_one_reads_its_prefix_from_the_cache_until_the_weights_change():
