@@ -180,55 +180,34 @@ def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
     return lines
 
 
-def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
-    """The test-time rehearsal section (`benchmarks.experiments.lab_ttr`): its printed table and its plot."""
-    from benchmarks.experiments.result_tables import ttr_table as table
-
-    lines = [
-        "## Test-time rehearsal on the lab",
-        "",
-        f"`{current_command(result['command'])}`{_date(result)}",
-        "",
-        "```",
-        *table(result),
-        "```",
-    ]
-    for png in sorted(folder.glob("*.png")):
+def _table_section(title: str, table: list[str], result: dict[str, Any], folder: Path, plots: bool) -> list[str]:
+    """A section of a printed table under its command and date, with the folder's PNGs below it when `plots`."""
+    lines = [f"## {title}", "", f"`{current_command(result['command'])}`{_date(result)}", "", "```", *table, "```"]
+    for png in sorted(folder.glob("*.png")) if plots else []:
         lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
     return lines
+
+
+def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
+    """The test-time rehearsal section (`benchmarks.experiments.lab_ttr`): its printed table and its plot."""
+    from benchmarks.experiments.result_tables import ttr_table
+
+    return _table_section("Test-time rehearsal on the lab", ttr_table(result), result, folder, plots=True)
 
 
 def render_rehearsal_rl(result: dict[str, Any], folder: Path) -> list[str]:
     """The rehearsal-aware RL section (`benchmarks.experiments.lab_rehearsal_rl`): its printed table."""
-    from benchmarks.experiments.result_tables import rehearsal_rl_table as table
+    from benchmarks.experiments.result_tables import rehearsal_rl_table
 
-    return [
-        "## Rehearsal-aware RL on the lab",
-        "",
-        f"`{current_command(result['command'])}`{_date(result)}",
-        "",
-        "```",
-        *table(result),
-        "```",
-    ]
+    return _table_section("Rehearsal-aware RL on the lab", rehearsal_rl_table(result), result, folder, plots=False)
 
 
 def render_env_cost(result: dict[str, Any], folder: Path) -> list[str]:
     """The environment-cost section (`benchmarks.experiments.lab_env_cost`): its printed table and its plot."""
-    from benchmarks.experiments.result_tables import env_cost_table as table
+    from benchmarks.experiments.result_tables import env_cost_table
 
-    lines = [
-        "## Environment cost on the lab: what real tool calls in training buy",
-        "",
-        f"`{current_command(result['command'])}`{_date(result)}",
-        "",
-        "```",
-        *table(result),
-        "```",
-    ]
-    for png in sorted(folder.glob("*.png")):
-        lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
-    return lines
+    title = "Environment cost on the lab: what real tool calls in training buy"
+    return _table_section(title, env_cost_table(result), result, folder, plots=True)
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
