@@ -49,13 +49,13 @@ alone): the same reference solution with one mistaken call played right before o
 reference call, in the same `demonstration_env` (the real backend answers it). The suite proposes the
 mistakes (``Suite.mutations(task, calls, rng) -> [(position, ToolCall)]``, `calls` the reference calls
 flattened over the turns; the lab: a move onto a shelf that is full at that point, a ship of a label no
-box has, a call naming an unknown item); ``k`` of them are drawn with ``random.Random(f"{seed}/{task.id}")``,
+box has, a call naming an unknown item, the last move or ship made again); ``k`` of them are drawn with ``random.Random(f"{seed}/{task.id}")``,
 which also seeds the suite's draws, so a seed gives the same demonstrations. The real backend decides what
 each one is (its snapshot before and after the call):
 
 * the output is not an error (`wrappers.fidelity.is_error_output`): not a mistake; skipped and counted
   (`DemoStats.skipped_mutation`), as is a call at which the episode ends.
-* an error and the state unchanged (a wrong label, an unknown item): the demonstration goes on with the
+* an error and the state unchanged (a wrong label, an unknown item, a repeated call): the demonstration goes on with the
   reference call it preceded and ends as the reference one does. Its verifier reward is kept, not required
   to be 1.0 (the lab's verifier gives 0: a failed call counts against an episode).
 * an error and the state changed (an item broke): nothing can undo it, so the demonstration ends right after

@@ -147,6 +147,9 @@ class LabSuite:
         * before ``ship(box, dock)``: ``ship`` of a label that no packed box has (a neighbouring position or
           packing count under the hidden rules, the stated rules' ``box-<n>``, or the other way round), so it
           differs from the real label and cannot ship another box: fails, changes nothing.
+        * right after a ``move`` or a ``ship`` (before the next reference call): the same call again, as a policy
+          that lost track of what it did makes it: the item is already on that shelf, the box already shipped.
+          Fails, changes nothing.
 
         Args:
             task: a task of this suite.
@@ -160,6 +163,8 @@ class LabSuite:
         out: list[tuple[int, ToolCall]] = []
         for p, call in enumerate(calls):
             state = backend.state
+            if p and calls[p - 1].name in ("move", "ship"):
+                out.append((p, calls[p - 1]))
             item = call.arguments.get("item")
             here = state.shelf_of(item) if isinstance(item, str) else None
             if here is not None:

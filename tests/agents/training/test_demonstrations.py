@@ -176,8 +176,8 @@ def test_jsonl_malformed_line_raises(tmp_path):
 
 
 # --------------------------------------------------------------------------------------- error demonstrations
-# relocate_1: a move onto a full shelf (breaks) and an unknown item; ship_two_0: unknown items and wrong labels;
-# make_room_0: moves onto full shelves. mutations=10 takes every mistake the suite proposes.
+# relocate_1: a move onto a full shelf (breaks) and an unknown item; ship_two_0: unknown items, wrong labels and a
+# repeated ship; make_room_0: moves onto full shelves and repeated moves. mutations=10 takes every mistake the suite proposes.
 ERROR_TASKS = ["relocate_1", "ship_two_0", "make_room_0"]
 
 
@@ -233,7 +233,10 @@ def test_error_demos_hold_the_real_backends_error_output_and_train_it_but_not_th
         assert m["breaks"] == (backend.snapshot() != before)
         # the mistaken message: one segment, relabelled PROMPT; its tokens carry no loss
         spans = _spans(demo)
-        (k,) = [i for i, (_, _, _, s) in enumerate(spans) if s.text == format_tool_calls([call], "hermes")]
+        matching = [i for i, (_, _, _, s) in enumerate(spans) if s.text == format_tool_calls([call], "hermes")]
+        repeat = m["position"] > 0 and call == ToolCall.from_openai(reference[m["position"] - 1])
+        assert len(matching) == 1 + repeat  # a repeated call follows the reference call it repeats
+        k = matching[-1]
         role, a, b, seg = spans[k]
         assert role == Role.PROMPT and seg.token_ids[-1] == stop and seg.logprobs is None
         assert set(role_mask[row, a:b].tolist()) == {int(Role.PROMPT)} and float(weights[row, a:b].sum()) == 0.0
@@ -269,14 +272,17 @@ def test_a_broken_item_ends_its_demonstration_after_the_error_and_a_failed_call_
         assert demo.segments[last].role == Role.REHEARSE and not demo.terminated
         mistaken = [i for i, s in enumerate(demo.segments) if s.role == Role.PROMPT][-1]
         assert all(s.role != Role.ACT for s in demo.segments[mistaken:])
-    labels = 0
+    labels = repeats = 0
     for demo in going_on:
         m = demo.task.metadata["mutation"]
         call = ToolCall.from_openai(m["call"])
         reference = [ToolCall.from_openai(c) for turn in demo.task.metadata["reference"] for c in turn]
         right = reference[m["position"]]
         backend, _ = _replay(demo.task, reference[: m["position"]])
-        if call.name == "ship":
+        if m["position"] and call == reference[m["position"] - 1]:
+            repeats += 1  # the last call again: the item is already there, the box already shipped
+            assert "already" in m["output"]
+        elif call.name == "ship":
             labels += 1
             assert right.name == "ship" and call.arguments["box"] != right.arguments["box"]
             assert right.arguments["box"] in backend.state.boxes and call.arguments["box"] not in backend.state.boxes
@@ -291,7 +297,7 @@ def test_a_broken_item_ends_its_demonstration_after_the_error_and_a_failed_call_
         assert demo.terminated
         result = LabSuite().verify(demo)  # replays the messages' calls, the mistaken one included
         assert result.details["state_matches"] and result.details["failed_calls"] == 1 and result.reward == 0.0
-    assert labels >= 2
+    assert labels >= 2 and repeats >= 2
 
 
 def test_reference_demos_are_unchanged_by_mutations_and_draws_follow_the_seed(lab_error_demos, smol_tokenizer):

@@ -1,6 +1,6 @@
 """`LabSuite.mutations`: every mistake it proposes, played on a fresh real backend at its position of the
-reference solution, fails; a move onto a full shelf breaks the item (the state changes), the others change
-nothing; the draws follow the rng."""
+reference solution, fails; a move onto a full shelf breaks the item (the state changes), the others (an unknown
+item, a wrong label, a repeated move or ship) change nothing; the draws follow the rng."""
 
 from __future__ import annotations
 
@@ -30,14 +30,19 @@ def test_every_proposed_mistake_fails_on_the_real_backend_where_it_is_played(nam
                 backend.execute(c)
             state, before = backend.state, backend.snapshot()
             right = calls[position]
-            breaking = call.name == "move" and state.shelf_of(call.arguments["item"]) is not None
+            repeat = position > 0 and call == calls[position - 1]
+            breaking = not repeat and call.name == "move" and state.shelf_of(call.arguments["item"]) is not None
             if breaking:  # onto another shelf, full at this point
                 shelf = call.arguments["shelf"]
                 assert len(state.shelves[shelf]) >= state.capacity_of(shelf)
                 assert state.shelf_of(call.arguments["item"]) != shelf
             output = backend.execute(call)
             assert json.loads(output).keys() == {"error"}, (task.id, call, output)
-            if breaking:
+            if repeat:  # the item is already there, the box already shipped
+                kinds["repeat"] += 1
+                assert call.name in ("move", "ship") and backend.snapshot() == before
+                assert "already" in json.loads(output)["error"]
+            elif breaking:
                 kinds["breaks"] += 1
                 assert backend.state.broken[-1] == call.arguments["item"] and backend.snapshot() != before
             elif call.name == "ship":
@@ -48,7 +53,7 @@ def test_every_proposed_mistake_fails_on_the_real_backend_where_it_is_played(nam
                 kinds["unknown item"] += 1
                 assert call.name == right.name and call.arguments["item"] != right.arguments["item"]
                 assert backend.snapshot() == before
-    assert kinds["breaks"] > 10 and kinds["label"] > 10 and kinds["unknown item"] > 10, kinds
+    assert kinds["breaks"] > 10 and kinds["label"] > 10 and kinds["unknown item"] > 10 and kinds["repeat"] > 10, kinds
 
 
 def test_a_ship_task_without_a_full_shelf_proposes_no_break_and_a_look_proposes_nothing():
@@ -61,7 +66,8 @@ def test_a_ship_task_without_a_full_shelf_proposes_no_break_and_a_look_proposes_
     )
     calls = [c for turn in suite.ground_truth(task) for c in turn]
     proposed = suite.mutations(task, calls, random.Random(0))
-    # no shelf is full: no move that breaks; the label mistake sits before the ship, the unknown item before pack
+    # no shelf is full: no move that breaks; the unknown item sits before pack, the label mistake before the ship;
+    # the ship is the last call, so nothing repeats it
     assert [(p, c.name) for p, c in proposed] == [(0, "pack"), (1, "ship")]
     assert proposed[0][1].arguments["item"] != calls[0].arguments["item"]
     assert suite.mutations(task, [ToolCall("list_shelf", {"shelf": "A"})], random.Random(0)) == []
