@@ -2,7 +2,7 @@
 
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``,
-``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``, ``lab_env_cost``) and renders every stored result into
+``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``, ``lab_env_cost``, ``engines_equal_work``) and renders every stored result into
 ``docs/results.md``; with no folder given it only re-renders. Numbers appear in the page only as this command
 writes them: edit a script or rerun it, never the page.
 
@@ -210,6 +210,35 @@ def render_env_cost(result: dict[str, Any], folder: Path) -> list[str]:
     return _table_section(title, env_cost_table(result), result, folder, plots=True)
 
 
+def render_engines(result: dict[str, Any], folder: Path) -> list[str]:
+    """The equal-work engine benchmark (`benchmarks.perf.engines_equal_work`): one row per workload and B."""
+    settings = result["settings"]
+    lines = [
+        "## The HF and vLLM engines on equal work",
+        "",
+        f"`{current_command(result['command'])}`{_date(result)}",
+        "",
+        f"The first ACT call of B rollouts (K = {settings['k']} rows per task prompt), {settings['new']} new "
+        "tokens per row with EOS ignored, from empty caches, fp32, "
+        f"{settings['threads']} torch thread(s) on {settings['cpus']} CPUs. tok/s: B × new tokens over the whole "
+        f"call (prefill included); ms/step: one decode step, (t(new) − t(1)) / (new − 1). Medians of "
+        f"{settings['repeats']} rounds after an untimed one, the engines interleaved. load: the machine's "
+        "1-minute load average before the workload and after the row (other jobs slow both engines).",
+        "",
+        "| workload (model, prompt tokens) | B | HF tok/s | HF ms/step | vLLM tok/s | vLLM ms/step | vLLM / HF tok/s "
+        "| load |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in result["rows"]:
+        hf, vllm = r["hf"], r["vllm"]
+        lines.append(
+            f"| {r['workload']} ({r['model']}, {r['prompt_tokens']:.0f}) | {r['batch']} | {hf['tokens_per_s']:.0f} "
+            f"| {hf['ms_per_step']:.1f} | {vllm['tokens_per_s']:.0f} | {vllm['ms_per_step']:.1f} "
+            f"| {vllm['tokens_per_s'] / hf['tokens_per_s']:.2f}x | {r['load_before']:.1f} → {r['load_after']:.1f} |"
+        )
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_tiny_sft": render_tiny_sft,
     "lab_ablations": render_ablations,
@@ -217,6 +246,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_ttr": render_ttr,
     "lab_rehearsal_rl": render_rehearsal_rl,
     "lab_env_cost": render_env_cost,
+    "engines_equal_work": render_engines,
 }
 """Section renderers by kind, in page order."""
 

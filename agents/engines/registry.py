@@ -204,10 +204,9 @@ class HFGenerateEngine:
 
 VLLM_MIN_PARAMETERS = 10_000_000
 """The model size from which ``"auto"`` picks vLLM (where installed) over the HF engine. Measured on 2 CPU cores
-(`benchmarks.perf.engines_equal_work`, docs/guides/engines.md): on lab-tiny (0.9M parameters) the HF engine's
+(`benchmarks.perf.engines_equal_work`, rendered on docs/results.md): on lab-tiny (0.9M parameters) the HF engine's
 decode step is faster at B = 8 to 128 (vLLM's fixed cost per step dominates); on SmolLM2-135M, on BFCL prompts and on
-the lab vocabulary (smollm2-lab), vLLM's decode step is 1.2-1.7x faster. The threshold lies between the two sizes
-measured."""
+the lab vocabulary (smollm2-lab), vLLM's decode step is faster. The threshold lies between the two sizes measured."""
 
 
 def resolve_engine(name: str, model: torch.nn.Module) -> str:

@@ -22,19 +22,23 @@ Per workload and B (``--batches``) it prints, for each engine: tokens/s (``B × 
 and ms per decode step (``(t(new) - t(1)) / (new - 1)``: the prefill and one-off costs cancel), each the median
 of ``--repeats`` rounds after an untimed one, the two engines interleaved within a round (this machine's speed
 drifts); then vLLM's speed-up. Both engines run in this process with ``--threads`` torch threads; models are
-fp32. The load average is printed before and after.
+fp32. The load average is printed before and after each workload (a shared machine's other jobs slow both
+engines, and more threads than free cores slow them unevenly).
 
-Run it in the vLLM environment (``make venv-vllm``)::
+With ``--out DIR`` it writes ``DIR/results.json`` (kind ``engines_equal_work``), which ``python -m
+benchmarks.results DIR`` renders into the results page. Run it in the vLLM environment (``make venv-vllm``)::
 
-    OMP_NUM_THREADS=2 .venv-vllm/bin/python -m benchmarks.perf.engines_equal_work --json runs/engines.json
+    .venv-vllm/bin/python -m benchmarks.perf.engines_equal_work --out runs/engines_equal_work
     .venv-vllm/bin/python -m benchmarks.perf.engines_equal_work --workloads lab-tiny --batches 8 --repeats 1
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import shlex
 import statistics
 import time
 from collections.abc import Callable
@@ -117,17 +121,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--k", type=int, default=8, help="samples per task (rows sharing a prompt)")
     ap.add_argument("--new", type=int, default=64, help="tokens generated per row")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (median)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (both engines)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (both engines)")
     ap.add_argument("--kv-cache-gib", type=float, default=4.0, help="vLLM's KV cache")
-    ap.add_argument("--json", default=None, help="also write the rows to this file")
+    ap.add_argument("--out", default=None, help="write results.json here (for python -m benchmarks.results)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     store = default_store()
-    load = os.getloadavg()
-    print(
-        f"new {args.new} tokens per row, K = {args.k} rows per prompt, {args.threads} torch threads, fp32, "
-        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)"
-    )
+    print(f"new {args.new} tokens per row, K = {args.k} rows per prompt, {args.threads} torch threads, fp32")
     head = (
         f"{'workload':<12} {'B':>4} {'prompt':>6} | {'HF tok/s':>9} {'HF ms/step':>10} | "
         f"{'vLLM tok/s':>10} {'vLLM ms/step':>12} | {'vLLM / HF':>9}"
@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
     print("-" * len(head))
     rows = []
     for workload in args.workloads:
+        load_before = os.getloadavg()[0]
+        print(f"load average {load_before:.2f} ({os.cpu_count()} CPUs)", flush=True)
         suite, categories, model_name = WORKLOADS[workload]
         model = store.model(model_name).eval()
         pad = store.tokenizer(model_name).pad_token_id or 0
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
             contexts = [c for c in groups[: max(1, b // args.k)] for _ in range(args.k)][:b]
             m = measure({"hf": hf, "vllm": vllm}, contexts, args.new, args.repeats)
             mean_prompt = statistics.mean(len(c) for c in contexts)
-            rows.append(dict(workload=workload, model=model_name, batch=b, prompt_tokens=mean_prompt, **m))
+            row = dict(workload=workload, model=model_name, batch=b, prompt_tokens=mean_prompt, **m)
+            rows.append(row | {"load_before": load_before, "load_after": os.getloadavg()[0]})
             print(
                 f"{workload:<12} {b:>4} {mean_prompt:>6.0f} | {m['hf']['tokens_per_s']:>9.0f} "
                 f"{m['hf']['ms_per_step']:>10.1f} | {m['vllm']['tokens_per_s']:>10.0f} "
@@ -156,13 +159,23 @@ def main(argv: list[str] | None = None) -> dict:
                 flush=True,
             )
         del hf, vllm, model
-    load = os.getloadavg()
-    print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
-    return {"rows": rows}
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    result = {
+        "kind": "engines_equal_work",
+        "command": ("python -m benchmarks.perf.engines_equal_work " + shlex.join(argv or [])).strip(),
+        "date": datetime.date.today().isoformat(),
+        "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"cpus": os.cpu_count()},
+        "rows": rows,
+    }
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {os.path.join(args.out, 'results.json')}")
+    return result
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

@@ -96,3 +96,37 @@ def test_a_command_recorded_before_the_scripts_moved_is_shown_as_it_runs_now(tmp
     (store / "lab_tiny_sft" / "results.json").write_text(json.dumps(old))
     page = results.render(store, tmp_path / "results.md").read_text()
     assert "`python -m benchmarks.experiments.lab_tiny_sft --seeds 0 1 2`" in page and "benchmarks.lab." not in page
+
+
+def test_the_engine_benchmark_is_rendered_one_row_per_workload_and_batch(tmp_path):
+    rng = random.Random(3)
+
+    def engine() -> dict:
+        return {"tokens_per_s": rng.uniform(50, 9000), "ms_per_step": rng.uniform(1, 800), "call_s": 1.0}
+
+    rows = [
+        {"workload": w, "model": m, "batch": b, "prompt_tokens": rng.uniform(40, 300), "hf": engine(),
+         "vllm": engine(), "load_before": rng.uniform(0, 4), "load_after": rng.uniform(0, 4)}
+        for w, m in (("lab-tiny", "lab-tiny"), ("bfcl", "smollm2-135m")) for b in (8, 32)
+    ]  # fmt: skip
+    data = {
+        "kind": "engines_equal_work",
+        "command": "python -m benchmarks.perf.engines_equal_work --out runs/e",
+        "date": "2026-12-05",
+        "settings": {"k": 8, "new": 64, "threads": 1, "repeats": 3, "cpus": 2},
+        "rows": rows,
+    }
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(data))
+    store = tmp_path / "docs" / "results"
+    assert results.store(run, store) == store / "engines_equal_work"
+    page = results.render(store, tmp_path / "results.md").read_text()
+    assert data["command"] in page and "1 torch thread(s) on 2 CPUs" in page
+    for r in rows:
+        ratio = r["vllm"]["tokens_per_s"] / r["hf"]["tokens_per_s"]
+        assert (
+            f"| {r['workload']} ({r['model']}, {r['prompt_tokens']:.0f}) | {r['batch']} | {r['hf']['tokens_per_s']:.0f} "
+            f"| {r['hf']['ms_per_step']:.1f} | {r['vllm']['tokens_per_s']:.0f} | {r['vllm']['ms_per_step']:.1f} "
+            f"| {ratio:.2f}x |" in page
+        )

@@ -193,3 +193,21 @@ def test_envace_train_on_the_lab_with_engine_vllm(tmp_path, policy):
     for m in metrics:
         assert m["rollout/generated_tokens"] > 0 and m["train/skipped_update"] == 0.0
         assert 0.0 <= m["train/logprob_mismatch"] < LOGPROB_ATOL
+
+
+def test_the_equal_work_benchmark_runs_both_engines_and_its_result_is_rendered(tmp_path):
+    """`benchmarks.perf.engines_equal_work` on lab-tiny: both engines generate exactly `--new` tokens per row (the
+    script raises otherwise), and its results.json is stored and rendered by `benchmarks.results`."""
+    from benchmarks import results
+    from benchmarks.perf import engines_equal_work
+
+    out = tmp_path / "run"
+    args = ["--workloads", "lab-tiny", "--batches", "8", "--new", "4", "--repeats", "1", "--out", str(out)]
+    result = engines_equal_work.main(args)
+    (row,) = result["rows"]
+    assert row["batch"] == 8 and row["model"] == LAB_TINY_MODEL
+    assert row["hf"]["tokens_per_s"] > 0 and row["vllm"]["tokens_per_s"] > 0
+    store = tmp_path / "docs" / "results"
+    results.store(out, store)
+    page = results.render(store, tmp_path / "results.md").read_text()
+    assert f"| lab-tiny ({LAB_TINY_MODEL}, {row['prompt_tokens']:.0f}) | 8 | {row['hf']['tokens_per_s']:.0f} |" in page
