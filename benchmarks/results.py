@@ -2,9 +2,9 @@
 
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``,
-``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``, ``lab_env_cost``, ``engines_equal_work``) and renders every stored result into
-``docs/results.md``; with no folder given it only re-renders. Numbers appear in the page only as this command
-writes them: edit a script or rerun it, never the page.
+``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``, ``lab_env_cost``, ``engines_equal_work``) and renders
+every stored result into ``docs/results.md``; with no folder given it only re-renders. Numbers appear in the
+page only as this command writes them: edit a script or rerun it, never the page.
 
     python -m benchmarks.results runs/lab_tiny_sft runs/lab_ablations   # store these runs' results and render
     python -m benchmarks.results                                        # render what docs/results/ holds

@@ -49,7 +49,8 @@ alone): the same reference solution with one mistaken call played right before o
 reference call, in the same `demonstration_env` (the real backend answers it). The suite proposes the
 mistakes (``Suite.mutations(task, calls, rng) -> [(position, ToolCall)]``, `calls` the reference calls
 flattened over the turns; the lab: a move onto a shelf that is full at that point, a ship of a label no
-box has, a call naming an unknown item, the last move or ship made again); ``k`` of them are drawn with ``random.Random(f"{seed}/{task.id}")``,
+box has, a call naming an unknown item, the last move or ship made again); ``k`` of them are drawn with
+``random.Random(f"{seed}/{task.id}")``,
 which also seeds the suite's draws, so a seed gives the same demonstrations. The real backend decides what
 each one is (its snapshot before and after the call):
 

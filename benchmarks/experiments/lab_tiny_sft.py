@@ -4,9 +4,11 @@ For each initialisation seed: build `lab-tiny` (`benchmarks.lab.lab_tiny.build_l
 by SFT on real executions of the train stream's reference solutions (`agents.training.sft.SFTTrainer`; both roles,
 optionally the leading prompt and error demonstrations), then score it greedily on the fixed test split on
 the real backend (`agents.evaluation.evaluate`), and measure which values it copies (`token_kind_accuracy` on test
-demonstrations: items, docks, shelf letters). Prints per seed the SFT wall seconds, test success per family
-and the copy accuracies, then their means over seeds (success with a 95% t-interval, seeds as the unit), and
-writes ``results.json``.
+demonstrations: items, docks, shelf letters); with ``--fidelity-limit N`` also its rehearsal fidelity (exact match
+of the REHEARSE role's outputs against the real backend's on the first N test tasks per family, separately on
+ordinary and on error outputs: what error demonstrations should change). Prints per seed the SFT wall seconds,
+test success per family and the copy accuracies, then their means over seeds (success with a 95% t-interval,
+seeds as the unit), and writes ``results.json``.
 
     python -m benchmarks.experiments.lab_tiny_sft --out runs/lab_tiny_sft     # 5 seeds, the defaults
     python -m benchmarks.experiments.lab_tiny_sft --seeds 0 --steps 2 --rows 4 --limit 1 --categories ship \\
@@ -77,6 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="LabTinySizes.mimetic_init (false: Transformers' normal initialisation)",
     )
     ap.add_argument("--limit", type=int, default=100, help="test tasks per family (100: the whole test split)")
+    ap.add_argument(
+        "--fidelity-limit",
+        type=int,
+        default=0,
+        help="rehearsal fidelity on the first N test tasks per family, ordinary and error outputs (0: off)",
+    )
     ap.add_argument("--categories", nargs="+", default=None, help="families to train and score (none: all six)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -191,6 +199,32 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
         log=lambda *a, **k: None,
         progress=False,
     )
+    fidelity = None
+    if args.fidelity_limit:
+        from agents.evaluation.evaluate import fidelity_tables
+
+        rehearsed = evaluate(
+            EvalConfig(
+                model=trained,
+                suite="lab",
+                categories=args.categories,
+                split="test",
+                limit=args.fidelity_limit,
+                max_new_tokens=EVAL_MAX_NEW_TOKENS,
+                max_steps_per_turn=EVAL_MAX_STEPS_PER_TURN,
+                temperature=0.0,
+                fidelity=True,
+                out=str(folder / "fidelity"),
+                overwrite=True,
+            ),
+            models=store,
+            log=lambda *a, **k: None,
+            progress=False,
+        )
+        fidelity = {
+            row["group"]: {"calls": row["n_calls"], "exact_match": row["exact_match"] if row["n_calls"] else None}
+            for row in fidelity_tables(rehearsed.fidelity_calls)["output"]
+        }
     last = history[-1] if history else {}
     tokenizer = store.tokenizer(trained)
     probed = [f"{c}_test{i}" for c in args.categories or HIDDEN_CATEGORIES for i in range(0, args.limit, PROBE_EVERY)]
@@ -206,6 +240,8 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
         "teacher_forced": copies,
         "test_tasks": result.summary[-1]["n_tasks"],
     }
+    if fidelity is not None:
+        report["fidelity"] = fidelity
     done.write_text(json.dumps(report, indent=1))
     log(
         f"[tiny-sft] seed {seed}: SFT {sft_s:.0f} s (steps {train_s:.0f} s), success "
@@ -221,7 +257,9 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     out = Path(args.out)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "seeds", "threads")}
+    # a run without fidelity keeps the settings it had before the option existed, so it still resumes
+    skip = ("out", "seeds", "threads") + (() if args.fidelity_limit else ("fidelity_limit",))
+    settings = {k: v for k, v in vars(args).items() if k not in skip}
     saved = out / "settings.json"
     if saved.is_file() and json.loads(saved.read_text()) != settings:
         raise SystemExit(f"{out} holds a run with other settings ({saved}); use another --out")
@@ -261,6 +299,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{r['seed']:6d}" + "".join(f"{r['teacher_forced'][role][kind]:14.2f}" for role, kind in kinds))
     copies = {f"{role}/{kind}": mean_ci95([r["teacher_forced"][role][kind] for r in reports]) for role, kind in kinds}
     print(f"{'mean':>6s}" + "".join(f"{copies[f'{role}/{kind}'][0]:14.2f}" for role, kind in kinds))
+    fidelity = {}
+    if args.fidelity_limit:
+        print(f"rehearsal fidelity, exact match, first {args.fidelity_limit} test tasks per family (calls)")
+        for group in ("ordinary", "error"):
+            values = [r["fidelity"][group]["exact_match"] for r in reports]
+            calls = [r["fidelity"][group]["calls"] for r in reports]
+            shown = "".join("   n/a" if v is None else f"{v:6.3f}" for v in values)
+            print(f"{group:>9s} {shown}  (calls {calls})")
+            known = [v for v in values if v is not None]
+            fidelity[group] = dict(zip(("mean", "ci95"), mean_ci95(known))) if known else None
     import datetime
     import shlex
     import sys
@@ -275,9 +323,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "mean": {f: {"mean": m, "ci95": h} for f, (m, h) in summary.items()},
         "teacher_forced_mean": {k: {"mean": m, "ci95": h} for k, (m, h) in copies.items()},
     }
+    if fidelity:
+        result["fidelity_mean"] = fidelity
     (out / "results.json").write_text(json.dumps(result, indent=1))
     return result
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

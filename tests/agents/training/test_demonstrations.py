@@ -177,7 +177,8 @@ def test_jsonl_malformed_line_raises(tmp_path):
 
 # --------------------------------------------------------------------------------------- error demonstrations
 # relocate_1: a move onto a full shelf (breaks) and an unknown item; ship_two_0: unknown items, wrong labels and a
-# repeated ship; make_room_0: moves onto full shelves and repeated moves. mutations=10 takes every mistake the suite proposes.
+# repeated ship; make_room_0: moves onto full shelves and repeated moves. mutations=10 takes every mistake the
+# suite proposes.
 ERROR_TASKS = ["relocate_1", "ship_two_0", "make_room_0"]
 
 
