@@ -72,7 +72,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 def add_eval_parsers(sub: Any) -> None:
     """Add the ``eval`` and ``report`` sub-commands to an argparse sub-parser collection."""
     ev = sub.add_parser(
-        "eval", help="evaluate a policy on real backends (BFCL accuracy), optionally with test-time rehearsal"
+        "eval",
+        help="evaluate a policy on a suite's real backends (success per category), optionally with test-time "
+        "rehearsal or rehearsal fidelity",
     )
     add_dataclass_arguments(ev, EvalConfig)
     ev.add_argument(

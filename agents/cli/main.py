@@ -15,7 +15,7 @@ Subcommands (each has ``--help``; each lives in its own module of `agents.cli`):
   `agents.serving`), e.g. a judge's endpoint.
 * ``envace serve-tools``: the model's REHEARSE role as a stdio MCP server, a world model any MCP client can call
   (`agents.cli.serve_tools`, running `agents.tool_serving`).
-* ``envace demo``: a one-turn smoke run of the default model on a real BFCL task (`agents.cli.demo`).
+* ``envace smoke``: a one-turn smoke run of the default model on a real BFCL task (`agents.cli.smoke`).
 """
 
 from __future__ import annotations
@@ -53,15 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = HintingArgumentParser(prog="envace", description="EnvACE: world rehearsal for agentic RL")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
-    from agents.cli.demo import register_demo_parser
     from agents.cli.eval import add_eval_parsers
     from agents.cli.pipeline import register_pipeline_parser
     from agents.cli.serve import register_serve_parser
     from agents.cli.serve_tools import register_serve_tools_parser
     from agents.cli.sft import register_sft_parser
+    from agents.cli.smoke import register_smoke_parser
     from agents.cli.train import register_train_parser
 
-    register_demo_parser(sub)
+    register_smoke_parser(sub)
     register_train_parser(sub)
     add_eval_parsers(sub)
     register_sft_parser(sub)

