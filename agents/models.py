@@ -18,8 +18,9 @@ Implementation details:
 3. Loaded models, tokenizers and policies are memoised in a `ModelStore` (the cache folder plus what was
    loaded from it) by (resolved name, dtype, device) and shared: code that changes weights (a trainer) must
    ``copy.deepcopy`` a model it wants frozen, or load with ``shared=False``. Every stage takes a store
-   (``models=``); without one it uses `default_store()`, whose cache root is ``~/.cache/envace_gym``. Nothing
-   here reads the process environment: the ``envace`` command line builds the store from ``$ENVACE_CACHE``.
+   (``models=``); without one it uses `default_store()`, whose cache root is ``$ENVACE_CACHE`` where that is
+   set (read when this module is imported), else ``~/.cache/envace_gym``: the command line, scripts and tests
+   share one cache.
 4. `smollm2-lab` (`ensure_lab_model`) is built once from the converted SmolLM2 into
    ``cache_dir()/models/smollm2-lab-<hash>/`` (`lab_model_dir`): its first `LAB_MODEL_LAYERS` decoder layers and final
    norm, and the embedding rows of the tokens the EnvACE-Lab world uses (found by tokenising the stated-rules lab
@@ -125,8 +126,10 @@ SMOLLM2_PAD_TOKEN_ID = 2
 
 
 def default_cache_root() -> Path:
-    """``~/.cache/envace_gym``: the cache root of a store built without one."""
-    return Path.home() / ".cache" / "envace_gym"
+    """The cache root of a store built without one: ``$ENVACE_CACHE`` where it is set and not empty, else
+    ``~/.cache/envace_gym``."""
+    root = os.environ.get("ENVACE_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "envace_gym"
 
 
 class ModelStore:

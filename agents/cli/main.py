@@ -29,11 +29,12 @@ __all__ = ["main", "build_parser"]
 
 
 def _setup_env() -> None:
-    """The command line's reading of the process environment (the library reads none of it).
+    """The command line's reading of the process environment.
 
     ``$ENVACE_CACHE`` (a folder) moves the cache: the default `agents.models.ModelStore` converts and loads
-    models under it, and bfcl-eval writes under ``$ENVACE_CACHE/bfcl`` (bfcl-eval itself reads
-    ``BFCL_PROJECT_ROOT`` when it is imported, so that one variable is how it is told).
+    models under it (`agents.models.default_cache_root`; set again here in case the variable changed after
+    import), and bfcl-eval writes under ``$ENVACE_CACHE/bfcl`` (bfcl-eval itself reads ``BFCL_PROJECT_ROOT``
+    when it is imported, so that one variable is how it is told).
     """
     from agents.models import ModelStore, default_store, set_default_store
 

@@ -2,10 +2,10 @@
 
 bfcl-eval creates result/score/lock folders under ``BFCL_PROJECT_ROOT`` when some of its modules are
 imported (``constants/eval_config.py``), defaulting to a folder inside site-packages, and it has no other
-way to be told. Importing this module sets it, if unset, to ``~/.cache/envace_gym/bfcl`` (the ``envace``
-command line sets it from ``$ENVACE_CACHE`` first). This is the one variable the library writes, because a
-third-party package reads it at import; nothing here reads the environment. Every module of
-`benchmarks.bfcl` imports this one first.
+way to be told. Importing this module sets it, if unset, to ``bfcl/`` under the model cache root
+(`agents.models.default_cache_root`: ``$ENVACE_CACHE`` or ``~/.cache/envace_gym``). This is the one variable
+the library writes, because a third-party package reads it at import. Every module of `benchmarks.bfcl`
+imports this one first.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from pathlib import Path
 
 __all__ = ["bfcl_data_dir"]
 
-os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path.home() / ".cache" / "envace_gym" / "bfcl"))
+os.environ.setdefault(
+    "BFCL_PROJECT_ROOT",
+    str(Path(os.environ.get("ENVACE_CACHE") or Path.home() / ".cache" / "envace_gym").expanduser() / "bfcl"),
+)
 
 
 @cache

@@ -180,3 +180,23 @@ def test_smollm2_converts_once_then_loads_from_cache_and_answers(smol_tokenizer,
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
     answer = smol_tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+def test_envace_cache_moves_the_default_cache_root_of_scripts_and_tests_too(tmp_path):
+    """A store built without a root lives under $ENVACE_CACHE where it is set, in a fresh process as a user's
+    script starts (the default store is built at import), else under ~/.cache/envace_gym."""
+    import os
+    import subprocess
+    import sys
+
+    probe = "from agents.models import cache_dir; print(cache_dir())"
+    env = {k: v for k, v in os.environ.items() if k != "ENVACE_CACHE"}
+    moved = subprocess.run(
+        [sys.executable, "-c", probe], env={**env, "ENVACE_CACHE": str(tmp_path)}, capture_output=True, text=True
+    )
+    assert moved.returncode == 0, moved.stderr
+    assert moved.stdout.strip() == str(tmp_path)
+    home = subprocess.run(
+        [sys.executable, "-c", probe], env={**env, "HOME": str(tmp_path / "home")}, capture_output=True, text=True
+    )
+    assert home.stdout.strip() == str(tmp_path / "home" / ".cache" / "envace_gym")
