@@ -2,7 +2,8 @@
 
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``,
-``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``, ``lab_env_cost``, ``engines_equal_work``) and renders
+``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``, ``lab_env_cost``, ``judge_agreement``,
+``engines_equal_work``) and renders
 every stored result into ``docs/results.md``; with no folder given it only re-renders. Numbers appear in the
 page only as this command writes them: edit a script or rerun it, never the page.
 
@@ -239,6 +240,23 @@ def render_engines(result: dict[str, Any], folder: Path) -> list[str]:
     return lines
 
 
+def render_judge_agreement(result: dict[str, Any], folder: Path) -> list[str]:
+    """The judge-against-verifier section (`benchmarks.experiments.judge_agreement`): its confusion matrix."""
+    from benchmarks.experiments.judge_agreement import format_matrix
+
+    mean = {k: "n/a" if v is None else f"{v:.2f}" for k, v in result["judge_mean_reward"].items()}
+    stats = result["judge_stats"]
+    table = [
+        f"{result['episodes']} {result['suite']} {result['split']} episodes played by {result['policy']!r}, judged by "
+        f"{result['judge']!r} (pass: R >= {result['threshold']}; reply prefix {result['judge_prefix']!r})",
+        format_matrix(result["confusion"]),
+        f"judge mean R: {mean['verifier_pass']} on verifier passes, {mean['verifier_fail']} on verifier fails",
+        f"judge: {stats['prompts']} prompts, {stats['verdicts']} verdicts, {stats['unparseable']} unparseable "
+        f"(scored {result['unparseable_score']}); {result['total_s']} s",
+    ]
+    return _table_section("Judge against verifier on the lab", table, result, folder, plots=False)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_tiny_sft": render_tiny_sft,
     "lab_ablations": render_ablations,
@@ -246,6 +264,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_ttr": render_ttr,
     "lab_rehearsal_rl": render_rehearsal_rl,
     "lab_env_cost": render_env_cost,
+    "judge_agreement": render_judge_agreement,
     "engines_equal_work": render_engines,
 }
 """Section renderers by kind, in page order."""

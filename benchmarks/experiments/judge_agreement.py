@@ -6,8 +6,9 @@ Episodes are played on the real backend by ``--policy``:
 
 * ``reference`` (default): the scripted policy that plays the task's reference solution, with probability
   ``--mistake-rate`` after one mistaken call drawn from `LabSuite.mutations` (a move onto a full shelf that breaks
-  the item, an unknown item, a wrong box label), as `agents.training.demonstrations.error_demonstration` plays it;
-  this gives both classes (a correct episode and a failed one) in known proportions;
+  the item, an unknown item, a wrong box label, the last move or ship repeated), as
+  `agents.training.demonstrations.error_demonstration` plays it; this gives both classes (a correct episode and a
+  failed one) in known proportions;
 * a model name or folder (``lab-tiny``, ``smollm2-lab``, a trained checkpoint's ``model/``): the model acts
   greedily (`agents.policy.Policy.act` in `envace_gym.envs.tool_use.ToolUseEnv`).
 
@@ -25,8 +26,9 @@ judges are weak: the table reports what they do, unparseable verdicts included (
     .venv/bin/python -m benchmarks.experiments.judge_agreement --judge tiny-random --episodes 4   # smoke run
 
 Printed: the confusion matrix (verifier rows, judge columns), agreement, Cohen's kappa, the judge's mean R per
-verifier class, unparseable verdicts and the judge's prompt and cache counts. ``--out FILE.jsonl`` writes one
-record per episode (task, both rewards, the judge's per-item verdicts and replies).
+verifier class, unparseable verdicts and the judge's prompt and cache counts. ``--out DIR`` writes
+``DIR/results.json`` (what is printed; ``python -m benchmarks.results DIR`` renders it into the results page) and
+``DIR/episodes.jsonl``, one record per episode (task, both rewards, the judge's per-item verdicts and replies).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-steps-per-turn", type=int, default=8, help="model policy: ACT messages per user turn")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=None, help="per-episode records (JSONL)")
+    ap.add_argument("--out", default=None, help="folder for results.json and episodes.jsonl")
     args = ap.parse_args(argv)
     if args.episodes < 1 or args.judge_tokens < 1 or not 0 <= args.mistake_rate <= 1:
         ap.error("--episodes and --judge-tokens must be >= 1 and --mistake-rate in [0, 1]")
@@ -241,11 +243,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{s.unparseable} unparseable (scored {args.unparseable_score}); {report['total_s']} s"
     )
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in records))
-        print(f"per-episode records in {args.out}")
+        import datetime
+        import shlex
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        command = "python -m benchmarks.experiments.judge_agreement " + shlex.join(argv or [])
+        stored = {
+            "kind": "judge_agreement",
+            "command": command.strip(),
+            "date": datetime.date.today().isoformat(),
+            "suite": args.suite,
+            "split": args.split,
+            "judge_prefix": args.judge_prefix,
+            "unparseable_score": args.unparseable_score,
+            **report,
+        }
+        (out / "results.json").write_text(json.dumps(stored, indent=1))
+        print(f"results in {out / 'results.json'}, per-episode records in {out / 'episodes.jsonl'}")
     return report
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

@@ -20,10 +20,10 @@ def test_confusion_counts_agreement_and_kappa():
 
 
 def test_the_agreement_of_a_weak_judge_at_tiny_size(tmp_path, capsys):
-    out = tmp_path / "episodes.jsonl"
+    out = tmp_path / "run"
     argv = ["--judge", "tiny-random", "--episodes", "6", "--judge-tokens", "4", "--mistake-rate", "0.5"]
     report = judge_agreement.main([*argv, "--out", str(out)])
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert report["episodes"] == 6 and len(records) == 6
     assert any(r["mistake"] for r in records) and any(not r["mistake"] for r in records)
     for r in records:  # the reference solution passes the verifier; every drawn mistake is a real failure
@@ -35,6 +35,13 @@ def test_the_agreement_of_a_weak_judge_at_tiny_size(tmp_path, capsys):
     assert report["unparseable"] == sum(len(r["items"]) for r in records)
     printed = capsys.readouterr().out
     assert "verifier pass" in printed and "agreement" in printed
+    # the stored result renders on the results page with the printed matrix
+    from benchmarks import results
+
+    store = tmp_path / "docs" / "results"
+    results.store(out, store)
+    page = results.render(store, tmp_path / "results.md").read_text()
+    assert judge_agreement.format_matrix(c) in page and "--mistake-rate 0.5" in page
 
 
 def test_a_model_policy_plays_on_the_real_backend():
