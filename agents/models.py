@@ -371,16 +371,14 @@ def _save_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
 
 def lab_model_dir(cache_root: Path | None = None) -> Path:
     """The `smollm2-lab` cache folder, ``<cache_root>/models/smollm2-lab-<hash>`` (None: `cache_dir()`); the hash
-    covers `LAB_CHAT_TEMPLATE`, `LAB_MODEL_LAYERS`, the default `benchmarks.lab.LabConfig` and the recipe version."""
-    import dataclasses
+    covers `LAB_CHAT_TEMPLATE`, `LAB_MODEL_LAYERS`, the stated-rules `benchmarks.lab.LabConfig` (``to_dict``) and the
+    recipe version."""
     import hashlib
     import json
 
     from benchmarks.lab import LabConfig
 
-    recipe = json.dumps(
-        [_LAB_MODEL_VERSION, LAB_CHAT_TEMPLATE, LAB_MODEL_LAYERS, dataclasses.asdict(LabConfig(rules="stated"))]
-    )
+    recipe = json.dumps([_LAB_MODEL_VERSION, LAB_CHAT_TEMPLATE, LAB_MODEL_LAYERS, LabConfig(rules="stated").to_dict()])
     return (cache_root or cache_dir()) / "models" / f"{LAB_MODEL}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
 
 

@@ -17,7 +17,8 @@ FIDELITY_METRICS = ("exact_match", "json_structure_match", "token_f1")
 
 
 def table(results: dict[str, Any]) -> list[str]:
-    """The printed table: one line per row of `results` (`run`'s), then the fidelity lines."""
+    """The printed table: one line per row of `results` (`run`'s; the told rows, where run, among them), then the
+    notes and the fidelity lines (before and after GRPO: the hidden world's warm start and ``role_grpo``)."""
     done = results.get("seeds_done", results["seeds"])
     progress = "" if done == results["seeds"] else f" (PARTIAL: {done} of {results['seeds']} seeds done)"
     lines = [
@@ -49,6 +50,12 @@ def table(results: dict[str, Any]) -> list[str]:
         "tasks +/-: the test tasks the row solved that role_grpo did not / that role_grpo solved and the row "
         "did not, summed over seeds" + ("; one seed: no interval over seeds (no +-)" if done < 2 else "")
     )
+    if any(row["row"].startswith("told: ") for row in results["rows"]):
+        lines.append(
+            f"told: rows on suite {results.get('told_suite') or 'lab-told'} (the same test tasks, each prompt also "
+            "telling the rules' facts of the task's initial state), from their own warm start; vs role_grpo and "
+            "tasks +/- pair them with the hidden world's role_grpo (same seed, same task ids)"
+        )
     if results.get("fidelity_tasks"):
         lines.append(
             f"fid ord / fid err: rehearsal fidelity, exact match on ordinary / error tool outputs, mean over "

@@ -14,6 +14,13 @@ test task of the hidden-rules world, 100 per family), and its rehearsal fidelity
 | ``per_role`` | two models, each trained on its role (``policy=per_role``) |
 | ``real_rollouts`` | tool calls answered by the real backend during training (``rollout=real``) |
 | ``null_rehearser`` | every tool call answered with the same uninformative text (``rollout=null``): if it matches ``role_grpo``, the world model is not what helps |
+| ``told: warm start``, ``told: <arm>`` | the world: suite ``lab-told``, the same test tasks with the rules' facts of each task's initial state in the prompt (its own warm start, then ``--told-arms``, default ``role_grpo`` and ``grpo``): told against hidden rules measures what a world model is worth |
+
+The told rows (``--told-arms``; when the recipe's suite is the default hidden world, ``lab``) run after the
+hidden-world stages of each seed: one more warm start, shared by them (the recipe with suite ``lab-told``, the
+same SFT settings and seed; stages ``told/warm_start/...``), then each listed arm per seed (``told/<arm>/seed<s>``),
+scored on the same test task ids on the told world's real backend, with fidelity like every row. Their
+"vs role_grpo" and ``tasks +/-`` pair them with the hidden world's ``role_grpo`` (same seed, same task ids).
 
 ``--arms`` also takes the environment-cost arms (none by default): ``hybrid_p<p>`` answers each tool call from the
 real backend with probability p in training (``rollout=hybrid``, p in 0, 0.05, 0.2, 1), ``hybrid_p<p>_wm1`` also
@@ -41,7 +48,7 @@ executed on the real backend to build them); every arm starts from it. Writes ``
 final when it equals ``"seeds"``). Every stage has its own folder and is skipped when run again (an
 interrupted run resumes; GRPO from its newest checkpoint).
 
-    .venv/bin/python -m benchmarks.experiments.lab_ablations --quick       # 2 seeds, 2 GRPO steps, 6 test tasks
+    .venv/bin/python -m benchmarks.experiments.lab_ablations --quick       # 2 seeds, 2 GRPO steps, 6 test tasks, told rows too
     .venv/bin/python -m benchmarks.experiments.lab_ablations               # 10 seeds, the recipe's GRPO budget, 600 test tasks
 
 Nothing here is tuned toward a result: the world, the seeds (0..S-1) and the budgets are the recipe's (or
@@ -82,6 +89,11 @@ ARMS: dict[str, dict[str, Any]] = {**DEFAULT_ARMS, **env_cost_arms()}
 """Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (``role_grpo`` is the recipe): the
 default arms, then the environment-cost arms (`benchmarks.experiments.arms.env_cost_arms`)."""
 
+DEFAULT_TOLD_ARMS = ("role_grpo", "grpo")
+"""The arms run by default on the told world (``--told-arms``): EnvACE and plain GRPO."""
+TOLD_PREFIX = "told/"
+"""The told rows' stage folders and row names start with it (``told/role_grpo/seed0``, ``told: role_grpo``)."""
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -95,6 +107,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=list(DEFAULT_ARMS),
         choices=list(ARMS),
         help="the arms to run (default: the paper's ablations; the hybrid_* arms are the environment-cost arms)",
+    )
+    ap.add_argument(
+        "--told-arms",
+        nargs="*",
+        default=list(DEFAULT_TOLD_ARMS),
+        choices=list(ARMS),
+        help=(
+            "the arms also run on the told world (suite lab-told, from its own warm start), each paired with the "
+            "hidden world's role_grpo (default: role_grpo grpo; the option with no value: none). Only with a "
+            "recipe on the default hidden world, suite lab"
+        ),
     )
     ap.add_argument(
         "--ttr-n",
@@ -149,7 +172,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help=(
             "2 seeds, 2 GRPO steps, 1 test task per category (fidelity too), test-time rehearsal N <= 2 parallel "
-            "only, SB3 10,000 steps"
+            "only, SB3 10,000 steps; the told rows with the same budgets"
         ),
     )
     ap.add_argument("--threads", type=int, default=2)
@@ -181,6 +204,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--seeds, --grpo-steps and every test-time rehearsal N must be >= 1")
     if "role_grpo" not in args.arms:
         ap.error("--arms must include role_grpo: every comparison and the rehearsal rows are made against it")
+    if len(set(args.told_arms)) != len(args.told_arms):
+        ap.error(f"--told-arms lists an arm twice: {args.told_arms}")
     return args
 
 
@@ -211,7 +236,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     from agents.config import load_dataclass
     from agents.models import default_store
-    from agents.pipeline import PipelineConfig, StageRunner, latest_model, sft_stage
+    from agents.pipeline import PipelineConfig, StageRunner
     from envace_gym.suites import make_suite
 
     torch.set_num_threads(args.threads)
@@ -219,28 +244,23 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     recipe = load_dataclass(PipelineConfig, args.recipe, run_dir=str(out), threads=args.threads)
     recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
     steps = args.grpo_steps or recipe.grpo.num_steps
-    suite = make_suite(recipe.suite)
+    make_suite(recipe.suite)  # an unknown suite stops here, before any stage
     models = default_store()
     stages = StageRunner(out, log)
     t_start = time.perf_counter()
 
-    warm_info = stages.stage("warm_start/sft", lambda folder: sft_stage(recipe, folder, models, log))
-    warm = latest_model(out / "warm_start" / "sft")
+    told_name = told_variant(recipe.suite) if args.told_arms else None
+    told_recipe = dataclasses.replace(recipe, suite=told_name) if told_name else None
+    if args.told_arms and told_name is None:
+        log(f"[ablations] no told rows: suite {recipe.suite!r} has no told variant (the default hidden world lab has)")
+    told_warm: dict[str, Any] | None = None
+    told_runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.told_arms} if told_recipe else {}
+    warm_start = shared_warm_start(stages, recipe, models, "", args.fidelity_limit, log)
+    warm = warm_start["model"]
 
     def evaluation(name: str, model: str, **changes: Any) -> dict[str, Any]:
         return evaluate(stages, recipe, models, name, model, **changes)
 
-    def fidelity(name: str, model: str) -> dict[str, Any]:
-        return evaluation(name, model, fidelity=True, limit=args.fidelity_limit) if args.fidelity_limit else {}
-
-    warm_eval = evaluation("warm_start/eval", warm)
-    warm_eval["task_rewards"] = task_rewards(out / "warm_start" / "eval")
-    warm_fid = fidelity("warm_start/fidelity", warm)
-    # the warm start's real calls are the reference solutions of its demonstrations, executed to build them
-    used = set(warm_info["task_ids"])
-    warm_calls = sum(
-        len(turn) for t in suite.tasks(recipe.categories, "train") if t.id in used for turn in suite.ground_truth(t)
-    )
     settings = (
         [("trained", None, "parallel", n) for n in args.ttr_n]
         + [("trained", None, "sequential", n) for n in args.ttr_sequential_n]
@@ -298,8 +318,31 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                     sb3_settings,
                 )["row"]
             )
-        warm_s = stages.timings["warm_start/sft"] + stages.timings["warm_start/eval"]
-        results = _results(args, recipe, steps, warm_eval, warm_fid, (warm_s, warm_calls), runs, rehearsal, sb3)
+        if told_recipe is not None:
+            # after this seed's hidden-world stages: the told world's warm start (once), then its arms
+            if told_warm is None:
+                told_warm = shared_warm_start(stages, told_recipe, models, TOLD_PREFIX, args.fidelity_limit, log)
+                if set(told_warm["eval"]["task_rewards"]) != set(warm_start["eval"]["task_rewards"]):
+                    raise RuntimeError(
+                        f"{told_name} was evaluated on other test tasks than {recipe.suite}; its rows are paired "
+                        f"with {recipe.suite}'s role_grpo task by task (compare the episodes.jsonl of "
+                        f"{out / 'warm_start/eval'} and {out / TOLD_PREFIX / 'warm_start/eval'})"
+                    )
+            for arm in told_runs:
+                changes = {"seed": seed, "num_steps": steps, "run.save_every": steps, **ARMS[arm]}
+                run_info = train_and_score(
+                    stages,
+                    told_recipe,
+                    models,
+                    f"{TOLD_PREFIX}{arm}/seed{seed}",
+                    told_warm["model"],
+                    changes,
+                    fidelity_limit=args.fidelity_limit,
+                    log=log,
+                )
+                told_runs[arm].append({"seed": seed, **run_info})
+        told = None if told_warm is None else {"suite": told_name, "warm_start": told_warm, "runs": told_runs}
+        results = _results(args, recipe, steps, warm_start, runs, rehearsal, sb3, told)
         results.update(
             seeds_done=seed + 1,
             wall_s=time.perf_counter() - t_start,
@@ -319,6 +362,51 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         f"stage time {results['stage_minutes']:.1f} min"
     )
     return results
+
+
+def shared_warm_start(
+    stages: Any, recipe: Any, models: Any, prefix: str, fidelity_limit: int, log: Any = print
+) -> dict[str, Any]:
+    """The warm start every arm of a world starts from: stages ``<prefix>warm_start/sft`` (the recipe's SFT stage),
+    ``<prefix>warm_start/eval`` and, when `fidelity_limit` > 0, ``<prefix>warm_start/fidelity``; each skipped
+    when done.
+
+    Returns:
+        ``model`` (the SFT model folder), ``eval`` (the evaluation row with ``task_rewards``), ``fidelity`` (``{}``
+        without one), ``real_tool_calls`` (the calls of the reference solutions of its demonstrations, each
+        executed on the real backend to build them) and ``wall_s`` (SFT + evaluation seconds).
+    """
+    from agents.pipeline import latest_model, sft_stage
+    from envace_gym.suites import make_suite
+
+    out = stages.run
+    info = stages.stage(f"{prefix}warm_start/sft", lambda folder: sft_stage(recipe, folder, models, log))
+    model = latest_model(out / f"{prefix}warm_start" / "sft")
+    row = evaluate(stages, recipe, models, f"{prefix}warm_start/eval", model)
+    row["task_rewards"] = task_rewards(out / f"{prefix}warm_start" / "eval")
+    fidelity = (
+        evaluate(stages, recipe, models, f"{prefix}warm_start/fidelity", model, fidelity=True, limit=fidelity_limit)
+        if fidelity_limit
+        else {}
+    )
+    suite, used = make_suite(recipe.suite), set(info["task_ids"])
+    calls = sum(
+        len(turn) for t in suite.tasks(recipe.categories, "train") if t.id in used for turn in suite.ground_truth(t)
+    )
+    seconds = stages.timings[f"{prefix}warm_start/sft"] + stages.timings[f"{prefix}warm_start/eval"]
+    return {"model": model, "eval": row, "fidelity": fidelity, "real_tool_calls": calls, "wall_s": seconds}
+
+
+def told_variant(suite: str) -> str | None:
+    """The registered told variant of the recipe's `suite` (``lab-told`` for the default hidden world, ``lab``:
+    the same tasks with the rules' facts of each task's initial state in the prompt), or None: no told rows."""
+    from benchmarks.lab import LabConfig
+    from envace_gym.suites import make_suite, registered_suites
+
+    if getattr(make_suite(suite), "config", None) != LabConfig() or "lab-told" not in registered_suites():
+        return None
+    told = getattr(make_suite("lab-told"), "config", None)
+    return "lab-told" if told == dataclasses.replace(LabConfig(), told=True) else None
 
 
 def sb3_twin(suite: str) -> str | None:
@@ -341,46 +429,60 @@ def paired_tasks(rows: list[dict[str, float]], references: list[dict[str, float]
     return {"gained": gained, "lost": lost, "tasks": tasks}
 
 
-def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, sb3) -> dict[str, Any]:
-    reference = [r["eval"]["accuracy"] for r in runs["role_grpo"]]
-    ref_tasks = [r["eval"]["task_rewards"] for r in runs["role_grpo"]]
-    warm_s, warm_calls = warm
-    warm_success = summarize([warm_eval["accuracy"]])  # one model: its difference to each role_grpo seed is paired
-    warm_success.update(
+def _warm_row(name: str, warm: dict[str, Any], reference: list[float], ref_tasks: list[dict[str, float]]):
+    """A warm start's row (`shared_warm_start`'s record): one model, so its difference to each seed's
+    ``role_grpo`` is paired with that seed."""
+    success = summarize([warm["eval"]["accuracy"]])
+    success.update(
         {
             k: v
-            for k, v in summarize([warm_eval["accuracy"]] * len(reference), reference).items()
+            for k, v in summarize([warm["eval"]["accuracy"]] * len(reference), reference).items()
             if k.startswith("diff_")
         }
     )
-    rows: list[dict[str, Any]] = [
-        {
-            "row": "warm start (SFT, pre-RL)",
-            "success": warm_success,
-            "paired_tasks": paired_tasks([warm_eval["task_rewards"]] * len(ref_tasks), ref_tasks),
-            "real_tool_calls": warm_calls,
-            "verifier_replay_calls": 0,
-            "wall_s": warm_s,
-            "fidelity": row_fidelity([warm_fid]),
-        }
-    ]
+    return {
+        "row": name,
+        "success": success,
+        "paired_tasks": paired_tasks([warm["eval"]["task_rewards"]] * len(ref_tasks), ref_tasks),
+        "real_tool_calls": warm["real_tool_calls"],
+        "verifier_replay_calls": 0,
+        "wall_s": warm["wall_s"],
+        "fidelity": row_fidelity([warm["fidelity"]]),
+    }
+
+
+def _arm_row(
+    name: str, rs: list[dict[str, Any]], reference: list[float] | None, ref_tasks: list[dict[str, float]]
+) -> dict[str, Any]:
+    """An arm's row over its seeds (`benchmarks.experiments.arms.train_and_score` records), paired seed by seed
+    with `reference` and `ref_tasks` (``role_grpo``'s; None: the row is ``role_grpo`` itself)."""
+    return {
+        "row": name,
+        "success": summarize([r["eval"]["accuracy"] for r in rs], reference),
+        **(
+            {}
+            if reference is None
+            else {"paired_tasks": paired_tasks([r["eval"]["task_rewards"] for r in rs], ref_tasks)}
+        ),
+        "real_tool_calls": float(np.mean([r["train"]["real_tool_calls"] for r in rs])),
+        "verifier_replay_calls": float(np.mean([r["train"]["verifier_replay_calls"] for r in rs])),
+        "groups_with_signal": float(np.mean([sum(r["train"]["groups_with_reward_variance"]) for r in rs])),
+        "wall_s": float(np.mean([r["train_s"] + r["eval_s"] for r in rs])),
+        "fidelity": row_fidelity([r["fidelity"] for r in rs]),
+    }
+
+
+def told_row_name(name: str) -> str:
+    """A told row's name: ``told: warm start``, ``told: role_grpo``."""
+    return f"{TOLD_PREFIX[:-1]}: {name}"
+
+
+def _results(args, recipe, steps, warm, runs, rehearsal, sb3, told=None) -> dict[str, Any]:
+    reference = [r["eval"]["accuracy"] for r in runs["role_grpo"]]
+    ref_tasks = [r["eval"]["task_rewards"] for r in runs["role_grpo"]]
+    rows: list[dict[str, Any]] = [_warm_row("warm start (SFT, pre-RL)", warm, reference, ref_tasks)]
     for arm, rs in runs.items():
-        rows.append(
-            {
-                "row": arm,
-                "success": summarize([r["eval"]["accuracy"] for r in rs], None if arm == "role_grpo" else reference),
-                **(
-                    {}
-                    if arm == "role_grpo"
-                    else {"paired_tasks": paired_tasks([r["eval"]["task_rewards"] for r in rs], ref_tasks)}
-                ),
-                "real_tool_calls": float(np.mean([r["train"]["real_tool_calls"] for r in rs])),
-                "verifier_replay_calls": float(np.mean([r["train"]["verifier_replay_calls"] for r in rs])),
-                "groups_with_signal": float(np.mean([sum(r["train"]["groups_with_reward_variance"]) for r in rs])),
-                "wall_s": float(np.mean([r["train_s"] + r["eval_s"] for r in rs])),
-                "fidelity": row_fidelity([r["fidelity"] for r in rs]),
-            }
-        )
+        rows.append(_arm_row(arm, rs, None if arm == "role_grpo" else reference, ref_tasks))
     for key, rs in rehearsal.items():
         rows.append(
             {
@@ -400,9 +502,12 @@ def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, sb
                 "wall_s": float(np.mean([r["train_s"] for r in sb3])),
             }
         )
+    if told is not None:  # paired with the hidden world's role_grpo: the same seeds and test task ids
+        rows.append(_warm_row(told_row_name("warm start"), told["warm_start"], reference, ref_tasks))
+        rows += [_arm_row(told_row_name(arm), rs, reference, ref_tasks) for arm, rs in told["runs"].items()]
     fidelity_after = [r["fidelity"] for r in runs["role_grpo"] if r["fidelity"]]
     fidelity = {
-        "before": _fidelity(warm_fid),
+        "before": _fidelity(warm["fidelity"]),
         "after": {
             m: summarize([f[f"fidelity_{m}"] for f in fidelity_after if f.get(f"fidelity_{m}") is not None])
             for m in FIDELITY_METRICS
@@ -421,8 +526,9 @@ def _results(args, recipe, steps, warm_eval, warm_fid, warm, runs, rehearsal, sb
                 for k in ("max_new_tokens", "rehearse_max_new_tokens", "max_steps_per_turn", "temperature")
             },
         },
-        "test_tasks": warm_eval["n_tasks"],
-        "fidelity_tasks": warm_fid.get("n_tasks"),
+        "test_tasks": warm["eval"]["n_tasks"],
+        "fidelity_tasks": warm["fidelity"].get("n_tasks"),
+        "told_suite": None if told is None else told["suite"],
         "rows": rows,
         "fidelity": fidelity,
     }

@@ -2,8 +2,9 @@
 on 2 CPU cores, behind the same suite interface as BFCL (registered as suite ``lab``).
 
 Two rule sets: suite ``lab`` (hidden rules, v1, the default; `benchmarks.lab.hidden`) and ``lab-stated``
-(rules stated in the prompt; `benchmarks.lab.tasks`). ``CATEGORIES`` are the stated world's families; a
-suite's own are ``LabSuite(...).categories``.
+(rules stated in the prompt; `benchmarks.lab.tasks`); suite ``lab-told`` is ``lab`` with the rules' facts of
+each task's initial state told in the prompt (``LabConfig(told=True)``). ``CATEGORIES`` are the stated world's
+families; a suite's own are ``LabSuite(...).categories``.
 
 * `benchmarks.lab.world`: the state, the tools and their rules (`LabBackend`, the real backend).
 * `benchmarks.lab.hidden`: the hidden-rules families and splits; `benchmarks.lab.properties` their numbers.

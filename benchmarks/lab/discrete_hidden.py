@@ -27,7 +27,9 @@ allowed, the mistakes to learn to avoid.
 each read off the prompt or an output, never off the backend's state:
 
 * ``layout``: per vocabulary item, its shelf and position in the prompt's layout (or absent), parsed from
-  the system prompt (`benchmarks.lab.hidden.shelves_from_prompt`).
+  the system prompt (`benchmarks.lab.hidden.shelves_from_prompt`). A told suite (``lab-told``) is accepted and
+  observed the same way: none of the facts its prompt tells is in the observation (so
+  `benchmarks.experiments.maskable_ppo.discrete_twin` gives it no twin).
 * ``item now``: per item, what the outputs said happened to it: nothing, moved to a shelf (a ``move``
   output), packed (a ``pack`` output) or broken (a ``move`` that failed because the shelf was full).
 * ``box k`` for k = 1..``max_boxes``, the k-th successful ``pack`` in order: the item packed, the label

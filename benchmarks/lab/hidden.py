@@ -28,8 +28,19 @@ test task's is drawn again, so no test pair is ever trained on.
 
 Each family is one program (`solve`) over the prompt's layout and the instruction's slots, with an ``ask``
 function that answers a call: the real backend (the reference solution), a private copy of the world built
-from the prompt (a solver that knows the rules but never reads an output), or a table of the most frequent
-training outputs (a solver that knows no rule). `benchmarks.lab.properties` measures all three.
+from the prompt (a solver that knows the rules but never reads an output), a table of the most frequent
+training outputs (a solver that knows no rule), or the told facts below (a solver that knows no rule but reads
+them). `benchmarks.lab.properties` measures all four.
+
+The told variant (``LabConfig(told=True)``, suite ``lab-told``): the same tasks, ids, splits, backend and verifier,
+and the system prompt adds, after the layout, what the rules make of the task's *initial* state
+(`told_facts_text`): each shelf's free slots and the box label prefix each item would get if packed first,
+``Shelves A B C D. apple A, bolt A, cable C. room A 0, B 3, C 3, D 2. box apple A1, bolt A2, cable C1.``
+Both are facts of the initial state, not rules: a later call can change them (a ``full_job`` move fills a shelf;
+packing an item moves the items after it up a position, so the second of two items packed from one shelf gets
+a label one position lower than told), and the label's count suffix ``-<n>`` (boxes packed so far + 1) is told
+nowhere. The facts are written only in phrases the `lab-tiny` tokenizer, built from the untold world's texts,
+already has (``room ``, ``box ``, letters, digits, ``, ``, ``. ``), so the same model reads both worlds.
 """
 
 from __future__ import annotations
@@ -54,7 +65,9 @@ __all__ = [
     "backend_ask",
     "make_hidden_task",
     "hidden_layout_text",
+    "told_facts_text",
     "shelves_from_prompt",
+    "told_facts_from_prompt",
 ]
 
 
@@ -65,6 +78,24 @@ def hidden_layout_text(shelves: dict[str, list[str]]) -> str:
     group Y sits in."""
     placed = ", ".join(f"{item} {s}" for s, items in shelves.items() for item in items)
     return f"Shelves {' '.join(shelves)}. {placed}."
+
+
+def told_facts_text(state: Warehouse) -> str:
+    """What the hidden rules make of `state` (the told variant's addition to the system prompt; module docstring):
+    each shelf's free slots, then each item's box label prefix ``<shelf><position>`` (what `pack` would label it
+    with, without the ``-<n>`` count, were it packed now), items in layout order, e.g.
+    ``room A 0, B 3, C 3, D 2. box apple A1, bolt A2, cable C1.``
+
+    Raises:
+        ValueError: `state` is not under the hidden rules.
+    """
+    if state.rules != "hidden":
+        raise ValueError(f"told facts are the hidden rules' facts; the state has rules {state.rules!r}")
+    room = ", ".join(f"{s} {state.capacity_of(s) - len(items)}" for s, items in state.shelves.items())
+    labels = ", ".join(
+        f"{item} {state.next_box(item).rpartition('-')[0]}" for items in state.shelves.values() for item in items
+    )
+    return f"room {room}. box {labels}."
 
 
 Layout = dict[str, list[str]]
@@ -280,7 +311,8 @@ def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -
         rules="hidden",
     )
     reference = solve(category, layout, slots, backend_ask(LabBackend(state)))
-    system = Message("system", hidden_layout_text(state.shelves))
+    prompt = hidden_layout_text(state.shelves)
+    system = Message("system", f"{prompt} {told_facts_text(state)}" if config.told else prompt)
     turns, reference_turns = split_turns(system, list(zip(_texts(category, slots), reference)), config.user_turns)
     return Task(
         id=task_id,
@@ -295,7 +327,7 @@ def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -
             "reference": [[c.to_openai() for c in turn] for turn in reference_turns],
             "answer": None,
             "slots": slots,
-            "config": config.__dict__.copy(),
+            "config": config.to_dict(),
         },
     )
 
@@ -313,21 +345,53 @@ def train_task(config: LabConfig, category: str, index: int) -> Task:
     return make_hidden_task(config, category, index, "train")
 
 
-def shelves_from_prompt(task: Task) -> Layout:
-    """The layout as the task's system prompt writes it (inverse of `hidden_layout_text`): what a solver that
-    reads only the prompt knows of the state.
+def _prompt_sentences(task: Task) -> tuple[Layout, list[str]]:
+    """The layout the system prompt writes and the sentences after it (none under the hidden rules, the
+    ``room`` and ``box`` sentences when told).
 
     Raises:
-        ValueError: the system prompt is not a hidden-rules layout.
+        ValueError: the system prompt is not a hidden-rules layout, told or not.
     """
     text = task.turns[0][0].content if task.turns and task.turns[0] else ""
-    header, _, placed = text.partition(". ")
-    if not header.startswith("Shelves ") or not placed.endswith("."):
+    # items, letters and digits hold no ". ", so the sentences split there ("Shelves A B. . room ..." when empty)
+    header, *rest = text[:-1].split(". ") if text.endswith(".") else [text]
+    if not header.startswith("Shelves ") or not rest or len(rest) not in (1, 3):
         raise ValueError(f"{task.id}: the system prompt {text!r} is not a hidden-rules layout")
     shelves: Layout = {s: [] for s in header[len("Shelves ") :].split(" ")}
     if list(shelves) != list(string.ascii_uppercase[: len(shelves)]):
         raise ValueError(f"{task.id}: shelves {list(shelves)} are not A, B, ... in order")
-    for entry in placed[:-1].split(", ") if placed != "." else []:
+    for entry in rest[0].split(", ") if rest[0] else []:
         item, _, shelf = entry.rpartition(" ")
+        if shelf not in shelves or not item:
+            raise ValueError(f"{task.id}: {entry!r} in the system prompt is not an item and its shelf")
         shelves[shelf].append(item)
-    return shelves
+    return shelves, rest[1:]
+
+
+def shelves_from_prompt(task: Task) -> Layout:
+    """The layout as the task's system prompt writes it (inverse of `hidden_layout_text`; a told prompt's facts
+    are skipped): what a solver that reads only the prompt knows of the state.
+
+    Raises:
+        ValueError: the system prompt is not a hidden-rules layout, told or not.
+    """
+    return _prompt_sentences(task)[0]
+
+
+def told_facts_from_prompt(task: Task) -> tuple[dict[str, int], dict[str, str]]:
+    """The told facts the system prompt writes (inverse of `told_facts_text`): shelf -> free slots, and
+    item -> box label prefix (``"A2"``), both of the initial state.
+
+    Raises:
+        ValueError: the system prompt is not a told hidden-rules prompt (``LabConfig(told=True)``).
+    """
+    _, told = _prompt_sentences(task)
+    if len(told) != 2 or not told[0].startswith("room ") or not told[1].startswith("box "):
+        raise ValueError(f"{task.id}: the system prompt tells no facts; it is not a LabConfig(told=True) task's")
+    try:
+        room = {s: int(n) for s, _, n in (e.partition(" ") for e in told[0][len("room ") :].split(", "))}
+    except ValueError:
+        raise ValueError(f"{task.id}: {told[0]!r} is not shelves with their free slots") from None
+    entries = told[1][len("box ") :].split(", ") if told[1] != "box " else []
+    labels = {item: prefix for item, _, prefix in (e.rpartition(" ") for e in entries)}
+    return room, labels

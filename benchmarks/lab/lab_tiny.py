@@ -409,8 +409,9 @@ def build_lab_tiny(
 def lab_tiny_dir(cache_root: Path) -> Path:
     """The `lab-tiny` cache folder, ``<cache_root>/models/lab-tiny-<hash>`` (`agents.models.ensure_lab_tiny_model`
     builds it);
-    the hash covers the template, the pattern, the default sizes, the default `LabConfig`, the vocabulary itself
-    (`lab_vocabulary`, about 3 s: so a change to the world's texts builds a new folder) and the version."""
+    the hash covers the template, the pattern, the default sizes, the default `LabConfig` (``to_dict``), the
+    vocabulary itself (`lab_vocabulary`, about 3 s: so a change to the world's texts builds a new folder) and the
+    version."""
     from benchmarks.lab import LabConfig
 
     recipe = json.dumps(
@@ -419,7 +420,7 @@ def lab_tiny_dir(cache_root: Path) -> Path:
             LAB_TINY_CHAT_TEMPLATE,
             lab_tiny_pattern(),
             dataclasses.asdict(LabTinySizes()),
-            dataclasses.asdict(LabConfig()),
+            LabConfig().to_dict(),
             _vocabulary_once(),
         ]
     )

@@ -2,7 +2,7 @@
 
     python -m benchmarks.lab.properties [--train-tasks 2000] [--json out.json]
 
-Three scripted solvers play every test task through its family's program (`benchmarks.lab.hidden.solve`) and
+Four scripted solvers play every test task through its family's program (`benchmarks.lab.hidden.solve`) and
 are scored by the suite's verifier (replay on the real backend):
 
 * reference: the program answered by the real backend (the reference solution). Must be 1.0.
@@ -11,7 +11,14 @@ are scored by the suite's verifier (replay on the real backend):
   output: nothing is hidden but the rules.
 * no rules: every output-derived value (a box label, the free slots) is the most frequent value that field
   had at that point of the family's program over the first ``--train-tasks`` train-stream tasks. What a
-  policy that ignores outputs and knows no rule can reach; the issue asks for at most 0.25.
+  policy that ignores outputs and knows no rule can reach; at most 0.25.
+* told, no rules: played on the told variant's test tasks (``LabConfig(told=True)``, suite ``lab-told``: the
+  same tasks, with the rules' facts of the initial state in the prompt, `benchmarks.lab.hidden.told_facts_text`).
+  It knows no rule and reads no output: a shelf's free slots are the ones the prompt tells, a box label is
+  the prefix the prompt tells for the item with the count suffix of the most frequent training label at that
+  point of the program (``-1`` for a first pack, ``-2`` for a second). What the told facts alone give: 1.0 on
+  families whose decisions read the initial state only, less where a call changes a fact before it is used
+  (packing the first of two items from one shelf moves the second up a position).
 
 Prints one row per family and the overall fraction; ``--json`` writes them.
 """
@@ -20,16 +27,17 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 from typing import Any
 
-from benchmarks.lab.hidden import Ask, backend_ask, shelves_from_prompt, solve
+from benchmarks.lab.hidden import Ask, backend_ask, shelves_from_prompt, solve, told_facts_from_prompt
 from benchmarks.lab.suite import LabSuite
 from benchmarks.lab.tasks import LabConfig
 from benchmarks.lab.world import LabBackend, Warehouse, hidden_capacities
-from envace_gym.types import ToolCall
+from envace_gym.types import Task, ToolCall
 
-__all__ = ["measure", "most_frequent_outputs", "main"]
+__all__ = ["SOLVERS", "measure", "most_frequent_outputs", "main"]
 
 
 def _recording(ask: Ask, seen: list[tuple[str, int, dict[str, Any]]]) -> Ask:
@@ -78,8 +86,35 @@ def _table_ask(category: str, table: dict[tuple[str, str, int, str], Any]) -> As
     return ask
 
 
+def _told_ask(task: Task, category: str, table: dict[tuple[str, str, int, str], Any]) -> Ask:
+    """Answers from the told facts of `task`'s prompt (`benchmarks.lab.hidden.told_facts_from_prompt`): a shelf's
+    told free slots; a pack's told label prefix with the count suffix of `table`'s label at that point of the
+    program (`most_frequent_outputs`). Knows no rule and reads no output."""
+    room, prefixes = told_facts_from_prompt(task)
+    counts: collections.Counter[str] = collections.Counter()
+
+    def ask(call: ToolCall) -> dict[str, Any]:
+        k = counts[call.name]
+        counts[call.name] += 1
+        if call.name == "list_shelf":
+            return {"free": room.get(str(call.arguments.get("shelf")), 0)}
+        if call.name == "pack":
+            frequent = table.get((category, "pack", k, "box"))
+            suffix = frequent.rpartition("-")[2] if isinstance(frequent, str) else "1"
+            return {"box": f"{prefixes.get(str(call.arguments.get('item')), '')}-{suffix}"}
+        return {}
+
+    return ask
+
+
+SOLVERS = ("reference", "rules_no_outputs", "no_rules", "told_no_rules")
+"""The solvers `measure` scores (module docstring)."""
+
+
 def measure(config: LabConfig | None = None, train_tasks: int = 2000) -> dict[str, dict[str, float]]:
-    """Success of the three solvers per family and overall: ``{solver: {family or "overall": fraction}}``.
+    """Success of the `SOLVERS` per family and overall: ``{solver: {family or "overall": fraction}}``. The first
+    three play `config`'s test tasks, ``told_no_rules`` the same tasks told (``told=True``); every solver is
+    scored on the real backend.
 
     Raises:
         ValueError: `config` has stated rules (this measures the hidden world).
@@ -88,26 +123,26 @@ def measure(config: LabConfig | None = None, train_tasks: int = 2000) -> dict[st
     if config.rules != "hidden":
         raise ValueError("the properties are the hidden-rules world's; pass LabConfig(rules='hidden')")
     suite = LabSuite(config)
+    told = LabSuite(dataclasses.replace(config, told=True))
     table = most_frequent_outputs(suite, train_tasks)
-    scores: dict[str, dict[str, list[float]]] = {
-        s: collections.defaultdict(list) for s in ("reference", "rules_no_outputs", "no_rules")
-    }
-    for task in suite.tasks(None, "test"):
-        category, slots = task.metadata["category"], task.metadata["slots"]
+    scores: dict[str, dict[str, list[float]]] = {s: collections.defaultdict(list) for s in SOLVERS}
+    for task, told_task in zip(suite.tasks(None, "test"), told.tasks(None, "test"), strict=True):
+        category = task.metadata["category"]
         prompt_layout = shelves_from_prompt(task)
         private = LabBackend(
             Warehouse(
                 capacity=max(hidden_capacities(len(prompt_layout)).values()), shelves=prompt_layout, rules="hidden"
             )
         )
-        asks = {
-            "reference": backend_ask(suite.make_backend(task)),
-            "rules_no_outputs": backend_ask(private),
-            "no_rules": _table_ask(category, table),
+        plays = {  # solver -> (the world, its task, the answers)
+            "reference": (suite, task, backend_ask(suite.make_backend(task))),
+            "rules_no_outputs": (suite, task, backend_ask(private)),
+            "no_rules": (suite, task, _table_ask(category, table)),
+            "told_no_rules": (told, told_task, _told_ask(told_task, category, table)),
         }
-        for solver, ask in asks.items():
-            calls = [c for turn in solve(category, prompt_layout, slots, ask) for c in turn]
-            reward = suite.score(task, calls, "Done.").reward
+        for solver, (world, played, ask) in plays.items():
+            program = solve(category, shelves_from_prompt(played), played.metadata["slots"], ask)
+            reward = world.score(played, [c for turn in program for c in turn], "Done.").reward
             scores[solver][category].append(reward)
             scores[solver]["overall"].append(reward)
     return {s: {k: sum(v) / len(v) for k, v in by.items()} for s, by in scores.items()}
@@ -126,7 +161,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     config = LabConfig()
     result = measure(config, args.train_tasks)
     families = list(config.categories) + ["overall"]
-    print(f"hidden-rules lab world, test split ({config.test_tasks} tasks per family), seed {config.seed}")
+    print(
+        f"hidden-rules lab world, test split ({config.test_tasks} tasks per family), seed {config.seed}; "
+        "told_no_rules plays the same tasks told (suite lab-told)"
+    )
     print(f"{'solver':18s}" + "".join(f"{f:>10s}" for f in families))
     for solver, by in result.items():
         print(f"{solver:18s}" + "".join(f"{by[f]:10.3f}" for f in families))

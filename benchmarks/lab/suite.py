@@ -15,7 +15,7 @@ from envace_gym.judging import Checklist, ChecklistItem
 from envace_gym.suites import VerifierResult
 from envace_gym.types import Task, ToolCall, Trajectory
 
-__all__ = ["LabSuite", "make_task", "stated_suite"]
+__all__ = ["LabSuite", "make_task", "stated_suite", "told_suite"]
 
 
 def make_task(config: LabConfig, category: str, index: int, split: str = "train") -> Task:
@@ -47,7 +47,8 @@ class LabSuite:
     """The ``lab`` suite: a warehouse tool world small enough to learn on 2 CPU cores (`benchmarks.lab`).
 
     The world's rules are ``config.rules``: ``hidden`` (v1, the default; registered as ``lab``) or ``stated``
-    (registered as ``lab-stated``, `stated_suite`).
+    (registered as ``lab-stated``, `stated_suite`); ``hidden`` with ``config.told`` is the hidden world whose
+    prompts also tell the rules' facts of the initial state (registered as ``lab-told``, `told_suite`).
 
     Categories (`categories`): hidden rules ``relocate``, ``ship``, ``fill``, ``make_room``, ``ship_two``,
     ``full_job`` (`benchmarks.lab.hidden`); stated rules ``count`` instead of ``fill``
@@ -273,4 +274,13 @@ def stated_suite() -> LabSuite:
     """The stated-rules world with the default knobs (registered as suite ``lab-stated``)."""
     suite = LabSuite(LabConfig(rules="stated"))
     suite.name = "lab-stated"
+    return suite
+
+
+def told_suite() -> LabSuite:
+    """The hidden-rules world whose prompts also tell the rules' facts of each task's initial state, with the
+    default knobs (``LabConfig(told=True)``, `benchmarks.lab.hidden`; registered as suite ``lab-told``): the
+    ``lab`` suite's tasks, task ids, backend and verifier."""
+    suite = LabSuite(LabConfig(told=True))
+    suite.name = "lab-told"
     return suite

@@ -97,6 +97,9 @@ class LabConfig:
             them).
         user_turns: 1 (the whole instruction at once) or 2 (multi-part instructions split over two user turns,
             the second after the agent closed the first).
+        told: hidden rules only: the system prompt also tells what the rules make of this task's initial state,
+            each shelf's free slots and each item's box label prefix (`benchmarks.lab.hidden.told_facts_text`;
+            suite ``lab-told``). The tasks, their ids, splits, backend and verifier are the hidden world's.
 
     The calls may be written in either of the formats the env parses (Hermes ``<tool_call>`` blocks or
     BFCL's ``[f(a=1)]``); the tool schemas are in the system prompt, as in BFCL.
@@ -113,10 +116,16 @@ class LabConfig:
     num_items: int = 6
     distractors: bool = False
     user_turns: int = 1
+    told: bool = False
 
     def __post_init__(self) -> None:
         if self.rules not in RULES:
             raise ValueError(f"LabConfig: rules must be one of {RULES}, got {self.rules!r}")
+        if self.told and self.rules != "hidden":
+            raise ValueError(
+                "LabConfig: told states the hidden rules' facts of a task's initial state; set rules='hidden' or "
+                "told=False (the stated rules already state every rule)"
+            )
         if self.rules == "hidden" and self.distractors:
             raise ValueError("LabConfig: distractors are a stated-rules knob; set rules='stated' or distractors=False")
         if self.test_tasks < 1 or self.train_tasks < 1:
@@ -140,6 +149,16 @@ class LabConfig:
             )
         if self.user_turns not in (1, 2):
             raise ValueError(f"LabConfig: user_turns must be 1 or 2, got {self.user_turns}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields by name, ``told`` only when True: a config without the told facts writes the same dict
+        whether or not the field exists, so the hidden and stated worlds' task metadata and the model folders
+        named by a hash of the default config (`benchmarks.lab.lab_tiny.lab_tiny_dir`,
+        `agents.models.lab_model_dir`) do not depend on it."""
+        fields = dict(self.__dict__)
+        if not self.told:
+            del fields["told"]
+        return fields
 
     @property
     def num_test(self) -> int:
@@ -341,7 +360,7 @@ def make_stated_task(config: LabConfig, category: str, index: int) -> Task:
             "reference": [[c.to_openai() for c in turn] for turn in reference],
             "answer": answer,
             "slots": slots,
-            "config": config.__dict__.copy(),
+            "config": config.to_dict(),
         },
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -347,6 +348,20 @@ def test_the_demo_recipe_is_the_hidden_world_on_lab_tiny_and_its_budgets_leave_t
     assert (config.suite, config.model, config.fidelity) == ("lab", "lab-tiny", True)
     assert config.grpo.batch_tasks * config.grpo.group_size >= 128 and config.sft.group_by_length is False
     budgets = check_budgets(config, log=lambda *_: None)
+    assert budgets["grpo"]["fraction"] == budgets["eval"]["fraction"] == 1.0
+
+
+def test_the_told_recipe_is_the_demo_recipe_on_lab_told_and_its_budgets_leave_the_tasks_winnable(no_model_loads):
+    from pathlib import Path
+
+    from agents.pipeline import check_budgets
+
+    recipes = Path(__file__).resolve().parents[2] / "configs" / "recipes"
+    told = load_dataclass(PipelineConfig, str(recipes / "lab-told.yaml"))
+    lab = load_dataclass(PipelineConfig, str(recipes / "lab.yaml"))
+    assert (told.suite, told.run_dir) == ("lab-told", "runs/lab-told")
+    assert dataclasses.replace(told, suite="lab", run_dir="runs/lab") == lab
+    budgets = check_budgets(told, log=lambda *_: None)
     assert budgets["grpo"]["fraction"] == budgets["eval"]["fraction"] == 1.0
 
 

@@ -107,6 +107,8 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
     assert json.loads((out / "results.json").read_text())["rows"] == json.loads(json.dumps(results["rows"]))
     printed = capsys.readouterr().out
     assert "mean +- 95% CI over seeds" in printed and "fidelity exact_match" in printed
+    assert "no told rows: suite 'lab-stated' has no told variant" in printed  # --told-arms' default asked for them
+    assert not any(name.startswith("told: ") for name in rows) and not (out / "told").exists()
 
     again = lab_ablations.main(argv)
     printed = capsys.readouterr().out
@@ -169,3 +171,101 @@ def test_the_default_hidden_rules_recipe_gets_its_maskable_ppo_row():
     assert lab_ablations.sb3_twin("lab-2turn-twin-test") is None  # a twin would show turn 2's request at reset
     row = run_seed(0, 64, ["ship"], limit=1, suite=suite)
     assert row["test_tasks"] == 1 and 0 < row["train_real_calls"] <= 1024 and 0.0 <= row["test_success"] <= 1.0
+
+
+HIDDEN_RECIPE = {**RECIPE, "suite": "lab", "categories": ["ship", "fill"]}
+
+
+@pytest.mark.slow
+def test_the_told_rows_run_from_their_own_warm_start_and_pair_with_the_hidden_role_grpo(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(HIDDEN_RECIPE))
+    out = tmp_path / "ablations"
+    argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "2", "--arms", "role_grpo", "--sb3-timesteps", "0"]
+    argv += ["--limit", "1", "--fidelity-limit", "1", "--told-arms", "role_grpo", "grpo"]
+    results = lab_ablations.main(argv)
+    rows = {r["row"]: r for r in results["rows"]}
+    assert list(rows) == ["warm start (SFT, pre-RL)", "role_grpo", "told: warm start", "told: role_grpo", "told: grpo"]
+    assert results["told_suite"] == "lab-told"
+    hidden_sft = json.loads((out / "warm_start/sft/stage_done.json").read_text())["config"]
+    told_sft = json.loads((out / "told/warm_start/sft/stage_done.json").read_text())["config"]
+    assert told_sft["data"] == ["lab-told"] and hidden_sft["data"] == ["lab"]  # the recipe's SFT, on the told world
+    assert {k: v for k, v in told_sft.items() if k not in ("data", "run_dir")} == {
+        k: v for k, v in hidden_sft.items() if k not in ("data", "run_dir")
+    }
+    told_tasks = {t.id: t for t in make_suite("lab-told").tasks(HIDDEN_RECIPE["categories"], "test")}
+    hidden_ids = None
+    for seed in (0, 1):
+        grpo = json.loads((out / f"told/grpo/seed{seed}/grpo/stage_done.json").read_text())["config"]
+        assert grpo["suite"] == "lab-told" and grpo["seed"] == seed and grpo["algo"] == "grpo"
+        assert grpo["init"].startswith(str(out / "told/warm_start/sft"))
+        hidden = [json.loads(line) for line in (out / f"role_grpo/seed{seed}/eval/episodes.jsonl").open()]
+        told = [json.loads(line) for line in (out / f"told/role_grpo/seed{seed}/eval/episodes.jsonl").open()]
+        hidden_ids = sorted(e["task_id"] for e in hidden)
+        assert sorted(e["task_id"] for e in told) == hidden_ids and len(hidden_ids) == 2  # the same test tasks
+        assert all(e["task_id"] in told_tasks for e in told)
+        assert (out / f"told/grpo/seed{seed}/fidelity/episodes.jsonl").is_file()
+    for name in ("told: warm start", "told: role_grpo", "told: grpo"):
+        s = rows[name]["success"]
+        assert "diff_mean" in s and "diff_ci95" in s  # paired with the hidden world's role_grpo, seed by seed
+        paired = rows[name]["paired_tasks"]
+        assert paired["tasks"] == 2 * results["test_tasks"]
+        assert (paired["gained"] - paired["lost"]) / paired["tasks"] == pytest.approx(s["diff_mean"])
+        assert set(rows[name]["fidelity"]) == {"exact", "ordinary exact", "error exact"}
+    told_eval = json.loads((out / "told/role_grpo/seed1/eval/stage_done.json").read_text())["eval"]
+    assert rows["told: role_grpo"]["success"]["values"][1] == told_eval["accuracy"]
+    printed = capsys.readouterr().out
+    assert "told: rows on suite lab-told" in printed and "told: role_grpo" in printed
+
+    lab_ablations.main(argv)
+    printed = capsys.readouterr().out
+    assert "[stage] told/warm_start/sft: already done, skipped" in printed and " ...\n" not in printed
+
+
+def test_told_arms_options_and_which_recipes_get_told_rows():
+    assert lab_ablations.parse_args([]).told_arms == ["role_grpo", "grpo"]
+    assert lab_ablations.parse_args(["--told-arms"]).told_arms == []  # no value: no told rows
+    assert lab_ablations.parse_args(["--quick", "--told-arms", "null_rehearser"]).told_arms == ["null_rehearser"]
+    with pytest.raises(SystemExit):
+        lab_ablations.parse_args(["--told-arms", "grpo", "grpo"])
+    assert lab_ablations.told_variant("lab") == "lab-told"
+    assert lab_ablations.told_variant("lab-stated") is None and lab_ablations.told_variant("lab-told") is None
+    from benchmarks.lab import LabConfig, LabSuite
+    from envace_gym.suites import register_suite
+
+    register_suite("lab-seed1-told-test", lambda: LabSuite(LabConfig(seed=1)))
+    assert lab_ablations.told_variant("lab-seed1-told-test") is None  # lab-told holds the default world's tasks
+
+
+def test_the_stored_results_render_with_and_without_told_rows(tmp_path):
+    """The results page renders the ablations' results.json through the printed table: the stored one (no told
+    rows) as before, and the same with told rows appended, each printed with its pairing to role_grpo."""
+    from benchmarks import results as page
+
+    stored = Path(__file__).resolve().parents[3] / "docs" / "results" / "lab_ablations" / "results.json"
+    old = json.loads(stored.read_text())
+    assert not any(r["row"].startswith("told") for r in old["rows"]) and "told_suite" not in old
+    rendered = page.render_ablations(old, stored.parent)
+    assert rendered[5 : 5 + len(lab_ablations.table(old))] == lab_ablations.table(old)
+    assert not any("told" in line for line in rendered)
+
+    rows = {r["row"]: r for r in old["rows"]}
+    told = {
+        **old,
+        "told_suite": "lab-told",
+        "rows": old["rows"]
+        + [{**rows["warm start (SFT, pre-RL)"], "row": "told: warm start"}, {**rows["grpo"], "row": "told: grpo"}],
+    }
+    lines = page.render_ablations(told, tmp_path)
+    grpo = next(line for line in lines if line.startswith("told: grpo"))
+    s = rows["grpo"]["success"]
+    assert grpo.split()[2:8] == [
+        f"{s['mean']:.3f}",
+        "+-",
+        f"{s['ci95']:.3f}",
+        f"{s['diff_mean']:+.3f}",
+        "+-",
+        f"{s['diff_ci95']:.3f}",
+    ]
+    assert any(line.startswith("told: warm start") for line in lines)
+    assert any(line.startswith("told: rows on suite lab-told") for line in lines)

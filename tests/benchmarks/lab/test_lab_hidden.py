@@ -86,12 +86,18 @@ def test_the_prompt_shows_the_whole_initial_state(suite):
 
 
 def test_defining_properties_on_the_test_split():
-    """Reference 1.0; a solver that knows the rules but reads no output 1.0; one that knows no rule <= 0.25."""
+    """Reference 1.0; a solver that knows the rules but reads no output 1.0; one that knows no rule <= 0.25; one
+    that knows no rule but reads the told facts (suite lab-told) 1.0 where the initial state decides every value."""
     result = measure(LabConfig(), train_tasks=2000)  # the script's default
     assert result["reference"]["overall"] == 1.0
     assert result["rules_no_outputs"]["overall"] == 1.0
     assert result["no_rules"]["overall"] <= 0.25
     assert result["no_rules"]["ship_two"] < 0.1  # two labels guessed at once
+    told = result["told_no_rules"]
+    assert all(told[f] == 1.0 for f in ("relocate", "ship", "fill", "make_room"))
+    # a second item packed from the shelf of the first moved up a position since the prompt's state
+    assert 0.5 < told["ship_two"] < 1.0 and 0.5 < told["full_job"] < 1.0
+    assert measure(LabConfig(told=True), train_tasks=2000) == result  # the told world's own tasks: the same numbers
 
 
 def test_every_branch_is_drawn(suite):
