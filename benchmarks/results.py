@@ -97,7 +97,11 @@ def _ci(mean: float | None, half: float | None, digits: int = 3) -> str:
 
 
 def _date(result: dict[str, Any]) -> str:
-    return f" ({result['date']})" if "date" in result else ""
+    """`` (date, commit abc1234)`` from a result's `benchmarks.provenance.provenance` fields (what it holds)."""
+    parts = [result["date"]] if "date" in result else []
+    if result.get("commit"):
+        parts.append(f"commit {result['commit'][:7]}" + (" with local changes" if result.get("dirty") else ""))
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
@@ -109,12 +113,14 @@ def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
     lines = [
         "## lab-tiny learns the hidden-rules lab by SFT from scratch",
         "",
-        f"`{command}`" + (f" ({result['date']})" if "date" in result else ""),
+        f"`{command}`{_date(result)}",
         "",
         f"{s['layers']} layers, width {s['hidden']}, {s['heads']} heads"
         + (", mimetic attention initialisation" if s.get("mimetic_init", False) else "")
         + f"; {s['steps']} steps of {s['rows']} "
-        f"{'length-bucketed' if s['group_by_length'] else 'shuffled'} rows, lr {s['lr']}. Greedy test success on "
+        f"{'length-bucketed' if s['group_by_length'] else 'shuffled'} rows, lr {s['lr']}"
+        + (f", {s['error_demos']} error demonstration(s) per task" if s.get("error_demos") else "")
+        + ". Greedy test success on "
         f"the real backend, {seeds[0]['test_tasks']} test tasks, one row per initialisation seed; mean ± the "
         f"half-width of a 95% t-interval over seeds.",
         "",
@@ -141,6 +147,24 @@ def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
             "| " + " | ".join(copies) + " |",
             "|---" * len(copies) + "|",
             "| " + " | ".join(_ci(v["mean"], v["ci95"], 2) for v in copies.values()) + " |",
+        ]
+    fidelity = result.get("fidelity_mean")
+    if fidelity:
+        lines += [
+            "",
+            "Rehearsal fidelity (exact match of the REHEARSE role's outputs against the real backend's, on the "
+            f"first {s['fidelity_limit']} test tasks per family; mean over seeds, calls summed):",
+            "",
+            "| " + " | ".join(f"{k} outputs" for k in fidelity) + " |",
+            "|---" * len(fidelity) + "|",
+            "| "
+            + " | ".join(
+                "n/a"
+                if v is None
+                else f"{_ci(v['mean'], v['ci95'])} ({sum(r['fidelity'][k]['calls'] for r in seeds)} calls)"
+                for k, v in fidelity.items()
+            )
+            + " |",
         ]
     return lines
 

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.provenance import provenance
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -243,7 +245,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{s.unparseable} unparseable (scored {args.unparseable_score}); {report['total_s']} s"
     )
     if args.out:
-        import datetime
         import shlex
 
         out = Path(args.out)
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stored = {
             "kind": "judge_agreement",
             "command": command.strip(),
-            "date": datetime.date.today().isoformat(),
+            **provenance(),
             "suite": args.suite,
             "split": args.split,
             "judge_prefix": args.judge_prefix,

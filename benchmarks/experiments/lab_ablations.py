@@ -70,6 +70,7 @@ import numpy as np
 from benchmarks.experiments.ablations_table import FIDELITY_METRICS, table
 from benchmarks.experiments.arms import env_cost_arms, evaluate, row_fidelity, train_and_score
 from benchmarks.experiments.paired import task_rewards
+from benchmarks.provenance import provenance
 from benchmarks.stats import mean_ci95
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,7 +230,6 @@ def summarize(values: list[float], reference: list[float] | None = None) -> dict
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     """Run (or resume) every stage and return the results (also written to ``<out>/results.json`` after
     every seed)."""
-    import datetime
     import shlex
 
     import torch
@@ -348,7 +348,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             wall_s=time.perf_counter() - t_start,
             kind="lab_ablations",
             command=("python -m benchmarks.experiments.lab_ablations " + shlex.join(getattr(args, "argv", []))).strip(),
-            date=datetime.date.today().isoformat(),
+            **provenance(),
             stage_seconds=dict(stages.timings),
             stage_minutes=sum(stages.timings.values()) / 60,
         )

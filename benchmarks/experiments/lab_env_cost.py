@@ -58,6 +58,7 @@ from benchmarks.experiments.arms import (
 )
 from benchmarks.experiments.paired import paired_comparison, start_recipe_run, task_rewards
 from benchmarks.experiments.result_tables import env_cost_table as table
+from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
@@ -122,7 +123,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     """Run (or resume) every stage; return the results (also written to ``<out>/results.json`` after each run)."""
-    import datetime
     import shlex
 
     out = Path(args.out)
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 seeds_done=done,
                 wall_s=time.perf_counter() - t_start,
                 command=("python -m benchmarks.experiments.lab_env_cost " + shlex.join(args.argv)).strip(),
-                date=datetime.date.today().isoformat(),
+                **provenance(),
                 stage_seconds=dict(stages.timings),
             )
             (out / "results.json").write_text(json.dumps(results, indent=1))

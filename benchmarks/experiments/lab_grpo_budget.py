@@ -24,6 +24,7 @@ from typing import Any
 
 from benchmarks.experiments.paired import paired_comparison, start_recipe_run, task_rewards
 from benchmarks.experiments.result_tables import grpo_budget_table as table
+from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
@@ -76,7 +77,6 @@ def compare(rows: list[dict[str, float]], references: list[dict[str, float]]) ->
 
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     """Run (or resume) every stage; return the results (also written to ``<out>/results.json`` after each seed)."""
-    import datetime
     import shlex
 
     from agents.config import TrainConfig, replace_fields
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             seeds_done=seed + 1,
             wall_s=time.perf_counter() - t_start,
             command=("python -m benchmarks.experiments.lab_grpo_budget " + shlex.join(args.argv)).strip(),
-            date=datetime.date.today().isoformat(),
+            **provenance(),
             stage_seconds=dict(stages.timings),
         )
         (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -43,6 +43,7 @@ from benchmarks.experiments.paired import (
     task_rewards,
 )
 from benchmarks.experiments.result_tables import rehearsal_rl_table as table
+from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
@@ -76,7 +77,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     """Run (or resume) every stage; return the results (also written to ``<out>/results.json`` after each seed)."""
-    import datetime
     import shlex
 
     from agents.config import TrainConfig
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             seeds_done=seed + 1,
             wall_s=time.perf_counter() - t_start,
             command=("python -m benchmarks.experiments.lab_rehearsal_rl " + shlex.join(args.argv)).strip(),
-            date=datetime.date.today().isoformat(),
+            **provenance(),
             stage_seconds=dict(stages.timings),
         )
         (out / "results.json").write_text(json.dumps(results, indent=1))

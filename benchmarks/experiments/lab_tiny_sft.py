@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.provenance import provenance
+
 EVAL_MAX_NEW_TOKENS = 40
 EVAL_MAX_STEPS_PER_TURN = 8
 PROBE_EVERY = 10
@@ -309,7 +311,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{group:>9s} {shown}  (calls {calls})")
             known = [v for v in values if v is not None]
             fidelity[group] = dict(zip(("mean", "ci95"), mean_ci95(known))) if known else None
-    import datetime
     import shlex
     import sys
 
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "kind": "lab_tiny_sft",
         "command": command.strip(),
-        "date": datetime.date.today().isoformat(),
+        **provenance(),
         "settings": settings,
         "seeds": reports,
         "mean": {f: {"mean": m, "ci95": h} for f, (m, h) in summary.items()},

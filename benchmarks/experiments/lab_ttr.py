@@ -38,6 +38,7 @@ from typing import Any
 
 from benchmarks.experiments.paired import episodes, paired_comparison, rehearsal_tokens_per_task, start_recipe_run
 from benchmarks.experiments.result_tables import ttr_table as table
+from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
@@ -88,7 +89,6 @@ compare = paired_comparison
 
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     """Run (or resume) every stage; return the results (also written to ``<out>/results.json`` after each seed)."""
-    import datetime
     import shlex
 
     from agents.config import replace_fields
@@ -219,7 +219,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             seeds_done=seed + 1,
             wall_s=time.perf_counter() - t_start,
             command=("python -m benchmarks.experiments.lab_ttr " + shlex.join(args.argv)).strip(),
-            date=datetime.date.today().isoformat(),
+            **provenance(),
             stage_seconds=dict(stages.timings),
         )
         (out / "results.json").write_text(json.dumps(results, indent=1))

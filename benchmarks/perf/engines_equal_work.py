@@ -35,7 +35,6 @@ benchmarks.results DIR`` renders into the results page. Run it in the vLLM envir
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shlex
@@ -51,6 +50,7 @@ from agents.engines.kv_cache import PrefixKVCache
 from agents.engines.registry import HFEngine
 from agents.engines.vllm_engine import VLLMEngine
 from agents.models import LAB_MODEL, LAB_TINY_MODEL, default_store
+from benchmarks.provenance import provenance
 
 WORKLOADS = {
     "lab-tiny": ("lab", None, LAB_TINY_MODEL),
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "kind": "engines_equal_work",
         "command": ("python -m benchmarks.perf.engines_equal_work " + shlex.join(argv or [])).strip(),
-        "date": datetime.date.today().isoformat(),
+        **provenance(),
         "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"cpus": os.cpu_count()},
         "rows": rows,
     }

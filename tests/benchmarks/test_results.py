@@ -131,3 +131,18 @@ def test_the_engine_benchmark_is_rendered_one_row_per_workload_and_batch(tmp_pat
             f"| {r['hf']['ms_per_step']:.1f} | {r['vllm']['tokens_per_s']:.0f} | {r['vllm']['ms_per_step']:.1f} "
             f"| {ratio:.2f}x |" in page
         )
+
+
+def test_a_result_shows_the_commit_it_ran_on_and_whether_the_tree_had_local_changes(tmp_path):
+    from benchmarks.provenance import provenance
+
+    here = provenance()
+    assert here["commit"] is None or len(here["commit"]) == 40  # a checkout gives its HEAD; an installed copy none
+    run = tmp_path / "run"
+    run.mkdir()
+    data = _tiny_sft_result(random.Random(1)) | {"date": "2026-12-05", "commit": "0123456789abcdef" * 2 + "01234567"}
+    store = tmp_path / "store"
+    for dirty, shown in ((False, "(2026-12-05, commit 0123456)"), (True, "(2026-12-05, commit 0123456 with local")):
+        (run / "results.json").write_text(json.dumps(data | {"dirty": dirty}))
+        results.store(run, store)
+        assert shown in results.render(store, tmp_path / "results.md").read_text()
