@@ -176,8 +176,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "only, SB3 10,000 steps; the told rows with the same budgets"
         ),
     )
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help=(
+            "processes that train and score the seeds in parallel (worker k takes the seeds s with s %% W == k) "
+            "after the shared warm starts; then this process reads every stage back and writes the results. On "
+            "2 cores: --workers 2 --threads 1"
+        ),
+    )
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by --workers for a worker
     args = ap.parse_args(argv)
+    if args.workers < 1 or (args.worker is not None and not 0 <= args.worker < args.workers):
+        ap.error("--workers must be >= 1 (and --worker, set by --workers, in [0, --workers))")
     if args.quick:
         args.seeds, args.grpo_steps, args.sb3_timesteps = 2, 2, min(args.sb3_timesteps, 10_000)
         args.limit, args.fidelity_limit = 1, min(args.fidelity_limit, 1)
@@ -257,6 +270,10 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     told_runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.told_arms} if told_recipe else {}
     warm_start = shared_warm_start(stages, recipe, models, "", args.fidelity_limit, log)
     warm = warm_start["model"]
+    if told_recipe is not None and args.workers > 1:  # every worker starts from it: made once, before them
+        told_warm = shared_warm_start(stages, told_recipe, models, TOLD_PREFIX, args.fidelity_limit, log)
+    if args.workers > 1 and args.worker is None:
+        run_workers(args, out, log)  # every seed's stages; the loop below reads them back
 
     def evaluation(name: str, model: str, **changes: Any) -> dict[str, Any]:
         return evaluate(stages, recipe, models, name, model, **changes)
@@ -276,6 +293,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     sb3: list[dict[str, Any]] = []
     results: dict[str, Any] = {}
     for seed in range(args.seeds):
+        if args.worker is not None and seed % args.workers != args.worker:
+            continue
         for arm in args.arms:
             changes = {"seed": seed, "num_steps": steps, "run.save_every": steps, **ARMS[arm]}
             run_info = train_and_score(
@@ -341,6 +360,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                     log=log,
                 )
                 told_runs[arm].append({"seed": seed, **run_info})
+        if args.worker is not None:
+            continue  # a worker's seeds are a subset: the process that started it writes the results
         told = None if told_warm is None else {"suite": told_name, "warm_start": told_warm, "runs": told_runs}
         results = _results(args, recipe, steps, warm_start, runs, rehearsal, sb3, told)
         results.update(
@@ -355,6 +376,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         (out / "results.json").write_text(json.dumps(results, indent=1))
         plot(results, out / "ablations.png")
         log(f"[ablations] {seed + 1}/{args.seeds} seeds in {out / 'results.json'}")
+    if args.worker is not None:
+        return {}
     for line in table(results):
         log(line)
     log(
@@ -362,6 +385,34 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         f"stage time {results['stage_minutes']:.1f} min"
     )
     return results
+
+
+def run_workers(args: argparse.Namespace, out: Path, log: Any = print) -> None:
+    """Run ``--workers`` processes of this script, worker k on the seeds s with s % W == k (the same options
+    otherwise), and wait for them; each logs to ``<out>/worker<k>.log``. Stopping this process stops them.
+
+    Raises:
+        RuntimeError: a worker failed (its exit code and log named).
+    """
+    import subprocess
+
+    argv = list(getattr(args, "argv", []))
+    procs = []
+    try:
+        for k in range(args.workers):
+            path = out / f"worker{k}.log"
+            with path.open("w") as handle:
+                cmd = [sys.executable, "-m", "benchmarks.experiments.lab_ablations", *argv, "--worker", str(k)]
+                procs.append((k, path, subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)))
+            log(f"[ablations] worker {k}: seeds {list(range(k, args.seeds, args.workers))}, log {path}")
+        for k, path, proc in procs:
+            if proc.wait() != 0:
+                raise RuntimeError(f"[ablations] worker {k} exited with {proc.returncode}; its log: {path}")
+    finally:
+        for _, _, proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
 
 
 def shared_warm_start(

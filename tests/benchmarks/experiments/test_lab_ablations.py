@@ -222,6 +222,29 @@ def test_the_told_rows_run_from_their_own_warm_start_and_pair_with_the_hidden_ro
     assert "[stage] told/warm_start/sft: already done, skipped" in printed and " ...\n" not in printed
 
 
+@pytest.mark.slow
+def test_workers_train_the_seeds_in_parallel_and_give_the_sequential_results(tmp_path, capsys):
+    """--workers 2: worker k runs the seeds s % 2 == k (each in its own process, after the warm starts this
+    process made), then this process reads every stage back; the table equals a one-process run's."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(HIDDEN_RECIPE))
+    argv = ["--recipe", str(recipe), "--seeds", "2", "--arms", "role_grpo", "grpo", "--sb3-timesteps", "0"]
+    argv += ["--limit", "1", "--fidelity-limit", "1", "--told-arms", "role_grpo", "--threads", "1"]
+    parallel = lab_ablations.main([*argv, "--out", str(tmp_path / "parallel"), "--workers", "2"])
+    printed = capsys.readouterr().out
+    for k in (0, 1):
+        worker = (tmp_path / "parallel" / f"worker{k}.log").read_text()
+        assert f"[stage] grpo/seed{k}/grpo ..." in worker and f"told/role_grpo/seed{k}/grpo ..." in worker
+        assert f"seed{1 - k}/" not in worker and "warm_start/sft: already done" in worker
+    for stage in ("role_grpo/seed0/grpo", "grpo/seed1/eval", "told/role_grpo/seed1/grpo"):
+        assert f"[stage] {stage}: already done, skipped" in printed  # this process only read them back
+    sequential = lab_ablations.main([*argv, "--out", str(tmp_path / "sequential")])
+    assert [r["row"] for r in parallel["rows"]] == [r["row"] for r in sequential["rows"]]
+    for a, b in zip(parallel["rows"], sequential["rows"]):
+        assert a["success"]["values"] == b["success"]["values"], a["row"]
+    assert parallel["seeds_done"] == 2
+
+
 def test_told_arms_options_and_which_recipes_get_told_rows():
     assert lab_ablations.parse_args([]).told_arms == ["role_grpo", "grpo"]
     assert lab_ablations.parse_args(["--told-arms"]).told_arms == []  # no value: no told rows
