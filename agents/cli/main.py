@@ -36,14 +36,14 @@ def _setup_env() -> None:
     import), and bfcl-eval writes under ``$ENVACE_CACHE/bfcl`` (bfcl-eval itself reads ``BFCL_PROJECT_ROOT``
     when it is imported, so that one variable is how it is told).
     """
-    from agents.models import ModelStore, default_store, set_default_store
+    from agents.models import ModelStore, default_cache_root, default_store, set_default_store
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    root = os.environ.get("ENVACE_CACHE")
-    if root:
-        os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(root, "bfcl"))
-        if default_store().cache_root != ModelStore(root).cache_root:
+    if os.environ.get("ENVACE_CACHE"):
+        root = default_cache_root()
+        os.environ.setdefault("BFCL_PROJECT_ROOT", str(root / "bfcl"))
+        if default_store().cache_root != root:
             set_default_store(ModelStore(root))
 
 

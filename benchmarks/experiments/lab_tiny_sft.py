@@ -28,6 +28,7 @@ same folder are refused.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -184,41 +185,25 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
     sft_s = time.perf_counter() - t0
     train_s = sum(h["perf/step_s"] for h in history)
     trained = latest_model(folder / "sft")
-    result = evaluate(
-        EvalConfig(
-            model=trained,
-            suite="lab",
-            categories=args.categories,
-            split="test",
-            limit=args.limit,
-            max_new_tokens=EVAL_MAX_NEW_TOKENS,
-            max_steps_per_turn=EVAL_MAX_STEPS_PER_TURN,
-            temperature=0.0,
-            out=str(folder / "eval"),
-            overwrite=True,
-        ),
-        models=store,
-        log=lambda *a, **k: None,
-        progress=False,
+    test = EvalConfig(
+        model=trained,
+        suite="lab",
+        categories=args.categories,
+        split="test",
+        limit=args.limit,
+        max_new_tokens=EVAL_MAX_NEW_TOKENS,
+        max_steps_per_turn=EVAL_MAX_STEPS_PER_TURN,
+        temperature=0.0,
+        out=str(folder / "eval"),
+        overwrite=True,
     )
+    result = evaluate(test, models=store, log=lambda *a, **k: None, progress=False)
     fidelity = None
     if args.fidelity_limit:
         from agents.evaluation.evaluate import fidelity_tables
 
         rehearsed = evaluate(
-            EvalConfig(
-                model=trained,
-                suite="lab",
-                categories=args.categories,
-                split="test",
-                limit=args.fidelity_limit,
-                max_new_tokens=EVAL_MAX_NEW_TOKENS,
-                max_steps_per_turn=EVAL_MAX_STEPS_PER_TURN,
-                temperature=0.0,
-                fidelity=True,
-                out=str(folder / "fidelity"),
-                overwrite=True,
-            ),
+            dataclasses.replace(test, limit=args.fidelity_limit, fidelity=True, out=str(folder / "fidelity")),
             models=store,
             log=lambda *a, **k: None,
             progress=False,

@@ -15,19 +15,37 @@ SMOKE = ["--steps", "2", "--rows", "4", "--limit", "1", "--categories", "ship", 
 
 def test_smoke_run_reports_each_seed_and_reads_finished_seeds_back(tmp_path, capsys):
     out = tmp_path / "run"
-    result = lab_tiny_sft.main(SMOKE + ["--seeds", "0", "1", "--out", str(out)])
+    fid = ["--fidelity-limit", "1"]
+    result = lab_tiny_sft.main(SMOKE + fid + ["--seeds", "0", "1", "--out", str(out)])
     assert [r["seed"] for r in result["seeds"]] == [0, 1]
     assert all(0.0 <= r["success"]["ship"] <= 1.0 and r["test_tasks"] == 1 for r in result["seeds"])
     kinds = result["seeds"][0]["teacher_forced"]
     assert set(kinds) == {"act", "rehearse"} and {"item", "dock", "letter", "other"} <= set(kinds["act"])
     assert (out / "seed_1" / "eval" / "episodes.jsonl").is_file()
     assert json.loads((out / "results.json").read_text())["mean"]["overall"]["ci95"] is not None
-    assert "lab-tiny SFT from scratch" in capsys.readouterr().out
+    for r in result["seeds"]:  # rehearsal fidelity on ordinary and error outputs, None where no call had one
+        assert {"ordinary", "error"} <= set(r["fidelity"])
+        for group in ("ordinary", "error"):
+            f = r["fidelity"][group]
+            assert (f["exact_match"] is None) == (f["calls"] == 0) and 0.0 <= (f["exact_match"] or 0.0) <= 1.0
+    assert (out / "seed_0" / "fidelity" / "episodes.jsonl").is_file()
+    printed = capsys.readouterr().out
+    assert "lab-tiny SFT from scratch" in printed and "rehearsal fidelity, exact match" in printed
     stamp = (out / "seed_0" / "report.json").stat().st_mtime_ns
-    lab_tiny_sft.main(SMOKE + ["--seeds", "0", "--out", str(out)])
+    lab_tiny_sft.main(SMOKE + fid + ["--seeds", "0", "--out", str(out)])
     assert (out / "seed_0" / "report.json").stat().st_mtime_ns == stamp  # read back, not retrained
     with pytest.raises(SystemExit, match="other settings"):
-        lab_tiny_sft.main(SMOKE[:-2] + ["--warmup-steps", "2", "--seeds", "0", "--out", str(out)])
+        lab_tiny_sft.main(SMOKE[:-2] + fid + ["--warmup-steps", "2", "--seeds", "0", "--out", str(out)])
+    # a folder whose settings.json predates --fidelity-limit (no such key) resumes when the option is not given
+    old = tmp_path / "old"
+    (old / "seed_0").mkdir(parents=True)
+    (old / "seed_0" / "report.json").write_bytes((out / "seed_0" / "report.json").read_bytes())
+    settings = json.loads((out / "settings.json").read_text())
+    del settings["fidelity_limit"]
+    (old / "settings.json").write_text(json.dumps(settings))
+    assert "fidelity_mean" not in lab_tiny_sft.main(SMOKE + ["--seeds", "0", "--out", str(old)])
+    with pytest.raises(SystemExit, match="other settings"):  # fidelity is not added to a run made without it
+        lab_tiny_sft.main(SMOKE + fid + ["--seeds", "0", "--out", str(old)])
 
 
 def test_token_kind_accuracy_is_one_for_a_model_that_predicts_the_demonstration(tmp_path):
