@@ -27,9 +27,10 @@ def _git(*args: str) -> str | None:
 
 def provenance() -> dict[str, Any]:
     """``{"date": "YYYY-MM-DD", "commit": <40 hex digits> | None, "dirty": bool | None}``: today's date, the
-    checkout's ``HEAD`` and whether tracked files differ from it (both None outside a git checkout)."""
+    checkout's ``HEAD`` and whether the tree differs from it: changed tracked files or new files git does not
+    ignore (both None outside a git checkout)."""
     commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    status = _git("status", "--porcelain") if commit else None  # ignored files (runs/) do not count
     return {
         "date": datetime.date.today().isoformat(),
         "commit": commit,

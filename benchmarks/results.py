@@ -265,20 +265,10 @@ def render_engines(result: dict[str, Any], folder: Path) -> list[str]:
 
 
 def render_judge_agreement(result: dict[str, Any], folder: Path) -> list[str]:
-    """The judge-against-verifier section (`benchmarks.experiments.judge_agreement`): its confusion matrix."""
-    from benchmarks.experiments.judge_agreement import format_matrix
+    """The judge-against-verifier section (`benchmarks.experiments.judge_agreement`): its printed table."""
+    from benchmarks.experiments.judge_agreement import table
 
-    mean = {k: "n/a" if v is None else f"{v:.2f}" for k, v in result["judge_mean_reward"].items()}
-    stats = result["judge_stats"]
-    table = [
-        f"{result['episodes']} {result['suite']} {result['split']} episodes played by {result['policy']!r}, judged by "
-        f"{result['judge']!r} (pass: R >= {result['threshold']}; reply prefix {result['judge_prefix']!r})",
-        format_matrix(result["confusion"]),
-        f"judge mean R: {mean['verifier_pass']} on verifier passes, {mean['verifier_fail']} on verifier fails",
-        f"judge: {stats['prompts']} prompts, {stats['verdicts']} verdicts, {stats['unparseable']} unparseable "
-        f"(scored {result['unparseable_score']}); {result['total_s']} s",
-    ]
-    return _table_section("Judge against verifier on the lab", table, result, folder, plots=False)
+    return _table_section("Judge against verifier on the lab", table(result), result, folder, plots=False)
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {

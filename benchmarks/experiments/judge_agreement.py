@@ -72,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="folder for results.json and episodes.jsonl")
     args = ap.parse_args(argv)
+    if args.out and args.out.endswith(".jsonl"):
+        ap.error(f"--out is a folder (results.json and episodes.jsonl go in it), got the file name {args.out!r}")
     if args.episodes < 1 or args.judge_tokens < 1 or not 0 <= args.mistake_rate <= 1:
         ap.error("--episodes and --judge-tokens must be >= 1 and --mistake-rate in [0, 1]")
     if not 0 <= args.threshold <= 1 or not 0 <= args.unparseable_score <= 1:
@@ -168,6 +170,23 @@ def format_matrix(c: dict[str, Any]) -> str:
     return "\n".join(rows) + f"\nagreement {c['agreement']:.2f}, Cohen's kappa {kappa}"
 
 
+def table(report: dict[str, Any]) -> list[str]:
+    """The printed result (and the results page's section): who played and judged, the confusion matrix, the
+    judge's mean R per verifier class and its prompt and verdict counts."""
+    mean = {k: "n/a" if v is None else f"{v:.2f}" for k, v in report["judge_mean_reward"].items()}
+    stats = report["judge_stats"]
+    prefix = "" if report["judge_prefix"] is None else f"; reply prefix {report['judge_prefix']!r}"
+    return [
+        f"{report['episodes']} {report['suite']} {report['split']} episodes played by {report['policy']!r}, judged "
+        f"by {report['judge']!r} (pass: R >= {report['threshold']}{prefix})",
+        format_matrix(report["confusion"]),
+        f"judge mean R: {mean['verifier_pass']} on verifier passes, {mean['verifier_fail']} on verifier fails",
+        f"judge: {stats['prompts']} prompts, {stats['generated']} generated, {stats['cache_hits']} cache hits, "
+        f"{stats['verdicts']} verdicts, {stats['unparseable']} unparseable (scored {report['unparseable_score']}); "
+        f"{report['total_s']} s",
+    ]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     import torch
@@ -222,8 +241,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     report = {
         "episodes": len(records),
+        "suite": args.suite,
+        "split": args.split,
         "policy": args.policy,
         "judge": args.judge_url or args.judge,
+        "judge_prefix": None if args.judge_url else args.judge_prefix,
+        "unparseable_score": args.unparseable_score,
         "threshold": args.threshold,
         "confusion": c,
         "judge_mean_reward": mean,
@@ -232,18 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "play_s": round(t_play, 1),
         "total_s": round(time.perf_counter() - t0, 1),
     }
-    print(
-        f"[judge_agreement] {len(records)} {args.suite} {args.split} episodes by policy {args.policy!r}, judged by "
-        f"{report['judge']!r} (pass: R >= {args.threshold})"
-    )
-    print(format_matrix(c))
-    fmt = {k: "n/a" if v is None else f"{v:.2f}" for k, v in mean.items()}
-    print(f"judge mean R: {fmt['verifier_pass']} on verifier passes, {fmt['verifier_fail']} on verifier fails")
-    s = judge.stats
-    print(
-        f"judge: {s.prompts} prompts, {s.generated} generated, {s.cache_hits} cache hits, {s.verdicts} verdicts, "
-        f"{s.unparseable} unparseable (scored {args.unparseable_score}); {report['total_s']} s"
-    )
+    print("[judge_agreement] " + "\n".join(table(report)))
     if args.out:
         import shlex
 
@@ -251,16 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         (out / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         command = "python -m benchmarks.experiments.judge_agreement " + shlex.join(argv or [])
-        stored = {
-            "kind": "judge_agreement",
-            "command": command.strip(),
-            **provenance(),
-            "suite": args.suite,
-            "split": args.split,
-            "judge_prefix": args.judge_prefix,
-            "unparseable_score": args.unparseable_score,
-            **report,
-        }
+        stored = {"kind": "judge_agreement", "command": command.strip(), **provenance(), **report}
         (out / "results.json").write_text(json.dumps(stored, indent=1))
         print(f"results in {out / 'results.json'}, per-episode records in {out / 'episodes.jsonl'}")
     return report

@@ -580,6 +580,7 @@ def _results(args, recipe, steps, warm, runs, rehearsal, sb3, told=None) -> dict
         "test_tasks": warm["eval"]["n_tasks"],
         "fidelity_tasks": warm["fidelity"].get("n_tasks"),
         "told_suite": None if told is None else told["suite"],
+        "told_arms": [] if told is None else list(told["runs"]),
         "rows": rows,
         "fidelity": fidelity,
     }

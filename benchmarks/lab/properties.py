@@ -148,6 +148,13 @@ def measure(config: LabConfig | None = None, train_tasks: int = 2000) -> dict[st
     return {s: {k: sum(v) / len(v) for k, v in by.items()} for s, by in scores.items()}
 
 
+def table(result: dict[str, dict[str, float]], families: list[str]) -> list[str]:
+    """`measure`'s result as printed (and shown on the lab's docs page): a header, then one row per solver."""
+    return [f"{'solver':18s}" + "".join(f"{f:>10s}" for f in families)] + [
+        f"{solver:18s}" + "".join(f"{by[f]:10.3f}" for f in families) for solver, by in result.items()
+    ]
+
+
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -165,9 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         f"hidden-rules lab world, test split ({config.test_tasks} tasks per family), seed {config.seed}; "
         "told_no_rules plays the same tasks told (suite lab-told)"
     )
-    print(f"{'solver':18s}" + "".join(f"{f:>10s}" for f in families))
-    for solver, by in result.items():
-        print(f"{solver:18s}" + "".join(f"{by[f]:10.3f}" for f in families))
+    print("\n".join(table(result, families)))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)

@@ -13,7 +13,7 @@ Workloads (``--workloads``):
 
 * ``lab-tiny``: EnvACE-Lab (every family) with lab-tiny, the lab recipe's model (0.9M parameters, ~51-token
   prompts);
-* ``lab-smollm2``: EnvACE-Lab with smollm2-lab (SmolLM2-135M on the lab vocabulary, ~250-token prompts);
+* ``lab-smollm2``: EnvACE-Lab with smollm2-lab (SmolLM2-135M on the lab vocabulary, ~130-token prompts);
 * ``bfcl``: BFCL ``simple_python`` with SmolLM2-135M (240-400-token prompts);
 * ``bfcl-multi-turn``: BFCL ``multi_turn_base`` with SmolLM2-135M (3-5.6k-token prompts). Not in the default
   list: at B = 128 the HF engine's KV cache alone (one copy per row) would take ~18 GB.
@@ -22,7 +22,8 @@ Per workload and B (``--batches``) it prints, for each engine: tokens/s (``B × 
 and ms per decode step (``(t(new) - t(1)) / (new - 1)``: the prefill and one-off costs cancel), each the median
 of ``--repeats`` rounds after an untimed one, the two engines interleaved within a round (this machine's speed
 drifts); then vLLM's speed-up. Both engines run in this process with ``--threads`` torch threads; models are
-fp32. The load average is printed before and after each workload (a shared machine's other jobs slow both
+fp32. The load average is printed before each workload and at the end, and recorded before each workload and
+after each row (a shared machine's other jobs slow both
 engines, and more threads than free cores slow them unevenly).
 
 With ``--out DIR`` it writes ``DIR/results.json`` (kind ``engines_equal_work``), which ``python -m

@@ -202,7 +202,8 @@ def test_the_equal_work_benchmark_runs_both_engines_and_its_result_is_rendered(t
     from benchmarks.perf import engines_equal_work
 
     out = tmp_path / "run"
-    args = ["--workloads", "lab-tiny", "--batches", "8", "--new", "4", "--repeats", "1", "--out", str(out)]
+    args = ["--workloads", "lab-tiny", "--batches", "8", "--new", "4", "--repeats", "1", "--kv-cache-gib", "1"]
+    args += ["--out", str(out)]
     result = engines_equal_work.main(args)
     (row,) = result["rows"]
     assert row["batch"] == 8 and row["model"] == LAB_TINY_MODEL

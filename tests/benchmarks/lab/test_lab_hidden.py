@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -12,7 +13,7 @@ import pytest
 import envace_gym  # noqa: F401
 from benchmarks.lab import LabConfig, LabSuite, hidden
 from benchmarks.lab.hidden import HIDDEN_CATEGORIES, shelves_from_prompt, train_task
-from benchmarks.lab.properties import measure
+from benchmarks.lab.properties import measure, table
 from benchmarks.lab.world import HIDDEN_TOOLS, LabBackend, Warehouse
 from envace_gym.parsing import format_tool_calls
 from envace_gym.suites import make_suite
@@ -98,6 +99,9 @@ def test_defining_properties_on_the_test_split():
     # a second item packed from the shelf of the first moved up a position since the prompt's state
     assert 0.5 < told["ship_two"] < 1.0 and 0.5 < told["full_job"] < 1.0
     assert measure(LabConfig(told=True), train_tasks=2000) == result  # the told world's own tasks: the same numbers
+    # the docs page shows the table as the script prints it: a changed world must change the page too
+    page = (Path(__file__).resolve().parents[3] / "docs" / "suites" / "lab.md").read_text()
+    assert "\n".join(table(result, [*LabConfig().categories, "overall"])) in page
 
 
 def test_every_branch_is_drawn(suite):
