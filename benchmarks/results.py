@@ -148,12 +148,31 @@ def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
             "|---" * len(copies) + "|",
             "| " + " | ".join(_ci(v["mean"], v["ci95"], 2) for v in copies.values()) + " |",
         ]
+    one_step = result.get("one_step_fidelity_mean")
+    if one_step:
+        calls = {g: sum(r.get("one_step_fidelity", {}).get(g, {}).get("outputs", 0) for r in seeds) for g in one_step}
+        lines += [
+            "",
+            "One-step rehearsal fidelity: exact match of the REHEARSE role's greedy output given the real history "
+            "up to the call (test demonstrations, each with one mistaken call; mean over seeds, outputs summed). "
+            "Error kinds: a move onto a full shelf (breaks), a repeated move or ship, an unknown box, an unknown item:",
+            "",
+            "| " + " | ".join(one_step) + " |",
+            "|---" * len(one_step) + "|",
+            "| "
+            + " | ".join(
+                "n/a" if v is None else f"{_ci(v['mean'], v['ci95'])} ({calls[g]})" for g, v in one_step.items()
+            )
+            + " |",
+        ]
     fidelity = result.get("fidelity_mean")
     if fidelity:
         lines += [
             "",
-            "Rehearsal fidelity (exact match of the REHEARSE role's outputs against the real backend's, on the "
-            f"first {s['fidelity_limit']} test tasks per family; mean over seeds, calls summed):",
+            "Rehearsed-rollout fidelity (exact match of the REHEARSE role's outputs against the real backend's "
+            "in rollouts the policy rehearsed, where an error usually follows from an earlier rehearsed output the "
+            f"real world contradicts; first {s['fidelity_limit']} test tasks per family; mean over seeds, calls "
+            "summed):",
             "",
             "| " + " | ".join(f"{k} outputs" for k in fidelity) + " |",
             "|---" * len(fidelity) + "|",

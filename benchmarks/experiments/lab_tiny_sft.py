@@ -6,7 +6,9 @@ optionally the leading prompt and error demonstrations), then score it greedily 
 the real backend (`agents.evaluation.evaluate`), and measure which values it copies (`token_kind_accuracy` on test
 demonstrations: items, docks, shelf letters); with ``--fidelity-limit N`` also its rehearsal fidelity (exact match
 of the REHEARSE role's outputs against the real backend's on the first N test tasks per family, separately on
-ordinary and on error outputs: what error demonstrations should change). Prints per seed the SFT wall seconds,
+ordinary and on error outputs), and always its one-step rehearsal fidelity (`one_step_fidelity`: each real output
+of test demonstrations, error demonstrations included, predicted from the real history; what error
+demonstrations should change, and what rollout fidelity cannot show). Prints per seed the SFT wall seconds,
 test success per family and the copy accuracies, then their means over seeds (success with a 95% t-interval,
 seeds as the unit), and writes ``results.json``.
 
@@ -138,6 +140,79 @@ def token_kind_accuracy(model: Any, tokenizer: Any, demos: list[Any]) -> dict[st
     return out
 
 
+ONE_STEP_EVERY = 4
+"""`one_step_fidelity` reads the demonstrations of every ONE_STEP_EVERY-th scored test task of each family, each
+with one error demonstration (`build_demonstrations(..., mutations=1)`, seed 0)."""
+
+
+def one_step_fidelity(model: Any, tokenizer: Any, demos: list[Any]) -> dict[str, dict[str, float | int | None]]:
+    """One-step rehearsal fidelity: for every real tool output of `demos` (each REHEARSE span: the output's
+    tokens and its end token), whether greedy decoding from the demonstration's own prefix, the real history up
+    to that call, reproduces it exactly. Under teacher forcing that is every target token of the span being
+    the argmax, so one forward pass per demonstration decides every span.
+
+    Unlike the rehearsed-rollout fidelity of `agents.evaluation.evaluate` (``fidelity=True``), where an error
+    follows from earlier rehearsed outputs that the real world contradicted (a label the rehearsal invented,
+    then shipped), this asks what a world model is for: given the true state so far, does it foresee what this
+    call returns, a failure included?
+
+    Returns:
+        ``{"ordinary" | "error" | <error kind>: {"outputs": n, "exact_match": fraction or None}}``, error kinds
+        read from the output's text: ``breaks``, ``repeat`` (already there or shipped), ``no_box``,
+        ``no_item`` and ``other_error``.
+    """
+    import torch
+
+    from envace_gym.types import Role
+    from wrappers.fidelity import is_error_output
+
+    def kind(text: str) -> str:
+        if not is_error_output(text):
+            return "ordinary"
+        for name, marker in (("breaks", "broke"), ("repeat", "already"), ("no_box", "no box"), ("no_item", "no item")):
+            if marker in text:
+                return name
+        return "other_error"
+
+    tally: dict[str, list[int]] = {}
+    rehearse = int(Role.REHEARSE)
+    model.eval()
+    with torch.no_grad():
+        for demo in demos:
+            ids = torch.tensor([demo.token_ids])  # (1, T)
+            predicted = model(input_ids=ids).logits[0].argmax(-1).tolist()  # (T,): the token after each position
+            t, n = 0, len(demo.token_ids)
+            while t < n:
+                if demo.role_mask[t] != rehearse or t == 0:
+                    t += 1
+                    continue
+                end = t
+                while end < n and demo.role_mask[end] == rehearse:
+                    end += 1
+                exact = all(predicted[i - 1] == demo.token_ids[i] for i in range(t, end))
+                text = tokenizer.decode(demo.token_ids[t:end], skip_special_tokens=True)
+                for group in {kind(text), "error" if is_error_output(text) else "ordinary"}:
+                    counts = tally.setdefault(group, [0, 0])
+                    counts[0] += exact
+                    counts[1] += 1
+                t = end
+    return {g: {"outputs": n, "exact_match": right / n if n else None} for g, (right, n) in sorted(tally.items())}
+
+
+def one_step_probe(args: argparse.Namespace, store: Any, trained: str) -> dict[str, dict[str, float | int | None]]:
+    """`one_step_fidelity` of the model in folder `trained` on every `ONE_STEP_EVERY`-th scored test task."""
+    from agents.training.demonstrations import build_demonstrations
+    from benchmarks.lab.hidden import HIDDEN_CATEGORIES
+
+    tokenizer = store.tokenizer(trained)
+    families = args.categories or HIDDEN_CATEGORIES
+    ids = [f"{c}_test{i}" for c in families for i in range(0, args.limit, ONE_STEP_EVERY)]
+    demos, _ = build_demonstrations(
+        tokenizer, "lab", args.categories, "test", task_ids=ids, max_tokens=None, mutations=1, seed=0
+    )
+    return one_step_fidelity(store.model(trained), tokenizer, demos)
+
+
 def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> dict[str, Any]:
     from agents.evaluation.evaluate import EvalConfig, evaluate
     from agents.models import ModelStore
@@ -149,7 +224,13 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
 
     done = folder / "report.json"
     if done.is_file():
-        return json.loads(done.read_text())
+        report = json.loads(done.read_text())
+        if "one_step_fidelity" not in report and (folder / "sft").is_dir():  # finished before the measurement
+            store = ModelStore()
+            trained = latest_model(folder / "sft")
+            report["one_step_fidelity"] = one_step_probe(args, store, trained)
+            done.write_text(json.dumps(report, indent=1))
+        return report
     sizes = LabTinySizes(
         hidden_size=args.hidden,
         num_hidden_layers=args.layers,
@@ -217,6 +298,7 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
     probed = [f"{c}_test{i}" for c in args.categories or HIDDEN_CATEGORIES for i in range(0, args.limit, PROBE_EVERY)]
     probe, _ = build_demonstrations(tokenizer, "lab", args.categories, "test", task_ids=probed, max_tokens=None)
     copies = token_kind_accuracy(store.model(trained), tokenizer, probe)
+    one_step = one_step_probe(args, store, trained)
     report = {
         "seed": seed,
         "sft_s": sft_s,
@@ -225,6 +307,7 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
         "rehearse_loss": last.get("train/loss/rehearse"),
         "success": {r["category"]: r["accuracy"] for r in result.summary},
         "teacher_forced": copies,
+        "one_step_fidelity": one_step,
         "test_tasks": result.summary[-1]["n_tasks"],
     }
     if fidelity is not None:
@@ -296,6 +379,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{group:>9s} {shown}  (calls {calls})")
             known = [v for v in values if v is not None]
             fidelity[group] = dict(zip(("mean", "ci95"), mean_ci95(known))) if known else None
+    one_step: dict[str, dict[str, float | None] | None] = {}
+    groups = sorted(
+        {g for r in reports for g in r.get("one_step_fidelity", {})}, key=lambda g: (g != "ordinary", g != "error", g)
+    )
+    print(f"one-step rehearsal fidelity: exact match given the real history (every {ONE_STEP_EVERY}th test task)")
+    for group in groups:
+        cells = [r.get("one_step_fidelity", {}).get(group, {"outputs": 0, "exact_match": None}) for r in reports]
+        shown = "".join("   n/a" if c["exact_match"] is None else f"{c['exact_match']:6.3f}" for c in cells)
+        print(f"{group:>11s} {shown}  (outputs {[c['outputs'] for c in cells]})")
+        known = [c["exact_match"] for c in cells if c["exact_match"] is not None]
+        one_step[group] = dict(zip(("mean", "ci95"), mean_ci95(known))) if known else None
     import shlex
     import sys
 
@@ -311,6 +405,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if fidelity:
         result["fidelity_mean"] = fidelity
+    if one_step:
+        result["one_step_fidelity_mean"] = one_step
     (out / "results.json").write_text(json.dumps(result, indent=1))
     return result
 
