@@ -210,10 +210,15 @@ class PipelineConfig:
             raise ValueError(
                 f"invalid PipelineConfig: min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}"
             )
-        from envace_gym.suites import registered_suites
+        from envace_gym.suites import make_suite, registered_suites
 
         if self.suite not in registered_suites():
             raise ValueError(f"invalid PipelineConfig: suite must be one of {registered_suites()}, got {self.suite!r}")
+        if self.sft.error_demos and not callable(getattr(make_suite(self.suite), "mutations", None)):
+            raise ValueError(
+                f"invalid PipelineConfig: sft.error_demos: suite {self.suite!r} proposes no mistakes (no "
+                "Suite.mutations); set --sft.error-demos 0"
+            )
         for f in dataclasses.fields(self):
             if f.name not in ("sft", "grpo", "eval"):
                 continue

@@ -236,8 +236,6 @@ class SFTConfig:
                 suite.tasks(self.categories, self.split)
             except ValueError as err:
                 fail(f"categories of data source {source!r}: {err}")
-            if self.error_demos and not callable(getattr(suite, "mutations", None)):
-                fail(f"error_demos: suite {source!r} proposes no mistakes (no Suite.mutations); set --error-demos 0")
 
         for name in ("num_epochs", "batch_tokens", "max_batch_rows", "max_seq_len", "lora_r"):
             if getattr(self, name) < 1:
@@ -263,6 +261,23 @@ class SFTConfig:
             fail("--data is empty; give a suite name such as 'bfcl' and/or JSONL files")
         if not 0 <= self.min_solvable_fraction <= 1:
             fail(f"min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")
+
+    def check_error_demos(self) -> None:
+        """Raise unless every suite of `data` proposes mistakes when ``error_demos`` > 0. Checked when training
+        starts (`SFTTrainer`) rather than in ``__post_init__``: ``envace pipeline`` builds its SFT stage's
+        config before setting ``data`` to its own suite, and checks that suite itself.
+
+        Raises:
+            ValueError: a suite of `data` has no ``Suite.mutations``.
+        """
+        from envace_gym.suites import make_suite
+
+        for source in self.data_suites() if self.error_demos else []:
+            if not callable(getattr(make_suite(source), "mutations", None)):
+                raise ValueError(
+                    f"invalid SFTConfig: error_demos: suite {source!r} proposes no mistakes (no Suite.mutations); "
+                    "set --error-demos 0"
+                )
 
     def data_suites(self) -> list[str]:
         """The ``data`` sources that name a registered suite (the others are JSONL files)."""
@@ -558,6 +573,7 @@ class SFTTrainer:
         from agents.training.logprobs import TokenLogprobs, enable_gradient_checkpointing
         from agents.training.run_folder import RunLock, check_resume_config, trim_jsonl
 
+        config.check_error_demos()  # before any model loads
         self.config = config
         self.parallel = parallel = parallel or DataParallel.from_environment(config.run.device)
         if not parallel.is_main:

@@ -349,6 +349,12 @@ def test_the_demo_recipe_is_the_hidden_world_on_lab_tiny_and_its_budgets_leave_t
     assert config.grpo.batch_tasks * config.grpo.group_size >= 128 and config.sft.group_by_length is False
     budgets = check_budgets(config, log=lambda *_: None)
     assert budgets["grpo"]["fraction"] == budgets["eval"]["fraction"] == 1.0
+    # error demonstrations on the recipe's own suite; a suite that proposes no mistakes is refused up front
+    sft = config.sft_config("runs/x/sft", ["relocate_1"])
+    assert sft.data == ["lab"] and sft.error_demos == 1
+    sft.check_error_demos()
+    with pytest.raises(ValueError, match="suite 'bfcl' proposes no mistakes"):
+        load_dataclass(PipelineConfig, str(recipe), suite="bfcl")
 
 
 def test_the_told_recipe_is_the_demo_recipe_on_lab_told_and_its_budgets_leave_the_tasks_winnable(no_model_loads):

@@ -366,7 +366,7 @@ def test_sft_error_demos_option_reaches_the_demonstrations(smol_tokenizer):
     from agents.training.sft import SFTConfig, load_sft_data
 
     with pytest.raises(ValueError, match="proposes no mistakes"):
-        SFTConfig(data=["scripted"], error_demos=1)
+        SFTConfig(data=["scripted"], error_demos=1).check_error_demos()  # what SFTTrainer checks first
     with pytest.raises(ValueError, match="error_demos must be >= 0"):
         SFTConfig(data=["lab"], error_demos=-1)
     demos, stats = load_sft_data(SFTConfig(data=["lab"], task_ids=["relocate_1"], error_demos=2), smol_tokenizer)
