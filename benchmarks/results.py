@@ -155,7 +155,8 @@ def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
             "",
             "One-step rehearsal fidelity: exact match of the REHEARSE role's greedy output given the real history "
             "up to the call (test demonstrations, each with one mistaken call; mean over seeds, outputs summed). "
-            "Error kinds: a move onto a full shelf (breaks), a repeated move or ship, an unknown box, an unknown item:",
+            "Error kinds: breaks (a move onto a full shelf), no_box (a label no packed box has), no_item (an "
+            "unknown item), repeat (the last move or ship again):",
             "",
             "| " + " | ".join(one_step) + " |",
             "|---" * len(one_step) + "|",
