@@ -624,12 +624,45 @@ def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None
             f"[pipeline] {out.name}: {n_calls} rehearsed calls: {scores}; {split} "
             f"(accuracy in the rehearsed world {row['accuracy']:.3f})"
         )
+        one_step = _one_step(eval_config, result, models)
+        if one_step is not None:
+            for group in ("ordinary", "error"):
+                cell = one_step.get(group, {"outputs": 0, "exact_match": None})
+                row[f"one_step_{group}_outputs"] = cell["outputs"]
+                row[f"one_step_{group}_exact_match"] = cell["exact_match"]
+            cells = []
+            for g in ("error", "ordinary"):
+                exact = row[f"one_step_{g}_exact_match"]
+                shown = "n/a" if exact is None else f"{exact:.3f}"
+                cells.append(f"{g} outputs {row[f'one_step_{g}_outputs']}, exact {shown}")
+            log(f"[pipeline] {out.name}: one-step fidelity (real output from the real history): {'; '.join(cells)}")
     else:
         log(
             f"[pipeline] {out.name}: accuracy {row['accuracy']:.3f}, ACT steps parsed as tool calls "
             f"{row['tool_call_fraction']:.3f}, parse errors/task {row['parse_errors_per_task']:.2f}"
         )
     return row
+
+
+def _one_step(eval_config: EvalConfig, result: Any, models: ModelStore | None) -> dict[str, Any] | None:
+    """`agents.evaluation.one_step.one_step_fidelity` of the evaluated model on the evaluated tasks' demonstrations,
+    each task also with one error demonstration, where the suite proposes mistakes (``Suite.mutations``); else
+    None (no error outputs to score)."""
+    from agents.evaluation.one_step import one_step_fidelity
+    from agents.models import default_store
+    from agents.training.demonstrations import build_demonstrations
+    from envace_gym.suites import make_suite
+
+    if not callable(getattr(make_suite(eval_config.suite), "mutations", None)):
+        return None
+    store = models or default_store()
+    tokenizer = store.tokenizer(eval_config.model)
+    ids = [str(e["task_id"]) for e in result.episodes]
+    demos, _ = build_demonstrations(
+        tokenizer, eval_config.suite, eval_config.categories, eval_config.split, task_ids=ids, max_tokens=None,
+        mutations=1, seed=0,
+    )  # fmt: skip
+    return one_step_fidelity(store.model(eval_config.model), tokenizer, demos)
 
 
 SAME_TASKS_ROW = "grpo, same tasks"

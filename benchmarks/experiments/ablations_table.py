@@ -28,6 +28,9 @@ def table(results: dict[str, Any]) -> list[str]:
         f"{'row':<40} {'success':>15} {'vs role_grpo':>15} {'tasks +/-':>9} {'real calls':>10} {'replays':>8} "
         f"{'seconds':>8} {'fid ord':>7} {'fid err':>7}",
     ]
+    one_step = any((row.get("fidelity") or {}).get("one-step error exact") is not None for row in results["rows"])
+    if one_step:  # measured since the pipeline's fidelity stages score it: older results have no such columns
+        lines[-1] += f" {'1-step ord':>10} {'1-step err':>10}"
     for row in results["rows"]:
         s = row["success"]
         success = f"{s['mean']:.3f}" + ("" if s["ci95"] is None else f" +- {s['ci95']:.3f}")
@@ -41,10 +44,13 @@ def table(results: dict[str, Any]) -> list[str]:
         replays = "" if row.get("verifier_replay_calls") is None else f"{row['verifier_replay_calls']:.0f}"
         secs = f"{row['wall_s']:.0f}" if "wall_s" in row else ""
         fid = row.get("fidelity") or {}
-        ordinary, error = (("" if fid.get(k) is None else f"{fid[k]:.3f}") for k in ("ordinary exact", "error exact"))
+        ordinary, error, one_ordinary, one_error = (
+            ("" if fid.get(k) is None else f"{fid[k]:.3f}")
+            for k in ("ordinary exact", "error exact", "one-step ordinary exact", "one-step error exact")
+        )
         lines.append(
             f"{row['row']:<40} {success:>15} {diff:>15} {paired:>9} {calls:>10} {replays:>8} {secs:>8} "
-            f"{ordinary:>7} {error:>7}"
+            f"{ordinary:>7} {error:>7}" + (f" {one_ordinary:>10} {one_error:>10}" if one_step else "")
         )
     lines.append(
         "tasks +/-: the test tasks the row solved that role_grpo did not / that role_grpo solved and the row "
@@ -58,8 +64,14 @@ def table(results: dict[str, Any]) -> list[str]:
         )
     if results.get("fidelity_tasks"):
         lines.append(
-            f"fid ord / fid err: rehearsal fidelity, exact match on ordinary / error tool outputs, mean over "
-            f"seeds, on {results['fidelity_tasks']} test tasks"
+            f"fid ord / fid err: rehearsal fidelity, exact match on ordinary / error tool outputs of rehearsed "
+            f"rollouts, mean over seeds, on {results['fidelity_tasks']} test tasks"
+            + (
+                "; 1-step ord / err: each real output of their demonstrations (one mistaken call each) predicted "
+                "from the real history"
+                if one_step
+                else ""
+            )
         )
     before, after = results["fidelity"]["before"], results["fidelity"]["after"]
     for m in FIDELITY_METRICS:

@@ -74,8 +74,12 @@ FIDELITY_SPLITS = {
     "exact": "fidelity_exact_match",
     "ordinary exact": "fidelity_ordinary_exact_match",
     "error exact": "fidelity_error_exact_match",
+    "one-step ordinary exact": "one_step_ordinary_exact_match",
+    "one-step error exact": "one_step_error_exact_match",
 }
-"""Per-row fidelity columns: exact match over every rehearsed output, over ordinary outputs, over error outputs."""
+"""Per-row fidelity columns: exact match over every rehearsed output, over ordinary outputs, over error outputs
+(rehearsed rollouts), and one-step exact match on ordinary and error outputs (`agents.evaluation.one_step`; None
+for a fidelity stage run before it was measured)."""
 
 
 def row_fidelity(evaluations: list[dict[str, Any]]) -> dict[str, float | None]:

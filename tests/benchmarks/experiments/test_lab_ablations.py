@@ -101,7 +101,14 @@ def test_every_arm_and_row_is_reported_and_a_rerun_resumes(tmp_path, capsys):
     for seed in (0, 1):  # every arm's policy of every seed has its own fidelity evaluation on the limited tasks
         episodes = (out / f"null_rehearser/seed{seed}/fidelity/episodes.jsonl").read_text().splitlines()
         assert len(episodes) == results["fidelity_tasks"] == len(RECIPE["categories"])
-    assert set(rows["grpo"]["fidelity"]) == {"exact", "ordinary exact", "error exact"}
+    assert set(rows["grpo"]["fidelity"]) == {
+        "exact",
+        "ordinary exact",
+        "error exact",
+        "one-step ordinary exact",
+        "one-step error exact",
+    }
+    assert rows["grpo"]["fidelity"]["one-step error exact"] is not None  # the suite proposes mistakes: scored
     assert results["seeds_done"] == 2 and "PARTIAL" not in printed_table(results)
     assert (out / "ablations.png").stat().st_size > 1000
     assert json.loads((out / "results.json").read_text())["rows"] == json.loads(json.dumps(results["rows"]))
@@ -211,7 +218,14 @@ def test_the_told_rows_run_from_their_own_warm_start_and_pair_with_the_hidden_ro
         paired = rows[name]["paired_tasks"]
         assert paired["tasks"] == 2 * results["test_tasks"]
         assert (paired["gained"] - paired["lost"]) / paired["tasks"] == pytest.approx(s["diff_mean"])
-        assert set(rows[name]["fidelity"]) == {"exact", "ordinary exact", "error exact"}
+        assert set(rows[name]["fidelity"]) == {
+            "exact",
+            "ordinary exact",
+            "error exact",
+            "one-step ordinary exact",
+            "one-step error exact",
+        }
+        assert rows[name]["fidelity"]["one-step error exact"] is not None
     told_eval = json.loads((out / "told/role_grpo/seed1/eval/stage_done.json").read_text())["eval"]
     assert rows["told: role_grpo"]["success"]["values"][1] == told_eval["accuracy"]
     printed = capsys.readouterr().out
