@@ -645,9 +645,10 @@ def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None
 
 
 def _one_step(eval_config: EvalConfig, result: Any, models: ModelStore | None) -> dict[str, Any] | None:
-    """`agents.evaluation.one_step.one_step_fidelity` of the evaluated model on the evaluated tasks' demonstrations,
-    each task also with one error demonstration, where the suite proposes mistakes (``Suite.mutations``); else
-    None (no error outputs to score)."""
+    """`agents.evaluation.one_step.one_step_fidelity` of the model that plays REHEARSE in the evaluation
+    (``rehearser_model`` where set, else the evaluated model) on the evaluated tasks' demonstrations, each task also
+    with one error demonstration, where the suite proposes mistakes (``Suite.mutations``); else None (no error
+    outputs to score)."""
     from agents.evaluation.one_step import one_step_fidelity
     from agents.models import default_store
     from agents.training.demonstrations import build_demonstrations
@@ -656,13 +657,14 @@ def _one_step(eval_config: EvalConfig, result: Any, models: ModelStore | None) -
     if not callable(getattr(make_suite(eval_config.suite), "mutations", None)):
         return None
     store = models or default_store()
-    tokenizer = store.tokenizer(eval_config.model)
+    rehearser = eval_config.rehearser_model or eval_config.model
+    tokenizer = store.tokenizer(rehearser)
     ids = [str(e["task_id"]) for e in result.episodes]
     demos, _ = build_demonstrations(
         tokenizer, eval_config.suite, eval_config.categories, eval_config.split, task_ids=ids, max_tokens=None,
         mutations=1, seed=0,
     )  # fmt: skip
-    return one_step_fidelity(store.model(eval_config.model), tokenizer, demos)
+    return one_step_fidelity(store.model(rehearser), tokenizer, demos)
 
 
 SAME_TASKS_ROW = "grpo, same tasks"

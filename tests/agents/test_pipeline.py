@@ -409,3 +409,43 @@ def test_a_finished_stage_is_skipped_only_with_its_settings_wherever_the_run_fol
         run_stage("moved", init="moved/sft/checkpoints/step_2/model")
     monkeypatch.chdir(tmp_path / "moved")
     assert run_stage(".") == 0  # the run folder is the working directory
+
+
+def test_one_step_fidelity_scores_the_model_that_plays_rehearse(monkeypatch):
+    """With ``rehearser_model`` set, another model plays REHEARSE: one-step fidelity is that model's, on the
+    evaluated tasks; a suite that proposes no mistakes gets none."""
+    import types
+
+    import agents.evaluation.one_step
+    import agents.training.demonstrations
+    from agents.evaluation.evaluate import EvalConfig
+    from agents.pipeline import _one_step
+
+    loaded: list[tuple[str, str]] = []
+    built: list[list[str]] = []
+
+    class Store:
+        def tokenizer(self, name):
+            loaded.append(("tokenizer", name))
+            return f"tok:{name}"
+
+        def model(self, name):
+            loaded.append(("model", name))
+            return f"model:{name}"
+
+    def demos(tokenizer, suite, categories, split, *, task_ids, **kwargs):
+        built.append(list(task_ids))
+        return [f"demo of {i}" for i in task_ids], None
+
+    monkeypatch.setattr(agents.training.demonstrations, "build_demonstrations", demos)
+    monkeypatch.setattr(agents.evaluation.one_step, "one_step_fidelity", lambda m, t, d: {"scored": (m, t, d)})
+    result = types.SimpleNamespace(episodes=[{"task_id": "ship_test0"}, {"task_id": "fill_test0"}])
+    config = EvalConfig(model="policy-folder", suite="lab", rehearser_model="world-model-folder")
+    scored = _one_step(config, result, Store())
+    assert scored == {
+        "scored": ("model:world-model-folder", "tok:world-model-folder", ["demo of ship_test0", "demo of fill_test0"])
+    }
+    assert ("model", "policy-folder") not in loaded and built == [["ship_test0", "fill_test0"]]
+    plain = _one_step(dataclasses.replace(config, rehearser_model=None), result, Store())
+    assert plain["scored"][0] == "model:policy-folder"
+    assert _one_step(dataclasses.replace(config, suite="bfcl"), result, Store()) is None
