@@ -270,8 +270,20 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     told_runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.told_arms} if told_recipe else {}
     warm_start = shared_warm_start(stages, recipe, models, "", args.fidelity_limit, log)
     warm = warm_start["model"]
+
+    def told_warm_start() -> dict[str, Any]:
+        """The told world's shared warm start, checked to be scored on the hidden warm start's test task ids."""
+        made = shared_warm_start(stages, told_recipe, models, TOLD_PREFIX, args.fidelity_limit, log)
+        if set(made["eval"]["task_rewards"]) != set(warm_start["eval"]["task_rewards"]):
+            raise RuntimeError(
+                f"{told_name} was evaluated on other test tasks than {recipe.suite}; its rows are paired "
+                f"with {recipe.suite}'s role_grpo task by task (compare the episodes.jsonl of "
+                f"{out / 'warm_start/eval'} and {out / TOLD_PREFIX / 'warm_start/eval'})"
+            )
+        return made
+
     if told_recipe is not None and args.workers > 1:  # every worker starts from it: made once, before them
-        told_warm = shared_warm_start(stages, told_recipe, models, TOLD_PREFIX, args.fidelity_limit, log)
+        told_warm = told_warm_start()
     if args.workers > 1 and args.worker is None:
         run_workers(args, out, log)  # every seed's stages; the loop below reads them back
 
@@ -340,13 +352,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         if told_recipe is not None:
             # after this seed's hidden-world stages: the told world's warm start (once), then its arms
             if told_warm is None:
-                told_warm = shared_warm_start(stages, told_recipe, models, TOLD_PREFIX, args.fidelity_limit, log)
-                if set(told_warm["eval"]["task_rewards"]) != set(warm_start["eval"]["task_rewards"]):
-                    raise RuntimeError(
-                        f"{told_name} was evaluated on other test tasks than {recipe.suite}; its rows are paired "
-                        f"with {recipe.suite}'s role_grpo task by task (compare the episodes.jsonl of "
-                        f"{out / 'warm_start/eval'} and {out / TOLD_PREFIX / 'warm_start/eval'})"
-                    )
+                told_warm = told_warm_start()
             for arm in told_runs:
                 changes = {"seed": seed, "num_steps": steps, "run.save_every": steps, **ARMS[arm]}
                 run_info = train_and_score(

@@ -306,3 +306,25 @@ def test_the_stored_results_render_with_and_without_told_rows(tmp_path):
     ]
     assert any(line.startswith("told: warm start") for line in lines)
     assert any(line.startswith("told: rows on suite lab-told") for line in lines)
+
+
+@pytest.mark.parametrize("workers", [[], ["--workers", "2", "--worker", "0"]])
+def test_told_rows_scored_on_other_test_tasks_are_refused_with_or_without_workers(tmp_path, monkeypatch, workers):
+    """The told rows are paired task by task with the hidden world's role_grpo: a told warm start evaluated on
+    other task ids stops the run, whether the warm start is made before the workers or after seed 0."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(HIDDEN_RECIPE))
+    made: list[str] = []
+
+    def fake_warm_start(stages, recipe, models, prefix, fidelity_limit, log=print):
+        made.append(prefix)
+        ids = ["ship_test0"] if not prefix else ["ship_test1"]
+        return {"model": f"{prefix}warm", "eval": {"task_rewards": dict.fromkeys(ids, 1.0)}}
+
+    monkeypatch.setattr(lab_ablations, "shared_warm_start", fake_warm_start)
+    monkeypatch.setattr(lab_ablations, "train_and_score", lambda *a, **k: {"eval": {}})  # the hidden arm's stages
+    argv = ["--recipe", str(recipe), "--out", str(tmp_path / "out"), "--seeds", "1", "--arms", "role_grpo"]
+    argv += ["--sb3-timesteps", "0", "--ttr-n", "--base-rehearser-n", "--told-arms", "role_grpo", *workers]
+    with pytest.raises(RuntimeError, match="lab-told was evaluated on other test tasks than lab"):
+        lab_ablations.main(argv)
+    assert made == ["", lab_ablations.TOLD_PREFIX]
