@@ -95,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if min(args.steps, args.rows, args.limit) < 1:
         ap.error("--steps, --rows and --limit must be >= 1")
+    if args.fidelity_limit < 0:
+        ap.error(f"--fidelity-limit must be >= 0 (0: no rehearsed-rollout fidelity), got {args.fidelity_limit}")
     return args
 
 

@@ -88,3 +88,10 @@ def test_mean_ci95_matches_the_t_table():
     assert mean_ci95([0.5]) == (0.5, None)
     with pytest.raises(ValueError):
         mean_ci95([])
+
+
+def test_a_negative_fidelity_limit_is_refused_before_any_training(capsys):
+    with pytest.raises(SystemExit):
+        lab_tiny_sft.parse_args(["--fidelity-limit", "-1"])
+    assert "--fidelity-limit must be >= 0" in capsys.readouterr().err
+    assert lab_tiny_sft.parse_args(["--fidelity-limit", "0"]).fidelity_limit == 0
