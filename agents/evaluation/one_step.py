@@ -30,10 +30,17 @@ def one_step_fidelity(model: Any, tokenizer: Any, demos: list[Any]) -> dict[str,
     then shipped), this asks what a world model is for: given the true state so far, does it foresee what this
     call returns, a failure included?
 
+    Args:
+        model: a causal LM on the CPU: ``model(input_ids=ids).logits`` for ids of shape (1, T) gives (1, T, V).
+        tokenizer: its tokenizer (decodes each output to tell errors from ordinary outputs).
+        demos: SFT-relabelled demonstrations (`agents.training.demonstrations.build_demonstrations`), each with
+            ``token_ids`` and ``role_mask`` of length T; every maximal run of ``Role.REHEARSE`` is one output.
+
     Returns:
-        ``{"ordinary" | "error" | <error kind>: {"outputs": n, "exact_match": fraction or None}}``, error kinds
-        read from the output's text: ``breaks``, ``repeat`` (already there or shipped), ``no_box``,
-        ``no_item`` and ``other_error``.
+        ``{"ordinary" | "error" | <error kind>: {"outputs": n >= 1, "exact_match": fraction in [0, 1]}}``, only
+        the groups with an output (``{}`` for no demonstrations); error kinds read from the output's text
+        (`ERROR_KINDS`): ``breaks``, ``repeat`` (already there or shipped), ``no_box``, ``no_item`` and
+        ``other_error``.
     """
     import torch
 
