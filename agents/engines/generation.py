@@ -426,9 +426,8 @@ def _prefill(
 def _row_layout(lengths: Sequence[int], width: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``(prefill_mask (U, W) int64, position_ids (U, 1), W)``: each row's real columns ``[W - len_u, W)``
     and the position of its last id."""
-    prefill_mask = torch.zeros((len(lengths), width), dtype=torch.long)  # (U, W)
-    for u, n in enumerate(lengths):
-        prefill_mask[u, width - n :] = 1
+    columns = np.arange(width)  # (W,)
+    prefill_mask = torch.from_numpy(columns >= width - np.asarray(lengths)[:, None]).long()  # (U, W)
     position_ids = torch.tensor(list(lengths), dtype=torch.long).view(-1, 1) - 1  # (U, 1)
     return prefill_mask, position_ids, width
 
@@ -467,33 +466,34 @@ def _padded_prefill(
     shape = (n_rows, kv_heads, scratch, head_dim)
     key_scratch = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # (U, H_kv, P+S, D)
     value_scratch = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-    ids = torch.zeros((n_rows, s_max), dtype=torch.long)  # (U, S), padding id 0 is masked out
-    pos = torch.zeros((n_rows, s_max), dtype=torch.long)  # (U, S)
-    mask = torch.zeros((n_rows, scratch), dtype=torch.long)  # (U, P+S)
-    source_col = torch.zeros((n_rows, width), dtype=torch.long)  # (U, W): final column -> scratch column
+    # The layout is built in numpy (per-row slicing there costs far less than a small torch op per row).
+    ids = np.zeros((n_rows, s_max), dtype=np.int64)  # (U, S), padding id 0 is masked out
+    pos = np.zeros((n_rows, s_max), dtype=np.int64)  # (U, S)
+    mask = np.zeros((n_rows, scratch), dtype=np.int64)  # (U, P+S)
+    source_col = np.zeros((n_rows, width), dtype=np.int64)  # (U, W): final column -> scratch column
     for u, (ctx, src, p, s) in enumerate(zip(contexts, sources, reused, suffixes)):
         if src is not None and p > 0:
             src.copy_into(key_scratch, value_scratch, u, p_max - p, p)
-        ids[u, s_max - s :] = torch.tensor(list(ctx[p:]), dtype=torch.long)
-        pos[u, s_max - s :] = torch.arange(p, lengths[u])
+        ids[u, s_max - s :] = ctx[p:]
+        pos[u, s_max - s :] = np.arange(p, lengths[u])
         pos[u, : s_max - s] = p  # padding: any position, it is masked out
         mask[u, p_max - p : p_max] = 1
         mask[u, scratch - s :] = 1
         first = width - lengths[u]
-        source_col[u, first : first + p] = torch.arange(p_max - p, p_max)
-        source_col[u, first + p :] = torch.arange(scratch - s, scratch)
+        source_col[u, first : first + p] = np.arange(p_max - p, p_max)
+        source_col[u, first + p :] = np.arange(scratch - s, scratch)
         source_col[u, :first] = scratch - 1  # left padding of the final layout: a real column, masked later
     cache = _buffer_cache(model, key_scratch, value_scratch, p_max)
     out = model(
-        input_ids=ids.to(device),
-        attention_mask=mask.to(device),
-        position_ids=pos.to(device),
+        input_ids=torch.from_numpy(ids).to(device),
+        attention_mask=torch.from_numpy(mask).to(device),
+        position_ids=torch.from_numpy(pos).to(device),
         use_cache=True,
         **{_CACHE: cache},
         logits_to_keep=1,
     )
     logits = out.logits[:, -1, :].float()  # (U, V)
-    index = source_col.to(device).view(n_rows, 1, width, 1).expand(n_rows, kv_heads, width, head_dim)
+    index = torch.from_numpy(source_col).to(device).view(n_rows, 1, width, 1).expand(n_rows, kv_heads, width, head_dim)
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     for layer in _reserved_layers(cache):

@@ -159,6 +159,7 @@ class PrefixKVCache:
         self.min_shared_prefix = int(min_shared_prefix)
         self.share_prefixes = bool(share_prefixes)
         self._entries: list[KVEntry] = []
+        self._packed: tuple[np.ndarray, int] | None = None  # `_packed_ids`, rebuilt after the entries change
         self._clock = 0
         self._fingerprint: tuple | None = None
         self.stats = {
@@ -195,6 +196,7 @@ class PrefixKVCache:
     def clear(self) -> None:
         """Drop every entry (e.g. after changing the model outside an in-place parameter update)."""
         self._entries.clear()
+        self._packed = None
 
     def sync(self, model: torch.nn.Module) -> None:
         """Drop every entry when the model's weights changed since the last call (see the module doc)."""
@@ -202,7 +204,7 @@ class PrefixKVCache:
         if fp != self._fingerprint:
             if self._entries:
                 self.stats["invalidations"] += 1
-            self._entries.clear()
+            self.clear()
             self._fingerprint = fp
 
     def begin_call(self) -> None:
@@ -211,28 +213,43 @@ class PrefixKVCache:
         self.stats["calls"] += 1
         keep = [e for e in self._entries if self._clock - e.last_used <= self.max_idle_calls]
         self.stats["evicted"] += len(self._entries) - len(keep)
-        self._entries = keep
+        if len(keep) != len(self._entries):
+            self._entries, self._packed = keep, None
 
     # ------------------------------------------------------------------ lookup / store
     def lookup(self, context: Sequence[int]) -> tuple[KVEntry | None, int]:
         """The entry sharing the longest common prefix with `context`, and that prefix length.
 
         The length is capped at ``len(context) - 1``: the last context token must be fed to the model to
-        get the next-token logits. Exact id comparison (numpy), O(entries × L).
+        get the next-token logits. Exact id comparison against every entry at once (numpy, O(entries × L));
+        of entries sharing the longest prefix, the one stored first is returned.
 
         Returns:
             ``(entry, n)`` with ``entry.ids[:n] == context[:n]``; ``(None, 0)`` when nothing matches.
         """
-        ctx = np.asarray(context, dtype=np.int64)[:-1]  # (L-1,): the last id is always fed
-        best, best_n = None, 0
-        for e in self._entries:
-            if min(e.num_tokens, ctx.shape[0]) <= best_n:
-                continue
-            m = common_prefix_length(e.ids, ctx)
-            if m > best_n:
-                best, best_n = e, m
-        self._touch(best)
-        return best, best_n
+        if not self._entries or len(context) < 2:
+            return None, 0
+        packed, width = self._packed_ids()
+        ctx = np.asarray(context[: min(len(context) - 1, width)], dtype=np.int64)  # the last id is always fed
+        eq = packed[:, : ctx.shape[0]] == ctx  # (E, n); the padding (-1) never equals an id
+        shared = np.where(eq.all(axis=1), ctx.shape[0], eq.argmin(axis=1))  # (E,) common prefix lengths
+        best = int(shared.argmax())  # the first of the longest: the entries' order decides ties
+        if shared[best] == 0:
+            return None, 0
+        entry = self._entries[best]
+        self._touch(entry)
+        return entry, int(shared[best])
+
+    def _packed_ids(self) -> tuple[np.ndarray, int]:
+        """Every entry's ids in one ``(E, L_max)`` int64 array, right-padded with -1, and ``L_max``: one
+        vectorised comparison per lookup instead of a Python loop over the entries."""
+        if self._packed is None:
+            width = max(e.num_tokens for e in self._entries)
+            packed = np.full((len(self._entries), width), -1, dtype=np.int64)
+            for row, e in enumerate(self._entries):
+                packed[row, : e.num_tokens] = e.ids
+            self._packed = (packed, width)
+        return self._packed
 
     def _touch(self, entry: KVEntry | None) -> None:
         """Stamp `entry` and its parents as used now: a parent stays as long as an entry built on it does, so
@@ -247,6 +264,7 @@ class PrefixKVCache:
         `sources` are the entries the new ones continue in full (the caller passes only those; an entry
         a row matched only partly is still useful to others and is not passed).
         """
+        self._packed = None
         if self.replace:
             gone = {id(s) for s in sources if s is not None}
             self._entries = [e for e in self._entries if id(e) not in gone]
