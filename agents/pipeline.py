@@ -210,11 +210,11 @@ class PipelineConfig:
             raise ValueError(
                 f"invalid PipelineConfig: min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}"
             )
-        from envace_gym.suites import make_suite, registered_suites
+        from envace_gym.suites import make_suite, proposes_mistakes, registered_suites
 
         if self.suite not in registered_suites():
             raise ValueError(f"invalid PipelineConfig: suite must be one of {registered_suites()}, got {self.suite!r}")
-        if self.sft.error_demos and not callable(getattr(make_suite(self.suite), "mutations", None)):
+        if self.sft.error_demos and not proposes_mistakes(make_suite(self.suite)):
             raise ValueError(
                 f"invalid PipelineConfig: sft.error_demos: suite {self.suite!r} proposes no mistakes (no "
                 "Suite.mutations); set --sft.error-demos 0"
@@ -652,9 +652,10 @@ def _one_step(eval_config: EvalConfig, result: Any, models: ModelStore | None) -
     from agents.evaluation.one_step import one_step_fidelity
     from agents.models import default_store
     from agents.training.demonstrations import build_demonstrations
-    from envace_gym.suites import make_suite
+    from envace_gym.suites import make_suite, proposes_mistakes
 
-    if not callable(getattr(make_suite(eval_config.suite), "mutations", None)):
+    suite = make_suite(eval_config.suite)
+    if not proposes_mistakes(suite):
         return None
     store = models or default_store()
     rehearser = eval_config.rehearser_model or eval_config.model
@@ -664,7 +665,7 @@ def _one_step(eval_config: EvalConfig, result: Any, models: ModelStore | None) -
         tokenizer, eval_config.suite, eval_config.categories, eval_config.split, task_ids=ids, max_tokens=None,
         mutations=1, seed=0,
     )  # fmt: skip
-    return one_step_fidelity(store.model(rehearser), tokenizer, demos)
+    return one_step_fidelity(store.model(rehearser), tokenizer, demos, getattr(suite, "error_kind", None))
 
 
 SAME_TASKS_ROW = "grpo, same tasks"

@@ -119,6 +119,7 @@ def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
         + (", mimetic attention initialisation" if s.get("mimetic_init", False) else "")
         + f"; {s['steps']} steps of {s['rows']} "
         f"{'length-bucketed' if s['group_by_length'] else 'shuffled'} rows, lr {s['lr']}"
+        + (f" with {s['lr_schedule']} decay" if s.get("lr_schedule", "constant") != "constant" else "")
         + (f", {s['error_demos']} error demonstration(s) per task" if s.get("error_demos") else "")
         + ". Greedy test success on "
         f"the real backend, {seeds[0]['test_tasks']} test tasks, one row per initialisation seed; mean ± the "

@@ -31,7 +31,11 @@ Optionally:
 * ``Suite.mutations(task, calls, rng) -> list[tuple[int, ToolCall]]``: mistaken calls, each to be played
   right before reference call ``calls[position]`` (`calls`: ``ground_truth`` flattened over the turns; `rng`:
   a seeded ``random.Random``). ``agents.training.demonstrations.build_demonstrations(mutations=k)`` plays them on the
-  real backend to build error demonstrations (the world model sees failures); a suite without it gives none.
+  real backend to build error demonstrations (the world model sees failures); a suite without it gives none
+  (`proposes_mistakes`).
+* ``Suite.error_kind(output) -> str``: the kind of mistake an error output shows (the lab's ``breaks``, ``no_box``,
+  ...), so fidelity on error outputs can be split by kind (`agents.evaluation.one_step`); without it every error
+  output is of one kind.
 * ``Suite.checklist(task) -> envace_gym.judging.Checklist | None``: a checklist derived from the reference solution,
   for a judge reward (`envace_gym.judging.score_with_judge`) scored on the same trajectories as the verifier.
 """
@@ -57,6 +61,7 @@ __all__ = [
     "register_suite",
     "make_suite",
     "registered_suites",
+    "proposes_mistakes",
     "user_turns",
     "DONE_MESSAGE",
     "NO_CALL_MESSAGE",
@@ -208,3 +213,9 @@ def make_suite(name: str, **kwargs: Any) -> Suite:
     if key not in _CACHE:
         _CACHE[key] = resolve_entry_point(entry)(**kwargs)
     return _CACHE[key]
+
+
+def proposes_mistakes(suite: object) -> bool:
+    """Whether `suite` has the optional ``mutations(task, calls, rng)`` hook (module doc), which error
+    demonstrations and one-step fidelity on error outputs need."""
+    return callable(getattr(suite, "mutations", None))

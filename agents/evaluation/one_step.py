@@ -11,15 +11,15 @@ predict what this call returns, a failure included? Demonstrations with one mist
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["one_step_fidelity", "ERROR_KINDS"]
-
-ERROR_KINDS = (("breaks", "broke"), ("repeat", "already"), ("no_box", "no box"), ("no_item", "no item"))
-"""Error kinds read from an error output's text (kind, marker), the lab's mistakes; others are ``other_error``."""
+__all__ = ["one_step_fidelity"]
 
 
-def one_step_fidelity(model: Any, tokenizer: Any, demos: list[Any]) -> dict[str, dict[str, float | int | None]]:
+def one_step_fidelity(
+    model: Any, tokenizer: Any, demos: list[Any], error_kind: Callable[[str], str] | None = None
+) -> dict[str, dict[str, float | int | None]]:
     """One-step rehearsal fidelity: for every real tool output of `demos` (each REHEARSE span: the output's
     tokens and its end token), whether greedy decoding from the demonstration's own prefix, the real history up
     to that call, reproduces it exactly. Under teacher forcing that is every target token of the span being
@@ -35,25 +35,23 @@ def one_step_fidelity(model: Any, tokenizer: Any, demos: list[Any]) -> dict[str,
         tokenizer: its tokenizer (decodes each output to tell errors from ordinary outputs).
         demos: SFT-relabelled demonstrations (`agents.training.demonstrations.build_demonstrations`), each with
             ``token_ids`` and ``role_mask`` of length T; every maximal run of ``Role.REHEARSE`` is one output.
+        error_kind: the suite's ``Suite.error_kind(output)`` (`envace_gym.suites`), naming the mistake an error
+            output shows (the lab's ``breaks``, ``repeat``, ``no_box``, ``no_item``); None: no split by kind.
 
     Returns:
         ``{"ordinary" | "error" | <error kind>: {"outputs": n >= 1, "exact_match": fraction in [0, 1]}}``, only
-        the groups with an output (``{}`` for no demonstrations); error kinds read from the output's text
-        (`ERROR_KINDS`): ``breaks``, ``repeat`` (already there or shipped), ``no_box``, ``no_item`` and
-        ``other_error``.
+        the groups with an output (``{}`` for no demonstrations); an error output counts in ``"error"`` and, with
+        `error_kind`, in its kind's group too.
     """
     import torch
 
     from envace_gym.types import Role
     from wrappers.fidelity import is_error_output
 
-    def kind(text: str) -> str:
+    def groups(text: str) -> set[str]:
         if not is_error_output(text):
-            return "ordinary"
-        for name, marker in ERROR_KINDS:
-            if marker in text:
-                return name
-        return "other_error"
+            return {"ordinary"}
+        return {"error"} | ({error_kind(text)} if error_kind is not None else set())
 
     tally: dict[str, list[int]] = {}
     rehearse = int(Role.REHEARSE)
@@ -72,7 +70,7 @@ def one_step_fidelity(model: Any, tokenizer: Any, demos: list[Any]) -> dict[str,
                     end += 1
                 exact = all(predicted[i - 1] == demo.token_ids[i] for i in range(t, end))
                 text = tokenizer.decode(demo.token_ids[t:end], skip_special_tokens=True)
-                for group in {kind(text), "error" if is_error_output(text) else "ordinary"}:
+                for group in groups(text):
                     counts = tally.setdefault(group, [0, 0])
                     counts[0] += exact
                     counts[1] += 1

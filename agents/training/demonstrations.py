@@ -113,7 +113,7 @@ from typing import Any, Literal
 
 from envace_gym.parsing import format_tool_calls
 from envace_gym.rendering import ChatRenderer
-from envace_gym.suites import DONE_MESSAGE, NO_CALL_MESSAGE
+from envace_gym.suites import DONE_MESSAGE, NO_CALL_MESSAGE, proposes_mistakes
 from envace_gym.types import GeneratedText, Role, Segment, Task, ToolCall, Trajectory
 
 __all__ = [
@@ -589,7 +589,7 @@ def build_demonstrations(
     env = demonstration_env(tokenizer, suite, categories=None if categories is None else list(categories), split=split)
     base = env.unwrapped
     propose = getattr(base.suite, "mutations", None)
-    if mutations and not callable(propose):
+    if mutations and not proposes_mistakes(base.suite):
         env.close()
         raise ValueError(
             f"suite {suite!r} proposes no mistakes (no Suite.mutations(task, calls, rng)); "

@@ -270,10 +270,10 @@ class SFTConfig:
         Raises:
             ValueError: a suite of `data` has no ``Suite.mutations``.
         """
-        from envace_gym.suites import make_suite
+        from envace_gym.suites import make_suite, proposes_mistakes
 
         for source in self.data_suites() if self.error_demos else []:
-            if not callable(getattr(make_suite(source), "mutations", None)):
+            if not proposes_mistakes(make_suite(source)):
                 raise ValueError(
                     f"invalid SFTConfig: error_demos: suite {source!r} proposes no mistakes (no Suite.mutations); "
                     "set --error-demos 0"

@@ -59,6 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup-steps", type=int, default=20)
     ap.add_argument(
+        "--lr-schedule",
+        choices=["constant", "linear", "cosine"],
+        default="constant",
+        help="learning rate after warmup (OptimConfig.lr_schedule; linear and cosine decay to 0 at --steps)",
+    )
+    ap.add_argument(
         "--group-by-length",
         nargs="?",
         const=True,
@@ -159,8 +165,9 @@ def one_step_probe(args: argparse.Namespace, store: Any, trained: str) -> dict[s
         tokenizer, "lab", args.categories, "test", task_ids=ids, max_tokens=None, mutations=1, seed=0
     )
     from agents.evaluation.one_step import one_step_fidelity
+    from envace_gym.suites import make_suite
 
-    return one_step_fidelity(store.model(trained), tokenizer, demos)
+    return one_step_fidelity(store.model(trained), tokenizer, demos, make_suite("lab").error_kind)
 
 
 def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> dict[str, Any]:
@@ -204,7 +211,7 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
         max_batch_rows=args.rows,
         group_by_length=args.group_by_length,
         max_seq_len=512,
-        optim={"lr": args.lr, "lr_schedule": "constant", "warmup_steps": args.warmup_steps},
+        optim={"lr": args.lr, "lr_schedule": args.lr_schedule, "warmup_steps": args.warmup_steps},
         prompt_weight=args.prompt_weight,
         error_demos=args.error_demos,
         memory={"gradient_checkpointing": False, "malloc_mmap_threshold_kb": 0},
@@ -277,8 +284,13 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     out = Path(args.out)
-    # a run without fidelity keeps the settings it had before the option existed, so it still resumes
-    skip = ("out", "seeds", "threads") + (() if args.fidelity_limit else ("fidelity_limit",))
+    # a run without fidelity or with a constant learning rate keeps the settings it had before those options
+    # existed, so it still resumes
+    skip = (
+        ("out", "seeds", "threads")
+        + (() if args.fidelity_limit else ("fidelity_limit",))
+        + (() if args.lr_schedule != "constant" else ("lr_schedule",))
+    )
     settings = {k: v for k, v in vars(args).items() if k not in skip}
     saved = out / "settings.json"
     if saved.is_file() and json.loads(saved.read_text()) != settings:
@@ -289,8 +301,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     families = list(reports[0]["success"])
     print(
         f"lab-tiny SFT from scratch ({args.layers} layers, width {args.hidden}, {args.heads} heads): {args.steps} "
-        f"steps x {args.rows} {'length-bucketed' if args.group_by_length else 'shuffled'} rows, lr {args.lr}, "
-        f"prompt weight {args.prompt_weight}, error demos {args.error_demos}; greedy test success on "
+        f"steps x {args.rows} {'length-bucketed' if args.group_by_length else 'shuffled'} rows, lr {args.lr}"
+        f"{'' if args.lr_schedule == 'constant' else ' with ' + args.lr_schedule + ' decay'}, prompt weight "
+        f"{args.prompt_weight}, error demos {args.error_demos}; greedy test success on "
         f"{reports[0]['test_tasks']} tasks"
     )
     print(f"{'seed':>6s}{'sft_s':>8s}" + "".join(f"{f:>10s}" for f in families))

@@ -134,6 +134,15 @@ class LabSuite:
         """The reference calls of each user turn."""
         return [[ToolCall.from_openai(c) for c in turn] for turn in task.metadata["reference"]]
 
+    ERROR_KINDS = (("breaks", "broke"), ("repeat", "already"), ("no_box", "no box"), ("no_item", "no item"))
+    """(kind, marker): an error output whose text holds the marker shows that kind of mistake (`error_kind`)."""
+
+    def error_kind(self, output: str) -> str:
+        """The kind of mistake an error output of the lab's tools shows: ``breaks`` (a move onto a full shelf),
+        ``repeat`` (the item already on that shelf, the box already shipped), ``no_box`` (a label no packed box
+        has), ``no_item`` (an unknown item), else ``other_error`` (a bad shelf or dock, a malformed call)."""
+        return next((kind for kind, marker in self.ERROR_KINDS if marker in output), "other_error")
+
     def mutations(self, task: Task, calls: Sequence[ToolCall], rng: random.Random) -> list[tuple[int, ToolCall]]:
         """Mistaken calls to play before reference calls, for error demonstrations
         (`agents.training.demonstrations.build_demonstrations` with ``mutations``): the world model then sees what a

@@ -438,14 +438,17 @@ def test_one_step_fidelity_scores_the_model_that_plays_rehearse(monkeypatch):
         return [f"demo of {i}" for i in task_ids], None
 
     monkeypatch.setattr(agents.training.demonstrations, "build_demonstrations", demos)
-    monkeypatch.setattr(agents.evaluation.one_step, "one_step_fidelity", lambda m, t, d: {"scored": (m, t, d)})
+    monkeypatch.setattr(agents.evaluation.one_step, "one_step_fidelity", lambda m, t, d, kind: {"scored": (m, t, d), "kind": kind("broke")})
     result = types.SimpleNamespace(episodes=[{"task_id": "ship_test0"}, {"task_id": "fill_test0"}])
     config = EvalConfig(model="policy-folder", suite="lab", rehearser_model="world-model-folder")
     scored = _one_step(config, result, Store())
-    assert scored == {
-        "scored": ("model:world-model-folder", "tok:world-model-folder", ["demo of ship_test0", "demo of fill_test0"])
-    }
+    assert scored["scored"] == (
+        "model:world-model-folder",
+        "tok:world-model-folder",
+        ["demo of ship_test0", "demo of fill_test0"],
+    )
     assert ("model", "policy-folder") not in loaded and built == [["ship_test0", "fill_test0"]]
+    assert scored["kind"] == "breaks"  # error outputs split by the suite's own error kinds
     plain = _one_step(dataclasses.replace(config, rehearser_model=None), result, Store())
     assert plain["scored"][0] == "model:policy-folder"
     assert _one_step(dataclasses.replace(config, suite="bfcl"), result, Store()) is None

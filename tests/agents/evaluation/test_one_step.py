@@ -48,9 +48,14 @@ def test_one_step_fidelity_scores_each_real_output_given_the_real_history():
                 logits[0, t, target] = 1.0
             return type("Out", (), {"logits": logits})()
 
-    perfect = one_step_fidelity(Oracle(False), tokenizer, demos)
+    from envace_gym.suites import make_suite
+
+    perfect = one_step_fidelity(Oracle(False), tokenizer, demos, make_suite("lab").error_kind)
     assert perfect["ordinary"]["exact_match"] == perfect["error"]["exact_match"] == 1.0
     assert perfect["error"]["outputs"] == len(error_starts)
     assert sum(v["outputs"] for k, v in perfect.items() if k not in ("ordinary", "error")) == len(error_starts)
-    blind = one_step_fidelity(Oracle(True), tokenizer, demos)
+    kinds = set(perfect) - {"ordinary", "error"}  # the lab's mistakes, split by its error_kind
+    assert len(kinds) >= 2 and kinds <= {"breaks", "repeat", "no_box", "no_item"}
+    blind = one_step_fidelity(Oracle(True), tokenizer, demos)  # no error_kind: no split by kind
     assert blind["error"]["exact_match"] == 0.0 and blind["ordinary"]["exact_match"] == 1.0
+    assert set(blind) == {"error", "ordinary"}
