@@ -395,15 +395,23 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
 def run_workers(args: argparse.Namespace, out: Path, log: Any = print) -> None:
     """Run ``--workers`` processes of this script, worker k on the seeds s with s % W == k (the same options
-    otherwise), and wait for them; each logs to ``<out>/worker<k>.log``. Stopping this process stops them.
+    otherwise), and wait for them; each logs to ``<out>/worker<k>.log``. Stopping this process (an exception,
+    Ctrl-C, or SIGTERM while it waits) stops them; finished stages stay on disk, so a rerun resumes.
 
     Raises:
         RuntimeError: a worker failed (its exit code and log named).
     """
+    import signal
     import subprocess
+    import threading
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(f"[ablations] stopped by signal {signum}")
 
     argv = list(getattr(args, "argv", []))
     procs = []
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set a signal handler
+    previous = signal.signal(signal.SIGTERM, stop) if main_thread else None
     try:
         for k in range(args.workers):
             path = out / f"worker{k}.log"
@@ -419,6 +427,8 @@ def run_workers(args: argparse.Namespace, out: Path, log: Any = print) -> None:
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait()
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def shared_warm_start(

@@ -438,7 +438,11 @@ def test_one_step_fidelity_scores_the_model_that_plays_rehearse(monkeypatch):
         return [f"demo of {i}" for i in task_ids], None
 
     monkeypatch.setattr(agents.training.demonstrations, "build_demonstrations", demos)
-    monkeypatch.setattr(agents.evaluation.one_step, "one_step_fidelity", lambda m, t, d, kind: {"scored": (m, t, d), "kind": kind("broke")})
+    monkeypatch.setattr(
+        agents.evaluation.one_step,
+        "one_step_fidelity",
+        lambda m, t, d, kind: {"scored": (m, t, d), "kind": kind("broke")},
+    )
     result = types.SimpleNamespace(episodes=[{"task_id": "ship_test0"}, {"task_id": "fill_test0"}])
     config = EvalConfig(model="policy-folder", suite="lab", rehearser_model="world-model-folder")
     scored = _one_step(config, result, Store())

@@ -146,3 +146,38 @@ def test_a_result_shows_the_commit_it_ran_on_and_whether_the_tree_had_local_chan
         (run / "results.json").write_text(json.dumps(data | {"dirty": dirty}))
         results.store(run, store)
         assert shown in results.render(store, tmp_path / "results.md").read_text()
+
+
+def test_provenance_counts_changed_and_new_files_as_local_changes_but_not_ignored_ones(tmp_path, monkeypatch):
+    """A results file made with a new, uncommitted script or recipe did not run on the recorded commit alone."""
+    import shutil
+    import subprocess
+
+    from benchmarks import provenance as prov
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> None:
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True
+        )
+
+    git("init", "-q")
+    (repo / ".gitignore").write_text("runs/\n")
+    (repo / "recipe.yaml").write_text("lr: 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    monkeypatch.setattr(prov, "ROOT", repo)
+    clean = prov.provenance()
+    assert clean["dirty"] is False and len(clean["commit"]) == 40
+    (repo / "runs").mkdir()
+    (repo / "runs" / "results.json").write_text("{}")  # outputs of a run: ignored
+    assert prov.provenance()["dirty"] is False
+    (repo / "new_script.py").write_text("print(1)\n")  # a new file git does not ignore
+    assert prov.provenance()["dirty"] is True
+    (repo / "new_script.py").unlink()
+    (repo / "recipe.yaml").write_text("lr: 2\n")  # a changed tracked file
+    assert prov.provenance() == {"date": clean["date"], "commit": clean["commit"], "dirty": True}

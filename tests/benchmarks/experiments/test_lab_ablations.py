@@ -328,3 +328,50 @@ def test_told_rows_scored_on_other_test_tasks_are_refused_with_or_without_worker
     with pytest.raises(RuntimeError, match="lab-told was evaluated on other test tasks than lab"):
         lab_ablations.main(argv)
     assert made == ["", lab_ablations.TOLD_PREFIX]
+
+
+def test_sigterm_to_a_parallel_run_stops_its_workers(tmp_path):
+    """A parallel run stopped by SIGTERM (a job scheduler, `kill`) takes its workers with it instead of leaving
+    them training on the cores."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    sleeper = tmp_path / "worker.sh"  # stands in for the interpreter: records its pid, then waits
+    sleeper.write_text(f'#!/bin/sh\necho $$ > "{tmp_path}/pid.$(echo "$@" | tr -dc 0-9 | tail -c 1)"\nexec sleep 120\n')
+    sleeper.chmod(0o755)
+    parent = textwrap.dedent(f"""
+        import argparse, sys
+        from pathlib import Path
+        from benchmarks.experiments import lab_ablations
+        sys.executable = {str(sleeper)!r}
+        lab_ablations.run_workers(argparse.Namespace(workers=2, seeds=2, argv=[]), Path({str(tmp_path)!r}))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=os.getcwd())
+    pid_files = [tmp_path / "pid.0", tmp_path / "pid.1"]
+    deadline = time.monotonic() + 60
+    while not all(p.is_file() and p.read_text().strip() for p in pid_files):
+        assert time.monotonic() < deadline and proc.poll() is None, "the workers did not start"
+        time.sleep(0.1)
+    workers = [int(p.read_text()) for p in pid_files]
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) != 0
+        for pid in workers:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                assert time.monotonic() < deadline, f"worker {pid} still runs after its parent was stopped"
+                time.sleep(0.1)
+    finally:  # a failing run leaves no sleeper behind
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
