@@ -287,7 +287,7 @@ def render_engines(result: dict[str, Any], folder: Path) -> list[str]:
 
 def render_judge_agreement(result: dict[str, Any], folder: Path) -> list[str]:
     """The judge-against-verifier section (`benchmarks.experiments.judge_agreement`): its printed table."""
-    from benchmarks.experiments.judge_agreement import table
+    from benchmarks.experiments.result_tables import judge_agreement_table as table
 
     return _table_section("Judge against verifier on the lab", table(result), result, folder, plots=False)
 

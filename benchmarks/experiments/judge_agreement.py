@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.experiments.result_tables import judge_agreement_table
 from benchmarks.provenance import provenance
 
 
@@ -160,33 +161,6 @@ def confusion(pairs: list[tuple[bool, bool]]) -> dict[str, Any]:
     }
 
 
-def format_matrix(c: dict[str, Any]) -> str:
-    rows = [
-        "                    judge pass   judge fail",
-        f"verifier pass     {c['both_pass']:>10}   {c['verifier_only']:>10}",
-        f"verifier fail     {c['judge_only']:>10}   {c['both_fail']:>10}",
-    ]
-    kappa = "undefined" if c["kappa"] is None else f"{c['kappa']:.2f}"
-    return "\n".join(rows) + f"\nagreement {c['agreement']:.2f}, Cohen's kappa {kappa}"
-
-
-def table(report: dict[str, Any]) -> list[str]:
-    """The printed result (and the results page's section): who played and judged, the confusion matrix, the
-    judge's mean R per verifier class and its prompt and verdict counts."""
-    mean = {k: "n/a" if v is None else f"{v:.2f}" for k, v in report["judge_mean_reward"].items()}
-    stats = report["judge_stats"]
-    prefix = "" if report["judge_prefix"] is None else f"; reply prefix {report['judge_prefix']!r}"
-    return [
-        f"{report['episodes']} {report['suite']} {report['split']} episodes played by {report['policy']!r}, judged "
-        f"by {report['judge']!r} (pass: R >= {report['threshold']}{prefix})",
-        format_matrix(report["confusion"]),
-        f"judge mean R: {mean['verifier_pass']} on verifier passes, {mean['verifier_fail']} on verifier fails",
-        f"judge: {stats['prompts']} prompts, {stats['generated']} generated, {stats['cache_hits']} cache hits, "
-        f"{stats['verdicts']} verdicts, {stats['unparseable']} unparseable (scored {report['unparseable_score']}); "
-        f"{report['total_s']} s",
-    ]
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     import torch
@@ -255,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "play_s": round(t_play, 1),
         "total_s": round(time.perf_counter() - t0, 1),
     }
-    print("[judge_agreement] " + "\n".join(table(report)))
+    print("[judge_agreement] " + "\n".join(judge_agreement_table(report)))
     if args.out:
         import shlex
 

@@ -1,11 +1,19 @@
-"""The printed tables of the lab's budget, test-time rehearsal, rehearsal-aware RL and environment-cost experiments,
-shared by their scripts and the results page (`benchmarks.results`), which may not import a script."""
+"""The printed tables of the lab's budget, test-time rehearsal, rehearsal-aware RL and environment-cost experiments
+and of the judge-against-verifier agreement, shared by their scripts and the results page (`benchmarks.results`),
+which may not import a script."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["grpo_budget_table", "ttr_table", "rehearsal_rl_table", "env_cost_table"]
+__all__ = [
+    "grpo_budget_table",
+    "ttr_table",
+    "rehearsal_rl_table",
+    "env_cost_table",
+    "judge_agreement_table",
+    "format_matrix",
+]
 
 
 def _fmt(mean: float | None, half: float | None, signed: bool = False) -> str:
@@ -128,3 +136,32 @@ def env_cost_table(results: dict[str, Any]) -> list[str]:
             f"{fid(r['fidelity']['error exact']):>7} {r['seconds']:>7.0f}"
         )
     return lines
+
+
+def format_matrix(c: dict[str, Any]) -> str:
+    """The verifier-by-judge confusion matrix of `benchmarks.experiments.judge_agreement.confusion`, with agreement
+    and Cohen's kappa."""
+    rows = [
+        "                    judge pass   judge fail",
+        f"verifier pass     {c['both_pass']:>10}   {c['verifier_only']:>10}",
+        f"verifier fail     {c['judge_only']:>10}   {c['both_fail']:>10}",
+    ]
+    kappa = "undefined" if c["kappa"] is None else f"{c['kappa']:.2f}"
+    return "\n".join(rows) + f"\nagreement {c['agreement']:.2f}, Cohen's kappa {kappa}"
+
+
+def judge_agreement_table(report: dict[str, Any]) -> list[str]:
+    """`benchmarks.experiments.judge_agreement`'s printed result (and the results page's section): who played and
+    judged, the confusion matrix, the judge's mean R per verifier class and its prompt and verdict counts."""
+    mean = {k: "n/a" if v is None else f"{v:.2f}" for k, v in report["judge_mean_reward"].items()}
+    stats = report["judge_stats"]
+    prefix = "" if report["judge_prefix"] is None else f"; reply prefix {report['judge_prefix']!r}"
+    return [
+        f"{report['episodes']} {report['suite']} {report['split']} episodes played by {report['policy']!r}, judged "
+        f"by {report['judge']!r} (pass: R >= {report['threshold']}{prefix})",
+        format_matrix(report["confusion"]),
+        f"judge mean R: {mean['verifier_pass']} on verifier passes, {mean['verifier_fail']} on verifier fails",
+        f"judge: {stats['prompts']} prompts, {stats['generated']} generated, {stats['cache_hits']} cache hits, "
+        f"{stats['verdicts']} verdicts, {stats['unparseable']} unparseable (scored {report['unparseable_score']}); "
+        f"{report['total_s']} s",
+    ]

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from benchmarks.experiments import judge_agreement, make_checklists
+from benchmarks.experiments.result_tables import format_matrix
 from envace_gym.judging import load_checklists
 
 
@@ -41,7 +42,7 @@ def test_the_agreement_of_a_weak_judge_at_tiny_size(tmp_path, capsys):
     store = tmp_path / "docs" / "results"
     results.store(out, store)
     page = results.render(store, tmp_path / "results.md").read_text()
-    assert judge_agreement.format_matrix(c) in page and "--mistake-rate 0.5" in page
+    assert format_matrix(c) in page and "--mistake-rate 0.5" in page
 
 
 def test_a_model_policy_plays_on_the_real_backend():
