@@ -199,7 +199,10 @@ def test_micro_batches_add_up_to_the_whole_minibatch_update(tmp_path, aggregatio
     assert whole["train/update_targets"] == rows["train/update_targets"] == 1.0
     for key in ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/ratio_mean", "train/grad_norm"):
         assert rows[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
-    assert all(torch.allclose(w[k], r[k], atol=1e-6) for k in w)
+    # Adam's first step is lr * g / (|g| + eps): a coordinate whose gradient is near eps turns the passes' float
+    # rounding of g into a visible share of lr (measured up to 1.7e-6 at lr 1e-3), so weights are compared to
+    # lr / 100; a wrong gradient moves coordinates by about lr (the first step is nearly lr * sign(g)).
+    assert all(torch.allclose(w[k], r[k], atol=FAST["optim"]["lr"] / 100) for k in w)
     start = _params(RoleWiseGRPOTrainer(TrainConfig(run_dir=str(tmp_path / "start"), num_steps=1, **cfg)).policy.model)
     assert any(not torch.allclose(start[k], r[k], atol=1e-5) for k in r)  # the step itself moved the weights
 
