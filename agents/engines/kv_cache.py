@@ -222,7 +222,8 @@ class PrefixKVCache:
 
         The length is capped at ``len(context) - 1``: the last context token must be fed to the model to
         get the next-token logits. Exact id comparison against every entry at once (numpy, O(entries × L));
-        of entries sharing the longest prefix, the one stored first is returned.
+        of entries sharing the longest prefix, the first in the cache's order (`__iter__`) is returned: the
+        order they were stored in, until a `store` over ``max_tokens`` re-sorts them by last use.
 
         Returns:
             ``(entry, n)`` with ``entry.ids[:n] == context[:n]``; ``(None, 0)`` when nothing matches.

@@ -406,6 +406,7 @@ def run_workers(args: argparse.Namespace, out: Path, log: Any = print) -> None:
     import threading
 
     def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not cut the cleanup below short
         raise SystemExit(f"[ablations] stopped by signal {signum}")
 
     argv = list(getattr(args, "argv", []))
@@ -427,8 +428,8 @@ def run_workers(args: argparse.Namespace, out: Path, log: Any = print) -> None:
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait()
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        if main_thread:  # (None: the handler was not set from Python; the default then)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def shared_warm_start(

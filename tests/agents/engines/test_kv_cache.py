@@ -426,3 +426,66 @@ def test_ragged_rows_take_the_padded_prefill_up_to_its_width(model, monkeypatch)
         )
     assert padded_calls == [1]  # at the width: padded; one below: row by row
     assert [g.token_ids for g in results[0]] == [g.token_ids for g in results[1]]
+
+
+def _reference_lookup(entries, context):
+    """The lookup as a plain loop over the entries: the first entry with the strictly longest common prefix
+    with ``context[:-1]``."""
+    ctx = list(context)[:-1]
+    best, best_n = None, 0
+    for e in entries:
+        ids = e.ids.tolist()
+        m = 0
+        while m < min(len(ids), len(ctx)) and ids[m] == ctx[m]:
+            m += 1
+        if m > best_n:
+            best, best_n = e, m
+    return best, best_n
+
+
+_seq = st.lists(st.integers(3, 5), min_size=0, max_size=7)  # 3 ids: many shared prefixes and ties
+_op = st.one_of(
+    st.tuples(st.just("store"), st.lists(_seq.filter(bool), min_size=1, max_size=3), st.lists(st.integers(0, 9))),
+    st.tuples(st.just("begin_call")),
+    st.tuples(st.just("clear")),
+    st.tuples(st.just("sync")),
+    st.tuples(st.just("lookup"), _seq),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(_op, max_size=25), replace=st.booleans())
+def test_lookup_matches_a_loop_over_the_entries_whatever_changed_them(ops, replace):
+    """`lookup` compares against a packed copy of the entries' ids: every way the entries change (stores,
+    replaced sources, LRU and idle eviction, clear, a weight change) must be seen by the next lookup, and of
+    entries sharing the longest prefix the first in the cache's order wins."""
+    cache = PrefixKVCache(max_tokens=16, max_idle_calls=2, replace=replace)
+    weights = torch.nn.Linear(1, 1)
+    cache.sync(weights)
+
+    def entry(ids):
+        kv = [torch.zeros(1, 1, len(ids), 2)]
+        return KVEntry(np.asarray(ids, dtype=np.int64), kv, kv)
+
+    for op in ops:
+        if op[0] == "store":
+            held = list(cache)
+            sources = [held[i] for i in op[2] if i < len(held)]
+            cache.store([entry(ids) for ids in op[1]], sources)
+        elif op[0] == "begin_call":
+            cache.begin_call()
+        elif op[0] == "clear":
+            cache.clear()
+        elif op[0] == "sync":
+            with torch.no_grad():
+                weights.weight.add_(1.0)
+            cache.sync(weights)
+        else:
+            expected = _reference_lookup(list(cache), op[1])
+            found = cache.lookup(op[1])
+            assert found[1] == expected[1] and found[0] is expected[0], (op[1], [e.ids.tolist() for e in cache])
+            assert found[1] <= max(len(op[1]) - 1, 0)
+        for ctx in ([3, 4, 5, 3, 4, 5, 3, 4], [5, 5, 5, 5, 5, 5, 5, 5], [4]):  # a lookup after every change
+            expected = _reference_lookup(list(cache), ctx)
+            found = cache.lookup(ctx)
+            assert found[1] == expected[1] and found[0] is expected[0], (ctx, [e.ids.tolist() for e in cache])

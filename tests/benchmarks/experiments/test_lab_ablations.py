@@ -375,3 +375,55 @@ def test_sigterm_to_a_parallel_run_stops_its_workers(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_second_sigterm_does_not_cut_the_workers_cleanup_short(tmp_path):
+    """Stopping a worker takes a while (here: 2 s after its SIGTERM); a second SIGTERM to the parent meanwhile
+    must not abandon the cleanup and leave the other worker running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    slow = tmp_path / "worker.sh"  # records its pid and its sleep's; on SIGTERM takes 2 s to exit
+    slow.write_text(
+        "#!/bin/sh\ntrap 'sleep 2; kill $!; exit 0' TERM\nsleep 120 &\n"
+        f'echo $$ $! > "{tmp_path}/pid.$(echo "$@" | tr -dc 0-9 | tail -c 1)"\nwait\n'
+    )
+    slow.chmod(0o755)
+    parent = textwrap.dedent(f"""
+        import argparse, sys
+        from pathlib import Path
+        from benchmarks.experiments import lab_ablations
+        sys.executable = {str(slow)!r}
+        lab_ablations.run_workers(argparse.Namespace(workers=2, seeds=2, argv=[]), Path({str(tmp_path)!r}))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=os.getcwd())
+    pid_files = [tmp_path / "pid.0", tmp_path / "pid.1"]
+    deadline = time.monotonic() + 60
+    while not all(p.is_file() and p.read_text().strip() for p in pid_files):
+        assert time.monotonic() < deadline and proc.poll() is None, "the workers did not start"
+        time.sleep(0.1)
+    workers, sleeps = zip(*(map(int, p.read_text().split()) for p in pid_files))
+    try:
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the parent now waits for worker 0 to exit
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) != 0
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                os.kill(workers[1], 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, "worker 1 still runs after its parent was stopped"
+            time.sleep(0.1)
+    finally:  # a failing run leaves no worker behind
+        for pid in workers + sleeps:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
