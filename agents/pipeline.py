@@ -861,5 +861,6 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     log("")
     for line in stage_table(rows, timings):
         log(line)
-    log(f"[pipeline] total {summary['total_seconds'] / 60:.1f} min; plots: {', '.join(plots)}")
+    # a resumed run reads finished stages' seconds back: this is the stages' time, not this invocation's
+    log(f"[pipeline] stages took {summary['total_seconds'] / 60:.1f} min in all; plots: {', '.join(plots)}")
     return summary
