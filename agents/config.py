@@ -475,7 +475,8 @@ class TrainConfig:
         "role_grpo",
         (
             "advantage estimator registered in agents.grpo.ADVANTAGE_ESTIMATORS: 'role_grpo' (one baseline per (group, "
-            "role)) or 'grpo' (one per group; the ablation)"
+            "role)), 'grpo' (one per group; the ablation) or 'role_grpo_act_only' (role-wise, REHEARSE advantages 0: "
+            "the world model gets no policy gradient)"
         ),
     )
     policy: Literal["shared", "per_role"] = _f(

@@ -95,6 +95,7 @@ __all__ = [
     "aggregation_count",
     "role_wise_advantages",
     "grpo_advantages",
+    "act_only_advantages",
     "AdvantageEstimator",
     "ADVANTAGE_ESTIMATORS",
     "advantage_estimator",
@@ -342,6 +343,23 @@ def _grpo_estimator(
     return grpo_advantages(rewards, group_ids, traj_ids, scale_by_std=scale_by_std)  # (S,)
 
 
+def act_only_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    roles: Tensor,
+    traj_ids: Tensor,
+    num_tokens: Tensor,
+    weighting: Weighting = "turn",
+    scale_by_std: bool = False,
+) -> Tensor:
+    """`role_wise_advantages` with every REHEARSE segment's advantage set to 0: the policy gradient trains ACT only,
+    exactly as role-wise GRPO trains it, and leaves the REHEARSE role (the world model) where it was. The ablation
+    that tells what the outcome reward's gradient on rehearsed outputs does to the world model. Inputs, shapes and
+    errors as in `role_wise_advantages`; returns ``(S,) float32``."""
+    advantages = role_wise_advantages(rewards, group_ids, roles, traj_ids, num_tokens, weighting, scale_by_std)
+    return torch.where(roles == int(Role.REHEARSE), torch.zeros_like(advantages), advantages)  # (S,)
+
+
 AdvantageEstimator = Callable[..., Tensor]
 """``fn(rewards, group_ids, roles, traj_ids, num_tokens, *, weighting, scale_by_std) -> (S,) float32``: the
 advantage of every ACT/REHEARSE segment, inputs as in `role_wise_advantages`."""
@@ -349,6 +367,7 @@ advantage of every ACT/REHEARSE segment, inputs as in `role_wise_advantages`."""
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "role_grpo": role_wise_advantages,  # one baseline per (group, role): EnvACE
     "grpo": _grpo_estimator,  # one baseline per group: the plain-GRPO ablation
+    "role_grpo_act_only": act_only_advantages,  # role-wise GRPO on ACT tokens only: the world model is not trained
 }
 """Estimator name (``TrainConfig.algo``) -> `AdvantageEstimator`. A new estimator is one function here and
 one entry in this dict; the config check, `agents.rollout.build_batch` and the trainer look names up here."""

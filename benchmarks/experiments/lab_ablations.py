@@ -14,6 +14,7 @@ test task of the hidden-rules world, 100 per family), and its rehearsal fidelity
 | ``per_role`` | two models, each trained on its role (``policy=per_role``) |
 | ``real_rollouts`` | tool calls answered by the real backend during training (``rollout=real``) |
 | ``null_rehearser`` | every tool call answered with the same uninformative text (``rollout=null``): if it matches ``role_grpo``, the world model is not what helps |
+| ``role_grpo_act_only`` | (not by default) role-wise GRPO whose REHEARSE segments get advantage 0 (``algo=role_grpo_act_only``): the policy gradient leaves the world model as the warm start made it |
 | ``told: warm start``, ``told: <arm>`` | the world: suite ``lab-told``, the same test tasks with the rules' facts of each task's initial state in the prompt (its own warm start, then ``--told-arms``, default ``role_grpo`` and ``grpo``): told against hidden rules measures what a world model is worth |
 
 The told rows (``--told-arms``; when the recipe's suite is the default hidden world, ``lab``) run after the
@@ -86,9 +87,13 @@ DEFAULT_ARMS: dict[str, dict[str, Any]] = {
 }
 """The arms run by default: the paper's ablations."""
 
-ARMS: dict[str, dict[str, Any]] = {**DEFAULT_ARMS, **env_cost_arms()}
+ARMS: dict[str, dict[str, Any]] = {
+    **DEFAULT_ARMS,
+    "role_grpo_act_only": {"algo": "role_grpo_act_only"},
+    **env_cost_arms(),
+}
 """Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (``role_grpo`` is the recipe): the
-default arms, then the environment-cost arms (`benchmarks.experiments.arms.env_cost_arms`)."""
+default arms, the act-only control, then the environment-cost arms (`benchmarks.experiments.arms.env_cost_arms`)."""
 
 DEFAULT_TOLD_ARMS = ("role_grpo", "grpo")
 """The arms run by default on the told world (``--told-arms``): EnvACE and plain GRPO."""

@@ -16,8 +16,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agents.grpo import (
+    ADVANTAGE_ESTIMATORS,
     AGGREGATIONS,
     WEIGHTINGS,
+    act_only_advantages,
     aggregate,
     entropy_from_logits,
     grpo_advantages,
@@ -91,6 +93,17 @@ def test_hand_worked_group(weighting):
     adv = role_wise_advantages(*seg_tensors(HAND), weighting=weighting)
     assert adv.dtype == torch.float32 and adv.shape == (len(HAND),)
     torch.testing.assert_close(adv, torch.tensor(EXPECTED[weighting]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("weighting", ["turn", "token", "trajectory"])
+def test_act_only_keeps_role_wise_act_advantages_and_zeroes_rehearse(weighting):
+    """The act-only control trains ACT exactly as role-wise GRPO does and gives the world model no gradient."""
+    adv = act_only_advantages(*seg_tensors(HAND), weighting=weighting)
+    roles = [role for _, _, role, _, _ in HAND]
+    expected = [0.0 if role == REH else a for a, role in zip(EXPECTED[weighting], roles)]
+    assert adv.dtype == torch.float32
+    torch.testing.assert_close(adv, torch.tensor(expected), atol=1e-6, rtol=0)
+    assert ADVANTAGE_ESTIMATORS["role_grpo_act_only"] is act_only_advantages
 
 
 def test_turn_and_trajectory_weighting_differ_on_the_hand_group():
