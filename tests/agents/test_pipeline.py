@@ -57,7 +57,7 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path, c
     assert (run / "plots" / "stages.png").stat().st_size > 1000
     assert (run / "eval_grpo" / "summary.csv").is_file()
     out = capsys.readouterr().out
-    assert "eval_grpo" in out and "total" in out
+    assert "eval_grpo" in out and "stages took" in out
     assert main(["pipeline", "--run-dir", str(run), *ARGS]) == 0
     assert out.count("already done") == 0 and capsys.readouterr().out.count("already done") == 5
     # another budget on the same folder refuses, naming the field, instead of reporting the old run as its own
