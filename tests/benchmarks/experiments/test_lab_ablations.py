@@ -330,24 +330,24 @@ def test_told_rows_scored_on_other_test_tasks_are_refused_with_or_without_worker
     assert made == ["", lab_ablations.TOLD_PREFIX]
 
 
-def test_sigterm_to_a_parallel_run_stops_its_workers(tmp_path):
-    """A parallel run stopped by SIGTERM (a job scheduler, `kill`) takes its workers with it instead of leaving
-    them training on the cores."""
+def _start_parallel_run(tmp_path, worker_script: str):
+    """Start `lab_ablations.run_workers` (2 workers) in a child Python whose interpreter is `worker_script`, a shell
+    script standing in for each worker that writes ``pid.<k>`` under `tmp_path`; wait until both have. Returns the
+    parent process and each worker's pid file's integers."""
     import os
-    import signal
     import subprocess
     import sys
     import textwrap
     import time
 
-    sleeper = tmp_path / "worker.sh"  # stands in for the interpreter: records its pid, then waits
-    sleeper.write_text(f'#!/bin/sh\necho $$ > "{tmp_path}/pid.$(echo "$@" | tr -dc 0-9 | tail -c 1)"\nexec sleep 120\n')
-    sleeper.chmod(0o755)
+    script = tmp_path / "worker.sh"
+    script.write_text(worker_script)
+    script.chmod(0o755)
     parent = textwrap.dedent(f"""
         import argparse, sys
         from pathlib import Path
         from benchmarks.experiments import lab_ablations
-        sys.executable = {str(sleeper)!r}
+        sys.executable = {str(script)!r}
         lab_ablations.run_workers(argparse.Namespace(workers=2, seeds=2, argv=[]), Path({str(tmp_path)!r}))
     """)
     proc = subprocess.Popen([sys.executable, "-c", parent], cwd=os.getcwd())
@@ -356,74 +356,72 @@ def test_sigterm_to_a_parallel_run_stops_its_workers(tmp_path):
     while not all(p.is_file() and p.read_text().strip() for p in pid_files):
         assert time.monotonic() < deadline and proc.poll() is None, "the workers did not start"
         time.sleep(0.1)
-    workers = [int(p.read_text()) for p in pid_files]
+    return proc, [[int(x) for x in p.read_text().split()] for p in pid_files]
+
+
+def _assert_gone(pid: int, what: str) -> None:
+    """Wait up to 10 s for process `pid` to exit; fail naming `what` if it does not."""
+    import os
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, f"{what} still runs after its parent was stopped"
+        time.sleep(0.1)
+
+
+def _kill_all(pids) -> None:
+    import os
+    import signal
+
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_sigterm_to_a_parallel_run_stops_its_workers(tmp_path):
+    """A parallel run stopped by SIGTERM (a job scheduler, `kill`) takes its workers with it instead of leaving
+    them training on the cores."""
+    import signal
+
+    # each stand-in records its pid, then waits
+    script = f'#!/bin/sh\necho $$ > "{tmp_path}/pid.$(echo "$@" | tr -dc 0-9 | tail -c 1)"\nexec sleep 120\n'
+    proc, pids = _start_parallel_run(tmp_path, script)
+    workers = [p[0] for p in pids]
     try:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) != 0
         for pid in workers:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                assert time.monotonic() < deadline, f"worker {pid} still runs after its parent was stopped"
-                time.sleep(0.1)
+            _assert_gone(pid, f"worker {pid}")
     finally:  # a failing run leaves no sleeper behind
-        for pid in workers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_all(workers)
 
 
 def test_a_second_sigterm_does_not_cut_the_workers_cleanup_short(tmp_path):
     """Stopping a worker takes a while (here: 2 s after its SIGTERM); a second SIGTERM to the parent meanwhile
     must not abandon the cleanup and leave the other worker running."""
-    import os
     import signal
-    import subprocess
-    import sys
-    import textwrap
     import time
 
-    slow = tmp_path / "worker.sh"  # records its pid and its sleep's; on SIGTERM takes 2 s to exit
-    slow.write_text(
+    # each stand-in records its pid and its sleep's; on SIGTERM takes 2 s to exit
+    script = (
         "#!/bin/sh\ntrap 'sleep 2; kill $!; exit 0' TERM\nsleep 120 &\n"
         f'echo $$ $! > "{tmp_path}/pid.$(echo "$@" | tr -dc 0-9 | tail -c 1)"\nwait\n'
     )
-    slow.chmod(0o755)
-    parent = textwrap.dedent(f"""
-        import argparse, sys
-        from pathlib import Path
-        from benchmarks.experiments import lab_ablations
-        sys.executable = {str(slow)!r}
-        lab_ablations.run_workers(argparse.Namespace(workers=2, seeds=2, argv=[]), Path({str(tmp_path)!r}))
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=os.getcwd())
-    pid_files = [tmp_path / "pid.0", tmp_path / "pid.1"]
-    deadline = time.monotonic() + 60
-    while not all(p.is_file() and p.read_text().strip() for p in pid_files):
-        assert time.monotonic() < deadline and proc.poll() is None, "the workers did not start"
-        time.sleep(0.1)
-    workers, sleeps = zip(*(map(int, p.read_text().split()) for p in pid_files))
+    proc, pids = _start_parallel_run(tmp_path, script)
+    workers, sleeps = zip(*pids)
     try:
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)  # the parent now waits for worker 0 to exit
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) != 0
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                os.kill(workers[1], 0)
-            except ProcessLookupError:
-                break
-            assert time.monotonic() < deadline, "worker 1 still runs after its parent was stopped"
-            time.sleep(0.1)
+        _assert_gone(workers[1], "worker 1")
     finally:  # a failing run leaves no worker behind
-        for pid in workers + sleeps:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_all(workers + sleeps)
