@@ -192,7 +192,7 @@ def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
 
 def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
     """The ablation section (`benchmarks.experiments.lab_ablations`): its printed table and its plot."""
-    from benchmarks.experiments.ablations_table import table
+    from benchmarks.experiments.ablations_table import comparisons, table
 
     command = current_command(result.get("command", "python -m benchmarks.experiments.lab_ablations"))
     lines = [
@@ -204,6 +204,15 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
         *table(result),
         "```",
     ]
+    against = comparisons(result)
+    if against:
+        lines += [
+            "",
+            "Each comparison, paired on the same seeds and test tasks (mean ± the half-width of a 95% t-interval "
+            "over seeds; resolved when the interval excludes 0):",
+            "",
+            *against,
+        ]
     for png in sorted(folder.glob("*.png")):
         lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
     return lines

@@ -10,10 +10,42 @@ from typing import Any
 
 from benchmarks.stats import plus_minus
 
-__all__ = ["FIDELITY_METRICS", "table"]
+__all__ = ["FIDELITY_METRICS", "PAPER_COMPARISONS", "comparisons", "table"]
 
 FIDELITY_METRICS = ("exact_match", "json_structure_match", "token_f1")
 """The rehearsal fidelity metrics the ablations report, before and after GRPO."""
+
+PAPER_COMPARISONS: tuple[tuple[str, str, str, int], ...] = (
+    ("grpo", "Role-wise GRPO beats plain GRPO", "paper: τ² 31.2 plain → 36.7 role-wise", -1),
+    ("per_role", "One shared model beats a model per role", "paper: τ² 35.5 per role → 36.7 shared", -1),
+    (
+        "real_rollouts",
+        "Training on rehearsed rollouts reaches training on real ones, without real tool calls in the loop",
+        "paper: rehearsal training matches real-rollout training",
+        0,
+    ),
+    (
+        "null_rehearser",
+        "The world model is what helps: rehearsed outputs replaced by a constant do worse",
+        "control; the paper's mechanism predicts role_grpo ahead",
+        -1,
+    ),
+    (
+        "role_grpo_act_only",
+        "The policy gradient on REHEARSE tokens helps: REHEARSE advantages set to 0 do worse",
+        "control; the paper's mechanism predicts role_grpo ahead",
+        -1,
+    ),
+    ("warm start (SFT, pre-RL)", "Role-wise GRPO improves on its warm start", "paper: RL gains over SFT", -1),
+    (
+        "told: role_grpo",
+        "Rules told in the prompt help: a world model is worth what told rules add",
+        "expected: told rules ahead",
+        1,
+    ),
+)
+"""The comparisons `comparisons` reads: (row paired with ``role_grpo``, the claim, its source or expectation, the
+sign of row − ``role_grpo`` the claim predicts: −1 ``role_grpo`` ahead, +1 the row ahead, 0 no difference)."""
 
 
 def table(results: dict[str, Any]) -> list[str]:
@@ -82,4 +114,33 @@ def table(results: dict[str, Any]) -> list[str]:
             if a["n"]
             else f"fidelity {m:<21} before GRPO {b:>6}   after n/a"
         )
+    return lines
+
+
+def comparisons(results: dict[str, Any]) -> list[str]:
+    """One markdown bullet per `PAPER_COMPARISONS` entry whose row is in `results`: the paired difference
+    ``role_grpo`` − row (mean and 95% t-interval over seeds, tasks gained and lost summed over seeds) and what it
+    says about the claim: resolved (the interval excludes 0) in or against the claim's direction, or not resolved.
+    Rows absent from `results` (arms not run) are left out."""
+    rows = {row["row"]: row for row in results["rows"]}
+    lines = []
+    for name, claim, source, sign in PAPER_COMPARISONS:
+        row = rows.get(name)
+        if row is None or "diff_mean" not in row["success"] or "role_grpo" not in rows:
+            continue
+        d, h = -row["success"]["diff_mean"], row["success"]["diff_ci95"]  # role_grpo - row
+        paired = row.get("paired_tasks") or {}
+        tasks = f"; test tasks only role_grpo solved / only {name} solved: {paired['lost']} / {paired['gained']}"
+        measured = f"role_grpo − {name}: {plus_minus(d, h)}{tasks if paired else ''}"
+        if h is None:
+            verdict = "one seed: no interval, not resolved"
+        elif abs(d) <= h:
+            verdict = "not resolved (the 95% interval includes 0)" + (
+                ", consistent with the claim" if sign == 0 else ""
+            )
+        else:
+            ahead = "role_grpo" if d > 0 else name
+            agrees = (d > 0) == (sign < 0) if sign else False
+            verdict = f"resolved: {ahead} ahead, " + ("as claimed" if agrees else "against the claim")
+        lines.append(f"- **{claim}** ({source}). Here {measured}. {verdict.capitalize()}.")
     return lines

@@ -68,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.experiments.ablations_table import FIDELITY_METRICS, table
+from benchmarks.experiments.ablations_table import FIDELITY_METRICS, comparisons, table
 from benchmarks.experiments.arms import env_cost_arms, evaluate, row_fidelity, train_and_score
 from benchmarks.experiments.paired import task_rewards
 from benchmarks.provenance import provenance
@@ -389,7 +389,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         log(f"[ablations] {seed + 1}/{args.seeds} seeds in {out / 'results.json'}")
     if args.worker is not None:
         return {}
-    for line in table(results):
+    for line in (*table(results), "", *comparisons(results)):
         log(line)
     log(
         f"[ablations] plot: {out / 'ablations.png'}; results: {out / 'results.json'}; "

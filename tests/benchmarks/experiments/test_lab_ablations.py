@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.experiments import lab_ablations
+from benchmarks.experiments import ablations_table, lab_ablations
 from envace_gym.suites import make_suite
 
 RECIPE = {
@@ -281,7 +281,8 @@ def test_the_stored_results_render_with_and_without_told_rows(tmp_path):
 
     stored = Path(__file__).resolve().parents[3] / "docs" / "results" / "lab_ablations" / "results.json"
     old = json.loads(stored.read_text())
-    assert not any(r["row"].startswith("told") for r in old["rows"]) and "told_suite" not in old
+    old = {k: v for k, v in old.items() if k != "told_suite"}
+    old["rows"] = [r for r in old["rows"] if not r["row"].startswith("told")]
     rendered = page.render_ablations(old, stored.parent)
     assert rendered[5 : 5 + len(lab_ablations.table(old))] == lab_ablations.table(old)
     assert not any("told" in line for line in rendered)
@@ -306,6 +307,48 @@ def test_the_stored_results_render_with_and_without_told_rows(tmp_path):
     ]
     assert any(line.startswith("told: warm start") for line in lines)
     assert any(line.startswith("told: rows on suite lab-told") for line in lines)
+
+
+def test_comparisons_say_which_way_each_paired_difference_goes_and_whether_it_is_resolved(tmp_path):
+    """One bullet per comparison whose row was run, from the row's paired difference to role_grpo (row - role_grpo
+    in results.json, role_grpo - row in the sentence): resolved only when the interval excludes 0, and then in or
+    against the claim's direction; the results page prints the same bullets under the table."""
+    from benchmarks import results as page
+
+    def row(name, diff=None, half=None):
+        success = {"values": [0.5, 0.5], "mean": 0.5, "ci95": 0.01, "n": 2}
+        if diff is not None:
+            success.update(diff_mean=diff, diff_ci95=half)
+        return {"row": name, "success": success, "paired_tasks": {"gained": 3, "lost": 9, "tasks": 20}}
+
+    results = {
+        "rows": [
+            row("role_grpo"),
+            row("grpo", -0.05, 0.02),  # role_grpo ahead: as the paper claims
+            row("per_role", 0.05, 0.02),  # per_role ahead: against the claim
+            row("null_rehearser", -0.01, 0.02),  # interval includes 0
+            row("real_rollouts", 0.0, 0.01),
+            row("warm start (SFT, pre-RL)", -0.03, None),  # one seed
+        ]
+    }
+    lines = ablations_table.comparisons(results)
+    by_row = {
+        name: next(line for line in lines if f"role_grpo − {name}:" in line)
+        for name in ("grpo", "per_role", "null_rehearser", "real_rollouts", "warm start (SFT, pre-RL)")
+    }
+    assert len(lines) == 5 and not any("role_grpo_act_only" in line or "told" in line for line in lines)
+    assert "0.050 +- 0.020" in by_row["grpo"] and "Resolved: role_grpo ahead, as claimed." in by_row["grpo"]
+    assert "only role_grpo solved / only grpo solved: 9 / 3" in by_row["grpo"]
+    assert "Resolved: per_role ahead, against the claim." in by_row["per_role"]
+    assert "Not resolved (the 95% interval includes 0)." in by_row["null_rehearser"]
+    assert "consistent with the claim" in by_row["real_rollouts"]
+    assert "One seed: no interval, not resolved." in by_row["warm start (SFT, pre-RL)"]
+    results.update(model="lab-tiny", seeds=2, grpo_steps=1, grpo={"batch_tasks": 1, "group_size": 2}, test_tasks=20)
+    results["fidelity"] = {
+        "before": dict.fromkeys(ablations_table.FIDELITY_METRICS),
+        "after": {m: {"mean": 0.0, "ci95": None, "n": 0} for m in ablations_table.FIDELITY_METRICS},
+    }
+    assert page.render_ablations(results, tmp_path)[-len(lines) :] == lines
 
 
 @pytest.mark.parametrize("workers", [[], ["--workers", "2", "--worker", "0"]])
