@@ -97,6 +97,8 @@ default arms, the act-only control, then the environment-cost arms (`benchmarks.
 
 DEFAULT_TOLD_ARMS = ("role_grpo", "grpo")
 """The arms run by default on the told world (``--told-arms``): EnvACE and plain GRPO."""
+WORLDS = ("hidden", "told")
+"""The worlds of the rows: the recipe's (hidden rules) and its told variant (``--told-arms``)."""
 TOLD_PREFIX = "told/"
 """The told rows' stage folders and row names start with it (``told/role_grpo/seed0``, ``told: role_grpo``)."""
 
@@ -188,11 +190,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help=(
             "processes that train and score the seeds in parallel (worker k takes the seeds s with s %% W == k) "
-            "after the shared warm starts; then this process reads every stage back and writes the results. On "
-            "2 cores: --workers 2 --threads 1"
+            "after the shared warm starts (with told rows: the two worlds' warm starts side by side, a process "
+            "each); then this process reads every stage back and writes the results. On 2 cores: --workers 2 "
+            "--threads 1"
         ),
     )
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by --workers for a worker
+    # set by --workers for the process that makes one world's warm start beside the other's
+    ap.add_argument("--warm-start-only", choices=WORLDS, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.workers < 1 or (args.worker is not None and not 0 <= args.worker < args.workers):
         ap.error("--workers must be >= 1 (and --worker, set by --workers, in [0, --workers))")
@@ -273,6 +278,19 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         log(f"[ablations] no told rows: suite {recipe.suite!r} has no told variant (the default hidden world lab has)")
     told_warm: dict[str, Any] | None = None
     told_runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.told_arms} if told_recipe else {}
+    if args.warm_start_only is not None:  # a process started below: one world's warm start, nothing else
+        world = recipe if args.warm_start_only == "hidden" else told_recipe
+        shared_warm_start(stages, world, models, "" if world is recipe else TOLD_PREFIX, args.fidelity_limit, log)
+        return {}
+    if told_recipe is not None and args.workers > 1 and args.worker is None:
+        # both warm starts, one process each (the same stages as made here, which then skips them): on 2 cores
+        # the told world's SFT need not wait for the hidden world's
+        run_workers(
+            args,
+            out,
+            log,
+            jobs=[(f"the {w} world's warm start", ["--warm-start-only", w], f"warm_start_{w}.log") for w in WORLDS],
+        )
     warm_start = shared_warm_start(stages, recipe, models, "", args.fidelity_limit, log)
     warm = warm_start["model"]
 
@@ -398,13 +416,16 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     return results
 
 
-def run_workers(args: argparse.Namespace, out: Path, log: Any = print) -> None:
-    """Run ``--workers`` processes of this script, worker k on the seeds s with s % W == k (the same options
-    otherwise), and wait for them; each logs to ``<out>/worker<k>.log``. Stopping this process (an exception,
-    Ctrl-C, or SIGTERM while it waits) stops them; finished stages stay on disk, so a rerun resumes.
+def run_workers(
+    args: argparse.Namespace, out: Path, log: Any = print, jobs: list[tuple[str, list[str], str]] | None = None
+) -> None:
+    """Run processes of this script with the same options and wait for them: by default ``--workers`` of them,
+    worker k on the seeds s with s % W == k, each logging to ``<out>/worker<k>.log``; or one per `jobs` entry
+    ``(label, extra options, log file name under out)``. Stopping this process (an exception, Ctrl-C, or SIGTERM
+    while it waits) stops them; finished stages stay on disk, so a rerun resumes.
 
     Raises:
-        RuntimeError: a worker failed (its exit code and log named).
+        RuntimeError: a process failed (its exit code and log named).
     """
     import signal
     import subprocess
@@ -414,20 +435,26 @@ def run_workers(args: argparse.Namespace, out: Path, log: Any = print) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not cut the cleanup below short
         raise SystemExit(f"[ablations] stopped by signal {signum}")
 
+    if jobs is None:
+        jobs = [
+            (f"worker {k}: seeds {list(range(k, args.seeds, args.workers))}", ["--worker", str(k)], f"worker{k}.log")
+            for k in range(args.workers)
+        ]
     argv = list(getattr(args, "argv", []))
     procs = []
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set a signal handler
     previous = signal.signal(signal.SIGTERM, stop) if main_thread else None
     try:
-        for k in range(args.workers):
-            path = out / f"worker{k}.log"
+        for label, extra, name in jobs:
+            path = out / name
+            path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("w") as handle:
-                cmd = [sys.executable, "-m", "benchmarks.experiments.lab_ablations", *argv, "--worker", str(k)]
-                procs.append((k, path, subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)))
-            log(f"[ablations] worker {k}: seeds {list(range(k, args.seeds, args.workers))}, log {path}")
-        for k, path, proc in procs:
+                cmd = [sys.executable, "-m", "benchmarks.experiments.lab_ablations", *argv, *extra]
+                procs.append((label, path, subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)))
+            log(f"[ablations] {label}, log {path}")
+        for label, path, proc in procs:
             if proc.wait() != 0:
-                raise RuntimeError(f"[ablations] worker {k} exited with {proc.returncode}; its log: {path}")
+                raise RuntimeError(f"[ablations] {label} exited with {proc.returncode}; its log: {path}")
     finally:
         for _, _, proc in procs:
             if proc.poll() is None:

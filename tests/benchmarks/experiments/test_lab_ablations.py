@@ -238,14 +238,19 @@ def test_the_told_rows_run_from_their_own_warm_start_and_pair_with_the_hidden_ro
 
 @pytest.mark.slow
 def test_workers_train_the_seeds_in_parallel_and_give_the_sequential_results(tmp_path, capsys):
-    """--workers 2: worker k runs the seeds s % 2 == k (each in its own process, after the warm starts this
-    process made), then this process reads every stage back; the table equals a one-process run's."""
+    """--workers 2: the two worlds' warm starts are made side by side (a process each), then worker k runs the
+    seeds s % 2 == k (each in its own process), then this process reads every stage back; the table equals a
+    one-process run's."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(HIDDEN_RECIPE))
     argv = ["--recipe", str(recipe), "--seeds", "2", "--arms", "role_grpo", "grpo", "--sb3-timesteps", "0"]
     argv += ["--limit", "1", "--fidelity-limit", "1", "--told-arms", "role_grpo", "--threads", "1"]
     parallel = lab_ablations.main([*argv, "--out", str(tmp_path / "parallel"), "--workers", "2"])
     printed = capsys.readouterr().out
+    for world, prefix in (("hidden", ""), ("told", "told/")):  # each made by its own process, side by side
+        made = (tmp_path / "parallel" / f"warm_start_{world}.log").read_text()
+        assert f"[stage] {prefix}warm_start/sft ..." in made and "seed0" not in made
+        assert f"[stage] {prefix}warm_start/sft: already done, skipped" in printed
     for k in (0, 1):
         worker = (tmp_path / "parallel" / f"worker{k}.log").read_text()
         assert f"[stage] grpo/seed{k}/grpo ..." in worker and f"told/role_grpo/seed{k}/grpo ..." in worker
