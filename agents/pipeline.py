@@ -17,7 +17,7 @@ SFT and GRPO trainers resume from their newest checkpoints):
    ``eval_grpo_rehearsal/``: the trained policy with test-time rehearsal on the same tasks (or, with
    ``test_time_rehearsal_limit``, the first of them in each category, beside a table row that scores
    ``eval_grpo`` on those tasks only);
-7. ``plots/stages.png`` (accuracy, the fraction of ACT steps that parse as tool calls and, where measured, exact
+7. ``plots/stages.png`` (success, the fraction of ACT steps that parse as tool calls and, where measured, exact
    rehearsal fidelity, per model) and ``grpo/plots/`` (training curves, `agents.evaluation.plots.report`);
    ``summary.json`` and a printed table (`stage_table`).
 
@@ -429,11 +429,9 @@ class StageRunner:
         settings = stage_settings(eval_config)
         ignore = resume_ignores(eval_config)  # the same fields `evaluate` itself resumes with changed
         info = self.stage(
-            name,
-            lambda out: {"eval": _evaluate(eval_config, out, self.log, models), "config": settings},
-            settings,
-            ignore=ignore,
+            name, lambda out: {"eval": _evaluate(eval_config, models), "config": settings}, settings, ignore=ignore
         )
+        log_row(name, info["eval"], self.log)
         return info["eval"]
 
 
@@ -590,7 +588,10 @@ def _overall_row(overall: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None) -> dict[str, Any]:
+def _evaluate(eval_config: EvalConfig, models: ModelStore | None) -> dict[str, Any]:
+    """The evaluation row of one stage (`StageRunner.evaluate`): `_overall_row`, and with ``fidelity`` the
+    rehearsal fidelity fields (over every rehearsed call, and apart on error and ordinary outputs) and, where the
+    suite proposes mistakes, the one-step fidelity fields."""
     from agents.evaluation.evaluate import evaluate, fidelity_tables
 
     result = evaluate(eval_config, log=None, progress=True, models=models)
@@ -609,39 +610,47 @@ def _evaluate(eval_config: EvalConfig, out: Path, log, models: ModelStore | None
         for kind in tables["output"][:2]:  # error, ordinary: a world model may get successes right, errors never
             row[f"fidelity_{kind['group']}_calls"] = int(kind["n_calls"])
             row[f"fidelity_{kind['group']}_exact_match"] = float(kind["exact_match"]) if kind["n_calls"] else None
-        scores = (
-            f"exact {row['fidelity_exact_match']:.3f}, structure {row['fidelity_json_structure_match']:.3f}, "
-            f"token F1 {row['fidelity_token_f1']:.3f}"
-            if n_calls
-            else "nothing to score"
-        )
-        split = ", ".join(
-            f"{k} outputs {row[f'fidelity_{k}_calls']} calls, exact "
-            + ("n/a" if row[f"fidelity_{k}_exact_match"] is None else f"{row[f'fidelity_{k}_exact_match']:.3f}")
-            for k in ("error", "ordinary")
-        )
-        log(
-            f"[pipeline] {out.name}: {n_calls} rehearsed calls: {scores}; {split} "
-            f"(accuracy in the rehearsed world {row['accuracy']:.3f})"
-        )
         one_step = _one_step(eval_config, result, models)
         if one_step is not None:
             for group in ("ordinary", "error"):
                 cell = one_step.get(group, {"outputs": 0, "exact_match": None})
                 row[f"one_step_{group}_outputs"] = cell["outputs"]
                 row[f"one_step_{group}_exact_match"] = cell["exact_match"]
-            cells = []
-            for g in ("error", "ordinary"):
-                exact = row[f"one_step_{g}_exact_match"]
-                shown = "n/a" if exact is None else f"{exact:.3f}"
-                cells.append(f"{g} outputs {row[f'one_step_{g}_outputs']}, exact {shown}")
-            log(f"[pipeline] {out.name}: one-step fidelity (real output from the real history): {'; '.join(cells)}")
-    else:
+    return row
+
+
+def log_row(name: str, row: dict[str, Any], log=print) -> None:
+    """Print an evaluation stage's row (`_evaluate`'s): success, tool-call fraction and parse errors, or for a
+    fidelity stage its rehearsal fidelity and, where measured, its one-step fidelity. `StageRunner.evaluate`
+    prints it whether the stage ran or was read back, so a resumed run shows every stage's numbers."""
+    if "fidelity_calls" not in row:
         log(
-            f"[pipeline] {out.name}: accuracy {row['accuracy']:.3f}, ACT steps parsed as tool calls "
+            f"[pipeline] {name}: success {row['accuracy']:.3f}, ACT steps parsed as tool calls "
             f"{row['tool_call_fraction']:.3f}, parse errors/task {row['parse_errors_per_task']:.2f}"
         )
-    return row
+        return
+    n_calls = row["fidelity_calls"]
+    scores = (
+        f"exact {row['fidelity_exact_match']:.3f}, structure {row['fidelity_json_structure_match']:.3f}, "
+        f"token F1 {row['fidelity_token_f1']:.3f}"
+        if n_calls
+        else "nothing to score"
+    )
+    split = "".join(
+        f"; {k} outputs {row[f'fidelity_{k}_calls']} calls, exact "
+        + ("n/a" if row.get(f"fidelity_{k}_exact_match") is None else f"{row[f'fidelity_{k}_exact_match']:.3f}")
+        for k in ("error", "ordinary")
+        if f"fidelity_{k}_calls" in row  # (rows stored before the split have none)
+    )
+    rehearsed_world = f"success in the rehearsed world {row['accuracy']:.3f}"
+    log(f"[pipeline] {name}: {n_calls} rehearsed calls: {scores}{split} ({rehearsed_world})")
+    if "one_step_error_outputs" in row:
+        cells = []
+        for g in ("error", "ordinary"):
+            exact = row[f"one_step_{g}_exact_match"]
+            shown = "n/a" if exact is None else f"{exact:.3f}"
+            cells.append(f"{g} outputs {row[f'one_step_{g}_outputs']}, exact {shown}")
+        log(f"[pipeline] {name}: one-step fidelity (real output from the real history): {'; '.join(cells)}")
 
 
 def _one_step(eval_config: EvalConfig, result: Any, models: ModelStore | None) -> dict[str, Any] | None:
@@ -712,11 +721,11 @@ def stage_rows(evals: dict[str, dict[str, Any]], same_tasks: dict[str, Any] | No
 
 
 def stage_table(rows: dict[str, dict[str, Any]], timings: dict[str, float]) -> list[str]:
-    """The printed summary: tasks played, accuracy on real backends, tool-call fraction and fidelity per
-    evaluated model, and the seconds of the stages behind each row (blank for `SAME_TASKS_ROW`, which is
-    computed from another stage's episodes)."""
+    """The printed summary: tasks played, success on real backends (the rows' ``accuracy``), tool-call fraction
+    and fidelity per evaluated model, and the seconds of the stages behind each row (blank for `SAME_TASKS_ROW`,
+    which is computed from another stage's episodes)."""
     lines = [
-        f"{'model':<16} {'tasks':>5} {'accuracy':>9} {'tool calls':>10} {'parse err':>9} {'fid exact':>9} "
+        f"{'model':<16} {'tasks':>5} {'success':>9} {'tool calls':>10} {'parse err':>9} {'fid exact':>9} "
         f"{'fid struct':>10} {'fid F1':>7} {'seconds':>8}"
     ]
     for label, row in rows.items():
@@ -749,7 +758,7 @@ def stage_table(rows: dict[str, dict[str, Any]], timings: dict[str, float]) -> l
 
 
 def plot_stages(rows: dict[str, dict[str, Any]], path: str | Path) -> Path:
-    """Bars per evaluated model (``rows``: `stage_rows`): accuracy on the real backends, the fraction of ACT
+    """Bars per evaluated model (``rows``: `stage_rows`): success on the real backends, the fraction of ACT
     steps parsed as tool calls and, where measured, the exact-match fidelity of the rehearsed tool outputs."""
     import matplotlib
 
@@ -757,7 +766,7 @@ def plot_stages(rows: dict[str, dict[str, Any]], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     stages = list(rows)
-    series = [("accuracy", "accuracy (real backends)"), ("tool_call_fraction", "ACT steps parsed as tool calls")]
+    series = [("accuracy", "success (real backends)"), ("tool_call_fraction", "ACT steps parsed as tool calls")]
     if any("fidelity_exact_match" in rows[s] for s in stages):
         series.append(("fidelity_exact_match", "rehearsed outputs exactly right"))
     fig, ax = plt.subplots(figsize=(1.6 * len(stages) + 2.5, 3.5))

@@ -59,7 +59,11 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path, c
     out = capsys.readouterr().out
     assert "eval_grpo" in out and "stages took" in out
     assert main(["pipeline", "--run-dir", str(run), *ARGS]) == 0
-    assert out.count("already done") == 0 and capsys.readouterr().out.count("already done") == 5
+    again = capsys.readouterr().out
+    assert out.count("already done") == 0 and again.count("already done") == 5
+    # a resumed run prints each evaluation's numbers as the run that made them did
+    evals = [line for line in out.splitlines() if line.startswith("[pipeline] eval_")]
+    assert len(evals) == 3 and all(line in again.splitlines() for line in evals), (evals, again)
     # another budget on the same folder refuses, naming the field, instead of reporting the old run as its own
     for stage, option in (("sft", "--sft.optim.lr"), ("grpo", "--grpo.optim.lr")):
         assert main(["pipeline", "--run-dir", str(run), *ARGS, option, "0.5"]) == 2
@@ -244,6 +248,11 @@ def test_pipeline_adds_fidelity_and_test_time_rehearsal_stages(tmp_path, capsys)
     assert grpo["fidelity_error_calls"] + grpo["fidelity_ordinary_calls"] == grpo["fidelity_calls"]
     out = capsys.readouterr().out
     assert "grpo+rehearsal" in out and "fid exact" in out and "error outputs" in out
+    fidelity = [line for line in out.splitlines() if line.startswith("[pipeline] fidelity_")]
+    assert sum("rehearsed calls" in line for line in fidelity) == sum("one-step" in line for line in fidelity) == 3
+    assert main(["pipeline", "--run-dir", str(run), *ARGS, "--eval.limit", "2", *lab]) == 0
+    again = capsys.readouterr().out.splitlines()
+    assert all(line in again for line in fidelity)  # a resumed run reprints them
     changed = dataclass_from_args(
         PipelineConfig,
         build_parser().parse_args(["pipeline", "--run-dir", str(run), *ARGS, "--eval.limit", "2", *lab[:-1], "2"]),
