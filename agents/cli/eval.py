@@ -1,5 +1,6 @@
 """``envace eval`` (`agents.evaluation.evaluate`: a policy on real backends, optionally with test-time
-rehearsal and fidelity) and ``envace report`` (`agents.evaluation.plots`: the plots of a run folder)."""
+rehearsal and fidelity), ``envace report`` (`agents.evaluation.plots`: the plots of a run folder) and ``envace
+failures`` (`agents.evaluation.failures`: where failed episodes left the reference solution)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from agents.evaluation.evaluate import (
     format_table,
 )
 
-__all__ = ["add_eval_parsers", "cmd_eval", "cmd_report"]
+__all__ = ["add_eval_parsers", "cmd_eval", "cmd_failures", "cmd_report"]
 
 
 def _model_from_args(args: argparse.Namespace) -> str:
@@ -69,8 +70,31 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_failures(args: argparse.Namespace) -> int:
+    """``envace failures``: the failure taxonomy of evaluation folders side by side
+    (`agents.evaluation.failures`)."""
+    from agents.evaluation.failures import failure_modes, failures_table
+
+    try:
+        results = [
+            (Path(folder).name if not args.labels else label, failure_modes(folder))
+            for folder, label in zip(args.folders, args.labels or args.folders)
+        ]
+    except (FileNotFoundError, KeyError, ValueError) as err:
+        raise SystemExit(f"envace failures: {err}") from None
+    for line in failures_table(results):
+        print(line)
+    if args.by_category:
+        categories = list(dict.fromkeys(c for _, r in results for c in r["kinds"]))
+        for category in categories:
+            print()
+            for line in failures_table(results, category):
+                print(line)
+    return 0
+
+
 def add_eval_parsers(sub: Any) -> None:
-    """Add the ``eval`` and ``report`` sub-commands to an argparse sub-parser collection."""
+    """Add the ``eval``, ``report`` and ``failures`` sub-commands to an argparse sub-parser collection."""
     ev = sub.add_parser(
         "eval",
         help="evaluate a policy on a suite's real backends (success per category), optionally with test-time "
@@ -86,3 +110,11 @@ def add_eval_parsers(sub: Any) -> None:
     )
     rep.add_argument("run_dir", help="a training run folder or a folder of eval outputs")
     rep.set_defaults(func=cmd_report)
+    fail = sub.add_parser(
+        "failures",
+        help="where the failed episodes of evaluation folders first left the suite's reference solution, side by side",
+    )
+    fail.add_argument("folders", nargs="+", help="evaluation folders (envace eval --out, a pipeline's eval_* stage)")
+    fail.add_argument("--labels", nargs="+", default=None, help="a column label per folder (default: folder names)")
+    fail.add_argument("--by-category", action="store_true", help="also one table per task category")
+    fail.set_defaults(func=cmd_failures)

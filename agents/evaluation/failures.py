@@ -1,0 +1,174 @@
+"""Where failed episodes leave the reference solution: a failure taxonomy of an evaluation folder.
+
+    envace failures runs/lab/eval_grpo                       # one evaluation
+    envace failures runs/lab/eval_sft runs/lab/eval_grpo     # side by side: what training changed
+
+An evaluation (`agents.evaluation.evaluate.evaluate`) writes each episode's committed messages to
+``transcripts.jsonl``. For every episode with reward below 1, its tool calls (every turn's, in order) are
+compared with the suite's reference solution (``Suite.ground_truth``, every turn's calls in order) and the
+first difference names the failure (`first_divergence`):
+
+| kind | the episode ... |
+|---|---|
+| ``no call`` | made no tool call at all |
+| ``wrong tool, call k`` | called another tool than the reference's k-th call (1-based) |
+| ``wrong <argument>, call k`` | called the reference's k-th tool with another value of that argument (the first) |
+| ``unparsed call, call k`` | wrote what the env could not parse as a call where the reference makes its k-th call |
+| ``stopped early`` | made the reference's first calls exactly, then stopped |
+| ``extra call`` | made every reference call exactly, then more (a failed or changing extra call costs the reward) |
+| ``same calls`` | made exactly the reference's calls and still scored below 1 (e.g. a wrong closing reply) |
+| ``no reference`` | (the suite has no reference solution for this task) |
+
+A policy can solve a task by other calls than the reference's (another order of independent moves), and such
+an episode scores 1 and is never classified; a failed one is classified by where it first left the
+reference, which is where to look, not a proof of the cause. Where the suite names its error outputs
+(``Suite.error_kind``, the lab's), the error outputs the failed episodes received are counted by kind too.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from envace_gym.types import ToolCall
+
+__all__ = ["first_divergence", "episode_calls", "failure_modes", "failures_table"]
+
+UNPARSED = "unparsed call"
+NO_REFERENCE = "no reference"
+
+
+def first_divergence(calls: Sequence[ToolCall | str], reference: Sequence[ToolCall]) -> str:
+    """The kind of the first difference between an episode's `calls` and the `reference` calls (module table).
+
+    Args:
+        calls: the episode's calls in order; a str stands for a message the env could not parse as a call.
+        reference: the reference solution's calls in order.
+    """
+    if not calls:
+        return "no call" if reference else "same calls"
+    for k, (made, ref) in enumerate(zip(calls, reference), 1):
+        if isinstance(made, str):
+            return f"{UNPARSED}, call {k}"
+        if made.name != ref.name:
+            return f"wrong tool, call {k}"
+        if made.arguments != ref.arguments:
+            keys = list(ref.arguments) + [key for key in made.arguments if key not in ref.arguments]
+            differs = next(key for key in keys if made.arguments.get(key) != ref.arguments.get(key))
+            return f"wrong {differs}, call {k}"
+    if len(calls) < len(reference):
+        return "stopped early"
+    if len(calls) > len(reference):
+        return "extra call"
+    return "same calls"
+
+
+def episode_calls(messages: Sequence[dict[str, Any]]) -> tuple[list[ToolCall | str], list[str]]:
+    """An episode's calls (a str for an assistant message the env answered with a parse error) and the contents
+    of its tool outputs, from its ``transcripts.jsonl`` messages (OpenAI dicts)."""
+    calls: list[ToolCall | str] = []
+    outputs: list[str] = []
+    for i, m in enumerate(messages):
+        if m["role"] == "tool":
+            outputs.append(str(m.get("content") or ""))
+        if m["role"] != "assistant":
+            continue
+        if m.get("tool_calls"):
+            calls += [ToolCall.from_openai(c) for c in m["tool_calls"]]
+        elif i + 1 < len(messages) and messages[i + 1]["role"] == "tool":  # the env's parse-error observation
+            calls.append(str(m.get("content") or ""))
+    return calls, outputs
+
+
+def _is_error(output: str) -> bool:
+    text = output.strip()
+    if text.startswith("Error"):
+        return True
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and "error" in value
+
+
+def failure_modes(folder: str | Path) -> dict[str, Any]:
+    """The failure taxonomy of one evaluation folder (module docstring).
+
+    Returns:
+        ``{"suite", "episodes", "failed", "kinds": {category: Counter of kinds}, "errors": {category: Counter of
+        error-output kinds}}`` over the failed episodes; categories in the order first seen.
+
+    Raises:
+        FileNotFoundError: the folder has no ``transcripts.jsonl`` or ``eval_config.json``.
+        KeyError: a transcript's task id is not a task of the evaluated suite, split and categories.
+        ValueError: the suite has no ``ground_truth`` hook.
+    """
+    from envace_gym.suites import make_suite
+
+    folder = Path(folder)
+    for name in ("transcripts.jsonl", "eval_config.json"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name}: not an evaluation folder (envace eval --out writes one)")
+    config = json.loads((folder / "eval_config.json").read_text())
+    suite = make_suite(config["suite"])
+    tasks = {t.id: t for t in suite.tasks(config.get("categories"), config.get("split", "test"))}
+    error_kind = getattr(suite, "error_kind", None)
+    ground_truth = getattr(suite, "ground_truth", None)
+    if ground_truth is None:
+        raise ValueError(f"suite {config['suite']!r} has no reference solutions (Suite.ground_truth) to compare with")
+    kinds: dict[str, collections.Counter] = {}
+    errors: dict[str, collections.Counter] = {}
+    episodes = failed = 0
+    with open(folder / "transcripts.jsonl", encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            task = tasks.get(record["task_id"])
+            if task is None:
+                raise KeyError(f"{record['task_id']}: not a task of {config['suite']} ({config.get('split')} split)")
+            category = task.metadata.get("category") or task.id.rsplit("_", 1)[0]
+            episodes += 1
+            kinds.setdefault(category, collections.Counter())
+            errors.setdefault(category, collections.Counter())
+            if float(record["reward"]) >= 1.0:
+                continue
+            failed += 1
+            calls, outputs = episode_calls(record["messages"])
+            turns = ground_truth(task)
+            reference = None if turns is None else [c for turn in turns for c in turn]
+            kinds[category][NO_REFERENCE if reference is None else first_divergence(calls, reference)] += 1
+            for output in outputs:
+                if _is_error(output):
+                    errors[category][error_kind(output) if error_kind else "error"] += 1
+    return {"suite": config["suite"], "episodes": episodes, "failed": failed, "kinds": kinds, "errors": errors}
+
+
+def failures_table(results: Sequence[tuple[str, dict[str, Any]]], category: str | None = None) -> list[str]:
+    """The printed table of one or more `failure_modes` results (label, result): one row per failure kind (and
+    per error-output kind) with its count of failed episodes in each result, most frequent first; only the
+    episodes of `category` when given (a category a result lacks counts 0)."""
+    labels = [label for label, _ in results]
+    width = max(12, *(len(label) for label in labels))
+    lines = [f"{category or '':<28} " + " ".join(f"{label:>{width}}" for label in labels)]
+
+    def counted(result: dict[str, Any], field: str) -> collections.Counter:
+        parts = result[field].values() if category is None else [result[field].get(category, collections.Counter())]
+        return sum(parts, collections.Counter())
+
+    failed = [sum(counted(r, "kinds").values()) for _, r in results]
+    if category is None:
+        counts = [f"{r['episodes']} ({f})" for (_, r), f in zip(results, failed)]
+        lines.append(f"{'episodes (failed)':<28} " + " ".join(f"{c:>{width}}" for c in counts))
+    else:
+        lines.append(f"{'failed episodes':<28} " + " ".join(f"{f:>{width}}" for f in failed))
+    for field, title in (("kinds", "first left the reference"), ("errors", "error outputs received")):
+        per_result = [counted(r, field) for _, r in results]
+        totals = sum(per_result, collections.Counter())
+        if not totals:
+            continue
+        lines.append(f"{title}:")
+        for kind, _ in totals.most_common():
+            lines.append(f"  {kind:<26} " + " ".join(f"{c[kind]:>{width}}" for c in per_result))
+    return lines
