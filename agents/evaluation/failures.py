@@ -35,10 +35,14 @@ from typing import Any
 
 from envace_gym.types import ToolCall
 
-__all__ = ["first_divergence", "episode_calls", "failure_modes", "failures_table"]
+__all__ = ["WHERE", "first_divergence", "episode_calls", "failure_modes", "failures_table", "where_failed"]
 
 UNPARSED = "unparsed call"
 NO_REFERENCE = "no reference"
+WHERE = ("at call 1", "at a later call", "other")
+"""`where_failed`'s buckets: the first difference at the first call (before any tool output: a misreading of the
+prompt), at a later call (after outputs the policy could read), or not at a call (stopped early, an extra call,
+no call, the same calls, no reference)."""
 
 
 def first_divergence(calls: Sequence[ToolCall | str], reference: Sequence[ToolCall]) -> str:
@@ -172,3 +176,14 @@ def failures_table(results: Sequence[tuple[str, dict[str, Any]]], category: str 
         for kind, _ in totals.most_common():
             lines.append(f"  {kind:<26} " + " ".join(f"{c[kind]:>{width}}" for c in per_result))
     return lines
+
+
+def where_failed(folder: str | Path) -> dict[str, int]:
+    """The failed episodes of an evaluation folder (`failure_modes`) by `WHERE` bucket, and ``failed`` in all."""
+    kinds: collections.Counter = sum(failure_modes(folder)["kinds"].values(), collections.Counter())
+    counts = dict.fromkeys(WHERE, 0)
+    for kind, n in kinds.items():
+        call = kind.rsplit(", call ", 1)
+        bucket = WHERE[2] if len(call) == 1 else WHERE[0] if call[1] == "1" else WHERE[1]
+        counts[bucket] += n
+    return {"failed": sum(kinds.values()), **counts}

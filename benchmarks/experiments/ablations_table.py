@@ -105,6 +105,17 @@ def table(results: dict[str, Any]) -> list[str]:
                 else ""
             )
         )
+    where = [(row["row"], row["where_failed"]) for row in results["rows"] if row.get("where_failed")]
+    if where:
+        lines.append(
+            "failed test episodes by where they first left the reference solution (mean per seed; envace failures): "
+            "at call 1 (before any tool output) / at a later call / elsewhere (stopped early, extra call)"
+        )
+        lines += [
+            f"  {name:<38} {w['failed']:>6.1f} failed: {w['at call 1']:>6.1f} / {w['at a later call']:>6.1f} / "
+            f"{w['other']:>5.1f}"
+            for name, w in where
+        ]
     before, after = results["fidelity"]["before"], results["fidelity"]["after"]
     for m in FIDELITY_METRICS:
         b = "n/a" if before[m] is None else f"{before[m]:.3f}"

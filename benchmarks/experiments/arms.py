@@ -116,10 +116,12 @@ def train_and_score(
 
     Returns:
         ``model`` (the trained model folder), ``eval`` (the evaluation row with ``task_rewards``, task id ->
-        reward), ``train`` (`TRAIN_TOTALS` of the GRPO stage), ``fidelity`` (the fidelity evaluation's row, ``{}``
-        without one), ``train_s`` and ``eval_s`` (seconds the GRPO and evaluation stages took when they ran).
+        reward, and ``where_failed``, `agents.evaluation.failures.where_failed`), ``train`` (`TRAIN_TOTALS` of
+        the GRPO stage), ``fidelity`` (the fidelity evaluation's row, ``{}`` without one), ``train_s`` and
+        ``eval_s`` (seconds the GRPO and evaluation stages took when they ran).
     """
     from agents.config import TrainConfig, replace_fields
+    from agents.evaluation.failures import where_failed
     from agents.pipeline import grpo_stage, latest_model, stage_ignores, stage_settings
 
     out = stages.run
@@ -133,6 +135,7 @@ def train_and_score(
     trained = latest_model(out / name / "grpo")
     row = evaluate(stages, recipe, models, f"{name}/eval", trained)
     row["task_rewards"] = task_rewards(out / name / "eval")
+    row["where_failed"] = where_failed(out / name / "eval")
     fidelity = (
         evaluate(stages, recipe, models, f"{name}/fidelity", trained, fidelity=True, limit=fidelity_limit)
         if fidelity_limit

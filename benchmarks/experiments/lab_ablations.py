@@ -476,6 +476,7 @@ def shared_warm_start(
         without one), ``real_tool_calls`` (the calls of the reference solutions of its demonstrations, each
         executed on the real backend to build them) and ``wall_s`` (SFT + evaluation seconds).
     """
+    from agents.evaluation.failures import where_failed
     from agents.pipeline import latest_model, sft_stage
     from envace_gym.suites import make_suite
 
@@ -484,6 +485,7 @@ def shared_warm_start(
     model = latest_model(out / f"{prefix}warm_start" / "sft")
     row = evaluate(stages, recipe, models, f"{prefix}warm_start/eval", model)
     row["task_rewards"] = task_rewards(out / f"{prefix}warm_start" / "eval")
+    row["where_failed"] = where_failed(out / f"{prefix}warm_start" / "eval")
     fidelity = (
         evaluate(stages, recipe, models, f"{prefix}warm_start/fidelity", model, fidelity=True, limit=fidelity_limit)
         if fidelity_limit
@@ -548,6 +550,7 @@ def _warm_row(name: str, warm: dict[str, Any], reference: list[float], ref_tasks
         "verifier_replay_calls": 0,
         "wall_s": warm["wall_s"],
         "fidelity": row_fidelity([warm["fidelity"]]),
+        "where_failed": _where_failed([warm["eval"]]),
     }
 
 
@@ -569,7 +572,17 @@ def _arm_row(
         "groups_with_signal": float(np.mean([sum(r["train"]["groups_with_reward_variance"]) for r in rs])),
         "wall_s": float(np.mean([r["train_s"] + r["eval_s"] for r in rs])),
         "fidelity": row_fidelity([r["fidelity"] for r in rs]),
+        "where_failed": _where_failed([r["eval"] for r in rs]),
     }
+
+
+def _where_failed(evals: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The mean per seed of each `agents.evaluation.failures.where_failed` count of the evaluation rows (None
+    where a row has none)."""
+    counts = [e.get("where_failed") for e in evals]
+    if not counts or any(c is None for c in counts):
+        return None
+    return {k: float(np.mean([c[k] for c in counts])) for k in counts[0]}
 
 
 def told_row_name(name: str) -> str:

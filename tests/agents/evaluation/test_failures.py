@@ -10,7 +10,7 @@ import pytest
 
 from agents.cli.main import main
 from agents.evaluation.evaluate import EvalConfig, evaluate
-from agents.evaluation.failures import episode_calls, failure_modes, failures_table, first_divergence
+from agents.evaluation.failures import episode_calls, failure_modes, failures_table, first_divergence, where_failed
 from envace_gym.suites import make_suite
 from envace_gym.types import ToolCall
 
@@ -91,6 +91,7 @@ def test_failure_modes_classify_episodes_played_on_the_real_backend(tmp_path, ca
     assert result["episodes"] == len(records) == 10 and result["failed"] == 4
     assert result["kinds"]["relocate"] == {"wrong shelf, call 2": 3}
     assert result["kinds"]["ship"] == {"wrong box, call 2": 1} and result["errors"]["ship"] == {"no_box": 1}
+    assert where_failed(tmp_path / "eval") == {"failed": 4, "at call 1": 0, "at a later call": 4, "other": 0}
     calls, outputs = episode_calls(bad_box["messages"])
     assert calls[1].arguments["box"] == "Z9-9" and len(outputs) == 2
 

@@ -336,6 +336,7 @@ def test_comparisons_say_which_way_each_paired_difference_goes_and_whether_it_is
             row("warm start (SFT, pre-RL)", -0.03, None),  # one seed
         ]
     }
+    results["rows"][1]["where_failed"] = {"failed": 10.0, "at call 1": 6.0, "at a later call": 3.5, "other": 0.5}
     lines = ablations_table.comparisons(results)
     by_row = {
         name: next(line for line in lines if f"role_grpo − {name}:" in line)
@@ -353,7 +354,10 @@ def test_comparisons_say_which_way_each_paired_difference_goes_and_whether_it_is
         "before": dict.fromkeys(ablations_table.FIDELITY_METRICS),
         "after": {m: {"mean": 0.0, "ci95": None, "n": 0} for m in ablations_table.FIDELITY_METRICS},
     }
-    assert page.render_ablations(results, tmp_path)[-len(lines) :] == lines
+    rendered = page.render_ablations(results, tmp_path)
+    assert rendered[-len(lines) :] == lines
+    where = next(line for line in rendered if line.startswith("  grpo "))
+    assert where.split()[1:] == ["10.0", "failed:", "6.0", "/", "3.5", "/", "0.5"]
 
 
 @pytest.mark.parametrize("workers", [[], ["--workers", "2", "--worker", "0"]])
