@@ -204,14 +204,14 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
         *table(result),
         "```",
     ]
-    against = comparisons(result)
-    if against:
+    bullets = comparisons(result)
+    if bullets:
         lines += [
             "",
             "Each comparison, paired on the same seeds and test tasks (mean ± the half-width of a 95% t-interval "
             "over seeds; resolved when the interval excludes 0):",
             "",
-            *against,
+            *bullets,
         ]
     for png in sorted(folder.glob("*.png")):
         lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]

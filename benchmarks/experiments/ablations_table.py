@@ -36,16 +36,23 @@ PAPER_COMPARISONS: tuple[tuple[str, str, str, int], ...] = (
         "control; the paper's mechanism predicts role_grpo ahead",
         -1,
     ),
-    ("warm start (SFT, pre-RL)", "Role-wise GRPO improves on its warm start", "paper: RL gains over SFT", -1),
+    (
+        "warm start (SFT, pre-RL)",
+        "Role-wise GRPO improves on its warm start",
+        "paper: RL gains over SFT; one warm start, so the interval is over the GRPO seeds trained from it",
+        -1,
+    ),
     (
         "told: role_grpo",
-        "Rules told in the prompt help: a world model is worth what told rules add",
-        "expected: told rules ahead",
+        "Rules told in the prompt help: the gap is what a world model learned from outputs would have to make up",
+        "expected: told rules ahead; each world has one warm start, so the interval is over GRPO seeds, not over SFT "
+        "runs",
         1,
     ),
 )
 """The comparisons `comparisons` reads: (row paired with ``role_grpo``, the claim, its source or expectation, the
-sign of row − ``role_grpo`` the claim predicts: −1 ``role_grpo`` ahead, +1 the row ahead, 0 no difference)."""
+sign of row − ``role_grpo`` the claim predicts: −1 ``role_grpo`` ahead, +1 the row ahead, 0 no difference,
+where only the row resolved ahead contradicts the claim: ``role_grpo`` reaches it)."""
 
 
 def table(results: dict[str, Any]) -> list[str]:
@@ -132,6 +139,8 @@ def comparisons(results: dict[str, Any]) -> list[str]:
     """One markdown bullet per `PAPER_COMPARISONS` entry whose row is in `results`: the paired difference
     ``role_grpo`` − row (mean and 95% t-interval over seeds, tasks gained and lost summed over seeds) and what it
     says about the claim: resolved (the interval excludes 0) in or against the claim's direction, or not resolved.
+    A claim of no difference (sign 0, "reaches") is contradicted only by the row resolved ahead; not resolving
+    a difference is not shown equality, so the sentence names how far ahead the row may still be.
     Rows absent from `results` (arms not run) are left out."""
     rows = {row["row"]: row for row in results["rows"]}
     lines = []
@@ -140,18 +149,28 @@ def comparisons(results: dict[str, Any]) -> list[str]:
         if row is None or "diff_mean" not in row["success"] or "role_grpo" not in rows:
             continue
         d, h = -row["success"]["diff_mean"], row["success"]["diff_ci95"]  # role_grpo - row
+        seeds = rows["role_grpo"]["success"]["n"]
         paired = row.get("paired_tasks") or {}
-        tasks = f"; test tasks only role_grpo solved / only {name} solved: {paired['lost']} / {paired['gained']}"
+        tasks = (
+            f"; test tasks only role_grpo solved / only {name} solved, summed over {seeds} seed"
+            f"{'s' if seeds != 1 else ''}: {paired.get('lost')} / {paired.get('gained')}"
+        )
         measured = f"role_grpo − {name}: {plus_minus(d, h)}{tasks if paired else ''}"
         if h is None:
             verdict = "one seed: no interval, not resolved"
         elif abs(d) <= h:
             verdict = "not resolved (the 95% interval includes 0)" + (
-                ", consistent with the claim" if sign == 0 else ""
+                f", consistent with the claim, though {name} may be ahead by up to {h - d:.3f}" if sign == 0 else ""
+            )
+        elif sign == 0:
+            verdict = (
+                f"resolved: role_grpo ahead, so it reaches {name} and more (the claim predicts no difference)"
+                if d > 0
+                else f"resolved: {name} ahead, against the claim"
             )
         else:
             ahead = "role_grpo" if d > 0 else name
-            agrees = (d > 0) == (sign < 0) if sign else False
-            verdict = f"resolved: {ahead} ahead, " + ("as claimed" if agrees else "against the claim")
-        lines.append(f"- **{claim}** ({source}). Here {measured}. {verdict.capitalize()}.")
+            verdict = f"resolved: {ahead} ahead, " + ("as claimed" if (d > 0) == (sign < 0) else "against the claim")
+        # (not str.capitalize: it would lower-case the rest, row names such as "SFT" included)
+        lines.append(f"- **{claim}** ({source}). Here {measured}. {verdict[0].upper()}{verdict[1:]}.")
     return lines

@@ -333,22 +333,40 @@ def test_comparisons_say_which_way_each_paired_difference_goes_and_whether_it_is
             row("per_role", 0.05, 0.02),  # per_role ahead: against the claim
             row("null_rehearser", -0.01, 0.02),  # interval includes 0
             row("real_rollouts", 0.0, 0.01),
-            row("warm start (SFT, pre-RL)", -0.03, None),  # one seed
+            row("warm start (SFT, pre-RL)", 0.03, 0.02),  # the warm start ahead: against the claim
+            row("told: role_grpo", 0.03, None),  # one seed
         ]
     }
     results["rows"][1]["where_failed"] = {"failed": 10.0, "at call 1": 6.0, "at a later call": 3.5, "other": 0.5}
     lines = ablations_table.comparisons(results)
     by_row = {
         name: next(line for line in lines if f"role_grpo − {name}:" in line)
-        for name in ("grpo", "per_role", "null_rehearser", "real_rollouts", "warm start (SFT, pre-RL)")
+        for name in (
+            "grpo",
+            "per_role",
+            "null_rehearser",
+            "real_rollouts",
+            "warm start (SFT, pre-RL)",
+            "told: role_grpo",
+        )
     }
-    assert len(lines) == 5 and not any("role_grpo_act_only" in line or "told" in line for line in lines)
+    assert len(lines) == 6 and not any("role_grpo_act_only" in line for line in lines)
     assert "0.050 +- 0.020" in by_row["grpo"] and "Resolved: role_grpo ahead, as claimed." in by_row["grpo"]
-    assert "only role_grpo solved / only grpo solved: 9 / 3" in by_row["grpo"]
+    assert "only role_grpo solved / only grpo solved, summed over 2 seeds: 9 / 3" in by_row["grpo"]
     assert "Resolved: per_role ahead, against the claim." in by_row["per_role"]
     assert "Not resolved (the 95% interval includes 0)." in by_row["null_rehearser"]
-    assert "consistent with the claim" in by_row["real_rollouts"]
-    assert "One seed: no interval, not resolved." in by_row["warm start (SFT, pre-RL)"]
+    assert "consistent with the claim, though real_rollouts may be ahead by up to 0.010." in by_row["real_rollouts"]
+    # the row's name as written (str.capitalize would print "warm start (sft, pre-rl)")
+    assert "Resolved: warm start (SFT, pre-RL) ahead, against the claim." in by_row["warm start (SFT, pre-RL)"]
+    assert "One seed: no interval, not resolved." in by_row["told: role_grpo"]
+    # a claim of no difference ("reaches") is contradicted only by the row resolved ahead
+    for diff, says in (
+        (-0.05, "Resolved: role_grpo ahead, so it reaches real_rollouts and more"),
+        (0.05, "Resolved: real_rollouts ahead, against the claim."),
+    ):
+        results["rows"][4]["success"].update(diff_mean=diff, diff_ci95=0.02)
+        assert says in next(line for line in ablations_table.comparisons(results) if "real_rollouts:" in line)
+    results["rows"][4]["success"].update(diff_mean=0.0, diff_ci95=0.01)
     results.update(model="lab-tiny", seeds=2, grpo_steps=1, grpo={"batch_tasks": 1, "group_size": 2}, test_tasks=20)
     results["fidelity"] = {
         "before": dict.fromkeys(ablations_table.FIDELITY_METRICS),
