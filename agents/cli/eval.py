@@ -75,13 +75,17 @@ def cmd_failures(args: argparse.Namespace) -> int:
     (`agents.evaluation.failures`)."""
     from agents.evaluation.failures import failure_modes, failures_table
 
+    if args.labels is not None and len(args.labels) != len(args.folders):
+        raise SystemExit(
+            f"envace failures: {len(args.labels)} --labels for {len(args.folders)} folders; give one label per folder"
+        )
     try:
         results = [
-            (Path(folder).name if not args.labels else label, failure_modes(folder))
-            for folder, label in zip(args.folders, args.labels or args.folders)
+            (label, failure_modes(folder))
+            for folder, label in zip(args.folders, args.labels or _short_names(args.folders))
         ]
     except (FileNotFoundError, KeyError, ValueError) as err:
-        raise SystemExit(f"envace failures: {err}") from None
+        raise SystemExit(f"envace failures: {err.args[0] if isinstance(err, KeyError) else err}") from None
     for line in failures_table(results):
         print(line)
     if args.by_category:
@@ -91,6 +95,16 @@ def cmd_failures(args: argparse.Namespace) -> int:
             for line in failures_table(results, category):
                 print(line)
     return 0
+
+
+def _short_names(folders: list[str]) -> list[str]:
+    """Each folder's last path parts, as few as tell the folders apart (``seed0/eval``, ``seed1/eval``)."""
+    parts = [Path(folder).resolve().parts for folder in folders]
+    for n in range(1, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-n:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [str(folder) for folder in folders]  # (the same folder twice)
 
 
 def add_eval_parsers(sub: Any) -> None:

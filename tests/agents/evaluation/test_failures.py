@@ -118,3 +118,5 @@ def test_a_folder_that_is_not_an_evaluation_is_refused(tmp_path):
         failure_modes(tmp_path)
     with pytest.raises(SystemExit, match="envace failures: .*not an evaluation folder"):
         main(["failures", str(tmp_path)])
+    with pytest.raises(SystemExit, match="envace failures: 1 --labels for 2 folders"):  # not a folder left out
+        main(["failures", str(tmp_path), str(tmp_path), "--labels", "a"])
