@@ -4,9 +4,10 @@
     envace failures runs/lab/eval_sft runs/lab/eval_grpo     # side by side: what training changed
 
 An evaluation (`agents.evaluation.evaluate.evaluate`) writes each episode's committed messages to
-``transcripts.jsonl``. For every episode with reward below 1, its tool calls (every turn's, in order) are
-compared with the suite's reference solution (``Suite.ground_truth``, every turn's calls in order) and the
-first difference names the failure (`first_divergence`):
+``transcripts.jsonl``. For every episode with reward below 1, its tool calls are compared with the suite's
+reference solution (``Suite.ground_truth``), user turn by user turn (a reference of one turn, τ²'s, against all
+the episode's calls), and the first difference names the failure (`first_divergence`; call k counts the
+reference's calls over its turns):
 
 | kind | the episode ... |
 |---|---|
@@ -14,15 +15,18 @@ first difference names the failure (`first_divergence`):
 | ``wrong tool, call k`` | called another tool than the reference's k-th call (1-based) |
 | ``wrong <argument>, call k`` | called the reference's k-th tool with another value of that argument (the first) |
 | ``unparsed call, call k`` | wrote what the env could not parse as a call where the reference makes its k-th call |
-| ``stopped early`` | made the reference's first calls exactly, then stopped |
-| ``extra call`` | made every reference call exactly, then more (a failed or changing extra call costs the reward) |
+| ``stopped early`` | made a turn's first reference calls exactly, then closed the turn (or the episode ended) |
+| ``extra call`` | made a turn's reference calls exactly, then more in it (a failed or changing call costs the reward) |
 | ``same calls`` | made exactly the reference's calls and still scored below 1 (e.g. a wrong closing reply) |
 | ``no reference`` | (the suite has no reference solution for this task) |
 
 A policy can solve a task by other calls than the reference's (another order of independent moves), and such
 an episode scores 1 and is never classified; a failed one is classified by where it first left the
-reference, which is where to look, not a proof of the cause. Where the suite names its error outputs
-(``Suite.error_kind``, the lab's), the error outputs the failed episodes received are counted by kind too.
+reference, which is where to look, not a proof of the cause. BFCL's single-turn reference takes the first of
+each argument's accepted values and its calls in one order, so another accepted value or order of parallel calls
+shows as a difference there. Where the suite names its error outputs (``Suite.error_kind``, the lab's), the error
+outputs the failed episodes received are counted by kind too (the env's answer to an unparsed message as
+``unparsed call``); in a ``--fidelity`` evaluation they are the rehearsed outputs the episode read.
 """
 
 from __future__ import annotations
@@ -40,51 +44,68 @@ __all__ = ["WHERE", "first_divergence", "episode_calls", "failure_modes", "failu
 UNPARSED = "unparsed call"
 NO_REFERENCE = "no reference"
 WHERE = ("at call 1", "at a later call", "other")
-"""`where_failed`'s buckets: the first difference at the first call (before any tool output: a misreading of the
-prompt), at a later call (after outputs the policy could read), or not at a call (stopped early, an extra call,
-no call, the same calls, no reference)."""
+"""`where_failed`'s buckets: the first difference at the reference's first call (before any tool output existed:
+a call decided from the prompt alone), at a later call (after outputs the policy could read, unless it wrote
+several calls in one message), or not at a call (stopped early, an extra call, no call, the same calls, no
+reference)."""
 
 
-def first_divergence(calls: Sequence[ToolCall | str], reference: Sequence[ToolCall]) -> str:
-    """The kind of the first difference between an episode's `calls` and the `reference` calls (module table).
+def first_divergence(calls: Sequence[Sequence[ToolCall | str]], reference: Sequence[Sequence[ToolCall]]) -> str:
+    """The kind of the first difference between an episode's `calls` and the `reference` calls (module table),
+    turn by turn: a reference of one turn is compared with all the episode's calls (τ²'s reference lists every
+    call of a conversation whose user may speak many times); a turn the episode never reached has no calls.
 
     Args:
-        calls: the episode's calls in order; a str stands for a message the env could not parse as a call.
-        reference: the reference solution's calls in order.
+        calls: the episode's calls per user turn, in order (`episode_calls`); a str stands for a message the env
+            could not parse as a call.
+        reference: the reference solution's calls per user turn, in order (``Suite.ground_truth``).
     """
-    if not calls:
-        return "no call" if reference else "same calls"
-    for k, (made, ref) in enumerate(zip(calls, reference), 1):
-        if isinstance(made, str):
-            return f"{UNPARSED}, call {k}"
-        if made.name != ref.name:
-            return f"wrong tool, call {k}"
-        if made.arguments != ref.arguments:
-            keys = list(ref.arguments) + [key for key in made.arguments if key not in ref.arguments]
-            differs = next(key for key in keys if made.arguments.get(key) != ref.arguments.get(key))
-            return f"wrong {differs}, call {k}"
-    if len(calls) < len(reference):
-        return "stopped early"
-    if len(calls) > len(reference):
-        return "extra call"
-    return "same calls"
+    if len(reference) == 1:
+        calls = [[c for turn in calls for c in turn]]
+    if not any(calls):
+        return "no call" if any(reference) else "same calls"
+    before = 0  # reference calls in the turns before this one
+    for t, ref in enumerate(reference):
+        made = calls[t] if t < len(calls) else []
+        for k, (call, expected) in enumerate(zip(made, ref), before + 1):
+            if isinstance(call, str):
+                return f"{UNPARSED}, call {k}"
+            if call.name != expected.name:
+                return f"wrong tool, call {k}"
+            if call.arguments != expected.arguments:
+                keys = list(expected.arguments) + [key for key in call.arguments if key not in expected.arguments]
+                differs = next(key for key in keys if call.arguments.get(key) != expected.arguments.get(key))
+                return f"wrong {differs}, call {k}"
+        if len(made) < len(ref):
+            return "stopped early"
+        if len(made) > len(ref):
+            return "extra call"
+        before += len(ref)
+    return "extra call" if any(calls[len(reference) :]) else "same calls"
 
 
-def episode_calls(messages: Sequence[dict[str, Any]]) -> tuple[list[ToolCall | str], list[str]]:
-    """An episode's calls (a str for an assistant message the env answered with a parse error) and the contents
-    of its tool outputs, from its ``transcripts.jsonl`` messages (OpenAI dicts)."""
-    calls: list[ToolCall | str] = []
+def episode_calls(messages: Sequence[dict[str, Any]]) -> tuple[list[list[ToolCall | str]], list[str]]:
+    """An episode's calls per user turn (a str for an assistant message the env answered with a parse error) and
+    the contents of the tool outputs that answered its calls, from its ``transcripts.jsonl`` messages (OpenAI
+    dicts). A turn starts with the first message and with each user message after a closing assistant message
+    (one without calls), as `envace_gym.types.Trajectory.calls_per_turn` reads them."""
+    turns: list[list[ToolCall | str]] = [[]]
     outputs: list[str] = []
-    for i, m in enumerate(messages):
-        if m["role"] == "tool":
+    previous: dict[str, Any] | None = None
+    for m in messages:
+        # after an assistant message without calls: a user message opens the next turn, a tool message is the
+        # env's answer to a message it could not parse
+        uncalled = previous if previous and previous["role"] == "assistant" and not previous.get("tool_calls") else None
+        if m["role"] in ("user", "system") and uncalled is not None:
+            turns.append([])
+        elif m["role"] == "tool" and uncalled is not None:
+            turns[-1].append(str(uncalled.get("content") or ""))
+        elif m["role"] == "tool":
             outputs.append(str(m.get("content") or ""))
-        if m["role"] != "assistant":
-            continue
-        if m.get("tool_calls"):
-            calls += [ToolCall.from_openai(c) for c in m["tool_calls"]]
-        elif i + 1 < len(messages) and messages[i + 1]["role"] == "tool":  # the env's parse-error observation
-            calls.append(str(m.get("content") or ""))
-    return calls, outputs
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            turns[-1] += [ToolCall.from_openai(c) for c in m["tool_calls"]]
+        previous = m
+    return turns, outputs
 
 
 def _is_error(output: str) -> bool:
@@ -132,7 +153,7 @@ def failure_modes(folder: str | Path) -> dict[str, Any]:
             task = tasks.get(record["task_id"])
             if task is None:
                 raise KeyError(f"{record['task_id']}: not a task of {config['suite']} ({config.get('split')} split)")
-            category = task.metadata.get("category") or task.id.rsplit("_", 1)[0]
+            category = str(task.metadata.get("category", task.suite))  # as the evaluation's summary groups it
             episodes += 1
             kinds.setdefault(category, collections.Counter())
             errors.setdefault(category, collections.Counter())
@@ -140,12 +161,14 @@ def failure_modes(folder: str | Path) -> dict[str, Any]:
                 continue
             failed += 1
             calls, outputs = episode_calls(record["messages"])
-            turns = ground_truth(task)
-            reference = None if turns is None else [c for turn in turns for c in turn]
+            reference = ground_truth(task)
             kinds[category][NO_REFERENCE if reference is None else first_divergence(calls, reference)] += 1
             for output in outputs:
                 if _is_error(output):
                     errors[category][error_kind(output) if error_kind else "error"] += 1
+            unparsed = sum(isinstance(c, str) for turn in calls for c in turn)
+            if unparsed:
+                errors[category][UNPARSED] += unparsed
     return {"suite": config["suite"], "episodes": episodes, "failed": failed, "kinds": kinds, "errors": errors}
 
 
