@@ -116,7 +116,7 @@ def table(results: dict[str, Any]) -> list[str]:
     if where:
         lines.append(
             "failed test episodes by where they first left the reference solution (mean per seed; envace failures): "
-            "at call 1 (before any tool output) / at a later call / elsewhere (stopped early, extra call)"
+            "at call 1 (before any tool output) / at a later call / elsewhere (stopped early, extra call, no call)"
         )
         lines += [
             f"  {name:<38} {w['failed']:>6.1f} failed: {w['at call 1']:>6.1f} / {w['at a later call']:>6.1f} / "
