@@ -202,7 +202,12 @@ def failures_table(results: Sequence[tuple[str, dict[str, Any]]], category: str 
 
 
 def where_failed(folder: str | Path) -> dict[str, int]:
-    """The failed episodes of an evaluation folder (`failure_modes`) by `WHERE` bucket, and ``failed`` in all."""
+    """The failed episodes of an evaluation folder (`failure_modes`) by `WHERE` bucket, and ``failed`` in all.
+
+    Raises:
+        FileNotFoundError, KeyError, ValueError: as `failure_modes` (not an evaluation folder, a task id the suite
+            lacks, a suite without reference solutions).
+    """
     kinds: collections.Counter = sum(failure_modes(folder)["kinds"].values(), collections.Counter())
     counts = dict.fromkeys(WHERE, 0)
     for kind, n in kinds.items():
