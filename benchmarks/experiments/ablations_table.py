@@ -155,7 +155,8 @@ def comparisons(results: dict[str, Any]) -> list[str]:
             f"; test tasks only role_grpo solved / only {name} solved, summed over {seeds} seed"
             f"{'s' if seeds != 1 else ''}: {paired.get('lost')} / {paired.get('gained')}"
         )
-        measured = f"role_grpo − {name}: {plus_minus(d, h)}{tasks if paired else ''}"
+        interval = "" if h is None else f" +- {h:.3f}"
+        measured = f"role_grpo − {name}: {d:+.3f}{interval}{tasks if paired else ''}"
         if h is None:
             verdict = "one seed: no interval, not resolved"
         elif abs(d) <= h:

@@ -351,7 +351,10 @@ def test_comparisons_say_which_way_each_paired_difference_goes_and_whether_it_is
         )
     }
     assert len(lines) == 6 and not any("role_grpo_act_only" in line for line in lines)
-    assert "0.050 +- 0.020" in by_row["grpo"] and "Resolved: role_grpo ahead, as claimed." in by_row["grpo"]
+    assert (
+        "role_grpo − grpo: +0.050 +- 0.020" in by_row["grpo"]
+        and "Resolved: role_grpo ahead, as claimed." in by_row["grpo"]
+    )
     assert "only role_grpo solved / only grpo solved, summed over 2 seeds: 9 / 3" in by_row["grpo"]
     assert "Resolved: per_role ahead, against the claim." in by_row["per_role"]
     assert "Not resolved (the 95% interval includes 0)." in by_row["null_rehearser"]
