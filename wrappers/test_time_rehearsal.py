@@ -31,7 +31,6 @@ shows it where it was.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -44,6 +43,7 @@ from envace_gym.parsing import format_tool_calls
 from envace_gym.rehearsal import RehearseRequest, RehearseResponse, requests_by_setting
 from envace_gym.responders import ConstantResponse, RealBackend, Rehearsal
 from envace_gym.types import AttemptRecord, Message, Role, Segment, ToolCall
+from wrappers.fidelity import is_error_output
 
 __all__ = ["TestTimeRehearsal", "MEMORY_HEADER", "trace_memory"]
 
@@ -86,19 +86,6 @@ _TRACE_CHARS = 200  # per call, output or reply in a trace line
 def _shorten(text: str, limit: int = _TRACE_CHARS) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit] + " ..."
-
-
-def _is_error(output: str) -> bool:
-    """Whether a tool output is an error: ``{"error": ...}`` (the suites' convention) or the env's
-    ``Error: ...`` observation for a call it could not parse."""
-    text = output.strip()
-    if text.startswith("Error"):
-        return True
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(value, dict) and "error" in value
 
 
 def trace_memory(
@@ -150,7 +137,7 @@ def trace_memory(
                 if k not in seen:
                     seen.append(k)
     lines = [
-        f"{','.join(map(str, ks))}: {call} -> {output}" + (" [error]" if _is_error(output) else "")
+        f"{','.join(map(str, ks))}: {call} -> {output}" + (" [error]" if is_error_output(output) else "")
         for (call, output), ks in calls.items()
     ]
     lines += [f"{','.join(map(str, ks))}: reply: {text}" for text, ks in replies.items() if text]

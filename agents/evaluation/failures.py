@@ -108,17 +108,6 @@ def episode_calls(messages: Sequence[dict[str, Any]]) -> tuple[list[list[ToolCal
     return turns, outputs
 
 
-def _is_error(output: str) -> bool:
-    text = output.strip()
-    if text.startswith("Error"):
-        return True
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(value, dict) and "error" in value
-
-
 def failure_modes(folder: str | Path) -> dict[str, Any]:
     """The failure taxonomy of one evaluation folder (module docstring).
 
@@ -132,6 +121,7 @@ def failure_modes(folder: str | Path) -> dict[str, Any]:
         ValueError: the suite has no ``ground_truth`` hook.
     """
     from envace_gym.suites import make_suite
+    from wrappers.fidelity import is_error_output
 
     folder = Path(folder)
     for name in ("transcripts.jsonl", "eval_config.json"):
@@ -164,7 +154,7 @@ def failure_modes(folder: str | Path) -> dict[str, Any]:
             reference = ground_truth(task)
             kinds[category][NO_REFERENCE if reference is None else first_divergence(calls, reference)] += 1
             for output in outputs:
-                if _is_error(output):
+                if is_error_output(output):
                     errors[category][error_kind(output) if error_kind else "error"] += 1
             unparsed = sum(isinstance(c, str) for turn in calls for c in turn)
             if unparsed:
