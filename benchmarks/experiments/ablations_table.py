@@ -123,6 +123,13 @@ def table(results: dict[str, Any]) -> list[str]:
             f"{w['other']:>5.1f}"
             for name, w in where
         ]
+    rewards = [(row["row"], row["train_reward"]) for row in results["rows"] if row.get("train_reward")]
+    if rewards:
+        lines.append(
+            "training rollouts' mean reward (the rehearsed world's, unless the row's rollouts are real), mean per "
+            "seed: first 5 steps -> last 5 steps (all steps)"
+        )
+        lines += [f"  {name:<38} {r['first']:.3f} -> {r['last']:.3f} ({r['mean']:.3f})" for name, r in rewards]
     before, after = results["fidelity"]["before"], results["fidelity"]["after"]
     for m in FIDELITY_METRICS:
         b = "n/a" if before[m] is None else f"{before[m]:.3f}"

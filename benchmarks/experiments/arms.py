@@ -6,6 +6,7 @@ fidelity) with the per-run record that `benchmarks.experiments.lab_ablations` an
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ __all__ = [
     "env_cost_arms",
     "TRAIN_TOTALS",
     "FIDELITY_SPLITS",
+    "train_reward",
     "row_fidelity",
     "evaluate",
     "train_and_score",
@@ -70,6 +72,26 @@ TRAIN_TOTALS = (
 before a total was recorded reads 0 for it)."""
 
 
+def train_reward(metrics: str | Path, window: int = 5) -> dict[str, float] | None:
+    """The mean reward of a GRPO run's training rollouts (``rollout/reward_mean`` of its ``metrics.jsonl``; in the
+    rehearsed world unless its rollouts were real): ``first`` and ``last`` over the first and last `window` steps,
+    ``mean`` over all; the newest record of a step counts where a resumed run logged it twice. None without a
+    metrics file or a logged reward."""
+    from agents.evaluation.plots import load_metrics
+
+    if not Path(metrics).is_file():
+        return None
+    by_step = {m["step"]: m["rollout/reward_mean"] for m in load_metrics(metrics) if "rollout/reward_mean" in m}
+    rewards = [by_step[k] for k in sorted(by_step)]
+    if not rewards:
+        return None
+    return {
+        "first": float(np.mean(rewards[:window])),
+        "last": float(np.mean(rewards[-window:])),
+        "mean": float(np.mean(rewards)),
+    }
+
+
 FIDELITY_SPLITS = {
     "exact": "fidelity_exact_match",
     "ordinary exact": "fidelity_ordinary_exact_match",
@@ -117,8 +139,8 @@ def train_and_score(
     Returns:
         ``model`` (the trained model folder), ``eval`` (the evaluation row with ``task_rewards``, task id ->
         reward, and ``where_failed``, `agents.evaluation.failures.where_failed`), ``train`` (`TRAIN_TOTALS` of
-        the GRPO stage), ``fidelity`` (the fidelity evaluation's row, ``{}`` without one), ``train_s`` and
-        ``eval_s`` (seconds the GRPO and evaluation stages took when they ran).
+        the GRPO stage), ``train_reward`` (`train_reward`), ``fidelity`` (the fidelity evaluation's row, ``{}``
+        without one), ``train_s`` and ``eval_s`` (seconds the GRPO and evaluation stages took when they ran).
     """
     from agents.config import TrainConfig, replace_fields
     from agents.evaluation.failures import where_failed
@@ -145,6 +167,7 @@ def train_and_score(
         "model": trained,
         "eval": row,
         "train": {k: info.get(k, 0) for k in TRAIN_TOTALS},
+        "train_reward": train_reward(out / name / "grpo" / "metrics.jsonl"),
         "fidelity": fidelity,
         "train_s": info["seconds"],
         "eval_s": stages.timings[f"{name}/eval"],

@@ -573,16 +573,21 @@ def _arm_row(
         "wall_s": float(np.mean([r["train_s"] + r["eval_s"] for r in rs])),
         "fidelity": row_fidelity([r["fidelity"] for r in rs]),
         "where_failed": _where_failed([r["eval"] for r in rs]),
+        "train_reward": _mean_fields([r.get("train_reward") for r in rs]),
     }
 
 
 def _where_failed(evals: list[dict[str, Any]]) -> dict[str, float] | None:
     """The mean per seed of each `agents.evaluation.failures.where_failed` count of the evaluation rows (None
     where a row has none)."""
-    counts = [e.get("where_failed") for e in evals]
-    if not counts or any(c is None for c in counts):
+    return _mean_fields([e.get("where_failed") for e in evals])
+
+
+def _mean_fields(records: list[dict[str, float] | None]) -> dict[str, float] | None:
+    """Each field's mean over `records` (one per seed); None when there are none or one is None."""
+    if not records or any(r is None for r in records):
         return None
-    return {k: float(np.mean([c[k] for c in counts])) for k in counts[0]}
+    return {k: float(np.mean([r[k] for r in records])) for k in records[0]}
 
 
 def told_row_name(name: str) -> str:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from benchmarks.experiments import ablations_table, lab_ablations
+from benchmarks.experiments.arms import train_reward
 from envace_gym.suites import make_suite
 
 RECIPE = {
@@ -262,6 +263,18 @@ def test_workers_train_the_seeds_in_parallel_and_give_the_sequential_results(tmp
     for a, b in zip(parallel["rows"], sequential["rows"]):
         assert a["success"]["values"] == b["success"]["values"], a["row"]
     assert parallel["seeds_done"] == 2
+    role = next(r for r in parallel["rows"] if r["row"] == "role_grpo")
+    per_seed = [train_reward(tmp_path / "parallel" / f"role_grpo/seed{s}/grpo/metrics.jsonl") for s in (0, 1)]
+    assert role["train_reward"]["mean"] == pytest.approx(sum(r["mean"] for r in per_seed) / 2)
+
+
+def test_train_reward_reads_the_newest_record_of_each_step(tmp_path):
+    """A resumed run logs the steps after its checkpoint again: the newest record of a step counts, once."""
+    metrics = tmp_path / "metrics.jsonl"
+    steps = [(1, 0.0), (2, 0.5), (3, 0.25), (2, 1.0), (3, 0.75), (4, 0.5)]  # resumed after step 1
+    metrics.write_text("".join(json.dumps({"step": k, "rollout/reward_mean": r}) + "\n" for k, r in steps))
+    assert train_reward(metrics, window=2) == {"first": 0.5, "last": 0.625, "mean": 0.5625}
+    assert train_reward(tmp_path / "missing.jsonl") is None
 
 
 def test_told_arms_options_and_which_recipes_get_told_rows():
@@ -338,6 +351,7 @@ def test_comparisons_say_which_way_each_paired_difference_goes_and_whether_it_is
         ]
     }
     results["rows"][1]["where_failed"] = {"failed": 10.0, "at call 1": 6.0, "at a later call": 3.5, "other": 0.5}
+    results["rows"][1]["train_reward"] = {"first": 0.125, "last": 0.25, "mean": 0.2}
     lines = ablations_table.comparisons(results)
     by_row = {
         name: next(line for line in lines if f"role_grpo − {name}:" in line)
@@ -379,6 +393,8 @@ def test_comparisons_say_which_way_each_paired_difference_goes_and_whether_it_is
     assert rendered[-len(lines) :] == lines
     where = next(line for line in rendered if line.startswith("  grpo "))
     assert where.split()[1:] == ["10.0", "failed:", "6.0", "/", "3.5", "/", "0.5"]
+    reward = [line for line in rendered if line.startswith("  grpo ")][1]
+    assert reward.split()[1:] == ["0.125", "->", "0.250", "(0.200)"]
 
 
 @pytest.mark.parametrize("workers", [[], ["--workers", "2", "--worker", "0"]])
