@@ -279,8 +279,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     told_warm: dict[str, Any] | None = None
     told_runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.told_arms} if told_recipe else {}
     if args.warm_start_only is not None:  # a process started below: one world's warm start, nothing else
-        world = recipe if args.warm_start_only == "hidden" else told_recipe
-        shared_warm_start(stages, world, models, "" if world is recipe else TOLD_PREFIX, args.fidelity_limit, log)
+        hidden = args.warm_start_only == "hidden"
+        world, prefix = (recipe, "") if hidden else (told_recipe, TOLD_PREFIX)
+        shared_warm_start(stages, world, models, prefix, args.fidelity_limit, log)
         return {}
     if told_recipe is not None and args.workers > 1 and args.worker is None:
         # both warm starts, one process each (the same stages as made here, which then skips them): on 2 cores
@@ -550,7 +551,7 @@ def _warm_row(name: str, warm: dict[str, Any], reference: list[float], ref_tasks
         "verifier_replay_calls": 0,
         "wall_s": warm["wall_s"],
         "fidelity": row_fidelity([warm["fidelity"]]),
-        "where_failed": _where_failed([warm["eval"]]),
+        "where_failed": _mean_fields([warm["eval"].get("where_failed")]),
     }
 
 
@@ -572,15 +573,9 @@ def _arm_row(
         "groups_with_signal": float(np.mean([sum(r["train"]["groups_with_reward_variance"]) for r in rs])),
         "wall_s": float(np.mean([r["train_s"] + r["eval_s"] for r in rs])),
         "fidelity": row_fidelity([r["fidelity"] for r in rs]),
-        "where_failed": _where_failed([r["eval"] for r in rs]),
+        "where_failed": _mean_fields([r["eval"].get("where_failed") for r in rs]),
         "train_reward": _mean_fields([r.get("train_reward") for r in rs]),
     }
-
-
-def _where_failed(evals: list[dict[str, Any]]) -> dict[str, float] | None:
-    """The mean per seed of each `agents.evaluation.failures.where_failed` count of the evaluation rows (None
-    where a row has none)."""
-    return _mean_fields([e.get("where_failed") for e in evals])
 
 
 def _mean_fields(records: list[dict[str, float] | None]) -> dict[str, float] | None:
