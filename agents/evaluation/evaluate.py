@@ -119,7 +119,7 @@ class EvalConfig:
         "suite categories (none given: the suite's default; tau2: its domains, --domains is the same option)",
         aliases=("domains",),
     )
-    split: Literal["train", "test", "all"] = _f("test", "task split")
+    split: Literal["train", "valid", "test", "all"] = _f("test", "task split (valid: the lab's validation split)")
     limit: int | None = _f(None, "play only the first N tasks of each category (none: all)")
     max_new_tokens: int = _f(256, "cap per generated message (ACT and rehearsed tool responses)")
     temperature: float = _f(0.0, "ACT sampling temperature; 0 is greedy")

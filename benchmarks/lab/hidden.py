@@ -24,7 +24,11 @@ time.
 Splits. The test split is fixed: ``test_tasks`` tasks per family, drawn from
 ``random.Random(f"{seed}/test/{category}/{index}")``. The train split is an unlimited seeded stream
 (`train_task`, from ``f"{seed}/train/{category}/{index}"``); a train draw whose (layout, instruction) equals a
-test task's is drawn again, so no test pair is ever trained on.
+test task's is drawn again, so no test pair is ever trained on. The validation split (``valid``, for choosing
+a budget or a setting without looking at the test split) has ``test_tasks`` tasks per family drawn from
+``f"{seed}/valid/{category}/{index}"``; a draw whose pair equals a test task's or one of the first
+``train_tasks`` train tasks' (what `LabSuite.tasks` lists for training: SFT and GRPO draw from those) is drawn
+again, so a validation task is neither tested nor trained on by default.
 
 Each family is one program (`solve`) over the prompt's layout and the instruction's slots, with an ``ask``
 function that answers a call: the real backend (the reference solution), a private copy of the world built
@@ -278,33 +282,53 @@ def _test_keys(config: LabConfig) -> frozenset[str]:
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _listed_train_keys(config: LabConfig) -> frozenset[str]:
+    # the pairs of the train tasks `LabSuite.tasks(split="train")` lists, which the validation split avoids
+    return frozenset(_key(c, *_train_draw(config, c, i)) for c in HIDDEN_CATEGORIES for i in range(config.train_tasks))
+
+
+def _draw_avoiding(
+    seed: str, category: str, config: LabConfig, taken: tuple[frozenset[str], ...]
+) -> tuple[Layout, dict[str, str]]:
+    """The layout and slots drawn from `seed`, or from ``seed/1``, ``seed/2``, ... while the pair is in `taken`."""
+    redraw = 0
+    while True:
+        layout, slots = _generate(seed + (f"/{redraw}" if redraw else ""), category, config)
+        if not any(_key(category, layout, slots) in keys for keys in taken):
+            return layout, slots
+        redraw += 1
+
+
+def _train_draw(config: LabConfig, category: str, index: int) -> tuple[Layout, dict[str, str]]:
+    return _draw_avoiding(f"{config.seed}/train/{category}/{index}", category, config, (_test_keys(config),))
+
+
 def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -> Task:
-    """Task `index` of `category` in `split` (``"train"``: the stream; ``"test"``: the fixed split); see the
-    module docstring. Metadata as `benchmarks.lab.tasks.make_stated_task` (``answer`` is always None), plus ``split``.
+    """Task `index` of `category` in `split` (``"train"``: the stream; ``"test"``: the fixed split; ``"valid"``:
+    the validation split); see the module docstring. Metadata as `benchmarks.lab.tasks.make_stated_task`
+    (``answer`` is always None), plus ``split``.
 
     Raises:
-        ValueError: an unknown category or split, or a test index outside ``[0, config.test_tasks)``.
+        ValueError: an unknown category or split, or a test or validation index outside ``[0, config.test_tasks)``.
     """
-    if split == "test":
+    if split in ("test", "valid"):
         if not 0 <= index < config.test_tasks:
-            raise ValueError(f"test index {index} outside [0, {config.test_tasks}) (LabConfig.test_tasks)")
-        layout, slots = _generate(f"{config.seed}/test/{category}/{index}", category, config)
-        task_id = f"{category}_test{index}"
+            raise ValueError(f"{split} index {index} outside [0, {config.test_tasks}) (LabConfig.test_tasks)")
+        if split == "test":
+            layout, slots = _generate(f"{config.seed}/test/{category}/{index}", category, config)
+            task_id = f"{category}_test{index}"
+        else:
+            taken = (_test_keys(config), _listed_train_keys(config))
+            layout, slots = _draw_avoiding(f"{config.seed}/valid/{category}/{index}", category, config, taken)
+            task_id = f"{category}_valid{index}"
     elif split == "train":
         if index < 0:
             raise ValueError(f"train index must be >= 0, got {index}")
-        taken = _test_keys(config)
-        redraw = 0
-        while True:
-            layout, slots = _generate(
-                f"{config.seed}/train/{category}/{index}" + (f"/{redraw}" if redraw else ""), category, config
-            )
-            if _key(category, layout, slots) not in taken:
-                break
-            redraw += 1
+        layout, slots = _train_draw(config, category, index)
         task_id = f"{category}_{index}"
     else:
-        raise ValueError(f"split must be train or test, got {split!r}")
+        raise ValueError(f"split must be train, valid or test, got {split!r}")
     state = Warehouse(
         capacity=max(hidden_capacities(config.num_shelves).values()),
         shelves={s: list(items) for s, items in layout.items()},

@@ -38,6 +38,11 @@ def _build_split(cfg: LabConfig, category: str, split: str) -> tuple[Task, ...]:
     if cfg.rules == "hidden":
         n = cfg.train_tasks if split == "train" else cfg.test_tasks
         return tuple(make_task(cfg, category, i, split) for i in range(n))
+    if split == "valid":
+        raise ValueError(
+            "the stated-rules lab has no validation split (its train and test splits are one finite list); "
+            "use the hidden-rules world (suite lab) or split train or test"
+        )
     n_train = cfg.tasks_per_category - cfg.num_test
     indices = range(n_train) if split == "train" else range(n_train, cfg.tasks_per_category)
     return tuple(make_task(cfg, category, i) for i in indices)
@@ -54,8 +59,9 @@ class LabSuite:
     ``full_job`` (`benchmarks.lab.hidden`); stated rules ``count`` instead of ``fill``
     (`benchmarks.lab.tasks`); all of them by default. Splits, hidden rules: ``test`` is the fixed test split
     (``config.test_tasks`` per category), ``train`` the first ``config.train_tasks`` tasks of the
-    unlimited train stream (`train_stream` for more). Stated rules: the first tasks of each category are
-    ``train``, the last ``config.num_test`` are ``test``.
+    unlimited train stream (`train_stream` for more), ``valid`` a validation split as large as the test split
+    and disjoint from both (for choosing a budget without the test split). Stated rules: the first tasks of
+    each category are ``train``, the last ``config.num_test`` are ``test``.
 
     Verification replays the ACT calls of the trajectory, in order, on a fresh backend in the task's initial
     state (the episode's own backend is not read, so a rehearsed episode is scored the same way) and gives
@@ -114,13 +120,14 @@ class LabSuite:
         return cats
 
     def tasks(self, categories: Sequence[str] | None = None, split: str = "train") -> list[Task]:
-        """The tasks of `categories` (None: all) in `split` (``train``, ``test`` or ``all``), category by category.
+        """The tasks of `categories` (None: all) in `split` (``train``, ``valid``, ``test`` or ``all``: train and
+        test), category by category.
 
         Raises:
-            ValueError: an unknown category or split.
+            ValueError: an unknown category or split, or ``valid`` in the stated-rules world (it has none).
         """
-        if split not in ("train", "test", "all"):
-            raise ValueError(f"split must be train, test or all, got {split!r}")
+        if split not in ("train", "valid", "test", "all"):
+            raise ValueError(f"split must be train, valid, test or all, got {split!r}")
         out: list[Task] = []
         for c in self._categories(categories):
             out += [t for s in (("train", "test") if split == "all" else (split,)) for t in self._split(c, s)]

@@ -81,6 +81,33 @@ def test_a_train_draw_equal_to_a_test_pair_is_drawn_again(monkeypatch):
     assert (again.metadata["initial_state"]["shelves"], again.metadata["slots"]) != (layout, slots)
 
 
+def _pair(task) -> str:
+    return json.dumps([task.metadata["initial_state"]["shelves"], [m.content for turn in task.turns for m in turn]])
+
+
+def test_the_validation_split_is_as_large_as_test_and_shares_no_pair_with_test_or_the_listed_train_tasks():
+    config = LabConfig(train_tasks=300)
+    suite = LabSuite(config)
+    valid = suite.tasks(None, "valid")
+    assert len(valid) == 6 * config.test_tasks and valid[0].id == "relocate_valid0"
+    assert {t.metadata["split"] for t in valid} == {"valid"}
+    seen = {_pair(t) for t in suite.tasks(None, "test")} | {_pair(t) for t in suite.tasks(None, "train")}
+    assert not {_pair(t) for t in valid} & seen
+    with pytest.raises(ValueError, match="no validation split"):
+        LabSuite(LabConfig(rules="stated")).tasks(None, "valid")
+    with pytest.raises(ValueError, match="valid index 100 outside"):
+        hidden.make_hidden_task(config, "ship", 100, "valid")
+
+
+def test_a_validation_draw_equal_to_a_listed_train_pair_is_drawn_again(monkeypatch):
+    config = LabConfig(seed=7, test_tasks=2, train_tasks=1)
+    first = hidden.make_hidden_task(config, "ship", 1, "valid")
+    layout, slots = first.metadata["initial_state"]["shelves"], first.metadata["slots"]
+    monkeypatch.setattr(hidden, "_listed_train_keys", lambda _c: frozenset({hidden._key("ship", layout, slots)}))
+    again = hidden.make_hidden_task(config, "ship", 1, "valid")
+    assert (again.metadata["initial_state"]["shelves"], again.metadata["slots"]) != (layout, slots)
+
+
 def test_the_prompt_shows_the_whole_initial_state(suite):
     for task in suite.tasks(None, "test"):
         assert shelves_from_prompt(task) == task.metadata["initial_state"]["shelves"]
