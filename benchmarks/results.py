@@ -2,10 +2,10 @@
 
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``,
-``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``, ``lab_env_cost``, ``judge_agreement``,
-``engines_equal_work``) and renders
-every stored result into ``docs/results.md``; with no folder given it only re-renders. Numbers appear in the
-page only as this command writes them: edit a script or rerun it, never the page.
+``lab_grpo_budget_valid``, ``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``, ``lab_env_cost``,
+``judge_agreement``, ``engines_equal_work``) and renders every stored result into ``docs/results.md``; with no
+folder given it only re-renders. Numbers appear in the page only as this command writes them: edit a script or
+rerun it, never the page.
 
     python -m benchmarks.results runs/lab_tiny_sft runs/lab_ablations   # store these runs' results and render
     python -m benchmarks.results                                        # render what docs/results/ holds
@@ -219,11 +219,15 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
 
 
 def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
-    """The GRPO-budget section (`benchmarks.experiments.lab_grpo_budget`): its printed table and its plot."""
+    """The GRPO-budget section (`benchmarks.experiments.lab_grpo_budget`): its printed table and its plot; the
+    run on the validation split (kind ``lab_grpo_budget_valid``) is the section that chose the budget."""
     from benchmarks.experiments.result_tables import grpo_budget_table as table
 
+    valid = result.get("split") == "valid"
     lines = [
-        "## Role-wise GRPO against its budget on the lab",
+        "## Choosing GRPO's budget on the validation split"
+        if valid
+        else "## Role-wise GRPO against its budget on the lab",
         "",
         f"`{current_command(result['command'])}`{_date(result)}",
         "",
@@ -304,6 +308,7 @@ def render_judge_agreement(result: dict[str, Any], folder: Path) -> list[str]:
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_tiny_sft": render_tiny_sft,
     "lab_ablations": render_ablations,
+    "lab_grpo_budget_valid": render_grpo_budget,
     "lab_grpo_budget": render_grpo_budget,
     "lab_ttr": render_ttr,
     "lab_rehearsal_rl": render_rehearsal_rl,

@@ -4,6 +4,7 @@ E steps, per seed, paired with the warm start it started from.
     python -m benchmarks.experiments.lab_grpo_budget                       # 3 seeds, 200 steps, evaluated every 25
     python -m benchmarks.experiments.lab_grpo_budget --warm runs/lab_ablations/warm_start/sft   # reuse a warm start
     python -m benchmarks.experiments.lab_grpo_budget --arms role_grpo null_rehearser             # with the control
+    python -m benchmarks.experiments.lab_grpo_budget --split valid --lr 3e-4   # choose a budget on the validation split
 
 Every arm is the recipe's GRPO stage (`configs/recipes/lab.yaml`) with the same warm start, seeds 0..S-1, lr and
 batch, run for ``--steps`` steps with a checkpoint every ``--eval-every``; every checkpoint is evaluated greedily
@@ -11,7 +12,10 @@ on the real backend on the same test tasks as the warm start. Per checkpoint the
 the paired difference to the warm start (95% t-interval over seeds), the tasks gained and lost summed over
 seeds, and in how many seeds the gain is resolved on that seed's own tasks (exact McNemar p < 0.05 with more
 tasks gained than lost): the question ``make demo`` asks of its one run. The budgets are fixed in advance and
-every checkpoint is reported; nothing is chosen after seeing a result. Stages resume (`agents.pipeline`).
+every checkpoint is reported; nothing is chosen after seeing a result. ``--split valid`` evaluates on the lab's
+validation split instead (as large as the test split, disjoint from it and from the train tasks): the split to
+choose a budget or a learning rate on, so that the test split only reports the choice. Stages resume
+(`agents.pipeline`).
 """
 
 from __future__ import annotations
@@ -54,9 +58,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=200, help="GRPO steps per run")
     ap.add_argument("--eval-every", type=int, default=25, help="evaluate a checkpoint every this many steps")
     ap.add_argument("--arms", nargs="*", default=["role_grpo"], choices=list(ARMS))
-    ap.add_argument("--limit", type=int, default=100, help="test tasks per family (6 families)")
+    ap.add_argument("--limit", type=int, default=100, help="tasks per family (6 families) of the evaluated split")
+    ap.add_argument(
+        "--split",
+        default="test",
+        choices=("test", "valid"),
+        help="the split every checkpoint is evaluated on: valid (the lab's validation split) to choose a budget, "
+        "test to report one",
+    )
+    ap.add_argument(
+        "--lr",
+        type=float,
+        nargs="*",
+        default=[],
+        help="GRPO learning rates, each a row per arm (default: the recipe's); with two or more, the rows are "
+        "named '<arm> lr=<lr>' and their stages live in <arm>/lr<lr>/seed<s>",
+    )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes that train and evaluate the runs in parallel (the runs, seed by seed then arm then lr, "
+        "dealt in turn) after the warm start's evaluation; then this process reads every stage back. On 2 cores: "
+        "--workers 2 --threads 1",
+    )
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by --workers for a worker
+    # set by --workers: the indices (seed-major, then arm, then lr) of the runs this worker trains and evaluates
+    ap.add_argument("--worker-runs", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.workers < 1 or (args.worker is not None and not 0 <= args.worker < args.workers):
+        ap.error("--workers must be >= 1 (and --worker, set by --workers, in [0, --workers))")
+    if any(not lr > 0 for lr in args.lr) or len(set(args.lr)) != len(args.lr):
+        ap.error(f"--lr takes distinct learning rates > 0, got {args.lr}")
     if args.seeds < 1 or args.steps < 1 or args.eval_every < 1:
         ap.error("--seeds, --steps and --eval-every must be >= 1")
     if args.steps % args.eval_every:
@@ -86,23 +120,52 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     out = Path(args.out)
     t_start = time.perf_counter()
     recipe, models, stages, warm = start_recipe_run(args, log)
+    lrs = args.lr or [recipe.grpo.optim.lr]
 
     def evaluation(name: str, model: str) -> dict[str, float]:
-        stages.evaluate(name, recipe.eval_config(out / name, model), models)
+        stages.evaluate(name, replace_fields(recipe.eval_config(out / name, model), {"split": args.split}), models)
         return task_rewards(out / name)
 
     warm_rewards = evaluation("warm_start/eval", warm)
+    rows = [(arm, lr) for arm in args.arms for lr in lrs]
+    if args.workers > 1 and args.worker is None:
+        from benchmarks.experiments.lab_ablations import run_workers
+
+        # the runs not finished yet, dealt in turn (a rerun that adds an arm or an lr shares out only the new ones)
+        pending = [
+            i
+            for i, (seed, arm, lr) in enumerate(_runs(args.seeds, rows))
+            if stages.finished(f"{run_name(arm, lr, seed, len(lrs))}/eval_step{args.steps}") is None
+        ]
+        jobs = []
+        for k in range(args.workers):
+            mine = pending[k :: args.workers]
+            described = [
+                f"{row_name(a, lr, len(lrs))} seed {s}" for s, a, lr in (_runs(args.seeds, rows)[i] for i in mine)
+            ]
+            jobs.append(
+                (
+                    f"worker {k}: " + (", ".join(described) or "nothing left"),
+                    ["--worker", str(k), "--worker-runs", ",".join(map(str, mine))],
+                    f"worker{k}.log",
+                )
+            )
+        run_workers(args, out, log, jobs, module="benchmarks.experiments.lab_grpo_budget")  # read back below
+    mine = {int(i) for i in args.worker_runs.split(",") if i}
     checkpoints = list(range(args.eval_every, args.steps + 1, args.eval_every))
-    per_seed: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
+    per_seed: dict[str, list[dict[str, Any]]] = {row_name(arm, lr, len(lrs)): [] for arm, lr in rows}
     results: dict[str, Any] = {}
     for seed in range(args.seeds):
-        for arm in args.arms:
-            name = f"{arm}/seed{seed}"
+        for k, (arm, lr) in enumerate(rows):
+            if args.worker is not None and seed * len(rows) + k not in mine:
+                continue
+            name = run_name(arm, lr, seed, len(lrs))
             config = replace_fields(
                 recipe.grpo_config(out / name / "grpo", warm),
                 {
                     "seed": seed,
                     "num_steps": args.steps,
+                    "optim.lr": lr,
                     "run.save_every": args.eval_every,
                     "run.keep_checkpoints": len(checkpoints),
                     **ARMS[arm],
@@ -124,16 +187,19 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 step: evaluation(f"{name}/eval_step{step}", str(checkpoint_dir(out / name / "grpo", step) / "model"))
                 for step in checkpoints
             }
-            per_seed[arm].append(
+            per_seed[row_name(arm, lr, len(lrs))].append(
                 {
                     "seed": seed,
+                    "lr": lr,
                     "rewards": rewards,
                     "train_s": info["seconds"],
                     "real_tool_calls": info["real_tool_calls"],
                     "verifier_replay_calls": info["verifier_replay_calls"],
                 }
             )
-        results = summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed)
+        if args.worker is not None:
+            continue  # the process that started the workers writes the results
+        results = summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed, lrs)
         results.update(
             seeds_done=seed + 1,
             wall_s=time.perf_counter() - t_start,
@@ -144,17 +210,36 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         (out / "results.json").write_text(json.dumps(results, indent=1))
         plot(results, out / "grpo_budget.png")
         log(f"[grpo budget] {seed + 1}/{args.seeds} seeds in {out / 'results.json'}")
+    if args.worker is not None:
+        return {}
     for line in table(results):
         log(line)
     return results
 
 
-def summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed) -> dict[str, Any]:
-    """The results.json body: per arm and checkpoint, `compare` against the warm start."""
+def _runs(seeds: int, rows: list[tuple[str, float]]) -> list[tuple[int, str, float]]:
+    """Every run as (seed, arm, lr), seed-major: the order workers are dealt them in."""
+    return [(seed, arm, lr) for seed in range(seeds) for arm, lr in rows]
+
+
+def run_name(arm: str, lr: float, seed: int, n_lrs: int) -> str:
+    """A run's stage folder under ``--out``: ``<arm>/seed<s>``, or ``<arm>/lr<lr>/seed<s>`` when the run
+    compares several learning rates."""
+    return f"{arm}/lr{lr:g}/seed{seed}" if n_lrs > 1 else f"{arm}/seed{seed}"
+
+
+def row_name(arm: str, lr: float, n_lrs: int) -> str:
+    """A row's name: the arm, with its learning rate when the run compares several (``role_grpo lr=0.0003``)."""
+    return f"{arm} lr={lr:g}" if n_lrs > 1 else arm
+
+
+def summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed, lrs) -> dict[str, Any]:
+    """The results.json body: per row (arm, or arm and lr) and checkpoint, `compare` against the warm start."""
     arms = {}
     for arm, seeds in per_seed.items():
         arms[arm] = {
             "seeds": [s["seed"] for s in seeds],
+            "lr": seeds[0]["lr"] if seeds else None,
             "train_s": [s["train_s"] for s in seeds],
             "real_tool_calls": [s["real_tool_calls"] for s in seeds],
             "verifier_replay_calls": [s["verifier_replay_calls"] for s in seeds],
@@ -165,16 +250,22 @@ def summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed) -> dict[s
         }
     grpo = recipe.grpo
     return {
-        "kind": "lab_grpo_budget",
+        "kind": "lab_grpo_budget_valid" if args.split == "valid" else "lab_grpo_budget",
         "recipe": str(args.recipe),
         "model": recipe.model,
         "warm_start": warm,
         "warm_success": sum(warm_rewards.values()) / len(warm_rewards),
         "test_tasks": len(warm_rewards),
+        "split": args.split,
         "seeds": args.seeds,
         "steps": args.steps,
         "eval_every": args.eval_every,
-        "grpo": {"batch_tasks": grpo.batch_tasks, "group_size": grpo.group_size, "lr": grpo.optim.lr},
+        "grpo": {
+            "batch_tasks": grpo.batch_tasks,
+            "group_size": grpo.group_size,
+            "lr": lrs[0] if len(lrs) == 1 else None,
+            "lrs": lrs,
+        },
         "arms": arms,
     }
 
@@ -197,7 +288,8 @@ def plot(results: dict[str, Any], path: Path) -> Path:
         ax.plot(steps, means, color=color, linewidth=2.5, label=f"{arm} (mean of {len(row['seeds'])} seeds)")
     ax.axhline(results["warm_success"], color="gray", linestyle="--", label="warm start")
     ax.set_xlabel("GRPO steps")
-    ax.set_ylabel(f"test success ({results['test_tasks']} tasks, real backend)")
+    split = {"valid": "validation"}.get(results.get("split", "test"), "test")
+    ax.set_ylabel(f"{split} success ({results['test_tasks']} tasks, real backend)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -23,22 +23,28 @@ def _fmt(mean: float | None, half: float | None, signed: bool = False) -> str:
     return text + ("" if half is None else f" +- {half:.3f}")
 
 
+def _split_name(split: str) -> str:
+    return {"valid": "validation"}.get(split, split)
+
+
 def grpo_budget_table(results: dict[str, Any]) -> list[str]:
     """`benchmarks.experiments.lab_grpo_budget`'s printed (and rendered) table: one row per arm and checkpoint."""
     done = results.get("seeds_done", results["seeds"])
     g = results["grpo"]
     partial = f" (PARTIAL: {done} of {results['seeds']} seeds done)" if done < results["seeds"] else ""
+    lr = f"lr {g['lr']}" if g.get("lr") is not None else "lr " + " / ".join(f"{x:g}" for x in g["lrs"])
+    width = max([16, *(len(arm) for arm in results["arms"])])
     lines = [
         f"GRPO budget on EnvACE-Lab: {results['model']}, {done} seeds, B={g['batch_tasks']} x K={g['group_size']}, "
-        f"lr {g['lr']}, {results['test_tasks']} test tasks{partial}",
+        f"{lr}, {results['test_tasks']} {_split_name(results.get('split', 'test'))} tasks{partial}",
         f"warm start (SFT): {results['warm_success']:.3f}",
-        f"{'arm':<16} {'step':>5}  {'success':<16} {'vs warm start':<17} {'tasks +/-':<11} resolved seeds",
+        f"{'arm':<{width}} {'step':>5}  {'success':<16} {'vs warm start':<17} {'tasks +/-':<11} resolved seeds",
     ]
     for arm, row in results["arms"].items():
         n = len(row["seeds"])
         for step, c in row["checkpoints"].items():
             lines.append(
-                f"{arm:<16} {step:>5}  {_fmt(c['mean'], c['ci95']):<16} "
+                f"{arm:<{width}} {step:>5}  {_fmt(c['mean'], c['ci95']):<16} "
                 f"{_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
                 f"{'+' + str(c['gained']) + '/-' + str(c['lost']):<11} {c['resolved_seeds']}/{n}"
             )

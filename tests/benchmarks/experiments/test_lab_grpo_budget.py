@@ -10,7 +10,7 @@ import yaml
 
 from benchmarks.experiments import lab_grpo_budget
 from benchmarks.stats import mcnemar_exact
-from tests.benchmarks.experiments.test_lab_ablations import RECIPE
+from tests.benchmarks.experiments.test_lab_ablations import HIDDEN_RECIPE, RECIPE
 
 
 def test_compare_pairs_each_seed_with_its_reference():
@@ -32,6 +32,10 @@ def test_options_are_checked():
         lab_grpo_budget.parse_args(["--steps", "10", "--eval-every", "3"])
     with pytest.raises(SystemExit):
         lab_grpo_budget.parse_args(["--arms"])
+    with pytest.raises(SystemExit):
+        lab_grpo_budget.parse_args(["--lr", "0"])
+    with pytest.raises(SystemExit):
+        lab_grpo_budget.parse_args(["--workers", "2", "--worker", "2"])
 
 
 @pytest.mark.slow
@@ -62,3 +66,35 @@ def test_every_checkpoint_is_evaluated_and_a_rerun_resumes(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "[stage] warm_start/sft ..." not in printed and printed.count("already done") >= 13
     assert again["arms"] == results["arms"]
+
+
+@pytest.mark.slow
+def test_a_budget_chosen_on_the_validation_split_with_another_lr_and_two_workers(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(HIDDEN_RECIPE))  # the hidden-rules world: the one with a validation split
+    out = tmp_path / "budget"
+    argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "2", "--steps", "1", "--eval-every", "1"]
+    argv += ["--limit", "1", "--split", "valid", "--lr", "3e-4", "1e-3", "--workers", "2", "--threads", "1"]
+    results = lab_grpo_budget.main(argv)
+    assert results["split"] == "valid" and results["grpo"]["lrs"] == [3e-4, 1e-3] and results["seeds_done"] == 2
+    assert list(results["arms"]) == ["role_grpo lr=0.0003", "role_grpo lr=0.001"]
+    for k, (seed, lr) in enumerate([(0, 3e-4), (0, 1e-3), (1, 3e-4), (1, 1e-3)]):  # dealt in turn to 2 workers
+        run = out / f"role_grpo/lr{lr:g}/seed{seed}"
+        grpo = json.loads((run / "grpo/stage_done.json").read_text())
+        assert grpo["config"]["optim"]["lr"] == lr and grpo["config"]["seed"] == seed
+        started = f"[stage] role_grpo/lr{lr:g}/seed{seed}/grpo ..."
+        assert started in (out / f"worker{k % 2}.log").read_text()
+        assert started not in (out / f"worker{1 - k % 2}.log").read_text()
+        evaluated = json.loads((run / "eval_step1/stage_done.json").read_text())
+        assert evaluated["config"]["split"] == "valid"
+        assert results["arms"][f"role_grpo lr={lr:g}"]["lr"] == lr
+    warm = [json.loads(line) for line in (out / "warm_start/eval/episodes.jsonl").read_text().splitlines()]
+    assert warm and all("_valid" in e["task_id"] for e in warm)
+    assert "validation tasks" in capsys.readouterr().out
+
+    # a rerun that adds an arm deals out only its runs; the finished ones are read back by this process
+    again = lab_grpo_budget.main([*argv, "--arms", "role_grpo", "null_rehearser"])
+    logs = (out / "worker0.log").read_text() + (out / "worker1.log").read_text()
+    assert "[stage] role_grpo/" not in logs and logs.count("[stage] null_rehearser/lr0.001/seed1/grpo ...") == 1
+    assert again["arms"]["role_grpo lr=0.0003"] == results["arms"]["role_grpo lr=0.0003"]
+    assert len(again["arms"]["null_rehearser lr=0.001"]["seeds"]) == 2
