@@ -109,6 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/lab_ablations", help="folder of every stage, results.json and ablations.png")
     ap.add_argument("--seeds", type=int, default=10, help="GRPO seeds per arm (0..S-1)")
     ap.add_argument("--grpo-steps", type=int, default=None, help="GRPO steps per run (default: the recipe's)")
+    ap.add_argument("--grpo-lr", type=float, default=None, help="GRPO learning rate (default: the recipe's)")
     ap.add_argument(
         "--arms",
         nargs="*",
@@ -223,9 +224,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if (
         args.seeds < 1
         or (args.grpo_steps is not None and args.grpo_steps < 1)
+        or (args.grpo_lr is not None and not args.grpo_lr > 0)
         or any(n < 1 for n in args.ttr_n + args.ttr_sequential_n + args.base_rehearser_n)
     ):
-        ap.error("--seeds, --grpo-steps and every test-time rehearsal N must be >= 1")
+        ap.error("--seeds, --grpo-steps and every test-time rehearsal N must be >= 1, and --grpo-lr > 0")
     if "role_grpo" not in args.arms:
         ap.error("--arms must include role_grpo: every comparison and the rehearsal rows are made against it")
     if len(set(args.told_arms)) != len(args.told_arms):
@@ -257,15 +259,17 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     import torch
 
-    from agents.config import load_dataclass
+    from agents.config import replace_fields
     from agents.models import default_store
-    from agents.pipeline import PipelineConfig, StageRunner
+    from agents.pipeline import StageRunner
+    from benchmarks.experiments.paired import load_recipe
     from envace_gym.suites import make_suite
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    recipe = load_dataclass(PipelineConfig, args.recipe, run_dir=str(out), threads=args.threads)
-    recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
+    recipe = load_recipe(args.recipe, out, args.threads, args.limit)
+    if args.grpo_lr is not None:
+        recipe = dataclasses.replace(recipe, grpo=replace_fields(recipe.grpo, {"optim.lr": args.grpo_lr}))
     steps = args.grpo_steps or recipe.grpo.num_steps
     make_suite(recipe.suite)  # an unknown suite stops here, before any stage
     models = default_store()
@@ -418,9 +422,14 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
 
 def run_workers(
-    args: argparse.Namespace, out: Path, log: Any = print, jobs: list[tuple[str, list[str], str]] | None = None
+    args: argparse.Namespace,
+    out: Path,
+    log: Any = print,
+    jobs: list[tuple[str, list[str], str]] | None = None,
+    module: str = "benchmarks.experiments.lab_ablations",
 ) -> None:
-    """Run processes of this script with the same options and wait for them: by default ``--workers`` of them,
+    """Run processes of the script `module` (this one by default) with the same options and wait for them: by
+    default ``--workers`` of them,
     worker k on the seeds s with s % W == k, each logging to ``<out>/worker<k>.log``; or one per `jobs` entry
     ``(label, extra options, log file name under out)``. Stopping this process (an exception, Ctrl-C, or SIGTERM
     while it waits) stops them; finished stages stay on disk, so a rerun resumes.
@@ -450,7 +459,7 @@ def run_workers(
             path = out / name
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("w") as handle:
-                cmd = [sys.executable, "-m", "benchmarks.experiments.lab_ablations", *argv, *extra]
+                cmd = [sys.executable, "-m", module, *argv, *extra]
                 procs.append((label, path, subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)))
             log(f"[ablations] {label}, log {path}")
         for label, path, proc in procs:

@@ -62,6 +62,28 @@ def paired_comparison(rows: list[dict[str, float]], references: list[dict[str, f
     }
 
 
+def load_recipe(path: str | Path, out: str | Path, threads: int, limit: int | None) -> Any:
+    """The envace pipeline recipe at `path` as an experiment runs it: stages under `out`, `threads` torch threads,
+    evaluations on the first `limit` tasks per family, and without the recipe's own test-time rehearsal
+    evaluation (``test_time_rehearsal_n``: the experiments that rehearse at test time have their own rows).
+
+    Raises:
+        ValueError: the recipe is invalid (`agents.pipeline.PipelineConfig` names the field).
+    """
+    from agents.config import load_dataclass
+    from agents.pipeline import PipelineConfig
+
+    recipe = load_dataclass(
+        PipelineConfig,
+        str(path),
+        run_dir=str(out),
+        threads=threads,
+        test_time_rehearsal_n=0,
+        test_time_rehearsal_limit=None,
+    )
+    return dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=limit))
+
+
 def start_recipe_run(args: Any, log: Any = print) -> tuple[Any, Any, Any, str]:
     """The start every lab experiment shares: the recipe at ``args.recipe`` (its evaluations limited to
     ``args.limit`` tasks per family, ``args.threads`` torch threads), the default model store, a stage runner
@@ -74,14 +96,12 @@ def start_recipe_run(args: Any, log: Any = print) -> tuple[Any, Any, Any, str]:
     """
     import torch
 
-    from agents.config import load_dataclass
     from agents.models import default_store
-    from agents.pipeline import PipelineConfig, StageRunner, latest_model, sft_stage
+    from agents.pipeline import StageRunner, latest_model, sft_stage
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    recipe = load_dataclass(PipelineConfig, args.recipe, run_dir=str(out), threads=args.threads)
-    recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=args.limit))
+    recipe = load_recipe(args.recipe, out, args.threads, args.limit)
     models = default_store()
     stages = StageRunner(out, log)
     if args.warm:

@@ -190,8 +190,9 @@ def test_the_told_rows_run_from_their_own_warm_start_and_pair_with_the_hidden_ro
     recipe.write_text(yaml.safe_dump(HIDDEN_RECIPE))
     out = tmp_path / "ablations"
     argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "2", "--arms", "role_grpo", "--sb3-timesteps", "0"]
-    argv += ["--limit", "1", "--fidelity-limit", "1", "--told-arms", "role_grpo", "grpo"]
+    argv += ["--limit", "1", "--fidelity-limit", "1", "--told-arms", "role_grpo", "grpo", "--grpo-lr", "2e-4"]
     results = lab_ablations.main(argv)
+    assert results["grpo"]["lr"] == 2e-4
     rows = {r["row"]: r for r in results["rows"]}
     assert list(rows) == ["warm start (SFT, pre-RL)", "role_grpo", "told: warm start", "told: role_grpo", "told: grpo"]
     assert results["told_suite"] == "lab-told"
@@ -206,6 +207,7 @@ def test_the_told_rows_run_from_their_own_warm_start_and_pair_with_the_hidden_ro
     for seed in (0, 1):
         grpo = json.loads((out / f"told/grpo/seed{seed}/grpo/stage_done.json").read_text())["config"]
         assert grpo["suite"] == "lab-told" and grpo["seed"] == seed and grpo["algo"] == "grpo"
+        assert grpo["optim"]["lr"] == 2e-4  # --grpo-lr reaches every arm, the told rows' too
         assert grpo["init"].startswith(str(out / "told/warm_start/sft"))
         hidden = [json.loads(line) for line in (out / f"role_grpo/seed{seed}/eval/episodes.jsonl").open()]
         told = [json.loads(line) for line in (out / f"told/role_grpo/seed{seed}/eval/episodes.jsonl").open()]
@@ -283,6 +285,8 @@ def test_told_arms_options_and_which_recipes_get_told_rows():
     assert lab_ablations.parse_args(["--quick", "--told-arms", "null_rehearser"]).told_arms == ["null_rehearser"]
     with pytest.raises(SystemExit):
         lab_ablations.parse_args(["--told-arms", "grpo", "grpo"])
+    with pytest.raises(SystemExit):
+        lab_ablations.parse_args(["--grpo-lr", "-1e-4"])
     assert lab_ablations.told_variant("lab") == "lab-told"
     assert lab_ablations.told_variant("lab-stated") is None and lab_ablations.told_variant("lab-told") is None
     from benchmarks.lab import LabConfig, LabSuite
