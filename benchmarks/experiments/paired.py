@@ -73,15 +73,13 @@ def load_recipe(path: str | Path, out: str | Path, threads: int, limit: int | No
     from agents.config import load_dataclass
     from agents.pipeline import PipelineConfig
 
-    recipe = load_dataclass(
-        PipelineConfig,
-        str(path),
-        run_dir=str(out),
-        threads=threads,
+    recipe = load_dataclass(PipelineConfig, str(path), run_dir=str(out), threads=threads)
+    return dataclasses.replace(  # one replace: the fields are validated together
+        recipe,
         test_time_rehearsal_n=0,
         test_time_rehearsal_limit=None,
+        eval=dataclasses.replace(recipe.eval, limit=limit),
     )
-    return dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=limit))
 
 
 def start_recipe_run(args: Any, log: Any = print) -> tuple[Any, Any, Any, str]:
