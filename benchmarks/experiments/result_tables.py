@@ -4,6 +4,7 @@ which may not import a script."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 __all__ = [
@@ -48,7 +49,37 @@ def grpo_budget_table(results: dict[str, Any]) -> list[str]:
                 f"{_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
                 f"{'+' + str(c['gained']) + '/-' + str(c['lost']):<11} {c['resolved_seeds']}/{n}"
             )
+    if results.get("split") == "valid":
+        lines += ["", *textwrap.wrap(budget_choice(results), 116)]
     return lines
+
+
+def budget_choice(results: dict[str, Any], arm: str = "role_grpo") -> str:
+    """The budget a validation run (`benchmarks.experiments.lab_grpo_budget` ``--split valid``) chooses for `arm`,
+    by a rule fixed before any run: among `arm`'s rows (one per learning rate) and checkpoints, the largest mean
+    paired gain over the warm start whose 95% interval lies above 0 (ties: fewer steps, then the lower lr); when
+    no interval lies above 0, nothing is chosen and the sentence names the largest mean difference instead."""
+    cells = [
+        (c["diff_mean"], c["diff_ci95"], int(step), row.get("lr"), name)
+        for name, row in results["arms"].items()
+        if name.split(" lr=")[0] == arm
+        for step, c in row["checkpoints"].items()
+        if c.get("diff_ci95") is not None
+    ]
+    if not cells:
+        return f"No {arm} checkpoint with an interval (one seed, or no {arm} row): nothing to choose."
+    resolved = [c for c in cells if c[0] - c[1] > 0]
+    pool = resolved or cells
+    best = max(pool, key=lambda c: (c[0], -c[2], -(c[3] or 0.0)))
+    where = f"{best[4]} at {best[2]} steps: {_fmt(best[0], best[1], signed=True)} over the warm start"
+    if resolved:
+        return (
+            f"Chosen by the rule fixed before the run (largest validation gain whose interval lies above 0): {where}."
+        )
+    return (
+        f"Nothing chosen: no {arm} learning rate and step count here beats the warm start on the validation split "
+        f"(no interval lies above 0). The largest mean difference is {where}."
+    )
 
 
 def ttr_table(results: dict[str, Any]) -> list[str]:

@@ -98,3 +98,43 @@ def test_a_budget_chosen_on_the_validation_split_with_another_lr_and_two_workers
     assert "[stage] role_grpo/" not in logs and logs.count("[stage] null_rehearser/lr0.001/seed1/grpo ...") == 1
     assert again["arms"]["role_grpo lr=0.0003"] == results["arms"]["role_grpo lr=0.0003"]
     assert len(again["arms"]["null_rehearser lr=0.001"]["seeds"]) == 2
+
+
+def test_the_validation_rule_chooses_the_largest_gain_above_zero_or_nothing():
+    from benchmarks.experiments.result_tables import budget_choice, grpo_budget_table
+
+    def cell(diff, ci):
+        return {"diff_mean": diff, "diff_ci95": ci, "mean": 0.5 + diff, "ci95": ci, "gained": 1, "lost": 0}
+
+    def results(rows):
+        arms = {
+            name: {"lr": lr, "seeds": [0, 1, 2], "checkpoints": {str(k): cell(*v) for k, v in cps.items()}}
+            for name, lr, cps in rows
+        }
+        for row in arms.values():
+            for c in row["checkpoints"].values():
+                c["resolved_seeds"] = 0
+        return {
+            "arms": arms,
+            "split": "valid",
+            "model": "m",
+            "seeds": 3,
+            "test_tasks": 6,
+            "warm_success": 0.5,
+            "grpo": {"batch_tasks": 1, "group_size": 2, "lr": None, "lrs": [1e-4, 3e-4]},
+        }
+
+    chosen = results(
+        [
+            ("role_grpo lr=0.0001", 1e-4, {20: (0.03, 0.01), 40: (0.05, 0.06)}),  # 40 larger, but its interval has 0
+            ("role_grpo lr=0.0003", 3e-4, {20: (0.02, 0.01), 40: (0.03, 0.02)}),  # ties lr 1e-4 at 20: more steps
+            ("real_rollouts lr=0.0001", 1e-4, {20: (0.2, 0.01)}),  # a diagnostic arm is never chosen
+        ]
+    )
+    assert "role_grpo lr=0.0001 at 20 steps: +0.030 +- 0.010" in budget_choice(chosen)
+    assert budget_choice(chosen).startswith("Chosen by the rule")
+    nothing = results([("role_grpo", 1e-4, {20: (-0.01, 0.02), 40: (0.01, 0.02)})])
+    sentence = budget_choice(nothing)
+    assert sentence.startswith("Nothing chosen") and "role_grpo at 40 steps: +0.010 +- 0.020" in sentence
+    assert "Nothing chosen" in " ".join(grpo_budget_table(nothing))
+    assert "Nothing chosen" not in " ".join(grpo_budget_table({**nothing, "split": "test"}))
