@@ -152,7 +152,8 @@ class Suite(Protocol):
     name: str
 
     def tasks(self, categories: Sequence[str] | None = None, split: str = "train") -> list[Task]:
-        """The tasks of the given categories (None: the suite's default) and split (``train``, ``test``, ``all``)."""
+        """The tasks of the given categories (None: the suite's default) and split (``train``, ``test``, ``all``;
+        a suite may add its own, as the hidden-rules lab adds ``valid``)."""
         ...
 
     def make_backend(self, task: Task) -> ToolBackend:

@@ -429,10 +429,10 @@ def run_workers(
     module: str = "benchmarks.experiments.lab_ablations",
 ) -> None:
     """Run processes of the script `module` (this one by default) with the same options and wait for them: by
-    default ``--workers`` of them,
-    worker k on the seeds s with s % W == k, each logging to ``<out>/worker<k>.log``; or one per `jobs` entry
-    ``(label, extra options, log file name under out)``. Stopping this process (an exception, Ctrl-C, or SIGTERM
-    while it waits) stops them; finished stages stay on disk, so a rerun resumes.
+    default ``--workers`` of them, worker k on the seeds s with s % W == k, each logging to
+    ``<out>/worker<k>.log``; or one per `jobs` entry ``(label, extra options, log file name under out)``. Log
+    lines start with the script's name (``[lab_ablations]``). Stopping this process (an exception, Ctrl-C, or
+    SIGTERM while it waits) stops them; finished stages stay on disk, so a rerun resumes.
 
     Raises:
         RuntimeError: a process failed (its exit code and log named).
@@ -441,9 +441,11 @@ def run_workers(
     import subprocess
     import threading
 
+    tag = f"[{module.rsplit('.', 1)[-1]}]"
+
     def stop(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not cut the cleanup below short
-        raise SystemExit(f"[ablations] stopped by signal {signum}")
+        raise SystemExit(f"{tag} stopped by signal {signum}")
 
     if jobs is None:
         jobs = [
@@ -461,10 +463,10 @@ def run_workers(
             with path.open("w") as handle:
                 cmd = [sys.executable, "-m", module, *argv, *extra]
                 procs.append((label, path, subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)))
-            log(f"[ablations] {label}, log {path}")
+            log(f"{tag} {label}, log {path}")
         for label, path, proc in procs:
             if proc.wait() != 0:
-                raise RuntimeError(f"[ablations] {label} exited with {proc.returncode}; its log: {path}")
+                raise RuntimeError(f"{tag} {label} exited with {proc.returncode}; its log: {path}")
     finally:
         for _, _, proc in procs:
             if proc.poll() is None:

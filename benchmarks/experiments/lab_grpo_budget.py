@@ -1,21 +1,25 @@
-"""What role-wise GRPO buys on the hidden-rules lab as its budget grows: success on the same test tasks every
-E steps, per seed, paired with the warm start it started from.
+"""What role-wise GRPO buys on the hidden-rules lab as its budget (steps and learning rate) grows: success on the
+same tasks every E steps, per seed, paired with the warm start it started from.
 
     python -m benchmarks.experiments.lab_grpo_budget                       # 3 seeds, 200 steps, evaluated every 25
     python -m benchmarks.experiments.lab_grpo_budget --warm runs/lab_ablations/warm_start/sft   # reuse a warm start
     python -m benchmarks.experiments.lab_grpo_budget --arms role_grpo null_rehearser             # with the control
-    python -m benchmarks.experiments.lab_grpo_budget --split valid --lr 3e-4   # choose a budget on the validation split
+    python -m benchmarks.experiments.lab_grpo_budget --split valid --lr 1e-4 3e-4 1e-3   # select lr and steps
 
-Every arm is the recipe's GRPO stage (`configs/recipes/lab.yaml`) with the same warm start, seeds 0..S-1, lr and
-batch, run for ``--steps`` steps with a checkpoint every ``--eval-every``; every checkpoint is evaluated greedily
-on the real backend on the same test tasks as the warm start. Per checkpoint the table gives the mean success,
-the paired difference to the warm start (95% t-interval over seeds), the tasks gained and lost summed over
-seeds, and in how many seeds the gain is resolved on that seed's own tasks (exact McNemar p < 0.05 with more
-tasks gained than lost): the question ``make demo`` asks of its one run. The budgets are fixed in advance and
-every checkpoint is reported; nothing is chosen after seeing a result. ``--split valid`` evaluates on the lab's
-validation split instead (as large as the test split, disjoint from it and from the train tasks): the split to
-choose a budget or a learning rate on, so that the test split only reports the choice. Stages resume
-(`agents.pipeline`).
+Every arm is the recipe's GRPO stage (`configs/recipes/lab.yaml`) with the same warm start, seeds 0..S-1 and
+batch, at the recipe's learning rate or at each of ``--lr`` (a row per arm and lr), run for ``--steps`` steps
+with a checkpoint every ``--eval-every``; every checkpoint is evaluated greedily on the real backend on the same
+tasks as the warm start. Per checkpoint the table gives the mean success, the paired difference to the warm
+start (95% t-interval over seeds), the tasks gained and lost summed over seeds, and in how many seeds the gain
+is resolved on that seed's own tasks (exact McNemar p < 0.05 with more tasks gained than lost): the question
+``make demo`` asks of its one run. Every checkpoint is reported.
+
+``--split valid`` evaluates on the lab's validation split instead (as large as the test split, disjoint from it
+and from the train tasks), the split for hyperparameter selection: under the table it applies a rule fixed
+before any run (`benchmarks.experiments.result_tables.budget_choice`: role_grpo's largest gain whose interval
+lies above 0, or nothing), so the test split only reports the choice. ``--workers`` trains the runs in parallel
+processes. Stages resume (`agents.pipeline`); a rerun that adds an arm or a learning rate trains only the new
+runs.
 """
 
 from __future__ import annotations
@@ -48,7 +52,12 @@ for GRPO, not chosen on this world), the usual guard against a run drifting away
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--recipe", default=str(RECIPE), help="the envace pipeline YAML whose stages every arm uses")
-    ap.add_argument("--out", default="runs/lab_grpo_budget", help="folder of every stage, results.json and the plot")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="folder of every stage, results.json and the plot (default: runs/lab_grpo_budget, or "
+        "runs/lab_grpo_budget_valid with --split valid)",
+    )
     ap.add_argument(
         "--warm",
         default=None,
@@ -70,27 +79,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--lr",
         type=float,
         nargs="*",
-        default=[],
-        help="GRPO learning rates, each a row per arm (default: the recipe's); with two or more, the rows are "
-        "named '<arm> lr=<lr>' and their stages live in <arm>/lr<lr>/seed<s>",
+        default=None,
+        help="GRPO learning rates, a row per arm and lr named '<arm> lr=<lr>', stages in <arm>/lr<lr>/seed<s> "
+        "(not given: the recipe's lr, rows named '<arm>', stages in <arm>/seed<s>)",
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--workers",
         type=int,
         default=1,
-        help="processes that train and evaluate the runs in parallel (the runs, seed by seed then arm then lr, "
-        "dealt in turn) after the warm start's evaluation; then this process reads every stage back. On 2 cores: "
-        "--workers 2 --threads 1",
+        help="processes that train and evaluate the runs not finished yet in parallel (dealt in turn, arm by arm, "
+        "so each worker gets its share of every arm) after the warm start's evaluation; then this process reads "
+        "every stage back. On 2 cores: --workers 2 --threads 1",
     )
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by --workers for a worker
-    # set by --workers: the indices (seed-major, then arm, then lr) of the runs this worker trains and evaluates
+    # set by --workers: the indices (in `_runs` order) of the runs this worker trains and evaluates
     ap.add_argument("--worker-runs", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.workers < 1 or (args.worker is not None and not 0 <= args.worker < args.workers):
         ap.error("--workers must be >= 1 (and --worker, set by --workers, in [0, --workers))")
-    if any(not lr > 0 for lr in args.lr) or len(set(args.lr)) != len(args.lr):
-        ap.error(f"--lr takes distinct learning rates > 0, got {args.lr}")
+    if args.lr is not None and not args.lr:
+        ap.error("--lr needs at least one learning rate (leave it out for the recipe's)")
+    if args.lr and (any(not lr > 0 for lr in args.lr) or len({f"{lr:g}" for lr in args.lr}) != len(args.lr)):
+        ap.error(f"--lr takes learning rates > 0 that differ in their folder names (<arm>/lr<lr:g>), got {args.lr}")
+    if args.split == "valid" and ("role_grpo" not in args.arms or args.seeds < 2):
+        ap.error(
+            "--split valid selects role_grpo's budget with a rule over 95% intervals: include role_grpo in --arms "
+            "and give --seeds 2 or more"
+        )
+    if args.out is None:
+        args.out = "runs/lab_grpo_budget_valid" if args.split == "valid" else "runs/lab_grpo_budget"
     if args.seeds < 1 or args.steps < 1 or args.eval_every < 1:
         ap.error("--seeds, --steps and --eval-every must be >= 1")
     if args.steps % args.eval_every:
@@ -116,10 +134,15 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     from agents.config import TrainConfig, replace_fields
     from agents.pipeline import grpo_stage, stage_ignores, stage_settings
     from agents.training.checkpoint import checkpoint_dir
+    from benchmarks.experiments.paired import load_recipe
+    from envace_gym.suites import make_suite
 
     out = Path(args.out)
     t_start = time.perf_counter()
+    planned = load_recipe(args.recipe, out, args.threads, args.limit)
+    make_suite(planned.suite).tasks(planned.categories, args.split)  # a world without the split stops here, untrained
     recipe, models, stages, warm = start_recipe_run(args, log)
+    explicit = args.lr is not None
     lrs = args.lr or [recipe.grpo.optim.lr]
 
     def evaluation(name: str, model: str) -> dict[str, float]:
@@ -131,35 +154,42 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     if args.workers > 1 and args.worker is None:
         from benchmarks.experiments.lab_ablations import run_workers
 
-        # the runs not finished yet, dealt in turn (a rerun that adds an arm or an lr shares out only the new ones)
+        # the runs with a checkpoint not yet evaluated (a rerun that adds an arm or an lr shares out only the new
+        # ones), dealt in turn arm by arm, so that a slower arm's runs are split between the workers
+        runs = _runs(args.seeds, rows)
         pending = [
             i
-            for i, (seed, arm, lr) in enumerate(_runs(args.seeds, rows))
-            if stages.finished(f"{run_name(arm, lr, seed, len(lrs))}/eval_step{args.steps}") is None
+            for i, (seed, arm, lr) in enumerate(runs)
+            if any(
+                stages.finished(f"{run_name(arm, lr, seed, explicit)}/eval_step{step}") is None
+                for step in range(args.eval_every, args.steps + 1, args.eval_every)
+            )
         ]
+        pending.sort(key=lambda i: (args.arms.index(runs[i][1]), lrs.index(runs[i][2]), runs[i][0]))
         jobs = []
         for k in range(args.workers):
             mine = pending[k :: args.workers]
-            described = [
-                f"{row_name(a, lr, len(lrs))} seed {s}" for s, a, lr in (_runs(args.seeds, rows)[i] for i in mine)
-            ]
+            if not mine:
+                continue
+            described = [f"{row_name(a, lr, explicit)} seed {s}" for s, a, lr in (runs[i] for i in mine)]
             jobs.append(
                 (
-                    f"worker {k}: " + (", ".join(described) or "nothing left"),
+                    f"worker {k}: " + ", ".join(described),
                     ["--worker", str(k), "--worker-runs", ",".join(map(str, mine))],
                     f"worker{k}.log",
                 )
             )
-        run_workers(args, out, log, jobs, module="benchmarks.experiments.lab_grpo_budget")  # read back below
+        if jobs:
+            run_workers(args, out, log, jobs, module="benchmarks.experiments.lab_grpo_budget")  # read back below
     mine = {int(i) for i in args.worker_runs.split(",") if i}
     checkpoints = list(range(args.eval_every, args.steps + 1, args.eval_every))
-    per_seed: dict[str, list[dict[str, Any]]] = {row_name(arm, lr, len(lrs)): [] for arm, lr in rows}
+    per_seed: dict[str, list[dict[str, Any]]] = {row_name(arm, lr, explicit): [] for arm, lr in rows}
     results: dict[str, Any] = {}
     for seed in range(args.seeds):
         for k, (arm, lr) in enumerate(rows):
             if args.worker is not None and seed * len(rows) + k not in mine:
                 continue
-            name = run_name(arm, lr, seed, len(lrs))
+            name = run_name(arm, lr, seed, explicit)
             config = replace_fields(
                 recipe.grpo_config(out / name / "grpo", warm),
                 {
@@ -187,9 +217,10 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 step: evaluation(f"{name}/eval_step{step}", str(checkpoint_dir(out / name / "grpo", step) / "model"))
                 for step in checkpoints
             }
-            per_seed[row_name(arm, lr, len(lrs))].append(
+            per_seed[row_name(arm, lr, explicit)].append(
                 {
                     "seed": seed,
+                    "arm": arm,
                     "lr": lr,
                     "rewards": rewards,
                     "train_s": info["seconds"],
@@ -222,22 +253,23 @@ def _runs(seeds: int, rows: list[tuple[str, float]]) -> list[tuple[int, str, flo
     return [(seed, arm, lr) for seed in range(seeds) for arm, lr in rows]
 
 
-def run_name(arm: str, lr: float, seed: int, n_lrs: int) -> str:
-    """A run's stage folder under ``--out``: ``<arm>/seed<s>``, or ``<arm>/lr<lr>/seed<s>`` when the run
-    compares several learning rates."""
-    return f"{arm}/lr{lr:g}/seed{seed}" if n_lrs > 1 else f"{arm}/seed{seed}"
+def run_name(arm: str, lr: float, seed: int, explicit_lr: bool) -> str:
+    """A run's stage folder under ``--out``: ``<arm>/lr<lr>/seed<s>`` for a learning rate given with ``--lr``,
+    ``<arm>/seed<s>`` for the recipe's."""
+    return f"{arm}/lr{lr:g}/seed{seed}" if explicit_lr else f"{arm}/seed{seed}"
 
 
-def row_name(arm: str, lr: float, n_lrs: int) -> str:
-    """A row's name: the arm, with its learning rate when the run compares several (``role_grpo lr=0.0003``)."""
-    return f"{arm} lr={lr:g}" if n_lrs > 1 else arm
+def row_name(arm: str, lr: float, explicit_lr: bool) -> str:
+    """A row's name: the arm, with its learning rate when it was given with ``--lr`` (``role_grpo lr=0.0003``)."""
+    return f"{arm} lr={lr:g}" if explicit_lr else arm
 
 
 def summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed, lrs) -> dict[str, Any]:
     """The results.json body: per row (arm, or arm and lr) and checkpoint, `compare` against the warm start."""
     arms = {}
-    for arm, seeds in per_seed.items():
-        arms[arm] = {
+    for name, seeds in per_seed.items():
+        arms[name] = {
+            "arm": seeds[0]["arm"] if seeds else name.split(" lr=")[0],
             "seeds": [s["seed"] for s in seeds],
             "lr": seeds[0]["lr"] if seeds else None,
             "train_s": [s["train_s"] for s in seeds],

@@ -58,11 +58,15 @@ def budget_choice(results: dict[str, Any], arm: str = "role_grpo") -> str:
     """The budget a validation run (`benchmarks.experiments.lab_grpo_budget` ``--split valid``) chooses for `arm`,
     by a rule fixed before any run: among `arm`'s rows (one per learning rate) and checkpoints, the largest mean
     paired gain over the warm start whose 95% interval lies above 0 (ties: fewer steps, then the lower lr); when
-    no interval lies above 0, nothing is chosen and the sentence names the largest mean difference instead."""
+    no interval lies above 0, nothing is chosen and the sentence names the largest mean difference instead.
+    Before every seed is in, nothing is chosen either."""
+    done = results.get("seeds_done", results["seeds"])
+    if done < results["seeds"]:
+        return f"No choice yet: {done} of {results['seeds']} seeds are in."
     cells = [
-        (c["diff_mean"], c["diff_ci95"], int(step), row.get("lr"), name)
+        (round(c["diff_mean"], 9), c["diff_ci95"], int(step), row.get("lr"), name)
         for name, row in results["arms"].items()
-        if name.split(" lr=")[0] == arm
+        if row.get("arm", name.split(" lr=")[0]) == arm
         for step, c in row["checkpoints"].items()
         if c.get("diff_ci95") is not None
     ]

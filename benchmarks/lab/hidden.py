@@ -28,7 +28,8 @@ test task's is drawn again, so no test pair is ever trained on. The validation s
 a budget or a setting without looking at the test split) has ``test_tasks`` tasks per family drawn from
 ``f"{seed}/valid/{category}/{index}"``; a draw whose pair equals a test task's or one of the first
 ``train_tasks`` train tasks' (what `LabSuite.tasks` lists for training: SFT and GRPO draw from those) is drawn
-again, so a validation task is neither tested nor trained on by default.
+again, so a validation task is neither tested nor trained on by default (which tasks it holds therefore
+depends on ``train_tasks`` too).
 
 Each family is one program (`solve`) over the prompt's layout and the instruction's slots, with an ``ask``
 function that answers a call: the real backend (the reference solution), a private copy of the world built

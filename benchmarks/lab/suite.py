@@ -121,7 +121,7 @@ class LabSuite:
 
     def tasks(self, categories: Sequence[str] | None = None, split: str = "train") -> list[Task]:
         """The tasks of `categories` (None: all) in `split` (``train``, ``valid``, ``test`` or ``all``: train and
-        test), category by category.
+        test, not valid), category by category.
 
         Raises:
             ValueError: an unknown category or split, or ``valid`` in the stated-rules world (it has none).

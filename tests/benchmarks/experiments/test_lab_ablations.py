@@ -279,6 +279,15 @@ def test_train_reward_reads_the_newest_record_of_each_step(tmp_path):
     assert train_reward(tmp_path / "missing.jsonl") is None
 
 
+def test_experiments_load_the_demo_recipe_without_its_test_time_rehearsal_at_any_limit(tmp_path):
+    from benchmarks.experiments.paired import load_recipe
+
+    demo = Path(__file__).resolve().parents[3] / "configs" / "recipes" / "lab.yaml"
+    recipe = load_recipe(demo, tmp_path, threads=1, limit=1)  # below the recipe's test_time_rehearsal_limit
+    assert (recipe.test_time_rehearsal_n, recipe.test_time_rehearsal_limit, recipe.eval.limit) == (0, None, 1)
+    assert recipe.run_dir == str(tmp_path) and recipe.threads == 1
+
+
 def test_told_arms_options_and_which_recipes_get_told_rows():
     assert lab_ablations.parse_args([]).told_arms == ["role_grpo", "grpo"]
     assert lab_ablations.parse_args(["--told-arms"]).told_arms == []  # no value: no told rows

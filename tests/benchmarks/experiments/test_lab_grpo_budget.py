@@ -36,6 +36,21 @@ def test_options_are_checked():
         lab_grpo_budget.parse_args(["--lr", "0"])
     with pytest.raises(SystemExit):
         lab_grpo_budget.parse_args(["--workers", "2", "--worker", "2"])
+    for bad in (["--lr"], ["--lr", "1e-4", "1.0000001e-4"], ["--split", "valid", "--arms", "grpo"]):
+        with pytest.raises(SystemExit):  # no lr; two lrs one folder name; a selection run without role_grpo
+            lab_grpo_budget.parse_args(bad)
+    with pytest.raises(SystemExit):  # the rule needs intervals: two seeds at least
+        lab_grpo_budget.parse_args(["--split", "valid", "--seeds", "1"])
+    assert lab_grpo_budget.parse_args(["--split", "valid"]).out == "runs/lab_grpo_budget_valid"
+    assert lab_grpo_budget.parse_args([]).out == "runs/lab_grpo_budget"
+
+
+def test_a_selection_run_on_a_world_without_a_validation_split_stops_before_training(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(RECIPE))  # the stated-rules world
+    with pytest.raises(ValueError, match="no validation split"):
+        lab_grpo_budget.main(["--recipe", str(recipe), "--out", str(tmp_path / "out"), "--split", "valid"])
+    assert not (tmp_path / "out" / "warm_start").exists()
 
 
 @pytest.mark.slow
@@ -78,13 +93,14 @@ def test_a_budget_chosen_on_the_validation_split_with_another_lr_and_two_workers
     results = lab_grpo_budget.main(argv)
     assert results["split"] == "valid" and results["grpo"]["lrs"] == [3e-4, 1e-3] and results["seeds_done"] == 2
     assert list(results["arms"]) == ["role_grpo lr=0.0003", "role_grpo lr=0.001"]
-    for k, (seed, lr) in enumerate([(0, 3e-4), (0, 1e-3), (1, 3e-4), (1, 1e-3)]):  # dealt in turn to 2 workers
+    # dealt in turn lr by lr, (3e-4 seed 0, 3e-4 seed 1, 1e-3 seed 0, 1e-3 seed 1): here worker k gets seed k
+    for seed, lr in [(0, 3e-4), (0, 1e-3), (1, 3e-4), (1, 1e-3)]:
         run = out / f"role_grpo/lr{lr:g}/seed{seed}"
         grpo = json.loads((run / "grpo/stage_done.json").read_text())
         assert grpo["config"]["optim"]["lr"] == lr and grpo["config"]["seed"] == seed
         started = f"[stage] role_grpo/lr{lr:g}/seed{seed}/grpo ..."
-        assert started in (out / f"worker{k % 2}.log").read_text()
-        assert started not in (out / f"worker{1 - k % 2}.log").read_text()
+        assert started in (out / f"worker{seed}.log").read_text()
+        assert started not in (out / f"worker{1 - seed}.log").read_text()
         evaluated = json.loads((run / "eval_step1/stage_done.json").read_text())
         assert evaluated["config"]["split"] == "valid"
         assert results["arms"][f"role_grpo lr={lr:g}"]["lr"] == lr
@@ -98,6 +114,16 @@ def test_a_budget_chosen_on_the_validation_split_with_another_lr_and_two_workers
     assert "[stage] role_grpo/" not in logs and logs.count("[stage] null_rehearser/lr0.001/seed1/grpo ...") == 1
     assert again["arms"]["role_grpo lr=0.0003"] == results["arms"]["role_grpo lr=0.0003"]
     assert len(again["arms"]["null_rehearser lr=0.001"]["seeds"]) == 2
+
+    # and one that adds a learning rate trains only that lr's runs, in their own folders
+    lr_argv = [*argv[: argv.index("--lr") + 1], "3e-4", "1e-3", "1e-4", *argv[argv.index("--workers") :]]
+    third = lab_grpo_budget.main(lr_argv)
+    logs = (out / "worker0.log").read_text() + (out / "worker1.log").read_text()
+    assert "[stage] role_grpo/lr0.0001/seed0/grpo ..." in logs and "role_grpo/lr0.0003/seed0/grpo ..." not in logs
+    assert third["arms"]["role_grpo lr=0.0003"] == results["arms"]["role_grpo lr=0.0003"]
+    assert third["arms"]["role_grpo lr=0.0001"]["lr"] == 1e-4 and "No choice yet" not in " ".join(
+        lab_grpo_budget.table(third)
+    )
 
 
 def test_the_validation_rule_chooses_the_largest_gain_above_zero_or_nothing():
@@ -127,7 +153,7 @@ def test_the_validation_rule_chooses_the_largest_gain_above_zero_or_nothing():
     chosen = results(
         [
             ("role_grpo lr=0.0001", 1e-4, {20: (0.03, 0.01), 40: (0.05, 0.06)}),  # 40 larger, but its interval has 0
-            ("role_grpo lr=0.0003", 3e-4, {20: (0.02, 0.01), 40: (0.03, 0.02)}),  # ties lr 1e-4 at 20: more steps
+            ("role_grpo lr=0.0003", 3e-4, {20: (0.03, 0.02), 40: (0.03, 0.02)}),  # ties 1e-4 at 20: higher lr
             ("real_rollouts lr=0.0001", 1e-4, {20: (0.2, 0.01)}),  # a diagnostic arm is never chosen
         ]
     )
@@ -138,3 +164,5 @@ def test_the_validation_rule_chooses_the_largest_gain_above_zero_or_nothing():
     assert sentence.startswith("Nothing chosen") and "role_grpo at 40 steps: +0.010 +- 0.020" in sentence
     assert "Nothing chosen" in " ".join(grpo_budget_table(nothing))
     assert "Nothing chosen" not in " ".join(grpo_budget_table({**nothing, "split": "test"}))
+    partial = {**chosen, "seeds_done": 2}  # results.json is written after every seed: no choice from a part
+    assert budget_choice(partial) == "No choice yet: 2 of 3 seeds are in."

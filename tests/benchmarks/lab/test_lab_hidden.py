@@ -99,11 +99,12 @@ def test_the_validation_split_is_as_large_as_test_and_shares_no_pair_with_test_o
         hidden.make_hidden_task(config, "ship", 100, "valid")
 
 
-def test_a_validation_draw_equal_to_a_listed_train_pair_is_drawn_again(monkeypatch):
+@pytest.mark.parametrize("taken", ["_test_keys", "_listed_train_keys"])
+def test_a_validation_draw_equal_to_a_test_or_listed_train_pair_is_drawn_again(monkeypatch, taken):
     config = LabConfig(seed=7, test_tasks=2, train_tasks=1)
     first = hidden.make_hidden_task(config, "ship", 1, "valid")
     layout, slots = first.metadata["initial_state"]["shelves"], first.metadata["slots"]
-    monkeypatch.setattr(hidden, "_listed_train_keys", lambda _c: frozenset({hidden._key("ship", layout, slots)}))
+    monkeypatch.setattr(hidden, taken, lambda _c: frozenset({hidden._key("ship", layout, slots)}))
     again = hidden.make_hidden_task(config, "ship", 1, "valid")
     assert (again.metadata["initial_state"]["shelves"], again.metadata["slots"]) != (layout, slots)
 
