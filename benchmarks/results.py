@@ -225,7 +225,7 @@ def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
 
     valid = result.get("split") == "valid"
     lines = [
-        "## Choosing GRPO's budget on the validation split"
+        "## Selecting GRPO's learning rate and steps on the validation split"
         if valid
         else "## Role-wise GRPO against its budget on the lab",
         "",
