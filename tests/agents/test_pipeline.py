@@ -355,6 +355,7 @@ def test_the_demo_recipe_is_the_hidden_world_on_lab_tiny_and_its_budgets_leave_t
     recipe = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab.yaml"
     config = load_dataclass(PipelineConfig, str(recipe))
     assert (config.suite, config.model, config.fidelity) == ("lab", "lab-tiny", True)
+    assert config.test_time_rehearsal_n == 2 and config.rehearsal_subset_limit() == 10  # beside the plain eval
     assert config.grpo.batch_tasks * config.grpo.group_size >= 128 and config.sft.group_by_length is False
     budgets = check_budgets(config, log=lambda *_: None)
     assert budgets["grpo"]["fraction"] == budgets["eval"]["fraction"] == 1.0
