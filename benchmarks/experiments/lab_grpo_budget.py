@@ -152,7 +152,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     warm_rewards = evaluation("warm_start/eval", warm)
     rows = [(arm, lr) for arm in args.arms for lr in lrs]
     if args.workers > 1 and args.worker is None:
-        from benchmarks.experiments.lab_ablations import run_workers
+        from benchmarks.experiments.workers import run_workers
 
         # the runs with a checkpoint not yet evaluated (a rerun that adds an arm or an lr shares out only the new
         # ones), dealt in turn arm by arm, so that a slower arm's runs are split between the workers
