@@ -2,10 +2,10 @@
 
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``,
-``lab_grpo_budget_valid``, ``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``, ``lab_env_cost``,
-``judge_agreement``, ``engines_equal_work``) and renders every stored result into ``docs/results.md``; with no
-folder given it only re-renders. Numbers appear in the page only as this command writes them: edit a script or
-rerun it, never the page.
+``lab_ablations_budget``, ``lab_grpo_budget_valid``, ``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``,
+``lab_env_cost``, ``judge_agreement``, ``engines_equal_work``) and renders every stored result into
+``docs/results.md``; with no folder given it only re-renders. Numbers appear in the page only as this command
+writes them: edit a script or rerun it, never the page.
 
     python -m benchmarks.results runs/lab_tiny_sft runs/lab_ablations   # store these runs' results and render
     python -m benchmarks.results                                        # render what docs/results/ holds
@@ -195,8 +195,11 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
     from benchmarks.experiments.ablations_table import comparisons, table
 
     command = current_command(result.get("command", "python -m benchmarks.experiments.lab_ablations"))
+    budget = result.get("kind") == "lab_ablations_budget"
     lines = [
-        "## The paper's comparisons on the lab",
+        f"## The paper's comparisons on the lab at {result['grpo_steps']} GRPO steps, lr {result['grpo']['lr']:g}"
+        if budget
+        else "## The paper's comparisons on the lab",
         "",
         f"`{command}`{_date(result)}",
         "",
@@ -308,6 +311,7 @@ def render_judge_agreement(result: dict[str, Any], folder: Path) -> list[str]:
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_tiny_sft": render_tiny_sft,
     "lab_ablations": render_ablations,
+    "lab_ablations_budget": render_ablations,
     "lab_grpo_budget_valid": render_grpo_budget,
     "lab_grpo_budget": render_grpo_budget,
     "lab_ttr": render_ttr,

@@ -401,7 +401,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         results.update(
             seeds_done=seed + 1,
             wall_s=time.perf_counter() - t_start,
-            kind="lab_ablations",
+            kind=results_kind(args, recipe),
             command=("python -m benchmarks.experiments.lab_ablations " + shlex.join(getattr(args, "argv", []))).strip(),
             **provenance(),
             stage_seconds=dict(stages.timings),
@@ -419,6 +419,14 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         f"stage time {results['stage_minutes']:.1f} min"
     )
     return results
+
+
+def results_kind(args: argparse.Namespace, recipe: Any) -> str:
+    """``lab_ablations`` for a run at the recipe's GRPO budget (the run of record, one section of the results
+    page); ``lab_ablations_budget`` for one at another (``--grpo-lr``, or ``--grpo-steps`` other than the
+    recipe's), its own section, so that it never replaces the run of record."""
+    other = args.grpo_lr is not None or args.grpo_steps not in (None, recipe.grpo.num_steps)
+    return "lab_ablations_budget" if other else "lab_ablations"
 
 
 def run_workers(

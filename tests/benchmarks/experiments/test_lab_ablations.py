@@ -279,6 +279,17 @@ def test_train_reward_reads_the_newest_record_of_each_step(tmp_path):
     assert train_reward(tmp_path / "missing.jsonl") is None
 
 
+def test_a_run_at_another_grpo_budget_is_its_own_kind_and_never_replaces_the_run_of_record():
+    from types import SimpleNamespace
+
+    recipe = SimpleNamespace(grpo=SimpleNamespace(num_steps=20))
+    kind = lab_ablations.results_kind
+    assert kind(lab_ablations.parse_args([]), recipe) == "lab_ablations"
+    assert kind(lab_ablations.parse_args(["--grpo-steps", "20"]), recipe) == "lab_ablations"
+    assert kind(lab_ablations.parse_args(["--grpo-steps", "60"]), recipe) == "lab_ablations_budget"
+    assert kind(lab_ablations.parse_args(["--grpo-lr", "3e-4"]), recipe) == "lab_ablations_budget"
+
+
 def test_experiments_load_the_demo_recipe_without_its_test_time_rehearsal_at_any_limit(tmp_path):
     from benchmarks.experiments.paired import load_recipe
 
