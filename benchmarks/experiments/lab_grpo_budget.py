@@ -32,6 +32,7 @@ from typing import Any
 
 from benchmarks.experiments.paired import paired_comparison, start_recipe_run, task_rewards
 from benchmarks.experiments.result_tables import grpo_budget_table as table
+from benchmarks.experiments.result_tables import split_name
 from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,6 +152,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     warm_rewards = evaluation("warm_start/eval", warm)
     rows = [(arm, lr) for arm in args.arms for lr in lrs]
+    checkpoints = list(range(args.eval_every, args.steps + 1, args.eval_every))
     if args.workers > 1 and args.worker is None:
         from benchmarks.experiments.workers import run_workers
 
@@ -161,8 +163,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             i
             for i, (seed, arm, lr) in enumerate(runs)
             if any(
-                stages.finished(f"{run_name(arm, lr, seed, explicit)}/eval_step{step}") is None
-                for step in range(args.eval_every, args.steps + 1, args.eval_every)
+                stages.finished(f"{run_name(arm, lr, seed, explicit)}/eval_step{step}") is None for step in checkpoints
             )
         ]
         pending.sort(key=lambda i: (args.arms.index(runs[i][1]), lrs.index(runs[i][2]), runs[i][0]))
@@ -182,7 +183,6 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         if jobs:
             run_workers(args, out, log, jobs, module="benchmarks.experiments.lab_grpo_budget")  # read back below
     mine = {int(i) for i in args.worker_runs.split(",") if i}
-    checkpoints = list(range(args.eval_every, args.steps + 1, args.eval_every))
     per_seed: dict[str, list[dict[str, Any]]] = {row_name(arm, lr, explicit): [] for arm, lr in rows}
     results: dict[str, Any] = {}
     for seed in range(args.seeds):
@@ -320,7 +320,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
         ax.plot(steps, means, color=color, linewidth=2.5, label=f"{arm} (mean of {len(row['seeds'])} seeds)")
     ax.axhline(results["warm_success"], color="gray", linestyle="--", label="warm start")
     ax.set_xlabel("GRPO steps")
-    split = {"valid": "validation"}.get(results.get("split", "test"), "test")
+    split = split_name(results.get("split", "test"))
     ax.set_ylabel(f"{split} success ({results['test_tasks']} tasks, real backend)")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -24,7 +24,8 @@ def _fmt(mean: float | None, half: float | None, signed: bool = False) -> str:
     return text + ("" if half is None else f" +- {half:.3f}")
 
 
-def _split_name(split: str) -> str:
+def split_name(split: str) -> str:
+    """How a table or a plot names an evaluated split (``valid``: ``validation``)."""
     return {"valid": "validation"}.get(split, split)
 
 
@@ -37,7 +38,7 @@ def grpo_budget_table(results: dict[str, Any]) -> list[str]:
     width = max([16, *(len(arm) for arm in results["arms"])])
     lines = [
         f"GRPO budget on EnvACE-Lab: {results['model']}, {done} seeds, B={g['batch_tasks']} x K={g['group_size']}, "
-        f"{lr}, {results['test_tasks']} {_split_name(results.get('split', 'test'))} tasks{partial}",
+        f"{lr}, {results['test_tasks']} {split_name(results.get('split', 'test'))} tasks{partial}",
         f"warm start (SFT): {results['warm_success']:.3f}",
         f"{'arm':<{width}} {'step':>5}  {'success':<16} {'vs warm start':<17} {'tasks +/-':<11} resolved seeds",
     ]
