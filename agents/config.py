@@ -390,8 +390,22 @@ class TrainConfig:
         0.0,
         (
             "lambda >= 0: add lambda x the REHEARSE role's teacher-forced cross-entropy on the tool outputs the real "
-            "backend answered (rollout real or hybrid) to the GRPO loss (agents.grpo.world_model_loss); 0: off"
+            "backend answered (rollout real or hybrid, or the world_model_demos demonstrations) to the GRPO loss "
+            "(agents.grpo.world_model_loss); 0: off"
         ),
+    )
+    world_model_demos: int = _f(
+        0,
+        (
+            "per step, this many train tasks (drawn from the task pool, seeded by the run's seed and step) executed "
+            "on the real backend along their reference solutions, as the SFT warm start's demonstrations are "
+            "(agents.training.demonstrations), each with world_model_demo_errors error demonstrations; their tool "
+            "outputs join the batch as world-model targets of weight world_model_loss_weight (no policy-gradient "
+            "loss on them): a world-model anchor beside rehearsed rollouts; 0: off"
+        ),
+    )
+    world_model_demo_errors: int = _f(
+        1, "world_model_demos > 0: error demonstrations per task (a mistaken call and the real error output)"
     )
     prompt_mode: Literal["inline", "separate"] = _f(
         "inline",
@@ -675,13 +689,31 @@ class TrainConfig:
             )
         if self.world_model_loss_weight < 0:
             fail(f"world_model_loss_weight must be >= 0 (0: off), got {self.world_model_loss_weight}")
-        if self.world_model_loss_weight > 0 and (
-            self.rollout in ("rehearse", "null") or (self.rollout == "hybrid" and self.real_call_prob == 0)
+        if self.world_model_demos < 0 or self.world_model_demo_errors < 0:
+            fail(
+                "world_model_demos and world_model_demo_errors must be >= 0, got "
+                f"{self.world_model_demos} and {self.world_model_demo_errors}"
+            )
+        if self.world_model_demos > 0 and self.world_model_loss_weight == 0:
+            fail(
+                f"world_model_demos={self.world_model_demos} adds world-model targets, which train nothing at "
+                "world_model_loss_weight 0: set --world-model-loss-weight > 0, or world_model_demos 0"
+            )
+        if self.world_model_demos > 0 and self.prompt_mode != "inline":
+            fail(
+                "world_model_demos trains on demonstrations in the inline format (the tool outputs within the "
+                "trajectory); prompt_mode=separate rehearses from a simulator prompt: set prompt_mode inline"
+            )
+        if (
+            self.world_model_loss_weight > 0
+            and self.world_model_demos == 0
+            and (self.rollout in ("rehearse", "null") or (self.rollout == "hybrid" and self.real_call_prob == 0))
         ):
             fail(
                 f"world_model_loss_weight > 0 trains on tool outputs of the real backend, and rollout={self.rollout}"
                 + (" with real_call_prob=0" if self.rollout == "hybrid" else "")
-                + " makes none: set --rollout real, or hybrid with --real-call-prob > 0, or world_model_loss_weight 0"
+                + " makes none: set --rollout real, or hybrid with --real-call-prob > 0, or --world-model-demos > 0, "
+                "or world_model_loss_weight 0"
             )
         if not 0 <= self.min_solvable_fraction <= 1:
             fail(f"min_solvable_fraction must be in [0, 1], got {self.min_solvable_fraction}")

@@ -516,6 +516,7 @@ def grpo_stage(grpo_config: TrainConfig, models: ModelStore, log=print) -> dict[
         "real_tool_calls": sum(h.get("rollout/real_tool_calls", 0) for h in every),
         "real_answers": sum(h.get("rollout/real_answers", 0) for h in every),
         "world_model_tokens": sum(h.get("rollout/world_model_tokens", 0) for h in every),
+        "demo_tool_calls": sum(h.get("rollout/demo_tool_calls", 0) for h in every),
         "verifier_replay_calls": sum(h.get("rollout/verifier_replay_calls", 0) for h in every),
         "config": dataclasses.asdict(grpo_config),
     }

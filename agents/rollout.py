@@ -18,6 +18,7 @@ penalty (0.1 for an empty response) is the reference hyperparameter listed in do
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ __all__ = [
     "ActPolicy",
     "collect_rollouts",
     "build_batch",
+    "with_demonstrations",
     "group_ids_for",
     "is_empty_action",
     "PAD_ROLE",
@@ -44,7 +46,7 @@ __all__ = [
 PAD_ROLE = -1
 """``role_mask`` value of right-padding positions (every real token holds a `Role` value, 0-4)."""
 
-RowKind = Literal["trajectory", "rehearsal", "attempt", "world_model"]
+RowKind = Literal["trajectory", "rehearsal", "attempt", "world_model", "demonstration"]
 PromptMode = Literal["inline", "separate"]
 RolloutMode = Literal["rehearse", "real", "null", "hybrid"]
 
@@ -577,7 +579,8 @@ class RolloutBatch:
         group_ids: ``(N,) int64``, the group (instruction) of each row's trajectory.
         rewards: ``(N,) float32``, R(τ) of each row's trajectory (penalised; see `collect_rollouts`).
         traj_ids: ``(N,) int64``, the index of each row's trajectory in the input list.
-        row_kinds: ``(N,)`` list of ``"trajectory"``, ``"rehearsal"``, ``"attempt"`` or ``"world_model"``.
+        row_kinds: ``(N,)`` list of ``"trajectory"``, ``"rehearsal"``, ``"attempt"``, ``"world_model"`` or
+            ``"demonstration"`` (`with_demonstrations`).
         task_ids: ``(N,)`` list of the row's task id.
         seg_rewards: ``(S,) float32``, R(τ) of each segment's trajectory.
         seg_group_ids: ``(S,) int64``.
@@ -891,5 +894,77 @@ def build_batch(
         seg_num_tokens=seg_num_tokens,
         seg_advantages=seg_advantages,
         seg_rows=torch.tensor(seg_row, dtype=torch.long),
+        world_model_mask=world_model_mask,
+    )
+
+
+def with_demonstrations(batch: RolloutBatch, demos: Sequence[Trajectory], pad_id: int) -> RolloutBatch:
+    """`batch` with one ``"demonstration"`` row per demonstration appended: world-model targets only.
+
+    `demos` are SFT demonstrations (`agents.training.demonstrations.build_demonstrations`, relabelled by
+    `agents.training.demonstrations.relabel_for_sft`): real executions in the policy's inline token format, whose
+    REHEARSE segments are the real backend's tool outputs (the close up to its stop token included), exactly what
+    an inline rehearsal generates at that position. Those tokens become ``world_model_mask`` targets; the rows
+    carry no loss token, no advantage and no segment (the GRPO loss and the baselines are unchanged). Their
+    ``group_ids`` and ``traj_ids`` are -1 and ``rewards`` 0; ``task_ids`` name the demonstration's task. Both
+    parts are right-padded to the longer width.
+
+    Args:
+        batch: a `build_batch` result (its ``world_model_mask`` may be None: then all False for its rows).
+        demos: demonstration trajectories; an empty sequence returns `batch` unchanged.
+        pad_id: the id written in padding positions.
+
+    Returns:
+        A `RolloutBatch` of ``batch.num_rows + len(demos)`` rows on the CPU.
+
+    Raises:
+        ValueError: a demonstration with a generated segment (logprobs recorded: a rollout, not a demonstration)
+            or with no REHEARSE token (nothing for the world model to learn).
+    """
+    if not demos:
+        return batch
+    for i, d in enumerate(demos):
+        if any(s.logprobs is not None for s in d.segments):
+            raise ValueError(f"demonstration {i} ({d.task.id}) has recorded logprobs: a rollout, not a demonstration")
+        if not any(s.role == Role.REHEARSE and s.token_ids for s in d.segments):
+            raise ValueError(f"demonstration {i} ({d.task.id}) has no REHEARSE token: relabel it with relabel_for_sft")
+    n, m = batch.num_rows, len(demos)
+    width = max(batch.seq_len, max(len(d.token_ids) for d in demos))
+
+    def grow(t: torch.Tensor, fill: float | int | bool) -> torch.Tensor:  # (n, T) -> (n + m, width)
+        out = torch.full((n + m, width), fill, dtype=t.dtype)
+        out[:n, : t.shape[1]] = t
+        return out
+
+    input_ids = grow(batch.input_ids, int(pad_id))
+    attention_mask = grow(batch.attention_mask, 0)
+    role_mask = grow(batch.role_mask, PAD_ROLE)
+    world_model = batch.world_model_mask if batch.world_model_mask is not None else torch.zeros_like(batch.loss_mask)
+    world_model_mask = grow(world_model, False)
+    for j, d in enumerate(demos):
+        pos = 0
+        for seg in d.segments:
+            end = pos + len(seg.token_ids)
+            if seg.token_ids:
+                input_ids[n + j, pos:end] = torch.tensor(list(seg.token_ids), dtype=torch.long)
+                attention_mask[n + j, pos:end] = 1
+                role_mask[n + j, pos:end] = int(seg.role)
+                if seg.role == Role.REHEARSE:
+                    world_model_mask[n + j, pos:end] = True
+            pos = end
+    return dataclasses.replace(
+        batch,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        role_mask=role_mask,
+        loss_mask=grow(batch.loss_mask, False),
+        old_logprobs=grow(batch.old_logprobs, 0.0),
+        advantages=grow(batch.advantages, 0.0),
+        segment_ids=grow(batch.segment_ids, -1),
+        group_ids=torch.cat([batch.group_ids, torch.full((m,), -1, dtype=torch.long)]),
+        rewards=torch.cat([batch.rewards, torch.zeros(m, dtype=torch.float32)]),
+        traj_ids=torch.cat([batch.traj_ids, torch.full((m,), -1, dtype=torch.long)]),
+        row_kinds=[*batch.row_kinds, *(["demonstration"] * m)],
+        task_ids=[*batch.task_ids, *(d.task.id for d in demos)],
         world_model_mask=world_model_mask,
     )

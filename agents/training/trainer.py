@@ -43,6 +43,7 @@ Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act,
 | ``rollout/real_tool_calls`` | executions on a real backend while the batch was played, the environment cost (0 for rehearsed rollouts; hybrid: the calls drawn real and the rehearsed calls executed to catch the backend up) |
 | ``rollout/real_answers`` | calls whose output the policy saw came from a real backend (rollout real: every call; hybrid: those drawn real) |
 | ``rollout/world_model_tokens`` | target tokens of the world-model loss in the batch (0 when ``world_model_loss_weight`` is 0) |
+| ``rollout/demo_tool_calls`` | real-backend executions of this step's world-model demonstrations (``world_model_demos``; 0 when off): the reference and mistaken calls whose outputs are targets |
 | ``rollout/verifier_replay_calls`` | calls the verifier replayed on fresh real backends to score the batch (counted apart) |
 | ``train/advantage_mean/ρ``, ``train/advantage_std/ρ``, ``train/advantage_abs/ρ`` | over role-ρ segments |
 | ``train/loss``, ``train/pg_loss``, ``train/kl``, ``train/entropy`` | `agents.grpo.grpo_loss` terms, mean over minibatches; ``loss`` includes the weighted world-model term |
@@ -83,7 +84,7 @@ from agents.engines.registry import GenerationEngine
 from agents.grpo import LossStats, aggregation_count, grpo_loss, world_model_loss
 from agents.models import ModelStore, default_store
 from agents.policy import Policy, PolicyRehearser
-from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_rollouts
+from agents.rollout import RolloutBatch, RolloutStats, build_batch, collect_rollouts, with_demonstrations
 from agents.training.budgets import check_task_budgets
 from agents.training.checkpoint import checkpoint_dir, load_newest, prune_checkpoints, save_checkpoint
 from agents.training.distributed import DataParallel, as_float
@@ -397,6 +398,46 @@ class RoleWiseGRPOTrainer:
         idx = rng.choice(len(self.task_pool), size=self.config.batch_tasks, replace=False)
         return [self.task_pool[i] for i in idx]
 
+    def world_model_demonstrations(self, step: int) -> list[Trajectory]:
+        """This rank's world-model demonstrations for `step` (``world_model_demos``; [] when 0).
+
+        ``world_model_demos`` distinct tasks of the pool are drawn from a generator seeded by (seed, step, 2) (the
+        rollouts' tasks use (seed, step)); rank r takes every world_size-th of them. Each is played along its
+        reference solution on the real backend with ``world_model_demo_errors`` error demonstrations
+        (`agents.training.demonstrations.build_demonstrations`, mutations seeded by (seed, step)), as the SFT warm
+        start's data is built, and capped at ``max_episode_tokens`` (default 4096).
+
+        Raises:
+            ValueError: none of the drawn tasks gave a demonstration (a suite without reference solutions; the
+                message gives the builder's counts).
+        """
+        from agents.training.demonstrations import build_demonstrations
+
+        cfg = self.config
+        if not cfg.world_model_demos:
+            return []
+        rng = np.random.default_rng([cfg.seed, step, 2])
+        idx = rng.choice(len(self.task_pool), size=min(cfg.world_model_demos, len(self.task_pool)), replace=False)
+        ids = [self.task_pool[i] for i in idx][self.parallel.rank :: self.parallel.world_size]
+        if not ids:
+            return []
+        demos, stats = build_demonstrations(
+            self.tokenizer,
+            cfg.suite,
+            cfg.categories,
+            cfg.split,
+            task_ids=ids,
+            max_tokens=cfg.max_episode_tokens or 4096,
+            mutations=cfg.world_model_demo_errors,
+            seed=cfg.seed * 1_000_003 + step,
+        )
+        if not demos:
+            raise ValueError(
+                f"world_model_demos: no demonstration from {len(ids)} tasks of {cfg.suite} (does the suite give "
+                f"reference solutions?): {stats.to_dict()}; set world_model_demos 0"
+            )
+        return demos
+
     def train_step(self) -> dict[str, Any]:
         """One rollout batch and its update; returns the step's metrics (also logged)."""
         cfg = self.config
@@ -434,6 +475,8 @@ class RoleWiseGRPOTrainer:
             pad_id=self.policy.pad_id,
             world_model=cfg.world_model_loss_weight > 0,
         )
+        demos = self.world_model_demonstrations(self.step)
+        batch = with_demonstrations(batch, demos, self.policy.pad_id)
         self.parallel.barrier()  # the update waits for the slowest rank's rollouts: count that as rollout time
         t1 = time.perf_counter()
         for policy in dict.fromkeys((self.policy, self.rehearse_policy)):
@@ -454,6 +497,8 @@ class RoleWiseGRPOTrainer:
         if self.parallel.distributed:
             view = _StepView.concat(self.parallel.gather(view))
         metrics = self._metrics(view, train_stats, t1 - t0, t2 - t1)
+        demo_calls = sum(seg.role == Role.REHEARSE for d in demos for seg in d.segments)  # one output per call
+        metrics["rollout/demo_tool_calls"] = int(self.parallel.sum([demo_calls])[0]) if cfg.world_model_demos else 0
         metrics.update(judge_metrics)
         self.generated_tokens += metrics["rollout/generated_tokens"]  # every rank: the gathered view's total
         metrics["rollout/generated_tokens_total"] = self.generated_tokens

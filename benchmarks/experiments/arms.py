@@ -66,6 +66,7 @@ TRAIN_TOTALS = (
     "real_answers",
     "verifier_replay_calls",
     "world_model_tokens",
+    "demo_tool_calls",
     "groups_with_reward_variance",
 )
 """The training totals of a GRPO stage (`agents.pipeline.grpo_stage`) a run's record keeps (a stage that finished

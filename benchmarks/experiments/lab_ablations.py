@@ -90,10 +90,13 @@ DEFAULT_ARMS: dict[str, dict[str, Any]] = {
 ARMS: dict[str, dict[str, Any]] = {
     **DEFAULT_ARMS,
     "role_grpo_act_only": {"algo": "role_grpo_act_only"},
+    "role_grpo_wm_demos": {"world_model_demos": 16, "world_model_loss_weight": 1.0},
     **env_cost_arms(),
 }
 """Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (``role_grpo`` is the recipe): the
-default arms, the act-only control, then the environment-cost arms (`benchmarks.experiments.arms.env_cost_arms`)."""
+default arms, the act-only control, the world-model anchor (``role_grpo_wm_demos``: rehearsed rollouts plus the
+world-model loss, weight 1, on 16 real demonstrations per step with one error demonstration each, as the warm start's
+data), then the environment-cost arms (`benchmarks.experiments.arms.env_cost_arms`)."""
 
 DEFAULT_TOLD_ARMS = ("role_grpo", "grpo")
 """The arms run by default on the told world (``--told-arms``): EnvACE and plain GRPO."""
@@ -541,7 +544,10 @@ def _arm_row(
             if reference is None
             else {"paired_tasks": paired_tasks([r["eval"]["task_rewards"] for r in rs], ref_tasks)}
         ),
-        "real_tool_calls": float(np.mean([r["train"]["real_tool_calls"] for r in rs])),
+        # the world-model demonstrations' executions are real calls too (0 in arms without them)
+        "real_tool_calls": float(
+            np.mean([r["train"]["real_tool_calls"] + r["train"].get("demo_tool_calls", 0) for r in rs])
+        ),
         "verifier_replay_calls": float(np.mean([r["train"]["verifier_replay_calls"] for r in rs])),
         "groups_with_signal": float(np.mean([sum(r["train"]["groups_with_reward_variance"]) for r in rs])),
         "wall_s": float(np.mean([r["train_s"] + r["eval_s"] for r in rs])),
