@@ -223,14 +223,16 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
 
 def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
     """The GRPO-budget section (`benchmarks.experiments.lab_grpo_budget`): its printed table and its plot; the
-    run on the validation split (kind ``lab_grpo_budget_valid``) is the section that chose the budget."""
+    run on the validation split (kind ``lab_grpo_budget_valid``) is the section that chose the budget, and one with
+world-model anchor arms (kind ``lab_anchor_valid``) the section that chose the anchor's weight."""
     from benchmarks.experiments.result_tables import grpo_budget_table as table
 
-    valid = result.get("split") == "valid"
+    titles = {
+        "lab_anchor_valid": "## Choosing the world-model anchor's weight on the validation split",
+        "lab_grpo_budget_valid": "## Selecting GRPO's learning rate and steps on the validation split",
+    }
     lines = [
-        "## Selecting GRPO's learning rate and steps on the validation split"
-        if valid
-        else "## Role-wise GRPO against its budget on the lab",
+        titles.get(result.get("kind", ""), "## Role-wise GRPO against its budget on the lab"),
         "",
         f"`{current_command(result['command'])}`{_date(result)}",
         "",
@@ -314,6 +316,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_ablations_budget": render_ablations,
     "lab_grpo_budget_valid": render_grpo_budget,
     "lab_grpo_budget": render_grpo_budget,
+    "lab_anchor_valid": render_grpo_budget,
     "lab_ttr": render_ttr,
     "lab_rehearsal_rl": render_rehearsal_rl,
     "lab_env_cost": render_env_cost,

@@ -18,6 +18,10 @@ __all__ = [
     "WORLD_MODEL_WEIGHT",
     "arm_name",
     "env_cost_arms",
+    "ANCHOR_WEIGHTS",
+    "ANCHOR_DEMOS",
+    "anchor_arm",
+    "anchor_arms",
     "TRAIN_TOTALS",
     "FIDELITY_SPLITS",
     "train_reward",
@@ -59,6 +63,32 @@ def env_cost_arms(
                 **({"world_model_loss_weight": w} if w else {}),
             }
     return arms
+
+
+ANCHOR_WEIGHTS = (0.03, 0.1, 0.3, 1.0)
+"""The world-model anchor's weights λ (``world_model_loss_weight`` over ``world_model_demos``) chosen among on the
+validation split: 1 (the unit argued at `WORLD_MODEL_WEIGHT`) and smaller ones. At λ = 1 the anchor's gradient norm
+was about 10x role-wise GRPO's (0.3-0.7 against 0.03-0.08), which under AdamW shrinks the policy-gradient step; the
+smaller weights bring the two to about the same size."""
+
+ANCHOR_DEMOS = 16
+"""Real demonstrations per step of the anchor arms (``world_model_demos``): as many tasks as a step's rollouts have
+(the lab recipe's ``batch_tasks``), each with one error demonstration, the warm start's own mix."""
+
+
+def anchor_arm(weight: float) -> str:
+    """``role_grpo_wm_demos`` at λ = 1, else ``role_grpo_wm_demos_w<λ>`` (``role_grpo_wm_demos_w0.1``)."""
+    return "role_grpo_wm_demos" if weight == 1.0 else f"role_grpo_wm_demos_w{weight:g}"
+
+
+def anchor_arms(weights: tuple[float, ...] = ANCHOR_WEIGHTS) -> dict[str, dict[str, Any]]:
+    """Each world-model anchor arm's `agents.config.TrainConfig` fields over a recipe's GRPO stage, by `anchor_arm`:
+    rehearsed rollouts (the recipe's) plus the world-model loss at λ on `ANCHOR_DEMOS` real demonstrations per step,
+    each with one error demonstration (``world_model_demos``, `agents.training.trainer`)."""
+    return {
+        anchor_arm(w): {"world_model_demos": ANCHOR_DEMOS, "world_model_demo_errors": 1, "world_model_loss_weight": w}
+        for w in weights
+    }
 
 
 TRAIN_TOTALS = (

@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.experiments.ablations_table import FIDELITY_METRICS, comparisons, table
-from benchmarks.experiments.arms import env_cost_arms, evaluate, row_fidelity, train_and_score
+from benchmarks.experiments.arms import anchor_arms, env_cost_arms, evaluate, row_fidelity, train_and_score
 from benchmarks.experiments.paired import task_rewards
 from benchmarks.provenance import provenance
 from benchmarks.stats import mean_ci95
@@ -90,13 +90,12 @@ DEFAULT_ARMS: dict[str, dict[str, Any]] = {
 ARMS: dict[str, dict[str, Any]] = {
     **DEFAULT_ARMS,
     "role_grpo_act_only": {"algo": "role_grpo_act_only"},
-    "role_grpo_wm_demos": {"world_model_demos": 16, "world_model_loss_weight": 1.0},
+    **anchor_arms(),
     **env_cost_arms(),
 }
 """Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (``role_grpo`` is the recipe): the
-default arms, the act-only control, the world-model anchor (``role_grpo_wm_demos``: rehearsed rollouts plus the
-world-model loss, weight 1, on 16 real demonstrations per step with one error demonstration each, as the warm start's
-data), then the environment-cost arms (`benchmarks.experiments.arms.env_cost_arms`)."""
+default arms, the act-only control, the world-model anchor arms (`benchmarks.experiments.arms.anchor_arms`:
+rehearsed rollouts plus the world-model loss on real demonstrations, errors included), then the environment-cost arms (`benchmarks.experiments.arms.env_cost_arms`)."""
 
 DEFAULT_TOLD_ARMS = ("role_grpo", "grpo")
 """The arms run by default on the told world (``--told-arms``): EnvACE and plain GRPO."""

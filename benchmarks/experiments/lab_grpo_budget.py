@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.experiments.arms import anchor_arms
 from benchmarks.experiments.paired import paired_comparison, start_recipe_run, task_rewards
 from benchmarks.experiments.result_tables import grpo_budget_table as table
 from benchmarks.experiments.result_tables import split_name
@@ -44,10 +45,14 @@ ARMS: dict[str, dict[str, Any]] = {
     "real_rollouts": {"rollout": "real"},
     "grpo": {"algo": "grpo"},
     "role_grpo_kl": {"beta": 0.04},
+    **anchor_arms(),
 }
 """Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (as in ``lab_ablations``).
 ``role_grpo_kl`` adds a KL penalty to the warm start (k3 estimator, coefficient 0.04: TRL's former default
-for GRPO, not chosen on this world), the usual guard against a run drifting away from its start."""
+for GRPO, not chosen on this world), the usual guard against a run drifting away from its start. The world-model
+anchor arms (`benchmarks.experiments.arms.anchor_arms`) add the world-model loss on real demonstrations at each
+weight of `benchmarks.experiments.arms.ANCHOR_WEIGHTS`; on the validation split they make the run a choice of that
+weight (`results_kind`)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,8 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--out",
         default=None,
-        help="folder of every stage, results.json and the plot (default: runs/lab_grpo_budget, or "
-        "runs/lab_grpo_budget_valid with --split valid)",
+        help="folder of every stage, results.json and the plot (default: runs/<results kind>: runs/lab_grpo_budget, "
+        "with --split valid runs/lab_grpo_budget_valid, or runs/lab_anchor_valid with an anchor arm)",
     )
     ap.add_argument(
         "--warm",
@@ -109,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "and give --seeds 2 or more"
         )
     if args.out is None:
-        args.out = "runs/lab_grpo_budget_valid" if args.split == "valid" else "runs/lab_grpo_budget"
+        args.out = f"runs/{results_kind(args)}"
     if args.seeds < 1 or args.steps < 1 or args.eval_every < 1:
         ap.error("--seeds, --steps and --eval-every must be >= 1")
     if args.steps % args.eval_every:
@@ -259,6 +264,17 @@ def run_name(arm: str, lr: float, seed: int, explicit_lr: bool) -> str:
     return f"{arm}/lr{lr:g}/seed{seed}" if explicit_lr else f"{arm}/seed{seed}"
 
 
+def results_kind(args: argparse.Namespace) -> str:
+    """``lab_grpo_budget`` on the test split; on the validation split ``lab_anchor_valid`` when an arm is a
+    world-model anchor arm (the run chooses the anchor's weight, `benchmarks.experiments.result_tables.anchor_choice`),
+    else ``lab_grpo_budget_valid`` (it chooses role_grpo's budget). Each kind is its own section of the results
+    page, so neither run replaces the other."""
+    if args.split != "valid":
+        return "lab_grpo_budget"
+    anchors = set(anchor_arms())
+    return "lab_anchor_valid" if any(arm in anchors for arm in args.arms) else "lab_grpo_budget_valid"
+
+
 def row_name(arm: str, lr: float, explicit_lr: bool) -> str:
     """A row's name: the arm, with its learning rate when it was given with ``--lr`` (``role_grpo lr=0.0003``)."""
     return f"{arm} lr={lr:g}" if explicit_lr else arm
@@ -272,6 +288,9 @@ def summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed, lrs) -> d
             "arm": seeds[0]["arm"] if seeds else name.split(" lr=")[0],
             "seeds": [s["seed"] for s in seeds],
             "lr": seeds[0]["lr"] if seeds else None,
+            "world_model_loss_weight": ARMS[seeds[0]["arm"] if seeds else name.split(" lr=")[0]].get(
+                "world_model_loss_weight", 0.0
+            ),
             "train_s": [s["train_s"] for s in seeds],
             "real_tool_calls": [s["real_tool_calls"] for s in seeds],
             "verifier_replay_calls": [s["verifier_replay_calls"] for s in seeds],
@@ -282,7 +301,7 @@ def summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed, lrs) -> d
         }
     grpo = recipe.grpo
     return {
-        "kind": "lab_grpo_budget_valid" if args.split == "valid" else "lab_grpo_budget",
+        "kind": results_kind(args),
         "recipe": str(args.recipe),
         "model": recipe.model,
         "warm_start": warm,

@@ -43,6 +43,10 @@ def test_options_are_checked():
         lab_grpo_budget.parse_args(["--split", "valid", "--seeds", "1"])
     assert lab_grpo_budget.parse_args(["--split", "valid"]).out == "runs/lab_grpo_budget_valid"
     assert lab_grpo_budget.parse_args([]).out == "runs/lab_grpo_budget"
+    anchor = lab_grpo_budget.parse_args(["--split", "valid", "--arms", "role_grpo", "role_grpo_wm_demos_w0.1"])
+    assert anchor.out == "runs/lab_anchor_valid" and lab_grpo_budget.results_kind(anchor) == "lab_anchor_valid"
+    on_test = lab_grpo_budget.parse_args(["--arms", "role_grpo", "role_grpo_wm_demos"])
+    assert lab_grpo_budget.results_kind(on_test) == "lab_grpo_budget"  # only a validation run chooses
 
 
 def test_a_selection_run_on_a_world_without_a_validation_split_stops_before_training(tmp_path):
@@ -166,3 +170,40 @@ def test_the_validation_rule_chooses_the_largest_gain_above_zero_or_nothing():
     assert "Nothing chosen" not in " ".join(grpo_budget_table({**nothing, "split": "test"}))
     partial = {**chosen, "seeds_done": 2}  # results.json is written after every seed: no choice from a part
     assert budget_choice(partial) == "No choice yet: 2 of 3 seeds are in."
+
+
+def test_the_anchor_rule_chooses_the_best_final_validation_success_and_never_the_reference():
+    from benchmarks.experiments.result_tables import anchor_choice, grpo_budget_table
+
+    def row(weight, means):
+        cps = {
+            str(k): {"mean": m, "ci95": 0.01, "diff_mean": m - 0.5, "diff_ci95": 0.01, "gained": 1, "lost": 0}
+            for k, m in means.items()
+        }
+        for c in cps.values():
+            c["resolved_seeds"] = 0
+        return {"seeds": [0, 1, 2], "lr": 1e-4, "world_model_loss_weight": weight, "checkpoints": cps}
+
+    results = {
+        "kind": "lab_anchor_valid",
+        "split": "valid",
+        "model": "m",
+        "seeds": 3,
+        "steps": 60,
+        "test_tasks": 6,
+        "warm_success": 0.5,
+        "grpo": {"batch_tasks": 1, "group_size": 2, "lr": 1e-4, "lrs": [1e-4]},
+        "arms": {
+            "role_grpo lr=0.0001": row(0.0, {20: 0.5, 60: 0.9}),  # the reference is never chosen
+            "role_grpo_wm_demos_w0.3 lr=0.0001": row(0.3, {20: 0.8, 60: 0.52}),  # best at 20, not at the end
+            "role_grpo_wm_demos_w0.1 lr=0.0001": row(0.1, {20: 0.5, 60: 0.55}),
+            "role_grpo_wm_demos lr=0.0001": row(1.0, {20: 0.5, 60: 0.55}),  # ties 0.1: the smaller weight wins
+        },
+    }
+    sentence = anchor_choice(results)
+    assert "role_grpo_wm_demos_w0.1 lr=0.0001, weight 0.1: 0.550, -0.350 against role_grpo" in sentence
+    assert " ".join(grpo_budget_table(results)).endswith(sentence)  # the sentence, wrapped, under the table
+    assert "Nothing chosen" not in " ".join(grpo_budget_table(results))  # the budget rule is not this run's
+    assert anchor_choice({**results, "seeds_done": 1}) == "No choice yet: 1 of 3 seeds are in."
+    no_anchor = {**results, "arms": {"role_grpo lr=0.0001": results["arms"]["role_grpo lr=0.0001"]}}
+    assert anchor_choice(no_anchor).startswith("No world-model anchor row")
