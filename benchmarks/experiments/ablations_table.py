@@ -95,6 +95,11 @@ def table(results: dict[str, Any]) -> list[str]:
         "tasks +/-: the test tasks the row solved that role_grpo did not / that role_grpo solved and the row "
         "did not, summed over seeds" + ("; one seed: no interval over seeds (no +-)" if done < 2 else "")
     )
+    lines.append(
+        "real calls: executions on the real backend in training per run (warm start: its demonstrations' reference "
+        "calls; world-model anchor rows: their demonstrations' calls, reference and mistaken); replays: the "
+        "verifier's replays of the rollouts' calls to score them"
+    )
     if any(row["row"].startswith("told: ") for row in results["rows"]):
         lines.append(
             f"told: rows on suite {results.get('told_suite') or 'lab-told'} (the same test tasks, each prompt also "

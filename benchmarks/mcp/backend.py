@@ -30,6 +30,7 @@ import asyncio
 import hashlib
 import json
 import tempfile
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -166,7 +167,7 @@ class MCPBackend:
 
     async def _serve(self, queue: asyncio.Queue, ready: Future) -> None:
         from mcp import Client
-        from mcp.client.stdio import StdioServerParameters
+        from mcp.client.stdio import StdioServerParameters, stdio_client
 
         env = dict(self.env or {})
         state_dir = None
@@ -176,7 +177,9 @@ class MCPBackend:
         params = StdioServerParameters(command=self.command[0], args=self.command[1:], env=env or None)
         pending: Future | None = None
         try:
-            async with Client(params, mode="legacy") as client:
+            # the server's stderr is ours, named at each start: the SDK's default is the sys.stderr of the moment
+            # it was imported, which may be a stream without a file descriptor by now (a test's captured stderr)
+            async with Client(stdio_client(params, errlog=_server_errlog()), mode="legacy") as client:
                 ready.set_result(None)
                 while True:
                     item = await queue.get()
@@ -332,3 +335,13 @@ class MCPBackend:
         """A digest of the calls answered so far and their results, in order (an MCP server's state is not
         readable in general: two sessions that gave the same answers to the same calls compare equal)."""
         return self._digest
+
+
+def _server_errlog() -> Any:
+    """Where a server subprocess writes its stderr: ``sys.stderr`` when it has a file descriptor, else the
+    interpreter's original stderr (``sys.__stderr__``; a subprocess can only inherit a real descriptor)."""
+    try:
+        sys.stderr.fileno()
+        return sys.stderr
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both OSError and ValueError
+        return sys.__stderr__
