@@ -47,6 +47,7 @@ PAD_ROLE = -1
 """``role_mask`` value of right-padding positions (every real token holds a `Role` value, 0-4)."""
 
 RowKind = Literal["trajectory", "rehearsal", "attempt", "world_model", "demonstration"]
+_DEMONSTRATION: RowKind = "demonstration"
 PromptMode = Literal["inline", "separate"]
 RolloutMode = Literal["rehearse", "real", "null", "hybrid"]
 
@@ -964,7 +965,7 @@ def with_demonstrations(batch: RolloutBatch, demos: Sequence[Trajectory], pad_id
         group_ids=torch.cat([batch.group_ids, torch.full((m,), -1, dtype=torch.long)]),
         rewards=torch.cat([batch.rewards, torch.zeros(m, dtype=torch.float32)]),
         traj_ids=torch.cat([batch.traj_ids, torch.full((m,), -1, dtype=torch.long)]),
-        row_kinds=[*batch.row_kinds, *(["demonstration"] * m)],
+        row_kinds=[*batch.row_kinds, *(_DEMONSTRATION for _ in demos)],
         task_ids=[*batch.task_ids, *(d.task.id for d in demos)],
         world_model_mask=world_model_mask,
     )

@@ -95,7 +95,8 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 """Each arm's `agents.config.TrainConfig` fields over the recipe's GRPO stage (``role_grpo`` is the recipe): the
 default arms, the act-only control, the world-model anchor arms (`benchmarks.experiments.arms.anchor_arms`:
-rehearsed rollouts plus the world-model loss on real demonstrations, errors included), then the environment-cost arms (`benchmarks.experiments.arms.env_cost_arms`)."""
+rehearsed rollouts plus the world-model loss on real demonstrations, errors included), then the environment-cost
+arms (`benchmarks.experiments.arms.env_cost_arms`)."""
 
 DEFAULT_TOLD_ARMS = ("role_grpo", "grpo")
 """The arms run by default on the told world (``--told-arms``): EnvACE and plain GRPO."""

@@ -29,8 +29,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import tempfile
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
