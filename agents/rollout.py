@@ -594,7 +594,8 @@ class RolloutBatch:
         world_model_mask: ``(N, T) bool``, True on the target tokens of real tool outputs (the world-model loss,
             `agents.grpo.world_model_loss`): inline, positions of the trajectory rows (OBSERVATION content and the
             close up to its stop token, never in ``loss_mask``); separate, the completions of the
-            ``"world_model"`` rows. All False without world-model targets; None only in a batch built by hand.
+            ``"world_model"`` rows; the REHEARSE tokens of ``"demonstration"`` rows (`with_demonstrations`). All False
+            without world-model targets; None only in a batch built by hand.
     """
 
     input_ids: torch.Tensor

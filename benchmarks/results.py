@@ -223,7 +223,7 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
 
 def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
     """The GRPO-budget section (`benchmarks.experiments.lab_grpo_budget`): its printed table and its plot; the
-        run on the validation split (kind ``lab_grpo_budget_valid``) is the section that chose the budget, and one with
+    run on the validation split (kind ``lab_grpo_budget_valid``) is the section that chose the budget, and one with
     world-model anchor arms (kind ``lab_anchor_valid``) the section that chose the anchor's weight."""
     from benchmarks.experiments.result_tables import grpo_budget_table as table
 

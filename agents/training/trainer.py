@@ -43,7 +43,7 @@ Metrics (one JSON line per step; the same keys in TensorBoard), with ρ in {act,
 | ``rollout/real_tool_calls`` | executions on a real backend while the batch was played, the environment cost (0 for rehearsed rollouts; hybrid: the calls drawn real and the rehearsed calls executed to catch the backend up) |
 | ``rollout/real_answers`` | calls whose output the policy saw came from a real backend (rollout real: every call; hybrid: those drawn real) |
 | ``rollout/world_model_tokens`` | target tokens of the world-model loss in the batch (0 when ``world_model_loss_weight`` is 0) |
-| ``rollout/demo_tool_calls`` | real-backend executions of this step's world-model demonstrations (``world_model_demos``; 0 when off): the reference and mistaken calls whose outputs are targets |
+| ``rollout/demo_tool_calls`` | tool outputs of this step's world-model demonstrations (``world_model_demos``; 0 when off): the reference and mistaken calls the real backend answered to make the targets (a proposed mistake the backend did not reject, or a demonstration the length cap dropped, made calls that are not counted) |
 | ``rollout/verifier_replay_calls`` | calls the verifier replayed on fresh real backends to score the batch (counted apart) |
 | ``train/advantage_mean/ρ``, ``train/advantage_std/ρ``, ``train/advantage_abs/ρ`` | over role-ρ segments |
 | ``train/loss``, ``train/pg_loss``, ``train/kl``, ``train/entropy`` | `agents.grpo.grpo_loss` terms, mean over minibatches; ``loss`` includes the weighted world-model term |
@@ -258,6 +258,8 @@ class RoleWiseGRPOTrainer:
             log=log,
         )
         self.task_pool = all_ids
+        if config.world_model_demos:
+            _check_demonstration_suite(make_suite(config.suite), config)
         self._lock = None
         if parallel.is_main:  # rank 0 owns the run folder
             self.run_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
@@ -405,11 +407,13 @@ class RoleWiseGRPOTrainer:
         rollouts' tasks use (seed, step)); rank r takes every world_size-th of them. Each is played along its
         reference solution on the real backend with ``world_model_demo_errors`` error demonstrations
         (`agents.training.demonstrations.build_demonstrations`, mutations seeded by (seed, step)), as the SFT warm
-        start's data is built, and capped at ``max_episode_tokens`` (default 4096).
+        start's data is built, and capped at ``max_episode_tokens`` (default 4096). A demonstration the cap left
+        without any tool output (no REHEARSE token) is dropped: it has nothing for the world model. Called on
+        every rank (the emptiness check is collective).
 
         Raises:
-            ValueError: none of the drawn tasks gave a demonstration (a suite without reference solutions; the
-                message gives the builder's counts).
+            ValueError: no rank has a demonstration for this step (every drawn task was skipped or cut before its
+                first tool output; the message gives this rank's builder counts).
         """
         from agents.training.demonstrations import build_demonstrations
 
@@ -419,22 +423,26 @@ class RoleWiseGRPOTrainer:
         rng = np.random.default_rng([cfg.seed, step, 2])
         idx = rng.choice(len(self.task_pool), size=min(cfg.world_model_demos, len(self.task_pool)), replace=False)
         ids = [self.task_pool[i] for i in idx][self.parallel.rank :: self.parallel.world_size]
-        if not ids:
-            return []
-        demos, stats = build_demonstrations(
-            self.tokenizer,
-            cfg.suite,
-            cfg.categories,
-            cfg.split,
-            task_ids=ids,
-            max_tokens=cfg.max_episode_tokens or 4096,
-            mutations=cfg.world_model_demo_errors,
-            seed=cfg.seed * 1_000_003 + step,
-        )
-        if not demos:
+        demos: list[Trajectory] = []
+        stats: dict[str, Any] = {}
+        if ids:
+            built, demo_stats = build_demonstrations(
+                self.tokenizer,
+                cfg.suite,
+                cfg.categories,
+                cfg.split,
+                task_ids=ids,
+                max_tokens=cfg.max_episode_tokens or 4096,
+                mutations=cfg.world_model_demo_errors,
+                seed=cfg.seed * 1_000_003 + step,
+            )
+            demos = [d for d in built if any(seg.role == Role.REHEARSE and seg.token_ids for seg in d.segments)]
+            stats = {**demo_stats.to_dict(), "without_tool_output": len(built) - len(demos)}
+        if not self.parallel.any(bool(demos)):
             raise ValueError(
-                f"world_model_demos: no demonstration from {len(ids)} tasks of {cfg.suite} (does the suite give "
-                f"reference solutions?): {stats.to_dict()}; set world_model_demos 0"
+                f"world_model_demos: no demonstration with a tool output from the {cfg.world_model_demos} tasks drawn "
+                f"at step {step} ({cfg.suite}; this rank's counts: {stats}); raise max_episode_tokens if the cap cut "
+                "them, or set world_model_demos 0"
             )
         return demos
 
@@ -1006,6 +1014,27 @@ class RoleWiseGRPOTrainer:
             for k, v in metrics.items():
                 if k != "step" and isinstance(v, (int, float)):
                     self._writer.add_scalar(k, v, metrics["step"])
+
+
+def _check_demonstration_suite(suite: Any, config: TrainConfig) -> None:
+    """Fail before the model loads when ``world_model_demos`` cannot get its demonstrations from `suite`.
+
+    Raises:
+        ValueError: the suite gives no reference solutions (``ground_truth``), or ``world_model_demo_errors`` > 0
+            and it proposes no mistakes (``mutations``, `envace_gym.suites.proposes_mistakes`).
+    """
+    from envace_gym.suites import proposes_mistakes
+
+    if not callable(getattr(suite, "ground_truth", None)):
+        raise ValueError(
+            f"world_model_demos plays reference solutions, and suite {config.suite!r} gives none (Suite.ground_truth): "
+            "set world_model_demos 0"
+        )
+    if config.world_model_demo_errors and not proposes_mistakes(suite):
+        raise ValueError(
+            f"world_model_demo_errors={config.world_model_demo_errors} needs a suite that proposes mistakes "
+            f"(Suite.mutations), and {config.suite!r} does not: set --world-model-demo-errors 0"
+        )
 
 
 @dataclass

@@ -17,7 +17,9 @@ is resolved on that seed's own tasks (exact McNemar p < 0.05 with more tasks gai
 ``--split valid`` evaluates on the lab's validation split instead (as large as the test split, disjoint from it
 and from the train tasks), the split for hyperparameter selection: under the table it applies a rule fixed
 before any run (`benchmarks.experiments.result_tables.budget_choice`: role_grpo's largest gain whose interval
-lies above 0, or nothing), so the test split only reports the choice. ``--workers`` trains the runs in parallel
+lies above 0, or nothing), so the test split only reports the choice. With world-model anchor arms
+(``role_grpo_wm_demos*``) a validation run chooses the anchor's weight instead (kind ``lab_anchor_valid``,
+`benchmarks.experiments.result_tables.anchor_choice`). ``--workers`` trains the runs in parallel
 processes. Stages resume (`agents.pipeline`); a rerun that adds an arm or a learning rate trains only the new
 runs.
 """
@@ -110,8 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--lr takes learning rates > 0 that differ in their folder names (<arm>/lr<lr:g>), got {args.lr}")
     if args.split == "valid" and ("role_grpo" not in args.arms or args.seeds < 2):
         ap.error(
-            "--split valid selects role_grpo's budget with a rule over 95% intervals: include role_grpo in --arms "
-            "and give --seeds 2 or more"
+            "--split valid chooses with a rule measured against role_grpo (its budget over 95% intervals, or the "
+            "anchor weight against it): include role_grpo in --arms and give --seeds 2 or more"
         )
     if args.out is None:
         args.out = f"runs/{results_kind(args)}"
@@ -229,7 +231,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                     "lr": lr,
                     "rewards": rewards,
                     "train_s": info["seconds"],
-                    "real_tool_calls": info["real_tool_calls"],
+                    # the world-model demonstrations' calls are real calls too (0 in arms without them)
+                    "real_tool_calls": info["real_tool_calls"] + info.get("demo_tool_calls", 0),
                     "verifier_replay_calls": info["verifier_replay_calls"],
                 }
             )

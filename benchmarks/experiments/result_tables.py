@@ -62,8 +62,8 @@ def anchor_choice(results: dict[str, Any], reference: str = "role_grpo") -> str:
     ``lab_anchor_valid``) chooses to test, by a rule fixed before the run: among the rows with a world-model weight
     > 0, the largest mean validation success at the last checkpoint (ties: the smaller weight). It only picks which
     anchor the test split then measures, so no interval is required; the sentence gives the chosen row's mean
-    difference to `reference` at that checkpoint (the same warm start, seeds and tasks). Before every seed is in,
-    nothing is chosen."""
+    difference to `reference` at that checkpoint and the same learning rate (the same warm start, seeds and tasks).
+    Before every seed is in, nothing is chosen."""
     done = results.get("seeds_done", results["seeds"])
     if done < results["seeds"]:
         return f"No choice yet: {done} of {results['seeds']} seeds are in."
@@ -76,10 +76,15 @@ def anchor_choice(results: dict[str, Any], reference: str = "role_grpo") -> str:
     if not anchors:
         return f"No world-model anchor row with a checkpoint at step {last}: nothing to choose."
     mean, weight, name = max(anchors)
-    refs = [row for n, row in results["arms"].items() if row.get("arm", n.split(" lr=")[0]) == reference]
+    lr = results["arms"][name].get("lr")
+    refs = [
+        row
+        for n, row in results["arms"].items()
+        if row.get("arm", n.split(" lr=")[0]) == reference and row.get("lr") == lr
+    ]
     versus = ""
     if refs and last in refs[0]["checkpoints"]:
-        versus = f", {mean - refs[0]['checkpoints'][last]['mean']:+.3f} against {reference}"
+        versus = f", {mean - refs[0]['checkpoints'][last]['mean']:+.3f} against {reference} at the same lr"
     return (
         f"Chosen by the rule fixed before the run (largest mean validation success at step {last} among the anchor "
         f"weights): {name}, weight {-weight:g}: {mean:.3f}{versus}. The test split measures this arm."

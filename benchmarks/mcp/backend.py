@@ -29,13 +29,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, TextIO
 
 from envace_gym.types import Task, ToolCall, ToolSpec
 
@@ -337,11 +338,14 @@ class MCPBackend:
         return self._digest
 
 
-def _server_errlog() -> Any:
+def _server_errlog() -> TextIO:
     """Where a server subprocess writes its stderr: ``sys.stderr`` when it has a file descriptor, else the
-    interpreter's original stderr (``sys.__stderr__``; a subprocess can only inherit a real descriptor)."""
+    interpreter's original stderr (``sys.__stderr__``; a subprocess can only inherit a real descriptor), else
+    the null device (an interpreter started without a stderr)."""
     try:
         sys.stderr.fileno()
         return sys.stderr
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both OSError and ValueError
-        return sys.__stderr__
+        if sys.__stderr__ is not None:
+            return sys.__stderr__
+        return open(os.devnull, "w")  # noqa: SIM115 (the server's lifetime, not a block's)

@@ -14,7 +14,7 @@ import torch
 import envace_gym  # noqa: F401
 from agents.config import TrainConfig
 from agents.models import default_store
-from agents.rollout import build_batch, with_demonstrations
+from agents.rollout import PAD_ROLE, build_batch, with_demonstrations
 from agents.training.demonstrations import build_demonstrations
 from agents.training.logprobs import token_logprobs
 from agents.training.trainer import RoleWiseGRPOTrainer
@@ -58,7 +58,7 @@ def _rollout_batch(trainer):
     from agents.rollout import collect_rollouts
 
     trajs, stats = collect_rollouts(trainer.policy, trainer.env, TASKS[:2], 2, max_new_tokens=6, seed=0)
-    return build_batch(trajs, stats.group_ids, pad_id=trainer.policy.pad_id)
+    return build_batch(trajs, stats.group_ids, pad_id=trainer.policy.pad_id, world_model=True)
 
 
 def test_demonstration_rows_hold_exactly_the_real_outputs_as_targets(tmp_path, demos):
@@ -71,7 +71,12 @@ def test_demonstration_rows_hold_exactly_the_real_outputs_as_targets(tmp_path, d
     for name in ("input_ids", "attention_mask", "role_mask", "loss_mask", "advantages", "old_logprobs"):
         assert torch.equal(getattr(batch, name)[:n, :width], getattr(plain, name)), name
     assert not batch.world_model_mask[:n].any()  # rehearsed outputs are never world-model targets
-    assert not batch.loss_mask[n:].any() and not batch.advantages[n:].any()
+    assert not batch.loss_mask[n:].any() and not batch.advantages[n:].any() and not batch.old_logprobs[n:].any()
+    assert (batch.segment_ids[n:] == -1).all()
+    pad = batch.attention_mask == 0  # (N, T): the widened columns of rollout rows and the tails of demo rows
+    assert pad[:, width:].any() or batch.seq_len == width
+    assert (batch.role_mask[pad] == PAD_ROLE).all() and (batch.input_ids[pad] == trainer.policy.pad_id).all()
+    assert not (batch.world_model_mask & pad).any()
     assert batch.seg_rows.tolist() == plain.seg_rows.tolist()  # no new segment: the GRPO loss is unchanged
     errors = 0
     for j, demo in enumerate(demos):
@@ -136,3 +141,19 @@ def test_the_config_refuses_demonstrations_that_would_train_nothing():
         TrainConfig(world_model_demos=-1, world_model_loss_weight=1.0)
     with pytest.raises(ValueError, match="--world-model-demos > 0"):
         TrainConfig(world_model_loss_weight=1.0)
+
+
+def test_a_suite_that_cannot_give_the_demonstrations_is_refused_before_the_model_loads():
+    from agents.training.trainer import _check_demonstration_suite
+
+    config = TrainConfig(suite="bfcl", world_model_demos=4, world_model_loss_weight=1.0)
+    with pytest.raises(ValueError, match="set --world-model-demo-errors 0"):  # BFCL proposes no mistakes
+        _check_demonstration_suite(make_suite("bfcl"), config)
+    no_errors = TrainConfig(suite="bfcl", world_model_demos=4, world_model_loss_weight=1.0, world_model_demo_errors=0)
+    _check_demonstration_suite(make_suite("bfcl"), no_errors)  # reference solutions alone: accepted
+
+    class NoReference:
+        name = "none"
+
+    with pytest.raises(ValueError, match="gives none"):
+        _check_demonstration_suite(NoReference(), config)

@@ -172,8 +172,9 @@ def test_the_validation_rule_chooses_the_largest_gain_above_zero_or_nothing():
     assert budget_choice(partial) == "No choice yet: 2 of 3 seeds are in."
 
 
-def test_the_anchor_rule_chooses_the_best_final_validation_success_and_never_the_reference():
+def test_the_anchor_rule_chooses_the_best_final_validation_success_and_never_the_reference(tmp_path):
     from benchmarks.experiments.result_tables import anchor_choice, grpo_budget_table
+    from benchmarks.results import render_grpo_budget
 
     def row(weight, means):
         cps = {
@@ -194,6 +195,7 @@ def test_the_anchor_rule_chooses_the_best_final_validation_success_and_never_the
         "warm_success": 0.5,
         "grpo": {"batch_tasks": 1, "group_size": 2, "lr": 1e-4, "lrs": [1e-4]},
         "arms": {
+            "role_grpo lr=0.0003": {**row(0.0, {20: 0.5, 60: 0.1}), "lr": 3e-4},  # not the chosen row's lr
             "role_grpo lr=0.0001": row(0.0, {20: 0.5, 60: 0.9}),  # the reference is never chosen
             "role_grpo_wm_demos_w0.3 lr=0.0001": row(0.3, {20: 0.8, 60: 0.52}),  # best at 20, not at the end
             "role_grpo_wm_demos_w0.1 lr=0.0001": row(0.1, {20: 0.5, 60: 0.55}),
@@ -201,9 +203,11 @@ def test_the_anchor_rule_chooses_the_best_final_validation_success_and_never_the
         },
     }
     sentence = anchor_choice(results)
-    assert "role_grpo_wm_demos_w0.1 lr=0.0001, weight 0.1: 0.550, -0.350 against role_grpo" in sentence
+    assert "role_grpo_wm_demos_w0.1 lr=0.0001, weight 0.1: 0.550, -0.350 against role_grpo at the same lr" in sentence
     assert " ".join(grpo_budget_table(results)).endswith(sentence)  # the sentence, wrapped, under the table
     assert "Nothing chosen" not in " ".join(grpo_budget_table(results))  # the budget rule is not this run's
+    section = render_grpo_budget({**results, "command": "python -m benchmarks.experiments.lab_grpo_budget"}, tmp_path)
+    assert section[0] == "## Choosing the world-model anchor's weight on the validation split"
     assert anchor_choice({**results, "seeds_done": 1}) == "No choice yet: 1 of 3 seeds are in."
     no_anchor = {**results, "arms": {"role_grpo lr=0.0001": results["arms"]["role_grpo lr=0.0001"]}}
     assert anchor_choice(no_anchor).startswith("No world-model anchor row")
