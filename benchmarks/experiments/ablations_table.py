@@ -36,6 +36,17 @@ PAPER_COMPARISONS: tuple[tuple[str, str, str, int], ...] = (
         "control; the paper's mechanism predicts role_grpo ahead",
         -1,
     ),
+    *(
+        (
+            name,
+            "A world model anchored to real outputs (the world-model loss on real demonstrations, errors included, "
+            f"at weight {weight}) makes rehearsed GRPO do better",
+            "this project's test of the reading that the outcome reward makes the world model optimistic; "
+            "predicted: the anchored row ahead",
+            1,
+        )
+        for name, weight in (("role_grpo_wm_demos", "1"), ("role_grpo_wm_demos_w0.1", "0.1, chosen on validation"))
+    ),
     (
         "warm start (SFT, pre-RL)",
         "Role-wise GRPO improves on its warm start",
