@@ -928,7 +928,7 @@ def with_demonstrations(batch: RolloutBatch, demos: Sequence[Trajectory], pad_id
     for i, d in enumerate(demos):
         if any(s.logprobs is not None for s in d.segments):
             raise ValueError(f"demonstration {i} ({d.task.id}) has recorded logprobs: a rollout, not a demonstration")
-        if not any(s.role == Role.REHEARSE and s.token_ids for s in d.segments):
+        if not d.tokens_per_role()[Role.REHEARSE.name]:
             raise ValueError(f"demonstration {i} ({d.task.id}) has no REHEARSE token: relabel it with relabel_for_sft")
     n, m = batch.num_rows, len(demos)
     width = max(batch.seq_len, max(len(d.token_ids) for d in demos))

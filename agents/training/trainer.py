@@ -230,7 +230,8 @@ class RoleWiseGRPOTrainer:
         self._store = models
         source = config.init or config.model
         tokenizer = models.tokenizer(source)
-        tasks = make_suite(config.suite).tasks(config.categories, config.split)
+        suite = make_suite(config.suite)
+        tasks = suite.tasks(config.categories, config.split)
         all_ids = [t.id for t in tasks]
         if config.task_ids:
             missing = sorted(set(config.task_ids) - set(all_ids))
@@ -259,7 +260,7 @@ class RoleWiseGRPOTrainer:
         )
         self.task_pool = all_ids
         if config.world_model_demos:
-            _check_demonstration_suite(make_suite(config.suite), config)
+            _check_demonstration_suite(suite, config)
         self._lock = None
         if parallel.is_main:  # rank 0 owns the run folder
             self.run_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
@@ -436,7 +437,7 @@ class RoleWiseGRPOTrainer:
                 mutations=cfg.world_model_demo_errors,
                 seed=cfg.seed * 1_000_003 + step,
             )
-            demos = [d for d in built if any(seg.role == Role.REHEARSE and seg.token_ids for seg in d.segments)]
+            demos = [d for d in built if d.tokens_per_role()[Role.REHEARSE.name]]
             stats = {**demo_stats.to_dict(), "without_tool_output": len(built) - len(demos)}
         if not self.parallel.any(bool(demos)):
             raise ValueError(
