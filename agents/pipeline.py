@@ -61,6 +61,7 @@ __all__ = [
     "StageRunner",
     "latest_model",
     "sft_stage",
+    "sft_task_ids",
     "grpo_stage",
     "STAGES",
     "REHEARSAL_STAGE",
@@ -461,8 +462,9 @@ def latest_model(run_dir: str | Path) -> str:
     return str(ckpt / "model")
 
 
-def _shortest_demo_ids(config: PipelineConfig, tokenizer: Any) -> list[str]:
-    """Train-split task ids whose whole demonstration fits ``sft.max_seq_len``, the ``sft.max_demos`` shortest."""
+def sft_task_ids(config: PipelineConfig, tokenizer: Any) -> list[str]:
+    """The SFT stage's train tasks: train-split task ids whose whole demonstration fits ``sft.max_seq_len``, the
+    ``sft.max_demos`` shortest (every one when it is 0), shortest first."""
     from agents.training.demonstrations import build_demonstrations
 
     demos, _ = build_demonstrations(
@@ -484,7 +486,7 @@ def sft_stage(config: PipelineConfig, out: Path, models: ModelStore, log=print) 
     train-split demonstrations that fit whole); returns the stage info (last metrics, task ids, config)."""
     from agents.training.sft import SFTTrainer
 
-    ids = _shortest_demo_ids(config, models.tokenizer(config.model))
+    ids = sft_task_ids(config, models.tokenizer(config.model))
     sft_config = config.sft_config(out, ids)
     log(f"[pipeline] sft on {len(ids)} demonstrations of real executions, {sft_config.max_steps} steps")
     history = SFTTrainer(sft_config, models=models).train()

@@ -12,6 +12,11 @@ Protocol (fixed before any result was seen; every setting is reported):
 2. **Two continuations of the warm start per seed**, the same SFT budget (``--sft-steps`` at the recipe's SFT lr
    and batch) on the same train tasks: ``memory_sft`` trains on the memory demonstrations and the plain
    demonstrations of those tasks; ``plain_sft`` (the control for "more SFT") on the plain ones only.
+   **Two SFT runs from scratch per seed** (the recipe's own SFT stage, its budget, schedule and train stream, at
+   that seed): ``memory_scratch`` has the memory demonstrations added to its train demonstrations, so the policy
+   learns to read a memory from its first step beside everything else; ``plain_scratch`` (its control) is the
+   recipe's warm start at that seed. A continuation restarts a trained model at the recipe's peak lr on a few
+   hundred tasks; training from scratch keeps the full stream, which is what plain (N=0) success needs.
 3. **Evaluation on the same test tasks** (greedy commits on the real backend, ``--limit`` per family): every
    policy (``warm``, ``plain_sft``, ``memory_sft``) at N = 0 and at N = 1, 2, 3 parallel attempts of its own
    rehearsal (trace memory); for ``memory_sft`` at N = 2 also three controls: the attempts' outputs from a
@@ -19,6 +24,9 @@ Protocol (fixed before any result was seen; every setting is reported):
    (oracle: diagnosis only), and another task's memory (``--memory-from``: if it ties, the memory is ignored);
    for ``plain_sft`` and ``memory_sft`` at N = 2 also sequential attempts and the warm start as the rehearser (the
    paper's base-model rehearser: the policy acts, a model without the continuation imagines the outputs).
+
+What memory training costs at N = 0: each memory-trained policy at N = 0 paired with its plain control at N = 0
+(``memory_sft`` with ``plain_sft``, ``memory_scratch`` with ``plain_scratch``), the same statistics.
 
 Each row is paired by seed and task with the same policy at N = 0: the mean difference with its 95% t-interval
 over seeds, tasks gained and lost summed over seeds, and per seed an exact McNemar test on that seed's own tasks
@@ -42,7 +50,9 @@ from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
-POLICIES = ("warm", "plain_sft", "memory_sft")
+POLICIES = ("warm", "plain_sft", "memory_sft", "plain_scratch", "memory_scratch")
+PLAIN_CONTROL = {"memory_sft": "plain_sft", "memory_scratch": "plain_scratch"}
+"""Each memory-trained policy's control at N=0: the same training without the memory demonstrations."""
 CONTROLS: dict[str, dict[str, Any]] = {
     "null outputs": {"attempt_outputs": "null"},
     "real outputs (oracle)": {"attempt_outputs": "real"},
@@ -71,8 +81,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--no-controls", action="store_true", help="skip the three controls and the sequential and rehearser rows"
     )
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--policies",
+        nargs="+",
+        choices=POLICIES,
+        default=list(POLICIES),
+        help="policies to train and evaluate (a memory-trained one needs its plain control; warm is always in)",
+    )
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help=(
+            "processes that train and evaluate the seeds in parallel (worker k takes the seeds s with s %% W == k) "
+            "after the shared memory demonstrations; then this process reads every stage back and writes the "
+            "results. On 2 cores: --workers 2 --threads 1"
+        ),
+    )
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by --workers for a worker
     args = ap.parse_args(argv)
+    if args.workers < 1 or (args.worker is not None and not 0 <= args.worker < args.workers):
+        ap.error("--workers must be >= 1 (and --worker, set by --workers, in [0, --workers))")
+    args.policies = [p for p in POLICIES if p == "warm" or p in args.policies]  # page order
+    unpaired = [p for p, plain in PLAIN_CONTROL.items() if p in args.policies and plain not in args.policies]
+    if unpaired:
+        ap.error(f"{unpaired[0]} is compared with {PLAIN_CONTROL[unpaired[0]]} at N=0: add it to --policies")
     if args.seeds < 1 or args.memory_tasks < 1 or args.sft_steps < 1 or args.limit < 1:
         ap.error("--seeds, --memory-tasks, --sft-steps and --limit must be >= 1")
     if any(n < 1 for n in args.n):
@@ -92,7 +126,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     import shlex
 
     from agents.config import replace_fields
-    from agents.pipeline import latest_model, stage_ignores, stage_settings
+    from agents.pipeline import latest_model, sft_task_ids, stage_ignores, stage_settings
     from agents.policy import load_policy
     from agents.training.demonstrations import record_memory_demonstrations
     from agents.training.sft import SFTConfig, SFTTrainer
@@ -183,14 +217,41 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             "seconds": stages.timings.get(name),
         }
 
+    def from_scratch(name: str, seed: int, data: list[str]) -> str:
+        folder = out / name / f"seed{seed}" / "sft"
+        config: SFTConfig = replace_fields(
+            recipe.sft_config(folder, sft_task_ids(recipe, models.tokenizer(recipe.model))),
+            {"seed": seed, "data": data, "max_seq_len": max(recipe.sft.max_seq_len, 1024)},
+        )
+        stages.stage(
+            f"{name}/seed{seed}/sft",
+            lambda _: {
+                "last": (SFTTrainer(config, models=models).train() or [None])[-1],
+                "config": stage_settings(config),
+            },
+            stage_settings(config),
+            ignore=stage_ignores(SFTConfig),
+        )
+        return latest_model(folder)
+
+    memory_files = [f["path"] for f in demo_files.values()]
+    trainers = {
+        "plain_sft": lambda seed: continuation("plain_sft", seed, [recipe.suite]),
+        "memory_sft": lambda seed: continuation("memory_sft", seed, [recipe.suite, *memory_files]),
+        "plain_scratch": lambda seed: from_scratch("plain_scratch", seed, [recipe.suite]),
+        "memory_scratch": lambda seed: from_scratch("memory_scratch", seed, [recipe.suite, *memory_files]),
+    }
+    if args.workers > 1 and args.worker is None:
+        from benchmarks.experiments.workers import run_workers
+
+        evaluation("warm/n0", warm, 0)  # shared by every seed: made once, before the workers
+        run_workers(args, out, log, module="benchmarks.experiments.lab_ttr")  # the loop below reads them back
     measured: dict[str, list[dict[str, Any]]] = {}
     results: dict[str, Any] = {}
     for seed in range(args.seeds):
-        policies = {
-            "warm": warm,
-            "plain_sft": continuation("plain_sft", seed, [recipe.suite]),
-            "memory_sft": continuation("memory_sft", seed, [recipe.suite, *(f["path"] for f in demo_files.values())]),
-        }
+        if args.worker is not None and seed % args.workers != args.worker:
+            continue
+        policies = {p: warm if p == "warm" else trainers[p](seed) for p in args.policies}
         for policy, model in policies.items():
             # the warm start's N=0 evaluation is greedy and seed-free: one folder serves every seed
             base_name = "warm/n0" if policy == "warm" else f"{policy}/seed{seed}/n0"
@@ -204,7 +265,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                     rows[f"N={CONTROL_N}, {variant}"] = evaluation(
                         f"{policy}/seed{seed}/n{CONTROL_N}_{slug}", model, seed, rehearsal_n=CONTROL_N, **changes
                     )
-            if policy == "memory_sft" and not args.no_controls:
+            if policy in PLAIN_CONTROL and not args.no_controls:
                 own = out / f"{policy}/seed{seed}/n{CONTROL_N}"
                 for control, changes in CONTROLS.items():
                     changes = changes or {"memory_from": str(own)}
@@ -214,6 +275,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                     )
             for setting, row in rows.items():
                 measured.setdefault(f"{policy} | {setting}", []).append(row)
+        if args.worker is not None:
+            continue  # a worker's seeds are a subset: the process that started it writes the results
         results = summarize(args, recipe, warm, demo_files, measured)
         results.update(
             seeds_done=seed + 1,
@@ -225,6 +288,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         (out / "results.json").write_text(json.dumps(results, indent=1))
         plot(results, out / "ttr.png")
         log(f"[ttr] {seed + 1}/{args.seeds} seeds in {out / 'results.json'}")
+    if args.worker is not None:
+        return {}
     for line in table(results):
         log(line)
     return results
@@ -240,6 +305,17 @@ def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
         row.update(compare([s["rewards"] for s in seeds], [r["rewards"] for r in reference]))
         row["tokens_per_task"] = sum(s["tokens_per_task"] for s in seeds) / len(seeds)
         rows.append(row)
+    memory_cost = []
+    for policy, plain in PLAIN_CONTROL.items():
+        if f"{policy} | N=0" in measured:
+            mem, ref = (measured[f"{p} | N=0"] for p in (policy, plain))
+            memory_cost.append(
+                {
+                    "policy": policy,
+                    "reference": plain,
+                    **compare([s["rewards"] for s in mem], [r["rewards"] for r in ref]),
+                }
+            )
     return {
         "kind": "lab_ttr",
         "recipe": str(args.recipe),
@@ -247,10 +323,13 @@ def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
         "warm_start": warm,
         "seeds": args.seeds,
         "sft_steps": args.sft_steps,
+        "scratch_steps": recipe.sft.max_steps,
+        "policies": args.policies,
         "memory_tasks": args.memory_tasks,
         "memory_demos": demo_files,
         "test_tasks": len(next(iter(measured.values()))[0]["rewards"]),
         "rows": rows,
+        "memory_cost": memory_cost,
     }
 
 
@@ -262,7 +341,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for i, policy in enumerate(POLICIES):
+    for i, policy in enumerate(results.get("policies", POLICIES[:3])):
         rows = [r for r in results["rows"] if r["policy"] == policy and r["setting"].startswith("N=")]
         rows = [r for r in rows if "," not in r["setting"]]
         ns = [int(r["setting"][2:]) for r in rows]

@@ -130,10 +130,11 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
     demos = sum(f["written"] for f in results["memory_demos"].values())
     lines = [
         f"Test-time rehearsal on EnvACE-Lab: {results['model']}, {done} seeds, {results['test_tasks']} test tasks; "
-        f"continuations: {results['sft_steps']} SFT steps ({demos} memory demonstrations){partial}",
+        f"continuations (*_sft): {results['sft_steps']} SFT steps; from scratch (*_scratch): the recipe's SFT, "
+        f"{results.get('scratch_steps', '?')} steps; {demos} memory demonstrations{partial}",
         "paired with the same policy at N=0 (mean +- 95% CI over seeds); tasks +/- summed over seeds; seeds p<.05: "
         "the seeds whose own tasks resolve the difference up/down (exact McNemar)",
-        f"{'policy':<11} {'setting':<34} {'success':<16} {'vs N=0':<17} {'tasks +/-':<11} {'seeds p<.05':<12} "
+        f"{'policy':<14} {'setting':<34} {'success':<16} {'vs N=0':<17} {'tasks +/-':<11} {'seeds p<.05':<12} "
         "rehearsal tokens/task",
     ]
     for r in results["rows"]:
@@ -141,9 +142,19 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
         counts = "" if r["setting"] == "N=0" else f"+{r['gained']}/-{r['lost']}"
         p = "" if r["setting"] == "N=0" else f"+{r['resolved_up']}/-{r['resolved_down']}"
         lines.append(
-            f"{r['policy']:<11} {r['setting']:<34} {_fmt(r['mean'], r['ci95']):<16} {vs:<17} {counts:<11} {p:<12} "
+            f"{r['policy']:<14} {r['setting']:<34} {_fmt(r['mean'], r['ci95']):<16} {vs:<17} {counts:<11} {p:<12} "
             f"{r['tokens_per_task']:.0f}"
         )
+    if results.get("memory_cost"):
+        lines += [
+            "",
+            "what memory training costs without rehearsal: N=0, paired with the same training without memories",
+        ]
+        for c in results["memory_cost"]:
+            lines.append(
+                f"  {c['policy'] + ' - ' + c['reference']:<29} {_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
+                f"tasks +{c['gained']}/-{c['lost']}, seeds p<.05 +{c['resolved_up']}/-{c['resolved_down']}"
+            )
     return lines
 
 

@@ -1,5 +1,6 @@
 """`benchmarks/experiments/lab_ttr.py` end to end on the tiny model with tiny budgets: memory demonstrations, the two
-continuations, every policy at N=0 and under rehearsal, the three controls, the table and a resumed rerun."""
+continuations and the two SFT runs from scratch, every policy at N=0 and under rehearsal, the three controls, the
+cost of memory training at N=0, the table and a resumed rerun."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def test_options_are_checked():
     with pytest.raises(SystemExit):
         lab_ttr.parse_args(["--n", "0"])
     assert lab_ttr.parse_args(["--n", "1", "--no-controls"]).n == [1]
+    with pytest.raises(SystemExit):
+        lab_ttr.parse_args(["--policies", "memory_scratch"])  # its N=0 is compared with plain_scratch's
+    assert lab_ttr.parse_args(["--policies", "memory_scratch", "plain_scratch"]).policies == [
+        "warm",
+        "plain_scratch",
+        "memory_scratch",
+    ]
 
 
 @pytest.mark.slow
@@ -35,7 +43,8 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(RECIPE))
     out = tmp_path / "ttr"
-    argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "1", "--n", "1", "2"]
+    argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "2", "--workers", "2", "--threads", "1"]
+    argv += ["--n", "1", "2"]
     argv += ["--memory-tasks", "1", "--sft-steps", "1", "--limit", "1"]
     results = lab_ttr.main(argv)
     rows = {(r["policy"], r["setting"]): r for r in results["rows"]}
@@ -43,11 +52,12 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     controls = ["N=2, null outputs", "N=2, real outputs (oracle)", "N=2, other task's memory"]
     variants = ["N=2, sequential", "N=2, warm-start rehearser"]
     expected = {"warm": settings, "plain_sft": settings + variants, "memory_sft": settings + variants + controls}
+    expected |= {"plain_scratch": expected["plain_sft"], "memory_scratch": expected["memory_sft"]}
     assert list(rows) == [(p, s) for p in lab_ttr.POLICIES for s in expected[p]]
     n_tasks = results["test_tasks"]
     assert n_tasks == len(RECIPE["categories"])
     for (_, setting), r in rows.items():
-        assert r["n_seeds"] == 1 and len(r["success"]) == 1
+        assert r["n_seeds"] == 2 and len(r["success"]) == 2  # seed 1 from the second worker
         if setting == "N=0":
             assert r["diff_mean"] == 0 and r["tokens_per_task"] == 0
         elif "other task" not in setting:
@@ -60,13 +70,26 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     plain = json.loads((out / "plain_sft/seed0/sft/stage_done.json").read_text())["config"]
     assert sft["data"][1:] == [d["path"] for d in demos.values()] and plain["data"] == [sft["data"][0]]
     assert sft["init"] == plain["init"] == results["warm_start"] and sft["task_ids"] == plain["task_ids"]
+    scratch = json.loads((out / "memory_scratch/seed0/sft/stage_done.json").read_text())["config"]
+    scratch_plain = json.loads((out / "plain_scratch/seed0/sft/stage_done.json").read_text())["config"]
+    warm_start = json.loads((out / "warm_start/sft/stage_done.json").read_text())
+    assert scratch["data"] == sft["data"] and scratch_plain["data"] == plain["data"]
+    # the recipe's own SFT stage (its init, tasks and budget), the memory demonstrations added
+    assert scratch["init"] == scratch_plain["init"] == warm_start["config"]["init"] != results["warm_start"]
+    assert scratch["task_ids"] == scratch_plain["task_ids"] == warm_start["task_ids"]
+    assert scratch["max_steps"] == scratch_plain["max_steps"] == RECIPE["sft"]["max_steps"]
+    costs = {c["policy"]: c for c in results["memory_cost"]}
+    assert [(c["policy"], c["reference"]) for c in results["memory_cost"]] == list(lab_ttr.PLAIN_CONTROL.items())
+    n0 = {p: rows[(p, "N=0")]["mean"] for p in lab_ttr.POLICIES}
+    assert costs["memory_scratch"]["diff_mean"] == pytest.approx(n0["memory_scratch"] - n0["plain_scratch"])
+    assert (out / "worker1.log").read_text().count("memory_scratch/seed1/sft") >= 1
     sequential = json.loads((out / "memory_sft/seed0/n2_sequential/eval_config.json").read_text())
     assert sequential["rehearsal_mode"] == "sequential" and sequential["rehearser_model"] is None
     base = json.loads((out / "plain_sft/seed0/n2_warm_start/eval_config.json").read_text())
     assert base["rehearser_model"] == results["warm_start"] and base["rehearsal_mode"] == "parallel"
     assert (out / "ttr.png").stat().st_size > 1000
     printed = capsys.readouterr().out
-    assert "Test-time rehearsal on EnvACE-Lab" in printed
+    assert "Test-time rehearsal on EnvACE-Lab" in printed and "memory_scratch - plain_scratch" in printed
 
     again = lab_ttr.main(argv)
     printed = capsys.readouterr().out
