@@ -71,6 +71,7 @@ import numpy as np
 from benchmarks.experiments.ablations_table import FIDELITY_METRICS, comparisons, table
 from benchmarks.experiments.arms import anchor_arms, env_cost_arms, evaluate, row_fidelity, train_and_score
 from benchmarks.experiments.paired import task_rewards
+from benchmarks.experiments.workers import add_worker_options, check_worker_options
 from benchmarks.provenance import provenance
 from benchmarks.stats import mean_ci95
 
@@ -188,23 +189,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ),
     )
     ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
-    ap.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help=(
-            "processes that train and score the seeds in parallel (worker k takes the seeds s with s %% W == k) "
-            "after the shared warm starts (with told rows: the two worlds' warm starts side by side, a process "
-            "each); then this process reads every stage back and writes the results. On 2 cores: --workers 2 "
-            "--threads 1"
-        ),
+    add_worker_options(
+        ap,
+        "train and score the seeds in parallel (worker k takes the seeds s with s %% W == k) after the shared "
+        "warm starts (with told rows: the two worlds' warm starts side by side, a process each)",
     )
-    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by --workers for a worker
     # set by --workers for the process that makes one world's warm start beside the other's
     ap.add_argument("--warm-start-only", choices=WORLDS, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.workers < 1 or (args.worker is not None and not 0 <= args.worker < args.workers):
-        ap.error("--workers must be >= 1 (and --worker, set by --workers, in [0, --workers))")
+    check_worker_options(ap, args)
     if args.quick:
         args.seeds, args.grpo_steps, args.sb3_timesteps = 2, 2, min(args.sb3_timesteps, 10_000)
         args.limit, args.fidelity_limit = 1, min(args.fidelity_limit, 1)

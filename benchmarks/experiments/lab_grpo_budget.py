@@ -36,6 +36,7 @@ from benchmarks.experiments.arms import anchor_arms
 from benchmarks.experiments.paired import paired_comparison, start_recipe_run, task_rewards
 from benchmarks.experiments.result_tables import grpo_budget_table as table
 from benchmarks.experiments.result_tables import split_name
+from benchmarks.experiments.workers import add_worker_options, check_worker_options
 from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,20 +93,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(not given: the recipe's lr, rows named '<arm>', stages in <arm>/seed<s>)",
     )
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="processes that train and evaluate the runs not finished yet in parallel (dealt in turn, arm by arm, "
-        "so each worker gets its share of every arm) after the warm start's evaluation; then this process reads "
-        "every stage back. On 2 cores: --workers 2 --threads 1",
+    add_worker_options(
+        ap,
+        "train and evaluate the runs not finished yet in parallel (dealt in turn, arm by arm, so each worker gets "
+        "its share of every arm) after the warm start's evaluation",
     )
-    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by --workers for a worker
     # set by --workers: the indices (in `_runs` order) of the runs this worker trains and evaluates
     ap.add_argument("--worker-runs", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.workers < 1 or (args.worker is not None and not 0 <= args.worker < args.workers):
-        ap.error("--workers must be >= 1 (and --worker, set by --workers, in [0, --workers))")
+    check_worker_options(ap, args)
     if args.lr is not None and not args.lr:
         ap.error("--lr needs at least one learning rate (leave it out for the recipe's)")
     if args.lr and (any(not lr > 0 for lr in args.lr) or len({f"{lr:g}" for lr in args.lr}) != len(args.lr)):

@@ -46,6 +46,7 @@ from typing import Any
 
 from benchmarks.experiments.paired import episodes, paired_comparison, rehearsal_tokens_per_task, start_recipe_run
 from benchmarks.experiments.result_tables import ttr_table as table
+from benchmarks.experiments.workers import add_worker_options, check_worker_options
 from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,20 +90,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="policies to train and evaluate (a memory-trained one needs its plain control; warm is always in)",
     )
     ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
-    ap.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help=(
-            "processes that train and evaluate the seeds in parallel (worker k takes the seeds s with s %% W == k) "
-            "after the shared memory demonstrations; then this process reads every stage back and writes the "
-            "results. On 2 cores: --workers 2 --threads 1"
-        ),
+    add_worker_options(
+        ap,
+        "train and evaluate the seeds in parallel (worker k takes the seeds s with s %% W == k) after the shared "
+        "memory demonstrations",
     )
-    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by --workers for a worker
     args = ap.parse_args(argv)
-    if args.workers < 1 or (args.worker is not None and not 0 <= args.worker < args.workers):
-        ap.error("--workers must be >= 1 (and --worker, set by --workers, in [0, --workers))")
+    check_worker_options(ap, args)
     args.policies = [p for p in POLICIES if p == "warm" or p in args.policies]  # page order
     unpaired = [p for p, plain in PLAIN_CONTROL.items() if p in args.policies and plain not in args.policies]
     if unpaired:
@@ -181,20 +175,12 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         demo_files[str(n)] = {"path": str(path), **info["counts"]}
     train_ids = [i for ids in per_n.values() for i in ids]
 
-    def continuation(name: str, seed: int, data: list[str]) -> str:
+    def sft(name: str, seed: int, task_ids: list[str], changes: dict[str, Any]) -> str:
+        """The recipe's SFT stage on `task_ids` with `changes`, at `seed`, room for a memory; its model folder."""
         folder = out / name / f"seed{seed}" / "sft"
         config: SFTConfig = replace_fields(
-            recipe.sft_config(folder, train_ids),
-            {
-                "init": warm,
-                "seed": seed,
-                "data": data,
-                "max_demos": 0,
-                "max_steps": args.sft_steps,
-                "run.save_every": args.sft_steps,
-                "max_seq_len": max(recipe.sft.max_seq_len, 1024),
-                "optim.warmup_steps": 0,
-            },
+            recipe.sft_config(folder, task_ids),
+            {"seed": seed, "max_seq_len": max(recipe.sft.max_seq_len, 1024), **changes},
         )
         stages.stage(
             f"{name}/seed{seed}/sft",
@@ -217,22 +203,13 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             "seconds": stages.timings.get(name),
         }
 
+    def continuation(name: str, seed: int, data: list[str]) -> str:
+        steps = args.sft_steps
+        changes = {"init": warm, "data": data, "max_demos": 0, "max_steps": steps, "run.save_every": steps}
+        return sft(name, seed, train_ids, {**changes, "optim.warmup_steps": 0})
+
     def from_scratch(name: str, seed: int, data: list[str]) -> str:
-        folder = out / name / f"seed{seed}" / "sft"
-        config: SFTConfig = replace_fields(
-            recipe.sft_config(folder, sft_task_ids(recipe, models.tokenizer(recipe.model))),
-            {"seed": seed, "data": data, "max_seq_len": max(recipe.sft.max_seq_len, 1024)},
-        )
-        stages.stage(
-            f"{name}/seed{seed}/sft",
-            lambda _: {
-                "last": (SFTTrainer(config, models=models).train() or [None])[-1],
-                "config": stage_settings(config),
-            },
-            stage_settings(config),
-            ignore=stage_ignores(SFTConfig),
-        )
-        return latest_model(folder)
+        return sft(name, seed, sft_task_ids(recipe, models.tokenizer(recipe.model)), {"data": data})
 
     memory_files = [f["path"] for f in demo_files.values()]
     trainers = {

@@ -9,6 +9,25 @@ from pathlib import Path
 from typing import Any
 
 
+def add_worker_options(ap: argparse.ArgumentParser, share: str) -> None:
+    """Add ``--workers`` (processes that run the script's stages in parallel; `share` says which each takes and
+    after what) and the hidden ``--worker`` that `run_workers` sets for each of them."""
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help=f"processes that {share}; then this process reads every stage back and writes the results. On 2 "
+        "cores: --workers 2 --threads 1",
+    )
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by --workers for a worker
+
+
+def check_worker_options(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Stop the parser `ap` (``ap.error``) unless ``--workers`` >= 1 and ``--worker`` lies in [0, --workers)."""
+    if args.workers < 1 or (args.worker is not None and not 0 <= args.worker < args.workers):
+        ap.error("--workers must be >= 1 (and --worker, set by --workers, in [0, --workers))")
+
+
 def run_workers(
     args: argparse.Namespace,
     out: Path,

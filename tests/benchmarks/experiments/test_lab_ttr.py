@@ -1,6 +1,6 @@
 """`benchmarks/experiments/lab_ttr.py` end to end on the tiny model with tiny budgets: memory demonstrations, the two
 continuations and the two SFT runs from scratch, every policy at N=0 and under rehearsal, the three controls, the
-cost of memory training at N=0, the table and a resumed rerun."""
+cost of memory training at N=0, the table and a resumed rerun, two seeds in two worker processes."""
 
 from __future__ import annotations
 
