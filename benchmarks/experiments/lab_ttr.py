@@ -15,15 +15,16 @@ Protocol (fixed before any result was seen; every setting is reported):
    **Two SFT runs from scratch per seed** (the recipe's own SFT stage, its budget, schedule and train stream, at
    that seed): ``memory_scratch`` has the memory demonstrations added to its train demonstrations, so the policy
    learns to read a memory from its first step beside everything else; ``plain_scratch`` (its control) is the
-   recipe's warm start at that seed. A continuation restarts a trained model at the recipe's peak lr on a few
-   hundred tasks; training from scratch keeps the full stream, which is what plain (N=0) success needs.
+   recipe's warm start at that seed. Why both: a continuation restarts a trained model at the recipe's peak lr on
+   a few hundred tasks, while training from scratch keeps the whole train stream and schedule, so plain (N = 0)
+   success need not drop.
 3. **Evaluation on the same test tasks** (greedy commits on the real backend, ``--limit`` per family): every
-   policy (``warm``, ``plain_sft``, ``memory_sft``) at N = 0 and at N = 1, 2, 3 parallel attempts of its own
-   rehearsal (trace memory); for ``memory_sft`` at N = 2 also three controls: the attempts' outputs from a
-   constant (null rehearser: the memory then carries calls, not outcomes), from a copy of the real backend
+   policy (``--policies``, the warm start always) at N = 0 and at N = 1, 2, 3 parallel attempts of its own
+   rehearsal (trace memory); for each memory-trained policy at N = 2 also three controls: the attempts' outputs
+   from a constant (null rehearser: the memory then carries calls, not outcomes), from a copy of the real backend
    (oracle: diagnosis only), and another task's memory (``--memory-from``: if it ties, the memory is ignored);
-   for ``plain_sft`` and ``memory_sft`` at N = 2 also sequential attempts and the warm start as the rehearser (the
-   paper's base-model rehearser: the policy acts, a model without the continuation imagines the outputs).
+   for every policy past the warm start at N = 2 also sequential attempts and the warm start as the rehearser (the
+   paper's base-model rehearser: the policy acts, a model without the further training imagines the outputs).
 
 What memory training costs at N = 0: each memory-trained policy at N = 0 paired with its plain control at N = 0
 (``memory_sft`` with ``plain_sft``, ``memory_scratch`` with ``plain_scratch``), the same statistics.
