@@ -138,7 +138,11 @@ class SFTConfig:
     task_ids: list[str] = _f(
         [], "only these task ids of the suite sources (empty: every task of the categories and split)"
     )
-    max_demos: int = _f(0, "cap on the number of training sequences (0: no cap)")
+    max_demos: int = _f(
+        0,
+        "cap on the number of training sequences, taken in the order of --data (0: no cap); data_stats.json says "
+        "how many of each source it cut",
+    )
     min_reward: float = _f(1.0, "JSONL sources: keep records with reward >= this (rejection sampling)")
     calls_per_message: Literal["one", "all"] = _f(
         "one", "BFCL demos: one ground-truth call per ACT message, or all of a turn's calls in one"
@@ -449,6 +453,9 @@ def sft_loss(
 def load_sft_data(config: SFTConfig, tokenizer: Any, progress: bool = False) -> tuple[list[Trajectory], dict[str, Any]]:
     """The training sequences of `config` (``data`` sources, length cap) and per-source `DemoStats` dicts.
 
+    ``max_demos`` caps the joined sequences in the order of ``data`` (a suite source also stops building at it), so a
+    later source can lose some or all of its sequences; each source's dict says how many in ``cut_by_max_demos``.
+
     Raises:
         ValueError: no sequence at all, or the errors of `agents.training.demonstrations`.
     """
@@ -479,8 +486,10 @@ def load_sft_data(config: SFTConfig, tokenizer: Any, progress: bool = False) -> 
             got, st = load_recorded_trajectories(
                 source, stops, min_reward=config.min_reward, max_tokens=config.max_seq_len, overflow=config.overflow
             )
+        start = len(demos)
         demos.extend(got)
         stats[source] = st.to_dict()
+        stats[source]["cut_by_max_demos"] = max(0, len(demos) - max(start, config.max_demos)) if config.max_demos else 0
     if config.max_demos:
         demos = demos[: config.max_demos]
     if not demos:

@@ -4,7 +4,8 @@ once it has been trained to read them, and which control locates the difference.
     python -m benchmarks.experiments.lab_ttr                                            # 3 seeds (defaults below)
     python -m benchmarks.experiments.lab_ttr --warm runs/lab_ablations/warm_start/sft   # reuse a warm start
 
-Protocol (fixed before any result was seen; every setting is reported):
+Protocol (fixed before any result was seen, except the two SFT runs from scratch of step 2, added after the
+continuations had been measured, for the reason given there; every setting is reported):
 
 1. **Memory demonstrations** (`agents.training.demonstrations.record_memory_demonstrations`): for N = 1, 2, 3 the warm
    start rehearses ``--memory-tasks`` train tasks per family N times each (parallel attempts, T = 1, the whole
@@ -13,18 +14,20 @@ Protocol (fixed before any result was seen; every setting is reported):
    and batch) on the same train tasks: ``memory_sft`` trains on the memory demonstrations and the plain
    demonstrations of those tasks; ``plain_sft`` (the control for "more SFT") on the plain ones only.
    **Two SFT runs from scratch per seed** (the recipe's own SFT stage, its budget, schedule and train stream, at
-   that seed): ``memory_scratch`` has the memory demonstrations added to its train demonstrations, so the policy
-   learns to read a memory from its first step beside everything else; ``plain_scratch`` (its control) is the
-   recipe's warm start at that seed. Why both: a continuation restarts a trained model at the recipe's peak lr on
-   a few hundred tasks, while training from scratch keeps the whole train stream and schedule, so plain (N = 0)
-   success need not drop.
+   that seed, ``max_seq_len`` at least 1024 so that a memory fits): ``memory_scratch`` has the memory
+   demonstrations added to its train demonstrations, so the policy learns to read a memory from its first step
+   beside everything else; ``plain_scratch`` (its control) is the same stage without them (on ``lab.yaml``, whose
+   demonstrations all fit 512 tokens, the recipe's warm start at that seed, weight for weight). Why both: the
+   continuations cost plain (N = 0) success (a continuation restarts a trained model at the recipe's peak lr on a
+   few hundred tasks), while training from scratch keeps the whole train stream and schedule.
 3. **Evaluation on the same test tasks** (greedy commits on the real backend, ``--limit`` per family): every
    policy (``--policies``, the warm start always) at N = 0 and at N = 1, 2, 3 parallel attempts of its own
    rehearsal (trace memory); for each memory-trained policy at N = 2 also three controls: the attempts' outputs
    from a constant (null rehearser: the memory then carries calls, not outcomes), from a copy of the real backend
    (oracle: diagnosis only), and another task's memory (``--memory-from``: if it ties, the memory is ignored);
    for every policy past the warm start at N = 2 also sequential attempts and the warm start as the rehearser (the
-   paper's base-model rehearser: the policy acts, a model without the further training imagines the outputs).
+   paper's base-model rehearser: the policy acts, the pre-RL model imagines the outputs; for a continuation that
+   is the model it continued, for a run from scratch the recipe's warm start, trained without memories).
 
 What memory training costs at N = 0: each memory-trained policy at N = 0 paired with its plain control at N = 0
 (``memory_sft`` with ``plain_sft``, ``memory_scratch`` with ``plain_scratch``), the same statistics.
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -78,7 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..S-1 (SFT batch order, attempt sampling)")
     ap.add_argument("--n", type=int, nargs="+", default=[1, 2, 3], help="attempts per user turn to evaluate")
     ap.add_argument("--memory-tasks", type=int, default=40, help="train tasks per family and per N with a memory")
-    ap.add_argument("--sft-steps", type=int, default=150, help="SFT steps of each continuation")
+    ap.add_argument(
+        "--sft-steps",
+        type=int,
+        default=150,
+        help="SFT steps of each continuation (the runs from scratch take the recipe's sft.max_steps)",
+    )
     ap.add_argument("--limit", type=int, default=100, help="test tasks per family")
     ap.add_argument(
         "--no-controls", action="store_true", help="skip the three controls and the sequential and rehearser rows"
@@ -88,13 +97,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=POLICIES,
         default=list(POLICIES),
-        help="policies to train and evaluate (a memory-trained one needs its plain control; warm is always in)",
+        metavar="POLICY",
+        help=f"policies to train and evaluate, of {', '.join(POLICIES[1:])} (default: all; a memory-trained one "
+        "needs its plain control; the warm start is always evaluated)",
     )
     ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
     add_worker_options(
         ap,
         "train and evaluate the seeds in parallel (worker k takes the seeds s with s %% W == k) after the shared "
-        "memory demonstrations",
+        "memory demonstrations and the warm start's N=0 evaluation",
     )
     args = ap.parse_args(argv)
     check_worker_options(ap, args)
@@ -108,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--n values must be >= 1 (N = 0 is always evaluated)")
     if not args.no_controls and CONTROL_N not in args.n:
         ap.error(f"the controls are run at N={CONTROL_N}: include it in --n or pass --no-controls")
-    args.argv = list(argv) if argv is not None else []
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the workers and results.json repeat
     return args
 
 
@@ -209,8 +220,13 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         changes = {"init": warm, "data": data, "max_demos": 0, "max_steps": steps, "run.save_every": steps}
         return sft(name, seed, train_ids, {**changes, "optim.warmup_steps": 0})
 
+    scratch_ids: list[str] = []
+
     def from_scratch(name: str, seed: int, data: list[str]) -> str:
-        return sft(name, seed, sft_task_ids(recipe, models.tokenizer(recipe.model)), {"data": data})
+        if not scratch_ids:  # made once: it builds every train demonstration
+            scratch_ids.extend(sft_task_ids(recipe, models.tokenizer(recipe.model)))
+        # the recipe's max_demos already chose these tasks; as a cap on the joined data it would cut the memories
+        return sft(name, seed, scratch_ids, {"data": data, "max_demos": 0})
 
     memory_files = [f["path"] for f in demo_files.values()]
     trainers = {

@@ -123,6 +123,17 @@ def budget_choice(results: dict[str, Any], arm: str = "role_grpo") -> str:
     )
 
 
+def _ttr_training(results: dict[str, Any]) -> str:
+    """How `ttr_table`'s policies past the warm start were trained: the kinds its rows hold."""
+    policies = {r["policy"] for r in results["rows"]}
+    kinds = []
+    if policies & {"plain_sft", "memory_sft"}:
+        kinds.append(f"continuations (*_sft): {results['sft_steps']} SFT steps")
+    if policies & {"plain_scratch", "memory_scratch"}:
+        kinds.append(f"from scratch (*_scratch): the recipe's SFT, {results['scratch_steps']} steps")
+    return "; ".join(kinds) or "no training past the warm start"
+
+
 def ttr_table(results: dict[str, Any]) -> list[str]:
     """`benchmarks.experiments.lab_ttr`'s printed (and rendered) table: one row per policy and setting."""
     done = results.get("seeds_done", results["seeds"])
@@ -130,8 +141,7 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
     demos = sum(f["written"] for f in results["memory_demos"].values())
     lines = [
         f"Test-time rehearsal on EnvACE-Lab: {results['model']}, {done} seeds, {results['test_tasks']} test tasks; "
-        f"continuations (*_sft): {results['sft_steps']} SFT steps; from scratch (*_scratch): the recipe's SFT, "
-        f"{results.get('scratch_steps', '?')} steps; {demos} memory demonstrations{partial}",
+        f"{_ttr_training(results)}; {demos} memory demonstrations{partial}",
         "paired with the same policy at N=0 (mean +- 95% CI over seeds); tasks +/- summed over seeds; seeds p<.05: "
         "the seeds whose own tasks resolve the difference up/down (exact McNemar)",
         f"{'policy':<14} {'setting':<34} {'success':<16} {'vs N=0':<17} {'tasks +/-':<11} {'seeds p<.05':<12} "
@@ -152,7 +162,7 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
         ]
         for c in results["memory_cost"]:
             lines.append(
-                f"  {c['policy'] + ' - ' + c['reference']:<29} {_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
+                f"  {c['policy'] + ' - ' + c['reference']:<31} {_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
                 f"tasks +{c['gained']}/-{c['lost']}, seeds p<.05 +{c['resolved_up']}/-{c['resolved_down']}"
             )
     return lines

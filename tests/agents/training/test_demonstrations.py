@@ -362,6 +362,33 @@ def test_a_proposed_call_that_does_not_fail_is_skipped_and_suites_without_mistak
         build_demonstrations(smol_tokenizer, "lab", None, "train", task_ids=["relocate_1"], mutations=1)
 
 
+def test_max_demos_caps_the_sources_in_order_and_says_what_it_cut(tmp_path):
+    from agents.models import default_store
+    from agents.training.sft import SFTConfig, load_sft_data
+
+    path = tmp_path / "recorded.jsonl"
+    env = RecordTrajectories(
+        RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random")),
+        path,
+        include_tokens=True,
+    )
+    for _ in range(2):
+        assert _episode(env, "scripted_0", [ADD.format(v=2), "done"])["trajectory_record"]["reward"] == 1.0
+    tokenizer = default_store().tokenizer("tiny-random")
+    ids = ["scripted_0", "scripted_1"]
+
+    def load(cap):
+        return load_sft_data(SFTConfig(data=["scripted", str(path)], task_ids=ids, max_demos=cap), tokenizer)
+
+    demos, stats = load(3)
+    assert len(demos) == 3 and [stats[s]["kept"] for s in stats] == [2, 2]  # kept: what each source gave
+    assert [stats[s]["cut_by_max_demos"] for s in stats] == [0, 1]  # the later source pays for the cap
+    demos, stats = load(2)
+    assert [d.task.id for d in demos] == ids and stats[str(path)]["cut_by_max_demos"] == 2
+    demos, stats = load(0)
+    assert len(demos) == 4 and [stats[s]["cut_by_max_demos"] for s in stats] == [0, 0]
+
+
 def test_sft_error_demos_option_reaches_the_demonstrations(smol_tokenizer):
     from agents.training.sft import SFTConfig, load_sft_data
 

@@ -38,6 +38,30 @@ def test_options_are_checked():
     ]
 
 
+def _row(policy: str, setting: str, success: float) -> dict:
+    return {"policy": policy, "setting": setting, "mean": success, "ci95": None, "diff_mean": success - 0.5}
+
+
+def test_the_table_names_only_the_training_its_rows_had():
+    rows = [_row("warm", "N=0", 0.5), _row("plain_sft", "N=0", 0.5), _row("memory_sft", "N=0", 0.4)]
+    for r in rows:
+        r |= {"diff_ci95": None, "gained": 0, "lost": 1, "resolved_up": 0, "resolved_down": 0, "tokens_per_task": 0}
+    before = {"model": "lab-tiny", "seeds": 1, "test_tasks": 6, "sft_steps": 150, "rows": rows}
+    before["memory_demos"] = {"2": {"written": 4}}  # a results.json written before the runs from scratch existed
+    header = lab_ttr.table(before)[0]
+    assert "continuations (*_sft): 150 SFT steps; 4 memory demonstrations" in header and "scratch" not in header
+    scratch = [{**r, "policy": r["policy"].replace("_sft", "_scratch")} for r in rows]
+    cost = {"policy": "memory_scratch", "reference": "plain_scratch", "diff_mean": -0.1, "diff_ci95": None}
+    cost |= {"gained": 0, "lost": 1, "resolved_up": 0, "resolved_down": 0}
+    after = {**before, "rows": scratch, "scratch_steps": 600, "memory_cost": [cost]}
+    lines = lab_ttr.table(after)
+    assert "from scratch (*_scratch): the recipe's SFT, 600 steps" in lines[0] and "continuations" not in lines[0]
+    assert lines[-1].split() == ["memory_scratch", "-", "plain_scratch", "-0.100", "tasks", "+0/-1,", "seeds"] + [
+        "p<.05",
+        "+0/-0",
+    ]
+
+
 @pytest.mark.slow
 def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
@@ -78,6 +102,9 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     assert scratch["init"] == scratch_plain["init"] == warm_start["config"]["init"] != results["warm_start"]
     assert scratch["task_ids"] == scratch_plain["task_ids"] == warm_start["task_ids"]
     assert scratch["max_steps"] == scratch_plain["max_steps"] == RECIPE["sft"]["max_steps"]
+    stats = json.loads((out / "memory_scratch/seed0/sft/data_stats.json").read_text())
+    # the test recipe caps demonstrations (max_demos 2): that cap chose the task ids; no memory was cut
+    assert RECIPE["sft"]["max_demos"] > 0 and [stats[d["path"]]["cut_by_max_demos"] for d in demos.values()] == [0] * 3
     costs = {c["policy"]: c for c in results["memory_cost"]}
     assert [(c["policy"], c["reference"]) for c in results["memory_cost"]] == list(lab_ttr.PLAIN_CONTROL.items())
     n0 = {p: rows[(p, "N=0")]["mean"] for p in lab_ttr.POLICIES}
