@@ -253,10 +253,14 @@ def _table_section(title: str, table: list[str], result: dict[str, Any], folder:
 
 
 def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
-    """The test-time rehearsal section (`benchmarks.experiments.lab_ttr`): its printed table and its plot."""
+    """The test-time rehearsal section (`benchmarks.experiments.lab_ttr`): its printed table and its plot. A run with
+    another number of memory tasks than the script's default (kind ``lab_ttr_memory_tasks``) is its own section."""
     from benchmarks.experiments.result_tables import ttr_table
 
-    return _table_section("Test-time rehearsal on the lab", ttr_table(result), result, folder, plots=True)
+    title = "Test-time rehearsal on the lab"
+    if result.get("kind") == "lab_ttr_memory_tasks":
+        title += f", memory demonstrations of {result['memory_tasks']} train tasks per family and N"
+    return _table_section(title, ttr_table(result), result, folder, plots=True)
 
 
 def render_rehearsal_rl(result: dict[str, Any], folder: Path) -> list[str]:
@@ -318,6 +322,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_grpo_budget": render_grpo_budget,
     "lab_anchor_valid": render_grpo_budget,
     "lab_ttr": render_ttr,
+    "lab_ttr_memory_tasks": render_ttr,
     "lab_rehearsal_rl": render_rehearsal_rl,
     "lab_env_cost": render_env_cost,
     "judge_agreement": render_judge_agreement,

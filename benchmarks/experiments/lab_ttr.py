@@ -65,6 +65,8 @@ CONTROLS: dict[str, dict[str, Any]] = {
     "other task's memory": {},  # memory_from: the same policy's own N=2 evaluation
 }
 CONTROL_N = 2
+MEMORY_TASKS = 40
+"""The default ``--memory-tasks``: a run at another value is kind ``lab_ttr_memory_tasks``, not ``lab_ttr``."""
 VARIANTS: dict[str, dict[str, Any]] = {
     "sequential": {"rehearsal_mode": "sequential"},
     "warm-start rehearser": {},  # rehearser_model: the warm start (the paper's base-model rehearser)
@@ -81,7 +83,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warm", default=None, help="an SFT run folder to start from (default: train the recipe's in OUT)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..S-1 (SFT batch order, attempt sampling)")
     ap.add_argument("--n", type=int, nargs="+", default=[1, 2, 3], help="attempts per user turn to evaluate")
-    ap.add_argument("--memory-tasks", type=int, default=40, help="train tasks per family and per N with a memory")
+    ap.add_argument(
+        "--memory-tasks",
+        type=int,
+        default=MEMORY_TASKS,
+        help=f"train tasks per family and per N with a memory (a value other than {MEMORY_TASKS} writes results of "
+        "its own kind, a section of its own on the results page)",
+    )
     ap.add_argument(
         "--sft-steps",
         type=int,
@@ -311,7 +319,7 @@ def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
                 }
             )
     return {
-        "kind": "lab_ttr",
+        "kind": "lab_ttr" if args.memory_tasks == MEMORY_TASKS else "lab_ttr_memory_tasks",
         "recipe": str(args.recipe),
         "model": recipe.model,
         "warm_start": warm,

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from benchmarks.experiments import lab_ttr
+from benchmarks.results import render as render_page
 from tests.benchmarks.experiments.test_lab_ablations import RECIPE
 
 
@@ -42,7 +43,7 @@ def _row(policy: str, setting: str, success: float) -> dict:
     return {"policy": policy, "setting": setting, "mean": success, "ci95": None, "diff_mean": success - 0.5}
 
 
-def test_the_table_names_only_the_training_its_rows_had():
+def test_the_table_names_only_the_training_its_rows_had(tmp_path):
     rows = [_row("warm", "N=0", 0.5), _row("plain_sft", "N=0", 0.5), _row("memory_sft", "N=0", 0.4)]
     for r in rows:
         r |= {"diff_ci95": None, "gained": 0, "lost": 1, "resolved_up": 0, "resolved_down": 0, "tokens_per_task": 0}
@@ -60,6 +61,16 @@ def test_the_table_names_only_the_training_its_rows_had():
         "p<.05",
         "+0/-0",
     ]
+    # a run with another number of memory tasks is a section of its own, beside the default's
+    store = tmp_path / "results"
+    for kind, tasks in (("lab_ttr", lab_ttr.MEMORY_TASKS), ("lab_ttr_memory_tasks", 160)):
+        (store / kind).mkdir(parents=True)
+        command = f"python -m benchmarks.experiments.lab_ttr --memory-tasks {tasks}"
+        result = {**after, "kind": kind, "memory_tasks": tasks, "command": command}
+        (store / kind / "results.json").write_text(json.dumps(result))
+    page = render_page(store, tmp_path / "results.md").read_text()
+    assert "## Test-time rehearsal on the lab\n" in page
+    assert "## Test-time rehearsal on the lab, memory demonstrations of 160 train tasks per family and N" in page
 
 
 @pytest.mark.slow
@@ -78,6 +89,7 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     expected = {"warm": settings, "plain_sft": settings + variants, "memory_sft": settings + variants + controls}
     expected |= {"plain_scratch": expected["plain_sft"], "memory_scratch": expected["memory_sft"]}
     assert list(rows) == [(p, s) for p in lab_ttr.POLICIES for s in expected[p]]
+    assert results["kind"] == "lab_ttr_memory_tasks"  # --memory-tasks 1, not the default
     n_tasks = results["test_tasks"]
     assert n_tasks == len(RECIPE["categories"])
     for (_, setting), r in rows.items():
