@@ -129,23 +129,21 @@ def _episode(env, task_id, actions):
     raise AssertionError("episode did not end")
 
 
+def _recorder(path, include_tokens=True):
+    """The scripted suite's real-backend env recording every episode to the JSONL `path`."""
+    env = RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random"))
+    return RecordTrajectories(env, path, include_tokens=include_tokens)
+
+
 def test_jsonl_rejection_sampling_keeps_records_above_threshold(tmp_path):
     path = tmp_path / "rollouts.jsonl"
-    env = RecordTrajectories(
-        RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random")),
-        path,
-        include_tokens=True,
-    )
+    env = _recorder(path)
     good = _episode(env, "scripted_0", [ADD.format(v=2), "done"])  # target total 2: reward 1
     bad = _episode(
         env, "scripted_0", [ADD.format(v=5), "<tool_call>{not json</tool_call>", "done"]
     )  # total 5, and a parse error
     assert good["trajectory_record"]["reward"] == 1.0 and bad["trajectory_record"]["reward"] == 0.0
-    plain = RecordTrajectories(
-        RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random")),
-        path,
-        include_tokens=False,
-    )
+    plain = _recorder(path, include_tokens=False)
     _episode(plain, "scripted_0", [ADD.format(v=2), "done"])  # reward 1 but no tokens recorded
 
     stop = ChatRenderer(env.unwrapped.rehearser.tokenizer).stop_token_ids
@@ -367,11 +365,7 @@ def test_max_demos_caps_the_sources_in_order_and_says_what_it_cut(tmp_path):
     from agents.training.sft import SFTConfig, load_sft_data
 
     path = tmp_path / "recorded.jsonl"
-    env = RecordTrajectories(
-        RealTools(gym.make("EnvACE-Rehearse-v0", suite="scripted", categories=None, model="tiny-random")),
-        path,
-        include_tokens=True,
-    )
+    env = _recorder(path)
     for _ in range(2):
         assert _episode(env, "scripted_0", [ADD.format(v=2), "done"])["trajectory_record"]["reward"] == 1.0
     tokenizer = default_store().tokenizer("tiny-random")
