@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -51,7 +52,7 @@ from typing import Any
 
 from benchmarks.experiments.paired import episodes, paired_comparison, rehearsal_tokens_per_task, start_recipe_run
 from benchmarks.experiments.result_tables import ttr_table as table
-from benchmarks.experiments.workers import add_worker_options, check_worker_options
+from benchmarks.experiments.workers import add_worker_options, check_worker_options, run_workers
 from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,13 +229,12 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         changes = {"init": warm, "data": data, "max_demos": 0, "max_steps": steps, "run.save_every": steps}
         return sft(name, seed, train_ids, {**changes, "optim.warmup_steps": 0})
 
-    scratch_ids: list[str] = []
+    # made once: it builds every train demonstration
+    scratch_ids = functools.cache(lambda: sft_task_ids(recipe, models.tokenizer(recipe.model)))
 
     def from_scratch(name: str, seed: int, data: list[str]) -> str:
-        if not scratch_ids:  # made once: it builds every train demonstration
-            scratch_ids.extend(sft_task_ids(recipe, models.tokenizer(recipe.model)))
         # the recipe's max_demos already chose these tasks; as a cap on the joined data it would cut the memories
-        return sft(name, seed, scratch_ids, {"data": data, "max_demos": 0})
+        return sft(name, seed, scratch_ids(), {"data": data, "max_demos": 0})
 
     memory_files = [f["path"] for f in demo_files.values()]
     trainers = {
@@ -244,8 +244,6 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         "memory_scratch": lambda seed: from_scratch("memory_scratch", seed, [recipe.suite, *memory_files]),
     }
     if args.workers > 1 and args.worker is None:
-        from benchmarks.experiments.workers import run_workers
-
         evaluation("warm/n0", warm, 0)  # shared by every seed: made once, before the workers
         run_workers(args, out, log, module="benchmarks.experiments.lab_ttr")  # the loop below reads them back
     measured: dict[str, list[dict[str, Any]]] = {}

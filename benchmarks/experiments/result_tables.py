@@ -125,11 +125,11 @@ def budget_choice(results: dict[str, Any], arm: str = "role_grpo") -> str:
 
 def _ttr_training(results: dict[str, Any]) -> str:
     """How `ttr_table`'s policies past the warm start were trained: the kinds its rows hold."""
-    policies = {r["policy"] for r in results["rows"]}
+    policies = [r["policy"] for r in results["rows"]]
     kinds = []
-    if policies & {"plain_sft", "memory_sft"}:
+    if any(p.endswith("_sft") for p in policies):
         kinds.append(f"continuations (*_sft): {results['sft_steps']} SFT steps")
-    if policies & {"plain_scratch", "memory_scratch"}:
+    if any(p.endswith("_scratch") for p in policies):
         kinds.append(f"from scratch (*_scratch): the recipe's SFT, {results['scratch_steps']} steps")
     return "; ".join(kinds) or "no training past the warm start"
 
