@@ -2,7 +2,8 @@
 
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``,
-``lab_ablations_budget``, ``lab_grpo_budget_valid``, ``lab_grpo_budget``, ``lab_ttr``, ``lab_rehearsal_rl``,
+``lab_ablations_budget``, ``lab_grpo_budget_valid``, ``lab_grpo_budget``, ``lab_ttr`` (and its ``_blind`` and
+``_memory_tasks`` kinds), ``lab_rehearsal_rl``,
 ``lab_env_cost``, ``judge_agreement``, ``engines_equal_work``) and renders every stored result into
 ``docs/results.md``; with no folder given it only re-renders. Numbers appear in the page only as this command
 writes them: edit a script or rerun it, never the page.
@@ -253,12 +254,16 @@ def _table_section(title: str, table: list[str], result: dict[str, Any], folder:
 
 
 def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
-    """The test-time rehearsal section (`benchmarks.experiments.lab_ttr`): its printed table and its plot. A run with
-    another number of memory tasks than the script's default (kind ``lab_ttr_memory_tasks``) is its own section."""
+    """The test-time rehearsal section (`benchmarks.experiments.lab_ttr`): its printed table and its plot. A run on
+    the blind variant (kind ``lab_ttr_blind``) or with another number of memory tasks than the script's default
+    (kinds ending ``_memory_tasks``) is its own section."""
     from benchmarks.experiments.result_tables import ttr_table
 
+    kind = str(result.get("kind", "lab_ttr"))
     title = "Test-time rehearsal on the lab"
-    if result.get("kind") == "lab_ttr_memory_tasks":
+    if kind.startswith("lab_ttr_blind"):
+        title += "'s blind variant (suite lab-blind: no look tools, so only a rehearsal shows a move break an item)"
+    if kind.endswith("_memory_tasks"):
         title += f", memory demonstrations of {result['memory_tasks']} train tasks per family and N"
     return _table_section(title, ttr_table(result), result, folder, plots=True)
 
@@ -323,6 +328,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_anchor_valid": render_grpo_budget,
     "lab_ttr": render_ttr,
     "lab_ttr_memory_tasks": render_ttr,
+    "lab_ttr_blind": render_ttr,
+    "lab_ttr_blind_memory_tasks": render_ttr,
     "lab_rehearsal_rl": render_rehearsal_rl,
     "lab_env_cost": render_env_cost,
     "judge_agreement": render_judge_agreement,

@@ -67,7 +67,23 @@ CONTROLS: dict[str, dict[str, Any]] = {
 }
 CONTROL_N = 2
 MEMORY_TASKS = 40
-"""The default ``--memory-tasks``: a run at another value is kind ``lab_ttr_memory_tasks``, not ``lab_ttr``."""
+"""The default ``--memory-tasks``: a run at another value is its own results kind (`result_kind`)."""
+SUITE_KINDS = {"lab": "lab_ttr", "lab-blind": "lab_ttr_blind"}
+"""The results kind of a run on each suite it supports (each its own section on the results page)."""
+
+
+def result_kind(suite: str, memory_tasks: int) -> str:
+    """The ``kind`` of a run's ``results.json``: `SUITE_KINDS`' for the recipe's suite, with ``_memory_tasks``
+    when ``--memory-tasks`` is not `MEMORY_TASKS` (so a dose never replaces the default run's section).
+
+    Raises:
+        ValueError: a suite without a kind (the experiment is built for the hidden-rules lab and its blind variant).
+    """
+    if suite not in SUITE_KINDS:
+        raise ValueError(f"lab_ttr runs on suites {', '.join(SUITE_KINDS)}; the recipe's suite is {suite!r}")
+    return SUITE_KINDS[suite] + ("" if memory_tasks == MEMORY_TASKS else "_memory_tasks")
+
+
 VARIANTS: dict[str, dict[str, Any]] = {
     "sequential": {"rehearsal_mode": "sequential"},
     "warm-start rehearser": {},  # rehearser_model: the warm start (the paper's base-model rehearser)
@@ -150,6 +166,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     out = Path(args.out)
     t_start = time.perf_counter()
     recipe, models, stages, warm = start_recipe_run(args, log)
+    result_kind(recipe.suite, args.memory_tasks)  # an unsupported suite fails before any training
 
     # 1. memory demonstrations: disjoint train tasks per N, the same for every seed
     suite = make_suite(recipe.suite)
@@ -317,7 +334,7 @@ def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
                 }
             )
     return {
-        "kind": "lab_ttr" if args.memory_tasks == MEMORY_TASKS else "lab_ttr_memory_tasks",
+        "kind": result_kind(recipe.suite, args.memory_tasks),
         "recipe": str(args.recipe),
         "model": recipe.model,
         "warm_start": warm,

@@ -46,6 +46,15 @@ packing an item moves the items after it up a position, so the second of two ite
 a label one position lower than told), and the label's count suffix ``-<n>`` (boxes packed so far + 1) is told
 nowhere. The facts are written only in phrases the `lab-tiny` tokenizer, built from the untold world's texts,
 already has (``room ``, ``box ``, letters, digits, ``, ``, ``. ``), so the same model reads both worlds.
+
+The blind variant (``LabConfig(blind=True)``, suite ``lab-blind``): the same tasks, ids, splits, layouts and
+verifier; the tools that only look (`benchmarks.lab.world.LOOK_TOOLS`: ``locate``, ``list_shelf``) are not offered
+and the backend answers them as unknown tools, and the reference solutions make no look call (`solve` with
+``look=False``: the rule decides). Whether Y's shelf is full, and how many slots it has free, is then known
+only to a model that has learned the capacities, or to a rehearsal of the move before committing it: a move
+onto a full shelf still breaks the item for good. So a rehearsal carries what the committed run cannot get
+in time (in the default world it can always look first). ``ship`` and ``ship_two`` are unchanged (a box
+label comes from ``pack``, which acts).
 """
 
 from __future__ import annotations
@@ -58,7 +67,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks.lab.tasks import HIDDEN_CATEGORIES, ITEMS, LabConfig, split_turns
-from benchmarks.lab.world import DOCKS, HIDDEN_TOOLS, LabBackend, Warehouse, hidden_capacities
+from benchmarks.lab.world import DOCKS, HIDDEN_TOOLS, LOOK_TOOLS, LabBackend, Warehouse, hidden_capacities
 from envace_gym.types import Message, Task, ToolCall
 
 __all__ = [
@@ -150,7 +159,9 @@ def _free(out: dict[str, Any]) -> int:
     return free if isinstance(free, int) else 0
 
 
-def solve(category: str, layout: Layout, slots: dict[str, str], ask: Ask) -> list[list[ToolCall]]:
+def solve(
+    category: str, layout: Layout, slots: dict[str, str], ask: Ask, *, look: bool = True
+) -> list[list[ToolCall]]:
     """The family's program: the calls of each instruction part, deciding on what `ask` answers.
 
     Args:
@@ -159,6 +170,8 @@ def solve(category: str, layout: Layout, slots: dict[str, str], ask: Ask) -> lis
         slots: what the instruction names (``x``, ``y``, ``w``, ``a``, ``b``, ``d1``, ``d2``, ``e``).
         ask: answers each call in order (`Ask`); an answer without the field a decision reads counts as
             "no room" / no label.
+        look: emit the ``list_shelf`` calls a decision reads. False (the blind variant): `ask` still answers
+            them, but they are left out of the program, so the decision is the rule's, not an output's.
 
     Raises:
         ValueError: an unknown category.
@@ -168,11 +181,16 @@ def solve(category: str, layout: Layout, slots: dict[str, str], ask: Ask) -> lis
         c = ToolCall(name, arguments)
         return c, ask(c)
 
+    def looked(shelf: str) -> tuple[list[ToolCall], dict[str, Any]]:
+        """The look at `shelf` as emitted calls (none when not `look`) and its output."""
+        c, out = call("list_shelf", shelf=shelf)
+        return ([c] if look else []), out
+
     def relocate() -> list[ToolCall]:
         sy = _shelf_of(layout, slots["y"])
-        look, out = call("list_shelf", shelf=sy)
+        calls, out = looked(sy)
         move, _ = call("move", item=slots["x"], shelf=sy if _free(out) > 0 else slots["e"])
-        return [look, move]
+        return [*calls, move]
 
     def ship(item: str, dock: str) -> list[ToolCall]:
         pack, out = call("pack", item=item)
@@ -186,13 +204,12 @@ def solve(category: str, layout: Layout, slots: dict[str, str], ask: Ask) -> lis
         return [ship(slots["a"], slots["d1"])]
     if category == "fill":
         sy = _shelf_of(layout, slots["y"])
-        look, out = call("list_shelf", shelf=sy)
-        calls = [look] + [call("move", item=slots[k], shelf=sy)[0] for k in ("x", "w")[: _free(out)]]
+        calls, out = looked(sy)
+        calls += [call("move", item=slots[k], shelf=sy)[0] for k in ("x", "w")[: _free(out)]]
         return [calls]
     if category == "make_room":
         sy = _shelf_of(layout, slots["y"])
-        look, out = call("list_shelf", shelf=sy)
-        calls = [look]
+        calls, out = looked(sy)
         if _free(out) == 0:
             calls.append(call("move", item=slots["w"], shelf=slots["e"])[0])
         calls.append(call("move", item=slots["x"], shelf=sy)[0])
@@ -335,7 +352,7 @@ def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -
         shelves={s: list(items) for s, items in layout.items()},
         rules="hidden",
     )
-    reference = solve(category, layout, slots, backend_ask(LabBackend(state)))
+    reference = solve(category, layout, slots, backend_ask(LabBackend(state)), look=not config.blind)
     prompt = hidden_layout_text(state.shelves)
     system = Message("system", f"{prompt} {told_facts_text(state)}" if config.told else prompt)
     turns, reference_turns = split_turns(system, list(zip(_texts(category, slots), reference)), config.user_turns)
@@ -343,7 +360,7 @@ def make_hidden_task(config: LabConfig, category: str, index: int, split: str) -
         id=task_id,
         suite="lab",
         turns=turns,
-        tools=list(HIDDEN_TOOLS.values()),
+        tools=[t for name, t in HIDDEN_TOOLS.items() if not (config.blind and name in LOOK_TOOLS)],
         verifier="lab.final_state",
         metadata={
             "category": category,

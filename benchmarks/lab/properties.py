@@ -20,7 +20,9 @@ are scored by the suite's verifier (replay on the real backend):
   families whose decisions read the initial state only, less where a call changes a fact before it is used
   (packing the first of two items from one shelf moves the second up a position).
 
-Prints one row per family and the overall fraction; ``--json`` writes them.
+``--blind`` measures the blind variant (``LabConfig(blind=True)``, suite ``lab-blind``): the programs emit no
+look call, a look's answer still decides (the rules'), so the same four numbers say what knowing the rules,
+or not, is worth without looking. Prints one row per family and the overall fraction; ``--json`` writes them.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ def _recording(ask: Ask, seen: list[tuple[str, int, dict[str, Any]]]) -> Ask:
     return wrapped
 
 
+def _rules(task: Task) -> LabBackend:
+    """The real backend in `task`'s initial state answering every tool: what the rules make of a call, a look
+    included (a blind task's backend refuses looks; its program asks them to decide, and emits none)."""
+    return LabBackend(Warehouse.from_dict(task.metadata["initial_state"]))
+
+
 def most_frequent_outputs(suite: LabSuite, train_tasks: int) -> dict[tuple[str, str, int, str], Any]:
     """(category, tool, occurrence, field) -> that output field's most frequent value over the first
     `train_tasks` tasks of the train stream, all families together (about `train_tasks` / 6 per family;
@@ -66,7 +74,8 @@ def most_frequent_outputs(suite: LabSuite, train_tasks: int) -> dict[tuple[str, 
             task.metadata["category"],
             task.metadata["initial_state"]["shelves"],
             task.metadata["slots"],
-            _recording(backend_ask(suite.make_backend(task)), seen),
+            _recording(backend_ask(_rules(task)), seen),
+            look=not suite.config.blind,
         )
         for tool, k, out in seen:
             for name, value in out.items():
@@ -135,13 +144,15 @@ def measure(config: LabConfig | None = None, train_tasks: int = 2000) -> dict[st
             )
         )
         plays = {  # solver -> (the world, its task, the answers)
-            "reference": (suite, task, backend_ask(suite.make_backend(task))),
+            "reference": (suite, task, backend_ask(_rules(task))),
             "rules_no_outputs": (suite, task, backend_ask(private)),
             "no_rules": (suite, task, _table_ask(category, table)),
             "told_no_rules": (told, told_task, _told_ask(told_task, category, table)),
         }
         for solver, (world, played, ask) in plays.items():
-            program = solve(category, shelves_from_prompt(played), played.metadata["slots"], ask)
+            program = solve(
+                category, shelves_from_prompt(played), played.metadata["slots"], ask, look=not config.blind
+            )
             reward = world.score(played, [c for turn in program for c in turn], "Done.").reward
             scores[solver][category].append(reward)
             scores[solver]["overall"].append(reward)
@@ -163,14 +174,17 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         default=2000,
         help="train-stream tasks (all families together, in turn) for the no-rules table",
     )
+    parser.add_argument(
+        "--blind", action="store_true", help="the blind variant (suite lab-blind: no look tools, no look calls)"
+    )
     parser.add_argument("--json", default=None, help="also write the table here")
     args = parser.parse_args(argv)
-    config = LabConfig()
+    config = LabConfig(blind=args.blind)
     result = measure(config, args.train_tasks)
     families = list(config.categories) + ["overall"]
     print(
-        f"hidden-rules lab world, test split ({config.test_tasks} tasks per family), seed {config.seed}; "
-        "told_no_rules plays the same tasks told (suite lab-told)"
+        f"hidden-rules lab world{', blind' if config.blind else ''}, test split ({config.test_tasks} tasks per "
+        f"family), seed {config.seed}; told_no_rules plays the same tasks told (suite lab-told)"
     )
     print("\n".join(table(result, families)))
     if args.json:

@@ -15,7 +15,7 @@ from envace_gym.judging import Checklist, ChecklistItem
 from envace_gym.suites import VerifierResult
 from envace_gym.types import Task, ToolCall, Trajectory
 
-__all__ = ["LabSuite", "make_task", "stated_suite", "told_suite"]
+__all__ = ["LabSuite", "make_task", "stated_suite", "told_suite", "blind_suite"]
 
 
 def make_task(config: LabConfig, category: str, index: int, split: str = "train") -> Task:
@@ -53,7 +53,9 @@ class LabSuite:
 
     The world's rules are ``config.rules``: ``hidden`` (v1, the default; registered as ``lab``) or ``stated``
     (registered as ``lab-stated``, `stated_suite`); ``hidden`` with ``config.told`` is the hidden world whose
-    prompts also tell the rules' facts of the initial state (registered as ``lab-told``, `told_suite`).
+    prompts also tell the rules' facts of the initial state (registered as ``lab-told``, `told_suite`), and
+    ``hidden`` with ``config.blind`` the hidden world without the tools that only look (``lab-blind``,
+    `blind_suite`).
 
     Categories (`categories`): hidden rules ``relocate``, ``ship``, ``fill``, ``make_room``, ``ship_two``,
     ``full_job`` (`benchmarks.lab.hidden`); stated rules ``count`` instead of ``fill``
@@ -134,8 +136,10 @@ class LabSuite:
         return out
 
     def make_backend(self, task: Task) -> LabBackend:
-        """A fresh backend in the task's initial state."""
-        return LabBackend(Warehouse.from_dict(task.metadata["initial_state"]))
+        """A fresh backend in the task's initial state; a blind task's (``LabConfig(blind=True)``) answers only
+        the tools the task offers."""
+        offered = [t.name for t in task.tools] if task.metadata.get("config", {}).get("blind") else None
+        return LabBackend(Warehouse.from_dict(task.metadata["initial_state"]), offered)
 
     def ground_truth(self, task: Task) -> list[list[ToolCall]]:
         """The reference calls of each user turn."""
@@ -299,4 +303,14 @@ def told_suite() -> LabSuite:
     ``lab`` suite's tasks, task ids, backend and verifier."""
     suite = LabSuite(LabConfig(told=True))
     suite.name = "lab-told"
+    return suite
+
+
+def blind_suite() -> LabSuite:
+    """The hidden-rules world without the tools that only look, with the default knobs (``LabConfig(blind=True)``,
+    `benchmarks.lab.hidden`; registered as suite ``lab-blind``): the ``lab`` suite's tasks and task ids, no
+    ``locate`` or ``list_shelf`` (the backend refuses them) and references that make no look call, so a
+    rehearsal of a move is the only way to see whether it breaks the item before committing it."""
+    suite = LabSuite(LabConfig(blind=True))
+    suite.name = "lab-blind"
     return suite

@@ -100,6 +100,11 @@ class LabConfig:
         told: hidden rules only: the system prompt also tells what the rules make of this task's initial state,
             each shelf's free slots and each item's box label prefix (`benchmarks.lab.hidden.told_facts_text`;
             suite ``lab-told``). The tasks, their ids, splits, backend and verifier are the hidden world's.
+        blind: hidden rules only: the tools that only look (``locate``, ``list_shelf``: `LOOK_TOOLS`) are not
+            offered and the backend refuses them, and the reference solutions make no look call, so whether a
+            shelf is full is known only to a model that has learned the capacities, or to a rehearsal of the
+            move (suite ``lab-blind``; `benchmarks.lab.hidden`). The tasks, ids, splits and verifier are the
+            hidden world's.
 
     The calls may be written in either of the formats the env parses (Hermes ``<tool_call>`` blocks or
     BFCL's ``[f(a=1)]``); the tool schemas are in the system prompt, as in BFCL.
@@ -117,6 +122,7 @@ class LabConfig:
     distractors: bool = False
     user_turns: int = 1
     told: bool = False
+    blind: bool = False
 
     def __post_init__(self) -> None:
         if self.rules not in RULES:
@@ -125,6 +131,11 @@ class LabConfig:
             raise ValueError(
                 "LabConfig: told states the hidden rules' facts of a task's initial state; set rules='hidden' or "
                 "told=False (the stated rules already state every rule)"
+            )
+        if self.blind and self.rules != "hidden":
+            raise ValueError(
+                "LabConfig: blind takes the look tools away from the hidden rules' tasks; set rules='hidden' or "
+                "blind=False (the stated rules state every rule, so there is nothing to look up)"
             )
         if self.rules == "hidden" and self.distractors:
             raise ValueError("LabConfig: distractors are a stated-rules knob; set rules='stated' or distractors=False")
@@ -151,13 +162,14 @@ class LabConfig:
             raise ValueError(f"LabConfig: user_turns must be 1 or 2, got {self.user_turns}")
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields by name, ``told`` only when True: a config without the told facts writes the same dict
-        whether or not the field exists, so the hidden and stated worlds' task metadata and the model folders
+        """The fields by name, ``told`` and ``blind`` only when True: a config without them writes the same dict
+        whether or not the fields exist, so the hidden and stated worlds' task metadata and the model folders
         named by a hash of the default config (`benchmarks.lab.lab_tiny.lab_tiny_dir`,
-        `agents.models.lab_model_dir`) do not depend on it."""
+        `agents.models.lab_model_dir`) do not depend on them."""
         fields = dict(self.__dict__)
-        if not self.told:
-            del fields["told"]
+        for flag in ("told", "blind"):
+            if not fields[flag]:
+                del fields[flag]
         return fields
 
     @property

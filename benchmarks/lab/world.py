@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ __all__ = [
     "LabBackend",
     "TOOLS",
     "HIDDEN_TOOLS",
+    "LOOK_TOOLS",
     "DISTRACTOR_TOOLS",
     "rules_text",
     "layout_text",
@@ -133,6 +135,8 @@ HIDDEN_TOOLS = {
     ),
 }
 """The tools of the hidden-rules world: the same names and arguments, descriptions that state no rule."""
+LOOK_TOOLS = ("locate", "list_shelf")
+"""The tools that only look (no state change); the blind variant (``LabConfig(blind=True)``) does not offer them."""
 DISTRACTOR_TOOLS = {
     "count_items": ToolSpec(
         "count_items",
@@ -247,10 +251,14 @@ class LabBackend:
 
     Args:
         state: the initial state (copied).
+        tools: the tool names it answers (None: every tool of `TOOLS` and `DISTRACTOR_TOOLS`); another name
+            gets the unknown-tool error output (the blind variant refuses `LOOK_TOOLS` this way).
     """
 
-    def __init__(self, state: Warehouse) -> None:
+    def __init__(self, state: Warehouse, tools: Collection[str] | None = None) -> None:
         self.state = Warehouse.from_dict(state.to_dict())
+        known = frozenset({*TOOLS, *DISTRACTOR_TOOLS})
+        self.tools = known if tools is None else known & frozenset(tools)
 
     def snapshot(self) -> bytes:
         """The state as canonical JSON bytes."""
@@ -258,9 +266,7 @@ class LabBackend:
 
     def execute(self, call: ToolCall) -> str:
         """Run one call; an unknown tool or bad argument gives an ``{"error": ...}`` output, never an exception."""
-        handler = (
-            getattr(self, f"_tool_{call.name}", None) if call.name in TOOLS or call.name in DISTRACTOR_TOOLS else None
-        )
+        handler = getattr(self, f"_tool_{call.name}", None) if call.name in self.tools else None
         if handler is None:
             return _out({"error": f"unknown tool {call.name!r}"})
         args = call.arguments if isinstance(call.arguments, dict) else {}
