@@ -24,13 +24,14 @@ TWINS = {"stated": "EnvACE-LabDiscrete-v0", "hidden": "EnvACE-LabHiddenDiscrete-
 def discrete_twin(suite: str) -> str | None:
     """The env id of registered suite `suite`'s discrete twin, or None when it has none: not a lab suite, a lab
     variant with more than one user turn (a twin's observation holds the whole instruction from the start, which
-    would show a later turn's request before the text policy sees it), or a told variant (``lab-told``: the twin's
-    observation holds none of the facts its prompt tells, so it would see less than the text policy)."""
+    would show a later turn's request before the text policy sees it), a told variant (``lab-told``: the twin's
+    observation holds none of the facts its prompt tells, so it would see less than the text policy), or a blind
+    one (``lab-blind``: the twin's actions include the looks the blind world refuses)."""
     from envace_gym.suites import make_suite
 
     config = getattr(make_suite(suite), "config", None)
     rules = getattr(config, "rules", None)
-    if getattr(config, "user_turns", 1) != 1 or getattr(config, "told", False):
+    if getattr(config, "user_turns", 1) != 1 or getattr(config, "told", False) or getattr(config, "blind", False):
         return None
     return TWINS.get(rules) if isinstance(rules, str) else None
 

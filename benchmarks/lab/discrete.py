@@ -90,6 +90,11 @@ class LabDiscreteEnv(gym.Env[np.ndarray, int]):
             raise ValueError(f"suite {suite!r} is not a lab suite (it has no score(task, calls, reply))")
         if self.suite.config.rules != self.rules:
             raise ValueError(self._wrong_rules(suite))
+        if self.suite.config.blind:
+            raise ValueError(
+                f"suite {suite!r} is blind (no look tools); the discrete twins' actions include the looks: pass "
+                "suite='lab' (the blind variant has no discrete twin)"
+            )
         self.tasks: list[Task] = self.suite.tasks(categories, split)
         config = self.suite.config
         self.shelves = list(string.ascii_uppercase[: config.num_shelves])
