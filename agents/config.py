@@ -763,15 +763,36 @@ def load_dataclass(cls: type, path: str | Path | None = None, **overrides: Any) 
 
     Raises:
         ValueError: the YAML names an unknown field (the message lists the valid ones), or a value is invalid.
+        yaml.YAMLError: the file is not YAML, or gives one key twice in a mapping (which one, on which lines).
     """
     return _load(cls, path, {k: v for k, v in overrides.items() if v is not None})
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: YAML keeps the last silently, so a
+    recipe copied with a field left in twice would run with whichever came last."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"{key!r} is given twice in one mapping (lines {seen[key] + 1} and {key_node.start_mark.line + 1});"
+                    " keep one",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 def _load(cls: type, path: str | Path | None, overrides: dict[str, Any]) -> Any:
     """`load_dataclass` with every override applied, None included (an explicit ``--limit none``)."""
     values: dict[str, Any] = {}
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        loaded = yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: expected a mapping of {cls.__name__} fields, got {type(loaded).__name__}")
         values.update(loaded)

@@ -273,8 +273,27 @@ def _read_tokenizer(name_or_path: str, cache_root: Path):
     else:
         if not Path(name_or_path).is_dir():
             raise FileNotFoundError(f"no model folder at {name_or_path!r} (and it is not {DEFAULT_MODEL!r})")
-        tok = AutoTokenizer.from_pretrained(name_or_path)
+        tok = AutoTokenizer.from_pretrained(_run_model(Path(name_or_path).expanduser()))
     return tok
+
+
+def _run_model(path: Path) -> Path:
+    """`path`, or, when it is a training run folder (an ``sft`` or ``grpo`` stage, ``envace train --run-dir``: it
+    holds ``checkpoints/`` and no weights of its own), the model folder of its newest complete checkpoint, so
+    ``--model runs/lab/sft`` loads what that run trained.
+
+    Raises:
+        FileNotFoundError: a run folder with no complete checkpoint yet.
+    """
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    if not (path / "checkpoints").is_dir() or any((path / w).is_file() for w in weights):
+        return path
+    from agents.training.checkpoint import latest_checkpoint
+
+    checkpoint = latest_checkpoint(path)
+    if checkpoint is None:
+        raise FileNotFoundError(f"{str(path)!r} is a training run folder with no complete checkpoint yet")
+    return checkpoint / "model"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -510,6 +529,7 @@ def _resolve(name_or_path: str, cache_root: Path) -> Path:
         return ensure_lab_tiny_model(cache_root)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
+        path = _run_model(path)
         if not (path / "config.json").is_file():
             raise ValueError(
                 f"{str(path)!r} is a folder but holds no config.json; pass a Hugging Face model folder "

@@ -50,6 +50,10 @@ BAD_YAML = [
     ("model: ''", "model must name a model"),
     ("group_size: four", "group_size must be an integer"),
     ("tensorboard: maybe", "tensorboard must be true or false"),
+    # YAML keeps the last of two equal keys silently: a recipe copied with a field left in twice must not run
+    ("seed: 1\nnum_steps: 2\nseed: 3", "'seed' is given twice in one mapping (lines 1 and 3)"),
+    ("optim: {lr: 0.1, lr: 0.2}", "'lr' is given twice in one mapping"),
+    ("num_steps: [2", "expected ',' or ']'"),
 ]
 
 
