@@ -3,6 +3,12 @@ once it has been trained to read them, and which control locates the difference.
 
     python -m benchmarks.experiments.lab_ttr                                            # 3 seeds (defaults below)
     python -m benchmarks.experiments.lab_ttr --warm runs/lab_ablations/warm_start/sft   # reuse a warm start
+    python -m benchmarks.experiments.lab_ttr --recipe configs/recipes/lab-blind.yaml    # the blind variant
+
+The blind variant (suite ``lab-blind``, `benchmarks.lab.hidden`) offers no look tool, so whether a move breaks
+an item is known only to a learned rule or to a rehearsal of the move; in the default world the committed run can
+always look first, so a memory carries nothing it cannot get in time. A run on it is its own results kind
+(`result_kind`).
 
 Protocol (fixed before any result was seen, except the two SFT runs from scratch of step 2, added after the
 continuations had been measured, for the reason given there; every setting is reported):

@@ -159,9 +159,7 @@ def _free(out: dict[str, Any]) -> int:
     return free if isinstance(free, int) else 0
 
 
-def solve(
-    category: str, layout: Layout, slots: dict[str, str], ask: Ask, *, look: bool = True
-) -> list[list[ToolCall]]:
+def solve(category: str, layout: Layout, slots: dict[str, str], ask: Ask, *, look: bool = True) -> list[list[ToolCall]]:
     """The family's program: the calls of each instruction part, deciding on what `ask` answers.
 
     Args:

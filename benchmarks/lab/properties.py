@@ -150,9 +150,7 @@ def measure(config: LabConfig | None = None, train_tasks: int = 2000) -> dict[st
             "told_no_rules": (told, told_task, _told_ask(told_task, category, table)),
         }
         for solver, (world, played, ask) in plays.items():
-            program = solve(
-                category, shelves_from_prompt(played), played.metadata["slots"], ask, look=not config.blind
-            )
+            program = solve(category, shelves_from_prompt(played), played.metadata["slots"], ask, look=not config.blind)
             reward = world.score(played, [c for turn in program for c in turn], "Done.").reward
             scores[solver][category].append(reward)
             scores[solver]["overall"].append(reward)

@@ -61,9 +61,10 @@ def test_the_table_names_only_the_training_its_rows_had(tmp_path):
         "p<.05",
         "+0/-0",
     ]
-    # a run with another number of memory tasks is a section of its own, beside the default's
+    # a run on the blind variant or with another number of memory tasks is a section of its own, beside the default's
     store = tmp_path / "results"
-    for kind, tasks in (("lab_ttr", lab_ttr.MEMORY_TASKS), ("lab_ttr_memory_tasks", 160)):
+    for suite, tasks in (("lab", lab_ttr.MEMORY_TASKS), ("lab", 160), ("lab-blind", lab_ttr.MEMORY_TASKS)):
+        kind = lab_ttr.result_kind(suite, tasks)
         (store / kind).mkdir(parents=True)
         command = f"python -m benchmarks.experiments.lab_ttr --memory-tasks {tasks}"
         result = {**after, "kind": kind, "memory_tasks": tasks, "command": command}
@@ -71,6 +72,14 @@ def test_the_table_names_only_the_training_its_rows_had(tmp_path):
     page = render_page(store, tmp_path / "results.md").read_text()
     assert "## Test-time rehearsal on the lab\n" in page
     assert "## Test-time rehearsal on the lab, memory demonstrations of 160 train tasks per family and N" in page
+    assert "## Test-time rehearsal on the lab's blind variant (suite lab-blind" in page
+    assert page.count("## Test-time rehearsal") == 3
+
+
+def test_a_run_on_a_suite_without_a_results_kind_is_refused():
+    assert lab_ttr.result_kind("lab-blind", 160) == "lab_ttr_blind_memory_tasks"
+    with pytest.raises(ValueError, match="lab_ttr runs on suites lab, lab-blind; the recipe's suite is 'lab-told'"):
+        lab_ttr.result_kind("lab-told", lab_ttr.MEMORY_TASKS)
 
 
 @pytest.mark.slow
