@@ -3,6 +3,11 @@
 A results file names the command that measured it; the command's outcome also depends on the code and the
 recipes at the time (a recipe's SFT settings, a world's mistakes), so the page (`benchmarks.results`) shows the
 commit beside the date, and whether the working tree had uncommitted changes then.
+
+Which commit: the one checked out when the process started (when it imported this module, as every measuring
+script does at its top), since that is the code it runs; a run of hours writes its ``results.json`` long after,
+when ``HEAD`` may have moved on. When the checkout at write time differs, it is recorded too
+(``commit_at_write``, ``dirty_at_write``), so a result never names only a commit it did not run on.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["provenance"]
+__all__ = ["provenance", "mark_start"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,14 +30,34 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip()
 
 
-def provenance() -> dict[str, Any]:
-    """``{"date": "YYYY-MM-DD", "commit": <40 hex digits> | None, "dirty": bool | None}``: today's date, the
-    checkout's ``HEAD`` and whether the tree differs from it: changed tracked files or new files git does not
-    ignore (both None outside a git checkout)."""
+def _checkout() -> tuple[str | None, bool | None]:
+    """(``HEAD``, whether the tree differs from it: changed tracked files or new files git does not ignore), both
+    None outside a git checkout."""
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain") if commit else None  # ignored files (runs/) do not count
-    return {
-        "date": datetime.date.today().isoformat(),
-        "commit": commit,
-        "dirty": None if status is None else bool(status),
-    }
+    return commit, None if status is None else bool(status)
+
+
+_started: dict[Path, tuple[str | None, bool | None]] = {}
+
+
+def mark_start() -> None:
+    """Record the checkout as this process's start (done when this module is first imported; call it again where
+    a process starts another measurement)."""
+    _started[ROOT] = _checkout()
+
+
+def provenance() -> dict[str, Any]:
+    """``{"date": "YYYY-MM-DD", "commit": <40 hex digits> | None, "dirty": bool | None}``: today's date and the
+    checkout at the start of this process (`mark_start`: ``HEAD``, and whether the tree had changed tracked
+    files or new files git does not ignore; both None outside a git checkout), plus ``commit_at_write`` and
+    ``dirty_at_write`` when the checkout now differs from it."""
+    now = _checkout()
+    commit, dirty = _started.setdefault(ROOT, now)
+    out: dict[str, Any] = {"date": datetime.date.today().isoformat(), "commit": commit, "dirty": dirty}
+    if now != (commit, dirty):
+        out |= {"commit_at_write": now[0], "dirty_at_write": now[1]}
+    return out
+
+
+mark_start()

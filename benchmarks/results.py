@@ -98,10 +98,14 @@ def _ci(mean: float | None, half: float | None, digits: int = 3) -> str:
 
 
 def _date(result: dict[str, Any]) -> str:
-    """`` (date, commit abc1234)`` from a result's `benchmarks.provenance.provenance` fields (what it holds)."""
+    """`` (date, commit abc1234)`` from a result's `benchmarks.provenance.provenance` fields (what it holds), and
+    ``written at commit def5678`` when the checkout moved while the run ran."""
     parts = [result["date"]] if "date" in result else []
     if result.get("commit"):
         parts.append(f"commit {result['commit'][:7]}" + (" with local changes" if result.get("dirty") else ""))
+    if result.get("commit_at_write"):  # the checkout moved while the run ran (`benchmarks.provenance`)
+        written = f"{result['commit_at_write'][:7]}" + (" with local changes" if result.get("dirty_at_write") else "")
+        parts.append(f"written at commit {written}")
     return f" ({', '.join(parts)})" if parts else ""
 
 

@@ -171,13 +171,58 @@ def test_provenance_counts_changed_and_new_files_as_local_changes_but_not_ignore
     git("add", ".")
     git("commit", "-q", "-m", "first")
     monkeypatch.setattr(prov, "ROOT", repo)
-    clean = prov.provenance()
-    assert clean["dirty"] is False and len(clean["commit"]) == 40
+
+    def started() -> dict:
+        prov.mark_start()  # a process starting now
+        return prov.provenance()
+
+    clean = started()
+    assert clean["dirty"] is False and len(clean["commit"]) == 40 and "commit_at_write" not in clean
     (repo / "runs").mkdir()
     (repo / "runs" / "results.json").write_text("{}")  # outputs of a run: ignored
-    assert prov.provenance()["dirty"] is False
+    assert started()["dirty"] is False
     (repo / "new_script.py").write_text("print(1)\n")  # a new file git does not ignore
-    assert prov.provenance()["dirty"] is True
+    assert started()["dirty"] is True
     (repo / "new_script.py").unlink()
     (repo / "recipe.yaml").write_text("lr: 2\n")  # a changed tracked file
-    assert prov.provenance() == {"date": clean["date"], "commit": clean["commit"], "dirty": True}
+    assert started() == {"date": clean["date"], "commit": clean["commit"], "dirty": True}
+
+
+def test_a_result_names_the_commit_its_process_started_on_and_the_one_it_was_written_at(tmp_path, monkeypatch):
+    """A run of hours writes results.json after HEAD moved: the start commit is the code it ran."""
+    import shutil
+    import subprocess
+
+    from benchmarks import provenance as prov
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True
+        )
+        return done.stdout.decode().strip()
+
+    git("init", "-q")
+    (repo / "a.py").write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    monkeypatch.setattr(prov, "ROOT", repo)
+    prov.mark_start()
+    first = git("rev-parse", "HEAD")
+    (repo / "a.py").write_text("x = 2\n")
+    git("commit", "-q", "-am", "second")  # committed while the run ran
+    second = git("rev-parse", "HEAD")
+    (repo / "b.py").write_text("y = 1\n")  # and an uncommitted file since
+    recorded = prov.provenance()
+    assert (recorded["commit"], recorded["dirty"]) == (first, False)
+    assert (recorded["commit_at_write"], recorded["dirty_at_write"]) == (second, True)
+    run, store = tmp_path / "run", tmp_path / "store"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(_tiny_sft_result(random.Random(1)) | recorded))
+    results.store(run, store)
+    page = results.render(store, tmp_path / "results.md").read_text()
+    assert f"commit {first[:7]}, written at commit {second[:7]} with local changes)" in page
