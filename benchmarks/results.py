@@ -273,10 +273,14 @@ def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
 
 
 def render_rehearsal_rl(result: dict[str, Any], folder: Path) -> list[str]:
-    """The rehearsal-aware RL section (`benchmarks.experiments.lab_rehearsal_rl`): its printed table."""
+    """The rehearsal-aware RL section (`benchmarks.experiments.lab_rehearsal_rl`): its printed table; a run on the blind
+    variant (kind ``lab_rehearsal_rl_blind``) is its own section."""
     from benchmarks.experiments.result_tables import rehearsal_rl_table
 
-    return _table_section("Rehearsal-aware RL on the lab", rehearsal_rl_table(result), result, folder, plots=False)
+    title = "Rehearsal-aware RL on the lab"
+    if result.get("kind") == "lab_rehearsal_rl_blind":
+        title += "'s blind variant (suite lab-blind)"
+    return _table_section(title, rehearsal_rl_table(result), result, folder, plots=False)
 
 
 def render_env_cost(result: dict[str, Any], folder: Path) -> list[str]:
@@ -335,6 +339,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_ttr_blind": render_ttr,
     "lab_ttr_blind_memory_tasks": render_ttr,
     "lab_rehearsal_rl": render_rehearsal_rl,
+    "lab_rehearsal_rl_blind": render_rehearsal_rl,
     "lab_env_cost": render_env_cost,
     "judge_agreement": render_judge_agreement,
     "engines_equal_work": render_engines,

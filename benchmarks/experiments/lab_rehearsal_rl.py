@@ -88,6 +88,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     per_seed = bool(args.warm) and "{seed}" in args.warm
     first = argparse.Namespace(**{**vars(args), "warm": args.warm.format(seed=0) if per_seed else args.warm})
     recipe, models, stages, warm = start_recipe_run(first, log)
+    result_kind(recipe.suite)  # an unsupported suite fails before any training
 
     def start_of(seed: int) -> str:
         return latest_model(args.warm.format(seed=seed)) if per_seed else warm
@@ -163,6 +164,21 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     return results
 
 
+SUITE_KINDS = {"lab": "lab_rehearsal_rl", "lab-blind": "lab_rehearsal_rl_blind"}
+"""The results kind of a run on each suite it supports (each its own section on the results page)."""
+
+
+def result_kind(suite: str) -> str:
+    """The ``kind`` of a run's ``results.json`` on the recipe's `suite` (`SUITE_KINDS`).
+
+    Raises:
+        ValueError: a suite without a kind (the experiment is built for the hidden-rules lab and its blind variant).
+    """
+    if suite not in SUITE_KINDS:
+        raise ValueError(f"lab_rehearsal_rl runs on suites {', '.join(SUITE_KINDS)}; the recipe's suite is {suite!r}")
+    return SUITE_KINDS[suite]
+
+
 def summarize(args, recipe, warm, measured, training) -> dict[str, Any]:
     """The results.json body: one row per (policy, N), paired with ``role_grpo_equal_tokens`` at the same N."""
     rows = []
@@ -180,7 +196,7 @@ def summarize(args, recipe, warm, measured, training) -> dict[str, Any]:
         rows.append(row)
     g = recipe.grpo
     return {
-        "kind": "lab_rehearsal_rl",
+        "kind": result_kind(recipe.suite),
         "recipe": str(args.recipe),
         "model": recipe.model,
         "start": warm,

@@ -20,6 +20,13 @@ def test_options_are_checked():
             lab_rehearsal_rl.parse_args(bad)
 
 
+def test_a_run_is_a_results_kind_of_its_suite():
+    assert lab_rehearsal_rl.result_kind("lab") == "lab_rehearsal_rl"
+    assert lab_rehearsal_rl.result_kind("lab-blind") == "lab_rehearsal_rl_blind"
+    with pytest.raises(ValueError, match="runs on suites lab, lab-blind; the recipe's suite is 'lab-stated'"):
+        lab_rehearsal_rl.result_kind("lab-stated")
+
+
 @pytest.mark.slow
 def test_equal_token_arm_matches_the_rehearsing_arms_tokens_and_a_rerun_resumes(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
