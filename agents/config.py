@@ -762,8 +762,8 @@ def load_dataclass(cls: type, path: str | Path | None = None, **overrides: Any) 
     (an override of None means "not given"; a nested config's override is a mapping of its fields).
 
     Raises:
-        ValueError: the YAML names an unknown field (the message lists the valid ones), or a value is invalid.
-        yaml.YAMLError: the file is not YAML, or gives one key twice in a mapping (which one, on which lines).
+        ValueError: the file is not YAML or gives one key twice in a mapping (the message names the file and the
+            line), the YAML names an unknown field (the message lists the valid ones), or a value is invalid.
     """
     return _load(cls, path, {k: v for k, v in overrides.items() if v is not None})
 
@@ -773,26 +773,49 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     recipe copied with a field left in twice would run with whichever came last."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
+        seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # <<: *defaults: a key written here overrides a merged one
+                continue
             key = self.construct_object(key_node, deep=deep)
-            if key in seen:
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the safe loader's own error says so
+                continue
+            if first is not None:
                 raise yaml.constructor.ConstructorError(
                     None,
                     None,
-                    f"{key!r} is given twice in one mapping (lines {seen[key] + 1} and {key_node.start_mark.line + 1});"
-                    " keep one",
+                    f"{key!r} is given twice in one mapping (line {first.line + 1} and line "
+                    f"{key_node.start_mark.line + 1}); keep one",
                     key_node.start_mark,
                 )
-            seen[key] = key_node.start_mark.line
+            seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(path: str | Path) -> Any:
+    """The YAML file at `path` (`_UniqueKeyLoader`).
+
+    Raises:
+        ValueError: not YAML, or a key given twice in one mapping: one line naming the file, the problem and
+            where.
+    """
+    try:
+        return yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ValueError(f"{path}: {err.problem or err.context}{where}") from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def _load(cls: type, path: str | Path | None, overrides: dict[str, Any]) -> Any:
     """`load_dataclass` with every override applied, None included (an explicit ``--limit none``)."""
     values: dict[str, Any] = {}
     if path is not None:
-        loaded = yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader) or {}
+        loaded = _read_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: expected a mapping of {cls.__name__} fields, got {type(loaded).__name__}")
         values.update(loaded)

@@ -278,22 +278,26 @@ def _read_tokenizer(name_or_path: str, cache_root: Path):
 
 
 def _run_model(path: Path) -> Path:
-    """`path`, or, when it is a training run folder (an ``sft`` or ``grpo`` stage, ``envace train --run-dir``: it
-    holds ``checkpoints/`` and no weights of its own), the model folder of its newest complete checkpoint, so
-    ``--model runs/lab/sft`` loads what that run trained.
+    """`path`, when it is not a training run folder.
 
     Raises:
-        FileNotFoundError: a run folder with no complete checkpoint yet.
+        ValueError: `path` is a training run folder (an ``sft`` or ``grpo`` stage, ``envace train --run-dir``: it
+            holds ``checkpoints/`` and no weights of its own); the message names the model folder of its newest
+            complete checkpoint to pass instead. Not resolved silently: a run that saves another checkpoint
+            later would then change what the same argument loads, under the same recorded name.
     """
-    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
     if not (path / "checkpoints").is_dir() or any((path / w).is_file() for w in weights):
         return path
     from agents.training.checkpoint import latest_checkpoint
 
     checkpoint = latest_checkpoint(path)
     if checkpoint is None:
-        raise FileNotFoundError(f"{str(path)!r} is a training run folder with no complete checkpoint yet")
-    return checkpoint / "model"
+        raise ValueError(f"{str(path)!r} is a training run folder with no complete checkpoint yet, not a model folder")
+    raise ValueError(
+        f"{str(path)!r} is a training run folder, not a model folder; pass the model of one of its checkpoints, "
+        f"e.g. its newest: {str(checkpoint / 'model')!r}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------

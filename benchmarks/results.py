@@ -2,7 +2,7 @@
 
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``,
-``lab_ablations_budget``, ``lab_grpo_budget_valid``, ``lab_grpo_budget``, ``lab_ttr`` (and its ``_blind`` and
+``lab_ablations_budget``, ``lab_grpo_budget_valid``, ``lab_grpo_budget``, ``lab_ttr`` (and its ``_blind``, ``_stated`` and
 ``_memory_tasks`` kinds), ``lab_rehearsal_rl``,
 ``lab_env_cost``, ``judge_agreement``, ``engines_equal_work``) and renders every stored result into
 ``docs/results.md``; with no folder given it only re-renders. Numbers appear in the page only as this command
@@ -257,6 +257,17 @@ def _table_section(title: str, table: list[str], result: dict[str, Any], folder:
     return lines
 
 
+WORLDS = {
+    "_blind": "'s blind variant (suite lab-blind: no look tools, so only a rehearsal shows a move break an item)",
+    "_stated": "'s stated-rules world (suite lab-stated)",
+}
+"""What a kind's world infix (``lab_ttr_blind``, ``lab_rehearsal_rl_stated``) adds to its section's title."""
+
+
+def _world(kind: str) -> str:
+    return next((title for infix, title in WORLDS.items() if infix + "_" in kind + "_"), "")
+
+
 def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
     """The test-time rehearsal section (`benchmarks.experiments.lab_ttr`): its printed table and its plot. A run on
     the blind variant (kind ``lab_ttr_blind``) or with another number of memory tasks than the script's default
@@ -264,9 +275,7 @@ def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
     from benchmarks.experiments.result_tables import ttr_table
 
     kind = str(result.get("kind", "lab_ttr"))
-    title = "Test-time rehearsal on the lab"
-    if kind.startswith("lab_ttr_blind"):
-        title += "'s blind variant (suite lab-blind: no look tools, so only a rehearsal shows a move break an item)"
+    title = "Test-time rehearsal on the lab" + _world(kind)
     if kind.endswith("_memory_tasks"):
         title += f", memory demonstrations of {result['memory_tasks']} train tasks per family and N"
     return _table_section(title, ttr_table(result), result, folder, plots=True)
@@ -277,9 +286,7 @@ def render_rehearsal_rl(result: dict[str, Any], folder: Path) -> list[str]:
     variant (kind ``lab_rehearsal_rl_blind``) is its own section."""
     from benchmarks.experiments.result_tables import rehearsal_rl_table
 
-    title = "Rehearsal-aware RL on the lab"
-    if result.get("kind") == "lab_rehearsal_rl_blind":
-        title += "'s blind variant (suite lab-blind)"
+    title = "Rehearsal-aware RL on the lab" + _world(str(result.get("kind", "")))
     return _table_section(title, rehearsal_rl_table(result), result, folder, plots=False)
 
 
@@ -338,8 +345,11 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_ttr_memory_tasks": render_ttr,
     "lab_ttr_blind": render_ttr,
     "lab_ttr_blind_memory_tasks": render_ttr,
+    "lab_ttr_stated": render_ttr,
+    "lab_ttr_stated_memory_tasks": render_ttr,
     "lab_rehearsal_rl": render_rehearsal_rl,
     "lab_rehearsal_rl_blind": render_rehearsal_rl,
+    "lab_rehearsal_rl_stated": render_rehearsal_rl,
     "lab_env_cost": render_env_cost,
     "judge_agreement": render_judge_agreement,
     "engines_equal_work": render_engines,

@@ -76,12 +76,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean "this input cannot run" (a bad option, an unsolvable budget, a busy or changed run
     folder, a missing file, a config file that is not YAML or gives a key twice): reported in one line, exit
     code 2, like argparse's own errors."""
-    import yaml
-
     from agents.training.checkpoint import CheckpointError
     from agents.training.run_folder import RunFolderError
 
-    return (ValueError, FileNotFoundError, NotADirectoryError, RunFolderError, CheckpointError, yaml.YAMLError)
+    return (ValueError, FileNotFoundError, NotADirectoryError, RunFolderError, CheckpointError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

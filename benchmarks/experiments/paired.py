@@ -5,6 +5,7 @@ per-task rewards by seed."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -82,15 +83,21 @@ def load_recipe(path: str | Path, out: str | Path, threads: int, limit: int | No
     )
 
 
-def start_recipe_run(args: Any, log: Any = print) -> tuple[Any, Any, Any, str]:
+def start_recipe_run(args: Any, log: Any = print, suites: Collection[str] | None = None) -> tuple[Any, Any, Any, str]:
     """The start every lab experiment shares: the recipe at ``args.recipe`` (its evaluations limited to
     ``args.limit`` tasks per family, ``args.threads`` torch threads), the default model store, a stage runner
     in ``args.out`` and the warm start: the newest checkpoint of the SFT run folder ``args.warm``, or the
     recipe's SFT stage run (or resumed) in ``<out>/warm_start/sft``.
 
+    Args:
+        suites: the suites the experiment supports (None: any); checked before any training.
+
     Returns:
         ``(recipe, models, stages, warm)``: the `agents.pipeline.PipelineConfig`, the `agents.models.ModelStore`,
         the `agents.pipeline.StageRunner` and the warm start's model folder.
+
+    Raises:
+        ValueError: the recipe's suite is not one of `suites`.
     """
     import torch
 
@@ -100,6 +107,10 @@ def start_recipe_run(args: Any, log: Any = print) -> tuple[Any, Any, Any, str]:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     recipe = load_recipe(args.recipe, out, args.threads, args.limit)
+    if suites is not None and recipe.suite not in suites:
+        raise ValueError(
+            f"this experiment runs on suites {', '.join(suites)}; the recipe {args.recipe} names suite {recipe.suite!r}"
+        )
     models = default_store()
     stages = StageRunner(out, log)
     if args.warm:

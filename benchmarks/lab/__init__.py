@@ -3,7 +3,8 @@ on 2 CPU cores, behind the same suite interface as BFCL (registered as suite ``l
 
 Two rule sets: suite ``lab`` (hidden rules, v1, the default; `benchmarks.lab.hidden`) and ``lab-stated``
 (rules stated in the prompt; `benchmarks.lab.tasks`); suite ``lab-told`` is ``lab`` with the rules' facts of
-each task's initial state told in the prompt (``LabConfig(told=True)``). ``CATEGORIES`` are the stated world's
+each task's initial state told in the prompt (``LabConfig(told=True)``), ``lab-blind`` is ``lab`` without the
+tools that only look (``LabConfig(blind=True)``). ``CATEGORIES`` are the stated world's
 families; a suite's own are ``LabSuite(...).categories``.
 
 * `benchmarks.lab.world`: the state, the tools and their rules (`LabBackend`, the real backend).

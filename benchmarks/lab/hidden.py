@@ -168,8 +168,10 @@ def solve(category: str, layout: Layout, slots: dict[str, str], ask: Ask, *, loo
         slots: what the instruction names (``x``, ``y``, ``w``, ``a``, ``b``, ``d1``, ``d2``, ``e``).
         ask: answers each call in order (`Ask`); an answer without the field a decision reads counts as
             "no room" / no label.
-        look: emit the ``list_shelf`` calls a decision reads. False (the blind variant): `ask` still answers
-            them, but they are left out of the program, so the decision is the rule's, not an output's.
+        look: emit the ``list_shelf`` calls a decision reads. False (the blind variant): they are asked but left
+            out of the program, so the decision is the rule's, not an output's; `ask` must then answer looks (a
+            blind task's own backend refuses them, which would read as "no room": pass an unrestricted
+            `LabBackend`, as `make_hidden_task` does).
 
     Raises:
         ValueError: an unknown category.

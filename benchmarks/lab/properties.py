@@ -2,13 +2,16 @@
 
     python -m benchmarks.lab.properties [--train-tasks 2000] [--json out.json]
 
-Four scripted solvers play every test task through its family's program (`benchmarks.lab.hidden.solve`) and
+Five scripted solvers play every test task through its family's program (`benchmarks.lab.hidden.solve`) and
 are scored by the suite's verifier (replay on the real backend):
 
 * reference: the program answered by the real backend (the reference solution). Must be 1.0.
 * rules, no outputs: answered by a private copy of the world built from the layout the prompt *writes* (it
   knows the rules, never reads a real output). 1.0 shows that the prompt's state and the rules decide every
   output: nothing is hidden but the rules.
+* outputs, no rules: every output-derived value comes from the real output of the call the program makes, where
+  the task offers that tool, and from the no-rules table below where it does not. 1.0 in the hidden world (every
+  value can be read off an output in time); in the blind variant, a guess wherever a decision needs a look.
 * no rules: every output-derived value (a box label, the free slots) is the most frequent value that field
   had at that point of the family's program over the first ``--train-tasks`` train-stream tasks. What a
   policy that ignores outputs and knows no rule can reach; at most 0.25.
@@ -21,8 +24,9 @@ are scored by the suite's verifier (replay on the real backend):
   (packing the first of two items from one shelf moves the second up a position).
 
 ``--blind`` measures the blind variant (``LabConfig(blind=True)``, suite ``lab-blind``): the programs emit no
-look call, a look's answer still decides (the rules'), so the same four numbers say what knowing the rules,
-or not, is worth without looking. Prints one row per family and the overall fraction; ``--json`` writes them.
+look call; where a decision reads a look, the reference and the rules-only solver answer it from the rules, the
+outputs-only solver cannot, and its row shows what losing the looks costs a solver that knows no rule (the told
+row plays ``LabConfig(told=True, blind=True)``). Prints one row per family and the overall fraction; ``--json`` writes them.
 """
 
 from __future__ import annotations
@@ -95,6 +99,15 @@ def _table_ask(category: str, table: dict[tuple[str, str, int, str], Any]) -> As
     return ask
 
 
+def _outputs_ask(task: Task, category: str, table: dict[tuple[str, str, int, str], Any]) -> Ask:
+    """Answers from the real backend for the tools `task` offers, from `table` (`most_frequent_outputs`) for the
+    others: knows no rule and reads every output the world lets it see (in the blind variant, no look)."""
+    real = backend_ask(_rules(task))
+    guess = _table_ask(category, table)
+    offered = {t.name for t in task.tools}
+    return lambda call: real(call) if call.name in offered else guess(call)
+
+
 def _told_ask(task: Task, category: str, table: dict[tuple[str, str, int, str], Any]) -> Ask:
     """Answers from the told facts of `task`'s prompt (`benchmarks.lab.hidden.told_facts_from_prompt`): a shelf's
     told free slots; a pack's told label prefix with the count suffix of `table`'s label at that point of the
@@ -116,7 +129,7 @@ def _told_ask(task: Task, category: str, table: dict[tuple[str, str, int, str], 
     return ask
 
 
-SOLVERS = ("reference", "rules_no_outputs", "no_rules", "told_no_rules")
+SOLVERS = ("reference", "rules_no_outputs", "outputs_no_rules", "no_rules", "told_no_rules")
 """The solvers `measure` scores (module docstring)."""
 
 
@@ -146,6 +159,7 @@ def measure(config: LabConfig | None = None, train_tasks: int = 2000) -> dict[st
         plays = {  # solver -> (the world, its task, the answers)
             "reference": (suite, task, backend_ask(_rules(task))),
             "rules_no_outputs": (suite, task, backend_ask(private)),
+            "outputs_no_rules": (suite, task, _outputs_ask(task, category, table)),
             "no_rules": (suite, task, _table_ask(category, table)),
             "told_no_rules": (told, told_task, _told_ask(told_task, category, table)),
         }
@@ -182,7 +196,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     families = list(config.categories) + ["overall"]
     print(
         f"hidden-rules lab world{', blind' if config.blind else ''}, test split ({config.test_tasks} tasks per "
-        f"family), seed {config.seed}; told_no_rules plays the same tasks told (suite lab-told)"
+        f"family), seed {config.seed}; told_no_rules plays the same tasks told"
+        + (" (LabConfig(told=True, blind=True))" if config.blind else " (suite lab-told)")
     )
     print("\n".join(table(result, families)))
     if args.json:

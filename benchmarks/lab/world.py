@@ -26,7 +26,8 @@ Two rule sets (`Warehouse.rules`), both deterministic functions of the call and 
   labelled ``box-1``, ``box-2``, ... in packing order.
 * ``"hidden"`` (EnvACE-Lab v1, the default world; the prompt shows the layout and none of these rules): each
   shelf's capacity follows its letter (`HIDDEN_CAPACITIES`, cycling: A 2, B 3, C 4, D 2, ...), so whether a
-  shelf is full is known only to ``list_shelf`` (``free``) or to a model that has learned the table; a box
+  shelf is full is known only to ``list_shelf`` (``free``; the blind variant does not offer it, `LOOK_TOOLS`)
+  or to a model that has learned the table; a box
   is labelled from where the item stood and the packing order, ``f"{shelf}{position}-{n}"`` (``"B2-1"``: the
   second item on shelf B, the first box packed), positions counted from 1 at the time of packing (items
   after a removed one move up). Tool descriptions say what a tool is for, not what it answers
@@ -251,14 +252,14 @@ class LabBackend:
 
     Args:
         state: the initial state (copied).
-        tools: the tool names it answers (None: every tool of `TOOLS` and `DISTRACTOR_TOOLS`); another name
+        offered: the tool names it answers (None: every tool of `TOOLS` and `DISTRACTOR_TOOLS`); another name
             gets the unknown-tool error output (the blind variant refuses `LOOK_TOOLS` this way).
     """
 
-    def __init__(self, state: Warehouse, tools: Collection[str] | None = None) -> None:
+    def __init__(self, state: Warehouse, offered: Collection[str] | None = None) -> None:
         self.state = Warehouse.from_dict(state.to_dict())
         known = frozenset({*TOOLS, *DISTRACTOR_TOOLS})
-        self.tools = known if tools is None else known & frozenset(tools)
+        self.offered = known if offered is None else known & frozenset(offered)
 
     def snapshot(self) -> bytes:
         """The state as canonical JSON bytes."""
@@ -266,7 +267,7 @@ class LabBackend:
 
     def execute(self, call: ToolCall) -> str:
         """Run one call; an unknown tool or bad argument gives an ``{"error": ...}`` output, never an exception."""
-        handler = getattr(self, f"_tool_{call.name}", None) if call.name in self.tools else None
+        handler = getattr(self, f"_tool_{call.name}", None) if call.name in self.offered else None
         if handler is None:
             return _out({"error": f"unknown tool {call.name!r}"})
         args = call.arguments if isinstance(call.arguments, dict) else {}

@@ -123,13 +123,14 @@ def test_local_folder_round_trip_and_memo(tmp_path, smol_tokenizer):
     assert tok.encode("hello world") == smol_tokenizer.encode("hello world")
 
 
-def test_a_training_run_folder_loads_its_newest_checkpoints_model(tmp_path, smol_tokenizer):
-    """``--model runs/lab/sft``: a run folder holds a config.json of its own but no weights; its newest complete
-    checkpoint's model is loaded (an incomplete one, without trainer_state.json, is skipped)."""
+def test_a_training_run_folder_is_refused_naming_its_newest_checkpoints_model(tmp_path, smol_tokenizer):
+    """``--model runs/lab/sft``: a run folder holds a config.json of its own but no weights; the error names the
+    model folder of its newest complete checkpoint (an incomplete one, without trainer_state.json, is skipped),
+    which then loads."""
     run = tmp_path / "sft"
     (run / "checkpoints").mkdir(parents=True)  # a run that has not finished its first checkpoint
     (run / "config.json").write_text("{}")  # the run's own config, not a model's
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+    with pytest.raises(ValueError, match="no complete checkpoint yet"):
         load_model(str(run))
     for step, seed in ((10, 1), (20, 2), (30, 3)):
         folder = run / "checkpoints" / f"step_{step:06d}"
@@ -137,9 +138,12 @@ def test_a_training_run_folder_loads_its_newest_checkpoints_model(tmp_path, smol
         smol_tokenizer.save_pretrained(folder / "model")
         if step != 30:
             (folder / "trainer_state.json").write_text("{}")
-    loaded, tok = load_model_and_tokenizer(str(run))
+    newest = run / "checkpoints" / "step_000020" / "model"
+    for load in (load_model, load_model_and_tokenizer):
+        with pytest.raises(ValueError, match=f"training run folder, not a model folder; .* its newest: '{newest}'"):
+            load(str(run))
+    loaded, tok = load_model_and_tokenizer(str(newest))
     assert _same_weights(loaded, tiny_random_model("llama", seed=2))
-    assert tok.encode("hello world") == smol_tokenizer.encode("hello world")
 
 
 def test_unknown_bare_name_is_a_value_error_naming_the_known_ones():

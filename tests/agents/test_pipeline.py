@@ -367,18 +367,33 @@ def test_the_demo_recipe_is_the_hidden_world_on_lab_tiny_and_its_budgets_leave_t
         load_dataclass(PipelineConfig, str(recipe), suite="bfcl")
 
 
-def test_the_told_recipe_is_the_demo_recipe_on_lab_told_and_its_budgets_leave_the_tasks_winnable(no_model_loads):
+@pytest.mark.parametrize("variant", ["told", "blind"])
+def test_a_variant_recipe_is_the_demo_recipe_on_its_suite_and_its_budgets_leave_the_tasks_winnable(
+    no_model_loads, variant
+):
     from pathlib import Path
 
     from agents.pipeline import check_budgets
 
     recipes = Path(__file__).resolve().parents[2] / "configs" / "recipes"
-    told = load_dataclass(PipelineConfig, str(recipes / "lab-told.yaml"))
+    recipe = load_dataclass(PipelineConfig, str(recipes / f"lab-{variant}.yaml"))  # a key given twice fails here
     lab = load_dataclass(PipelineConfig, str(recipes / "lab.yaml"))
-    assert (told.suite, told.run_dir) == ("lab-told", "runs/lab-told")
-    assert dataclasses.replace(told, suite="lab", run_dir="runs/lab") == lab
-    budgets = check_budgets(told, log=lambda *_: None)
+    assert (recipe.suite, recipe.run_dir) == (f"lab-{variant}", f"runs/lab-{variant}")
+    assert dataclasses.replace(recipe, suite="lab", run_dir="runs/lab") == lab
+    budgets = check_budgets(recipe, log=lambda *_: None)
     assert budgets["grpo"]["fraction"] == budgets["eval"]["fraction"] == 1.0
+
+
+def test_every_shipped_recipe_loads_through_its_config():
+    from pathlib import Path
+
+    from agents.config import TrainConfig
+
+    recipes = sorted((Path(__file__).resolve().parents[2] / "configs" / "recipes").glob("*.yaml"))
+    assert len(recipes) >= 5
+    for path in recipes:
+        cls = TrainConfig if path.name == "envace_qwen3_8b.yaml" else PipelineConfig
+        assert load_dataclass(cls, str(path)).model, path
 
 
 def test_a_finished_stage_is_skipped_only_with_its_settings_wherever_the_run_folder_is(tmp_path, monkeypatch):

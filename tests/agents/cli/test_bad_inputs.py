@@ -51,9 +51,10 @@ BAD_YAML = [
     ("group_size: four", "group_size must be an integer"),
     ("tensorboard: maybe", "tensorboard must be true or false"),
     # YAML keeps the last of two equal keys silently: a recipe copied with a field left in twice must not run
-    ("seed: 1\nnum_steps: 2\nseed: 3", "'seed' is given twice in one mapping (lines 1 and 3)"),
+    ("seed: 1\nnum_steps: 2\nseed: 3", "'seed' is given twice in one mapping (line 1 and line 3); keep one (line 3, "),
     ("optim: {lr: 0.1, lr: 0.2}", "'lr' is given twice in one mapping"),
-    ("num_steps: [2", "expected ',' or ']'"),
+    ("num_steps: [2", "c.yaml: expected ',' or ']', but got '<stream end>' (line 2, column 1)"),
+    ("? [1, 2]\n: 3", "found unhashable key"),
 ]
 
 
@@ -70,6 +71,22 @@ def test_bad_yaml_values_fail_fast_naming_the_field(tmp_path, no_model_loads, ca
     path.write_text(line + "\n")
     assert main(["train", "--run-dir", str(tmp_path / "run"), "--config", str(path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_bad_yaml_file_is_one_line_naming_the_file(tmp_path, no_model_loads, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 1\nseed: 2\n")
+    assert main(["train", "--run-dir", str(tmp_path / "run"), "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"envace train: error: {path}: 'seed' is given twice") and err.count("\n") == 1, err
+
+
+def test_yaml_merge_keys_still_load_and_a_merged_key_may_be_overridden(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("base: &base {lr: 0.1, weight_decay: 0.5}\noptim:\n  <<: *base\n  lr: 0.2\n")
+    from agents.config import _read_yaml
+
+    assert _read_yaml(path)["optim"] == {"lr": 0.2, "weight_decay": 0.5}
 
 
 def test_yaml_strings_are_coerced_by_the_field_type(tmp_path):

@@ -23,8 +23,9 @@ def test_options_are_checked():
 def test_a_run_is_a_results_kind_of_its_suite():
     assert lab_rehearsal_rl.result_kind("lab") == "lab_rehearsal_rl"
     assert lab_rehearsal_rl.result_kind("lab-blind") == "lab_rehearsal_rl_blind"
-    with pytest.raises(ValueError, match="runs on suites lab, lab-blind; the recipe's suite is 'lab-stated'"):
-        lab_rehearsal_rl.result_kind("lab-stated")
+    assert lab_rehearsal_rl.result_kind("lab-stated") == "lab_rehearsal_rl_stated"
+    with pytest.raises(ValueError, match="runs on suites lab, lab-blind, lab-stated; the recipe's suite is 'lab-told'"):
+        lab_rehearsal_rl.result_kind("lab-told")
 
 
 @pytest.mark.slow
@@ -53,7 +54,8 @@ def test_equal_token_arm_matches_the_rehearsing_arms_tokens_and_a_rerun_resumes(
 
     page = results_page.render(store_dir=results_page.store(out, tmp_path / "store").parent, page=tmp_path / "r.md")
     text = page.read_text()
-    assert "## Rehearsal-aware RL on the lab" in text and "role_grpo_equal_tokens" in text
+    assert "## Rehearsal-aware RL on the lab's stated-rules world (suite lab-stated)" in text
+    assert "role_grpo_equal_tokens" in text
 
     again = lab_rehearsal_rl.main(argv)
     printed = capsys.readouterr().out

@@ -76,9 +76,20 @@ def test_the_table_names_only_the_training_its_rows_had(tmp_path):
     assert page.count("## Test-time rehearsal") == 3
 
 
-def test_a_run_on_a_suite_without_a_results_kind_is_refused():
+def test_a_run_on_a_suite_without_a_results_kind_is_refused_before_any_training(tmp_path, monkeypatch):
+    import agents.pipeline
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the warm start was trained before the suite was checked")
+
+    monkeypatch.setattr(agents.pipeline, "sft_stage", no_training)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({**RECIPE, "suite": "lab-told"}))
+    with pytest.raises(ValueError, match=f"runs on suites lab, lab-blind, lab-stated; the recipe {recipe} names"):
+        lab_ttr.main(["--recipe", str(recipe), "--out", str(tmp_path / "out"), "--threads", "1"])
+    assert not (tmp_path / "out" / "warm_start").exists()
     assert lab_ttr.result_kind("lab-blind", 160) == "lab_ttr_blind_memory_tasks"
-    with pytest.raises(ValueError, match="lab_ttr runs on suites lab, lab-blind; the recipe's suite is 'lab-told'"):
+    with pytest.raises(ValueError, match="runs on suites lab, lab-blind, lab-stated; the recipe's suite is 'lab-told'"):
         lab_ttr.result_kind("lab-told", lab_ttr.MEMORY_TASKS)
 
 
@@ -98,7 +109,7 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     expected = {"warm": settings, "plain_sft": settings + variants, "memory_sft": settings + variants + controls}
     expected |= {"plain_scratch": expected["plain_sft"], "memory_scratch": expected["memory_sft"]}
     assert list(rows) == [(p, s) for p in lab_ttr.POLICIES for s in expected[p]]
-    assert results["kind"] == "lab_ttr_memory_tasks"  # --memory-tasks 1, not the default
+    assert results["kind"] == "lab_ttr_stated_memory_tasks"  # the stated world, --memory-tasks 1, not the default
     n_tasks = results["test_tasks"]
     assert n_tasks == len(RECIPE["categories"])
     for (_, setting), r in rows.items():

@@ -115,11 +115,13 @@ def test_the_prompt_shows_the_whole_initial_state(suite):
 
 
 def test_defining_properties_on_the_test_split():
-    """Reference 1.0; a solver that knows the rules but reads no output 1.0; one that knows no rule <= 0.25; one
+    """Reference 1.0; a solver that knows the rules but reads no output 1.0, one that reads every output but knows
+    no rule 1.0; one that knows no rule and reads no output <= 0.25; one
     that knows no rule but reads the told facts (suite lab-told) 1.0 where the initial state decides every value."""
     result = measure(LabConfig(), train_tasks=2000)  # the script's default
     assert result["reference"]["overall"] == 1.0
     assert result["rules_no_outputs"]["overall"] == 1.0
+    assert result["outputs_no_rules"]["overall"] == 1.0  # every value can be looked up in time
     assert result["no_rules"]["overall"] <= 0.25
     assert result["no_rules"]["ship_two"] < 0.1  # two labels guessed at once
     told = result["told_no_rules"]
