@@ -26,7 +26,8 @@ are scored by the suite's verifier (replay on the real backend):
 ``--blind`` measures the blind variant (``LabConfig(blind=True)``, suite ``lab-blind``): the programs emit no
 look call; where a decision reads a look, the reference and the rules-only solver answer it from the rules, the
 outputs-only solver cannot, and its row shows what losing the looks costs a solver that knows no rule (the told
-row plays ``LabConfig(told=True, blind=True)``). Prints one row per family and the overall fraction; ``--json`` writes them.
+row plays ``LabConfig(told=True, blind=True)``). Prints one row per family and the overall fraction; ``--json``
+writes them.
 """
 
 from __future__ import annotations
