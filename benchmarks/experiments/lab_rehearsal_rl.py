@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from benchmarks.experiments.paired import (
     task_rewards,
 )
 from benchmarks.experiments.result_tables import rehearsal_rl_table as table
+from benchmarks.experiments.workers import add_worker_options, check_worker_options, run_workers
 from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,11 +69,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=20, help="GRPO steps of rehearsal_rl and role_grpo_equal_steps")
     ap.add_argument("--n", type=int, default=2, help="rehearsal attempts per user turn, in training and evaluation")
     ap.add_argument("--limit", type=int, default=50, help="test tasks per family")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    add_worker_options(
+        ap,
+        "train and evaluate the seeds in parallel (worker k takes the seeds s with s %% W == k) after the shared "
+        "start's N=0 evaluation",
+    )
     args = ap.parse_args(argv)
+    check_worker_options(ap, args)
     if args.seeds < 1 or args.steps < 1 or args.n < 1 or args.limit < 1:
         ap.error("--seeds, --steps, --n and --limit must be >= 1")
-    args.argv = list(argv) if argv is not None else []
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the workers and results.json repeat
     return args
 
 
@@ -118,7 +126,13 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     measured: dict[str, list[dict[str, Any]]] = {}
     training: dict[str, list[dict[str, Any]]] = {p: [] for p in POLICIES[1:]}
     results: dict[str, Any] = {}
+    if args.workers > 1 and args.worker is None:
+        if not per_seed:
+            evaluation("start/n0", warm, 0, 0)  # shared by every seed: made once, before the workers
+        run_workers(args, out, log, module="benchmarks.experiments.lab_rehearsal_rl")  # the loop reads them back
     for seed in range(args.seeds):
+        if args.worker is not None and seed % args.workers != args.worker:
+            continue
         rl = grpo(f"rehearsal_rl/seed{seed}", seed, num_steps=args.steps, rehearsal_n=args.n)
         runs = {
             "rehearsal_rl": rl,
@@ -148,6 +162,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             measured.setdefault(f"{policy} | N={args.n}", []).append(
                 evaluation(f"{policy}/seed{seed}/n{args.n}", model, seed, args.n)
             )
+        if args.worker is not None:
+            continue  # a worker's seeds are a subset: the process that started it writes the results
         results = summarize(args, recipe, args.warm or warm, measured, training)
         results.update(
             seeds_done=seed + 1,
@@ -158,6 +174,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         )
         (out / "results.json").write_text(json.dumps(results, indent=1))
         log(f"[rehearsal rl] {seed + 1}/{args.seeds} seeds in {out / 'results.json'}")
+    if args.worker is not None:
+        return {}
     for line in table(results):
         log(line)
     return results
@@ -218,6 +236,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:])
+    main()

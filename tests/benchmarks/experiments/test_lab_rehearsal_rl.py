@@ -1,6 +1,6 @@
 """`benchmarks/experiments/lab_rehearsal_rl.py` end to end on the tiny model with tiny budgets: the three continuations
 (the plain one at equal generated tokens), every policy at N=0 and N=n, the table, the results page and a resumed
-rerun."""
+rerun, two seeds in two worker processes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from tests.benchmarks.experiments.test_lab_ablations import RECIPE
 
 
 def test_options_are_checked():
-    for bad in (["--n", "0"], ["--steps", "0"], ["--seeds", "0"]):
+    for bad in (
+        ["--n", "0"],
+        ["--steps", "0"],
+        ["--seeds", "0"],
+        ["--workers", "0"],
+        ["--workers", "2", "--worker", "2"],
+    ):
         with pytest.raises(SystemExit):
             lab_rehearsal_rl.parse_args(bad)
 
@@ -33,20 +39,23 @@ def test_equal_token_arm_matches_the_rehearsing_arms_tokens_and_a_rerun_resumes(
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(RECIPE))
     out = tmp_path / "rrl"
-    argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "1", "--steps", "1", "--n", "1", "--limit", "1"]
+    argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "2", "--steps", "1", "--n", "1", "--limit", "1"]
+    argv += ["--workers", "2", "--threads", "1"]
     results = lab_rehearsal_rl.main(argv)
+    assert (out / "worker1.log").read_text().count("rehearsal_rl/seed1/grpo") >= 1  # seed 1 ran in the second worker
+    assert "rehearsal_rl/seed1" not in (out / "worker0.log").read_text()
     rows = {(r["policy"], r["setting"]): r for r in results["rows"]}
     assert list(rows) == [(p, s) for p in lab_rehearsal_rl.POLICIES for s in ("N=0", "N=1")]
     rl, equal = rows["rehearsal_rl", "N=0"], rows["role_grpo_equal_tokens", "N=0"]
-    assert rl["train_steps"] == [1] and rl["train_attempt_tokens"][0] > 0
-    assert equal["train_attempt_tokens"] == [0] and rows["role_grpo_equal_steps", "N=0"]["train_steps"] == [1]
+    assert rl["train_steps"] == [1, 1] and rl["train_attempt_tokens"][0] > 0
+    assert equal["train_attempt_tokens"] == [0, 0] and rows["role_grpo_equal_steps", "N=0"]["train_steps"] == [1, 1]
     # the plain run stopped at the first step whose cumulative tokens reached the rehearsing run's
     target = rl["train_generated_tokens"][0]
     steps = [json.loads(line) for line in (out / "role_grpo_equal_tokens/seed0/grpo/metrics.jsonl").open()]
     totals = [s["rollout/generated_tokens_total"] for s in steps]
     assert totals[-1] == equal["train_generated_tokens"][0] >= target and all(t < target for t in totals[:-1])
     for (policy, setting), r in rows.items():
-        assert r["n_seeds"] == 1 and (r["tokens_per_task"] > 0) == (setting == "N=1")
+        assert r["n_seeds"] == 2 and (r["tokens_per_task"] > 0) == (setting == "N=1")
         if policy == "role_grpo_equal_tokens":
             assert r["diff_mean"] == 0 and r["gained"] == r["lost"] == 0  # the reference itself
     printed = capsys.readouterr().out
