@@ -83,6 +83,32 @@ def load_recipe(path: str | Path, out: str | Path, threads: int, limit: int | No
     )
 
 
+def _check_warm_suite(warm: Path, suite: str) -> None:
+    """Refuse a warm start trained on another world than the recipe's: its run's config names the suites it
+    trained on (an SFT run's ``config.json`` ``data``, a GRPO run's ``config.yaml`` ``suite``); a folder with
+    neither is not checked.
+
+    Raises:
+        ValueError: `suite` is not among them.
+    """
+    import json
+
+    import yaml
+
+    if (warm / "config.json").is_file():
+        config = json.loads((warm / "config.json").read_text())
+    elif (warm / "config.yaml").is_file():
+        config = yaml.safe_load((warm / "config.yaml").read_text()) or {}
+    else:
+        return
+    trained = config.get("data") if isinstance(config.get("data"), list) else [config.get("suite")]
+    if trained != [None] and suite not in trained:
+        raise ValueError(
+            f"the warm start {warm} was trained on {trained}, the recipe's suite is {suite!r}: pass a warm start of "
+            "that suite, or leave --warm out to train the recipe's"
+        )
+
+
 def start_recipe_run(args: Any, log: Any = print, suites: Collection[str] | None = None) -> tuple[Any, Any, Any, str]:
     """The start every lab experiment shares: the recipe at ``args.recipe`` (its evaluations limited to
     ``args.limit`` tasks per family, ``args.threads`` torch threads), the default model store, a stage runner
@@ -97,7 +123,7 @@ def start_recipe_run(args: Any, log: Any = print, suites: Collection[str] | None
         the `agents.pipeline.StageRunner` and the warm start's model folder.
 
     Raises:
-        ValueError: the recipe's suite is not one of `suites`.
+        ValueError: the recipe's suite is not one of `suites`, or ``args.warm`` was trained on another suite.
     """
     import torch
 
@@ -114,6 +140,7 @@ def start_recipe_run(args: Any, log: Any = print, suites: Collection[str] | None
     models = default_store()
     stages = StageRunner(out, log)
     if args.warm:
+        _check_warm_suite(Path(args.warm), recipe.suite)
         return recipe, models, stages, latest_model(args.warm)
     stages.stage("warm_start/sft", lambda folder: sft_stage(recipe, folder, models, log))
     return recipe, models, stages, latest_model(out / "warm_start" / "sft")

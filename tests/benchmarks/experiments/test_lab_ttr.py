@@ -76,6 +76,21 @@ def test_the_table_names_only_the_training_its_rows_had(tmp_path):
     assert page.count("## Test-time rehearsal") == 3
 
 
+def test_a_warm_start_trained_on_another_suite_is_refused(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(RECIPE))  # suite lab-stated
+    sft, grpo = tmp_path / "sft", tmp_path / "grpo"
+    sft.mkdir()
+    (sft / "config.json").write_text(json.dumps({"data": ["lab-blind", "memories.jsonl"]}))
+    grpo.mkdir()
+    (grpo / "config.yaml").write_text("suite: lab-stated\n")
+    argv = ["--recipe", str(recipe), "--out", str(tmp_path / "out"), "--threads", "1", "--warm"]
+    with pytest.raises(ValueError, match=r"trained on \['lab-blind', 'memories.jsonl'\], the recipe's suite is 'lab-s"):
+        lab_ttr.main([*argv, str(sft)])
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):  # the same suite: past the check, to the model
+        lab_ttr.main([*argv, str(grpo)])
+
+
 def test_a_run_on_a_suite_without_a_results_kind_is_refused_before_any_training(tmp_path, monkeypatch):
     import agents.pipeline
 
