@@ -148,48 +148,10 @@ def test_a_result_shows_the_commit_it_ran_on_and_whether_the_tree_had_local_chan
         assert shown in results.render(store, tmp_path / "results.md").read_text()
 
 
-def test_provenance_counts_changed_and_new_files_as_local_changes_but_not_ignored_ones(tmp_path, monkeypatch):
-    """A results file made with a new, uncommitted script or recipe did not run on the recorded commit alone."""
-    import shutil
-    import subprocess
-
-    from benchmarks import provenance as prov
-
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
-    repo = tmp_path / "repo"
-    repo.mkdir()
-
-    def git(*args: str) -> None:
-        subprocess.run(
-            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True
-        )
-
-    git("init", "-q")
-    (repo / ".gitignore").write_text("runs/\n")
-    (repo / "recipe.yaml").write_text("lr: 1\n")
-    git("add", ".")
-    git("commit", "-q", "-m", "first")
-    monkeypatch.setattr(prov, "ROOT", repo)
-
-    def started() -> dict:
-        prov.mark_start()  # a process starting now
-        return prov.provenance()
-
-    clean = started()
-    assert clean["dirty"] is False and len(clean["commit"]) == 40 and "commit_at_write" not in clean
-    (repo / "runs").mkdir()
-    (repo / "runs" / "results.json").write_text("{}")  # outputs of a run: ignored
-    assert started()["dirty"] is False
-    (repo / "new_script.py").write_text("print(1)\n")  # a new file git does not ignore
-    assert started()["dirty"] is True
-    (repo / "new_script.py").unlink()
-    (repo / "recipe.yaml").write_text("lr: 2\n")  # a changed tracked file
-    assert started() == {"date": clean["date"], "commit": clean["commit"], "dirty": True}
-
-
-def test_a_result_names_the_commit_its_process_started_on_and_the_one_it_was_written_at(tmp_path, monkeypatch):
-    """A run of hours writes results.json after HEAD moved: the start commit is the code it ran."""
+@pytest.fixture
+def git_repo(tmp_path, monkeypatch):
+    """An empty git repository that `benchmarks.provenance` reads as the checkout, and a function running git in it
+    (returning its stdout)."""
     import shutil
     import subprocess
 
@@ -207,10 +169,44 @@ def test_a_result_names_the_commit_its_process_started_on_and_the_one_it_was_wri
         return done.stdout.decode().strip()
 
     git("init", "-q")
+    monkeypatch.setattr(prov, "ROOT", repo)
+    return repo, git
+
+
+def test_provenance_counts_changed_and_new_files_as_local_changes_but_not_ignored_ones(git_repo):
+    """A results file made with a new, uncommitted script or recipe did not run on the recorded commit alone."""
+    from benchmarks import provenance as prov
+
+    repo, git = git_repo
+    (repo / ".gitignore").write_text("runs/\n")
+    (repo / "recipe.yaml").write_text("lr: 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+
+    def started() -> dict:
+        prov.mark_start()  # a process starting now
+        return prov.provenance()
+
+    clean = started()
+    assert clean["dirty"] is False and len(clean["commit"]) == 40 and "commit_at_write" not in clean
+    (repo / "runs").mkdir()
+    (repo / "runs" / "results.json").write_text("{}")  # outputs of a run: ignored
+    assert started()["dirty"] is False
+    (repo / "new_script.py").write_text("print(1)\n")  # a new file git does not ignore
+    assert started()["dirty"] is True
+    (repo / "new_script.py").unlink()
+    (repo / "recipe.yaml").write_text("lr: 2\n")  # a changed tracked file
+    assert started() == {"date": clean["date"], "commit": clean["commit"], "dirty": True}
+
+
+def test_a_result_names_the_commit_its_process_started_on_and_the_one_it_was_written_at(tmp_path, git_repo):
+    """A run of hours writes results.json after HEAD moved: the start commit is the code it ran."""
+    from benchmarks import provenance as prov
+
+    repo, git = git_repo
     (repo / "a.py").write_text("x = 1\n")
     git("add", ".")
     git("commit", "-q", "-m", "first")
-    monkeypatch.setattr(prov, "ROOT", repo)
     prov.mark_start()
     first = git("rev-parse", "HEAD")
     (repo / "a.py").write_text("x = 2\n")

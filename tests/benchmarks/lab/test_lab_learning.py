@@ -23,7 +23,6 @@ with `GRPO_SEED = 1` before blaming the code, and report both.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -40,49 +39,15 @@ MIN_GAINED_MINUS_LOST = 1
 """Test tasks GRPO must solve that the warm start did not, net of those it lost (paired, task by task)."""
 
 
-@pytest.fixture
-def two_threads():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)  # the measured runs' setting, whatever the machine's core count
-    yield
-    torch.set_num_threads(before)
-
-
-def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(tmp_path, two_threads):
-    from agents.config import load_dataclass, replace_fields
-    from agents.models import default_store
-    from agents.pipeline import PipelineConfig, StageRunner, grpo_stage, latest_model, sft_stage
-    from agents.training.run_folder import read_jsonl
-
-    recipe = load_dataclass(PipelineConfig, str(RECIPE), run_dir=str(tmp_path), threads=2)
-    recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=TASKS_PER_FAMILY))
-    models = default_store()
-    stages = StageRunner(tmp_path)
-    stages.stage("sft", lambda folder: sft_stage(recipe, folder, models))
-    warm = latest_model(tmp_path / "sft")
-    config = replace_fields(
-        recipe.grpo_config(tmp_path / "grpo", warm),
-        {"num_steps": GRPO_STEPS, "run.save_every": GRPO_STEPS, "seed": GRPO_SEED},
-    )
-    trained_info = stages.stage("grpo", lambda _: grpo_stage(config, models))
-    trained = latest_model(tmp_path / "grpo")
-    assert sum(trained_info["groups_with_reward_variance"]) > 0  # some step had advantages to learn from
-
-    before = stages.evaluate("eval_sft", recipe.eval_config(tmp_path / "eval_sft", warm), models)
-    after = stages.evaluate("eval_grpo", recipe.eval_config(tmp_path / "eval_grpo", trained), models)
-    assert before["n_tasks"] == after["n_tasks"] == 6 * TASKS_PER_FAMILY
-
-    def rewards(stage: str) -> dict[str, float]:
-        return {e["task_id"]: e["reward"] for e in read_jsonl(tmp_path / stage / "episodes.jsonl")}
-
-    sft, grpo = rewards("eval_sft"), rewards("eval_grpo")
-    gained = sorted(t for t in sft if grpo[t] > sft[t])
-    lost = sorted(t for t in sft if grpo[t] < sft[t])
+def test_role_wise_grpo_solves_more_test_tasks_than_its_warm_start(grpo_against_warm_start):
+    changes = {"num_steps": GRPO_STEPS, "run.save_every": GRPO_STEPS, "seed": GRPO_SEED}
+    result = grpo_against_warm_start(RECIPE, threads=2, limit=TASKS_PER_FAMILY, grpo_changes=changes)
+    assert sum(result["groups_with_reward_variance"]) > 0  # some step had advantages to learn from
+    assert result["n_tasks"] == 6 * TASKS_PER_FAMILY
+    gained, lost = result["gained"], result["lost"]
     report = (
-        f"warm start {before['accuracy']:.3f} -> GRPO {after['accuracy']:.3f} on {len(sft)} test tasks; "
-        f"gained {gained}, lost {lost}"
+        f"warm start {result['accuracy_before']:.3f} -> GRPO {result['accuracy_after']:.3f} on {result['n_tasks']} "
+        f"test tasks; gained {gained}, lost {lost}"
     )
     print(report)
     assert len(gained) - len(lost) >= MIN_GAINED_MINUS_LOST, report

@@ -24,7 +24,6 @@ another random draw; the nine draws above are that spread.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -38,50 +37,18 @@ MIN_GAINED_MINUS_LOST = 1
 """Test tasks GRPO must solve that the warm start did not, net of those it lost (paired, task by task)."""
 
 
-@pytest.fixture
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the measured runs' setting
-    yield
-    torch.set_num_threads(before)
-
-
-def test_real_rollout_grpo_solves_more_hidden_world_test_tasks_than_its_warm_start(tmp_path, one_thread):
-    from agents.config import load_dataclass, replace_fields
-    from agents.models import default_store
-    from agents.pipeline import PipelineConfig, StageRunner, grpo_stage, latest_model, sft_stage
-    from agents.training.run_folder import read_jsonl
+def test_real_rollout_grpo_solves_more_hidden_world_test_tasks_than_its_warm_start(grpo_against_warm_start):
     from benchmarks.stats import mcnemar_exact
 
-    recipe = load_dataclass(PipelineConfig, str(RECIPE), run_dir=str(tmp_path), threads=1)
-    recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, limit=None))  # all 600 test tasks
-    models = default_store()
-    stages = StageRunner(tmp_path)
-    stages.stage("sft", lambda folder: sft_stage(recipe, folder, models))
-    warm = latest_model(tmp_path / "sft")
-    config = replace_fields(
-        recipe.grpo_config(tmp_path / "grpo", warm),
-        {"num_steps": GRPO_STEPS, "run.save_every": GRPO_STEPS, "seed": GRPO_SEED, "rollout": "real"},
-    )
-    trained_info = stages.stage("grpo", lambda _: grpo_stage(config, models))
-    trained = latest_model(tmp_path / "grpo")
-    assert sum(trained_info["groups_with_reward_variance"]) > 0  # some step had advantages to learn from
-
-    before = stages.evaluate("eval_sft", recipe.eval_config(tmp_path / "eval_sft", warm), models)
-    after = stages.evaluate("eval_grpo", recipe.eval_config(tmp_path / "eval_grpo", trained), models)
-    assert before["n_tasks"] == after["n_tasks"] == 600
-
-    def rewards(stage: str) -> dict[str, float]:
-        return {e["task_id"]: e["reward"] for e in read_jsonl(tmp_path / stage / "episodes.jsonl")}
-
-    sft, grpo = rewards("eval_sft"), rewards("eval_grpo")
-    gained = sum(grpo[t] > sft[t] for t in sft)
-    lost = sum(grpo[t] < sft[t] for t in sft)
+    changes = {"num_steps": GRPO_STEPS, "run.save_every": GRPO_STEPS, "seed": GRPO_SEED, "rollout": "real"}
+    result = grpo_against_warm_start(RECIPE, threads=1, limit=None, grpo_changes=changes)  # all 600 test tasks
+    assert sum(result["groups_with_reward_variance"]) > 0  # some step had advantages to learn from
+    assert result["n_tasks"] == 600
+    gained, lost = len(result["gained"]), len(result["lost"])
+    p_value = mcnemar_exact(gained, lost)
     report = (
-        f"warm start {before['accuracy']:.3f} -> GRPO with real rollouts {after['accuracy']:.3f} on {len(sft)} test "
-        f"tasks: gained {gained}, lost {lost}, exact McNemar p = {mcnemar_exact(gained, lost):.4f}"
+        f"warm start {result['accuracy_before']:.3f} -> GRPO with real rollouts {result['accuracy_after']:.3f} on "
+        f"{result['n_tasks']} test tasks: gained {gained}, lost {lost}, exact McNemar p = {p_value:.4f}"
     )
     print(report)
     assert gained - lost >= MIN_GAINED_MINUS_LOST, report
