@@ -38,10 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.experiments.paired import (
+    WORLD_INFIXES,
     paired_comparison,
     rehearsal_tokens_per_task,
     start_recipe_run,
     task_rewards,
+    world_kind,
 )
 from benchmarks.experiments.result_tables import rehearsal_rl_table as table
 from benchmarks.experiments.workers import add_worker_options, check_worker_options, run_workers
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     t_start = time.perf_counter()
     per_seed = bool(args.warm) and "{seed}" in args.warm
     first = argparse.Namespace(**{**vars(args), "warm": args.warm.format(seed=0) if per_seed else args.warm})
-    recipe, models, stages, warm = start_recipe_run(first, log, suites=SUITE_KINDS)
+    recipe, models, stages, warm = start_recipe_run(first, log, suites=WORLD_INFIXES)
 
     def start_of(seed: int) -> str:
         return latest_model(args.warm.format(seed=seed)) if per_seed else warm
@@ -181,23 +183,14 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     return results
 
 
-SUITE_KINDS = {
-    "lab": "lab_rehearsal_rl",
-    "lab-blind": "lab_rehearsal_rl_blind",
-    "lab-stated": "lab_rehearsal_rl_stated",
-}
-"""The results kind of a run on each suite it supports (each its own section on the results page)."""
-
-
 def result_kind(suite: str) -> str:
-    """The ``kind`` of a run's ``results.json`` on the recipe's `suite` (`SUITE_KINDS`).
+    """The ``kind`` of a run's ``results.json``: ``lab_rehearsal_rl`` with the recipe's world
+    (`benchmarks.experiments.paired.world_kind`).
 
     Raises:
         ValueError: a suite without a kind (the lab's worlds have one each).
     """
-    if suite not in SUITE_KINDS:
-        raise ValueError(f"lab_rehearsal_rl runs on suites {', '.join(SUITE_KINDS)}; the recipe's suite is {suite!r}")
-    return SUITE_KINDS[suite]
+    return world_kind("lab_rehearsal_rl", suite)
 
 
 def summarize(args, recipe, warm, measured, training) -> dict[str, Any]:

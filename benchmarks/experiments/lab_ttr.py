@@ -56,7 +56,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.experiments.paired import episodes, paired_comparison, rehearsal_tokens_per_task, start_recipe_run
+from benchmarks.experiments.paired import (
+    WORLD_INFIXES,
+    episodes,
+    paired_comparison,
+    rehearsal_tokens_per_task,
+    start_recipe_run,
+    world_kind,
+)
 from benchmarks.experiments.result_tables import ttr_table as table
 from benchmarks.experiments.workers import add_worker_options, check_worker_options, run_workers
 from benchmarks.provenance import provenance
@@ -74,20 +81,17 @@ CONTROLS: dict[str, dict[str, Any]] = {
 CONTROL_N = 2
 MEMORY_TASKS = 40
 """The default ``--memory-tasks``: a run at another value is its own results kind (`result_kind`)."""
-SUITE_KINDS = {"lab": "lab_ttr", "lab-blind": "lab_ttr_blind", "lab-stated": "lab_ttr_stated"}
-"""The results kind of a run on each suite it supports (each its own section on the results page)."""
 
 
 def result_kind(suite: str, memory_tasks: int) -> str:
-    """The ``kind`` of a run's ``results.json``: `SUITE_KINDS`' for the recipe's suite, with ``_memory_tasks``
-    when ``--memory-tasks`` is not `MEMORY_TASKS` (so a dose never replaces the default run's section).
+    """The ``kind`` of a run's ``results.json``: ``lab_ttr`` with the recipe's world
+    (`benchmarks.experiments.paired.world_kind`), and ``_memory_tasks`` when ``--memory-tasks`` is not
+    `MEMORY_TASKS` (so a dose never replaces the default run's section).
 
     Raises:
         ValueError: a suite without a kind (the lab's worlds have one each).
     """
-    if suite not in SUITE_KINDS:
-        raise ValueError(f"lab_ttr runs on suites {', '.join(SUITE_KINDS)}; the recipe's suite is {suite!r}")
-    return SUITE_KINDS[suite] + ("" if memory_tasks == MEMORY_TASKS else "_memory_tasks")
+    return world_kind("lab_ttr", suite) + ("" if memory_tasks == MEMORY_TASKS else "_memory_tasks")
 
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -171,7 +175,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     out = Path(args.out)
     t_start = time.perf_counter()
-    recipe, models, stages, warm = start_recipe_run(args, log, suites=SUITE_KINDS)
+    recipe, models, stages, warm = start_recipe_run(args, log, suites=WORLD_INFIXES)
 
     # 1. memory demonstrations: disjoint train tasks per N, the same for every seed
     suite = make_suite(recipe.suite)

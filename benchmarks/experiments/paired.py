@@ -83,6 +83,22 @@ def load_recipe(path: str | Path, out: str | Path, threads: int, limit: int | No
     )
 
 
+WORLD_INFIXES = {"lab": "", "lab-blind": "_blind", "lab-stated": "_stated"}
+"""What a lab world adds to an experiment's results kind (``lab_ttr_blind``), so each world's run is its own section
+of the results page (`benchmarks.results.WORLDS` titles them); the experiments that use it run on these suites."""
+
+
+def world_kind(base: str, suite: str) -> str:
+    """`base` (an experiment's results kind on the default lab) with `suite`'s `WORLD_INFIXES` entry.
+
+    Raises:
+        ValueError: `suite` has no entry (the message names the experiment and the suites it runs on).
+    """
+    if suite not in WORLD_INFIXES:
+        raise ValueError(f"{base} runs on suites {', '.join(WORLD_INFIXES)}; the recipe's suite is {suite!r}")
+    return base + WORLD_INFIXES[suite]
+
+
 def _check_warm_suite(warm: Path, suite: str) -> None:
     """Refuse a warm start trained on another world than the recipe's: its run's config names the suites it
     trained on (an SFT run's ``config.json`` ``data``, a GRPO run's ``config.yaml`` ``suite``); a folder with
