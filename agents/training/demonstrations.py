@@ -695,6 +695,7 @@ def record_memory_demonstrations(
     attempt_max_steps: int = 8,
     max_new_tokens: int = 40,
     attempt_temperature: float = 1.0,
+    attempt_outputs: Literal["rehearsed", "real"] = "rehearsed",
     seed: int = 0,
     batch: int = 64,
     progress: bool = False,
@@ -717,13 +718,16 @@ def record_memory_demonstrations(
         n, mode, memory_tokens, attempt_max_steps, max_new_tokens, attempt_temperature: the wrapper's
             settings (`wrappers.TestTimeRehearsal`); the attempts are capped at `attempt_max_steps` ACT steps
             because the demonstration env has no step limit of its own.
+        attempt_outputs: who answers the attempts' calls: ``"rehearsed"`` (`policy`'s REHEARSE role, the
+            method) or ``"real"`` (a copy of the real backend at the attempt's start: every memory then holds true
+            outcomes, breaks included, so training on it asks only whether the policy can learn to read one).
         seed: seeds the attempts' sampling.
         batch: tasks played together (>= 1).
         progress: show a tqdm bar.
 
     Returns:
         counts: ``tasks`` (considered), ``written``, ``skipped`` (with ``errors``, the first 20 reasons),
-        ``memories`` (rehearsed user turns), ``attempts``, ``attempt_error_outputs`` (rehearsed outputs
+        ``memories`` (rehearsed user turns), ``attempts``, ``attempt_error_outputs`` (attempts' outputs
         that are errors), ``memory_tokens_mean`` and ``generated_tokens`` (ACT + REHEARSE tokens of the attempts).
 
     Raises:
@@ -770,6 +774,7 @@ def record_memory_demonstrations(
             attempt_max_steps=attempt_max_steps,
             max_new_tokens=max_new_tokens,
             attempt_temperature=attempt_temperature,
+            attempt_outputs=attempt_outputs,
         )
         return RecordTrajectories(rehearsing, path, include_tokens=True)
 

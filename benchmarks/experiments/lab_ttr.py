@@ -26,6 +26,12 @@ continuations had been measured, for the reason given there; every setting is re
    demonstrations all fit 512 tokens, the recipe's warm start at that seed, weight for weight). Why both: the
    continuations cost plain (N = 0) success (a continuation restarts a trained model at the recipe's peak lr on a
    few hundred tasks), while training from scratch keeps the whole train stream and schedule.
+   ``real_memory_scratch`` (added after the blind variant's table had been read, for the reason given here) is
+   ``memory_scratch`` with memories whose attempts were answered by the real backend
+   (``record_memory_demonstrations(attempt_outputs="real")``, the same tasks, attempts and seeds): a warm start
+   that foresees almost no break rehearses memories that almost never hold one, so ``memory_scratch`` is never
+   shown what a break in a memory means; this policy is, and asks only whether reading can be learned at all.
+   Its control at N = 0 is ``plain_scratch``.
 3. **Evaluation on the same test tasks** (greedy commits on the real backend, ``--limit`` per family): every
    policy (``--policies``, the warm start always) at N = 0 and at N = 1, 2, 3 parallel attempts of its own
    rehearsal (trace memory); for each memory-trained policy at N = 2 also three controls: the attempts' outputs
@@ -70,8 +76,8 @@ from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
-POLICIES = ("warm", "plain_sft", "memory_sft", "plain_scratch", "memory_scratch")
-PLAIN_CONTROL = {"memory_sft": "plain_sft", "memory_scratch": "plain_scratch"}
+POLICIES = ("warm", "plain_sft", "memory_sft", "plain_scratch", "memory_scratch", "real_memory_scratch")
+PLAIN_CONTROL = {"memory_sft": "plain_sft", "memory_scratch": "plain_scratch", "real_memory_scratch": "plain_scratch"}
 """Each memory-trained policy's control at N=0: the same training without the memory demonstrations."""
 CONTROLS: dict[str, dict[str, Any]] = {
     "null outputs": {"attempt_outputs": "null"},
@@ -184,9 +190,16 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     for k, n in enumerate((1, 2, 3)):
         m = args.memory_tasks
         per_n[n] = [t.id for c in categories for t in suite.tasks([c], "train")[k * m : (k + 1) * m]]
-    demo_files = {}
-    for n, ids in per_n.items():
-        path = out / "memory_demos" / f"n{n}.jsonl"
+
+    def memory_demos(attempt_outputs: str) -> dict[str, dict[str, Any]]:
+        """One file per N of memory demonstrations whose attempts' outputs come from `attempt_outputs`."""
+        folder = "memory_demos" if attempt_outputs == "rehearsed" else f"memory_demos_{attempt_outputs}"
+        files = {}
+        for n, ids in per_n.items():
+            files[str(n)] = memory_demo_file(out / folder / f"n{n}.jsonl", n, ids, attempt_outputs)
+        return files
+
+    def memory_demo_file(path: Path, n: int, ids: list[str], attempt_outputs: str) -> dict[str, Any]:
         settings = {
             "warm": warm,
             "n": n,
@@ -196,10 +209,10 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             "memory_tokens": recipe.eval.memory_tokens,
             "mode": recipe.eval.rehearsal_mode,
         }
+        if attempt_outputs != "rehearsed":  # the default's stage settings (and so its resumed runs) unchanged
+            settings["attempt_outputs"] = attempt_outputs
 
-        def record(
-            folder: Path, n: int = n, ids: list[str] = ids, path: Path = path, settings: dict[str, Any] = settings
-        ) -> dict[str, Any]:
+        def record(folder: Path) -> dict[str, Any]:
             path.unlink(missing_ok=True)  # a stage cut short left part of the file: start it again
             counts = record_memory_demonstrations(
                 load_policy(warm, models=models),
@@ -212,14 +225,18 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 memory_tokens=recipe.eval.memory_tokens,
                 attempt_max_steps=recipe.eval.max_steps_per_turn,
                 max_new_tokens=recipe.eval.max_new_tokens,
+                attempt_outputs=attempt_outputs,
                 seed=n,
                 progress=True,
             )
             return {"counts": counts, "config": settings}
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        info = stages.stage(f"memory_demos/n{n}", record, settings)
-        demo_files[str(n)] = {"path": str(path), **info["counts"]}
+        info = stages.stage(f"{path.parent.name}/n{n}", record, settings)
+        return {"path": str(path), **info["counts"]}
+
+    demo_files = memory_demos("rehearsed")
+    real_demo_files = memory_demos("real") if "real_memory_scratch" in args.policies else {}
     train_ids = [i for ids in per_n.values() for i in ids]
 
     def sft(name: str, seed: int, task_ids: list[str], changes: dict[str, Any]) -> str:
@@ -263,11 +280,15 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         return sft(name, seed, scratch_ids(), {"data": data, "max_demos": 0})
 
     memory_files = [f["path"] for f in demo_files.values()]
+    real_memory_files = [f["path"] for f in real_demo_files.values()]
     trainers = {
         "plain_sft": lambda seed: continuation("plain_sft", seed, [recipe.suite]),
         "memory_sft": lambda seed: continuation("memory_sft", seed, [recipe.suite, *memory_files]),
         "plain_scratch": lambda seed: from_scratch("plain_scratch", seed, [recipe.suite]),
         "memory_scratch": lambda seed: from_scratch("memory_scratch", seed, [recipe.suite, *memory_files]),
+        "real_memory_scratch": lambda seed: from_scratch(
+            "real_memory_scratch", seed, [recipe.suite, *real_memory_files]
+        ),
     }
     if args.workers > 1 and args.worker is None:
         evaluation("warm/n0", warm, 0)  # shared by every seed: made once, before the workers
@@ -304,6 +325,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         if args.worker is not None:
             continue  # a worker's seeds are a subset: the process that started it writes the results
         results = summarize(args, recipe, warm, demo_files, measured)
+        if real_demo_files:
+            results["real_memory_demos"] = real_demo_files
         results.update(
             seeds_done=seed + 1,
             wall_s=time.perf_counter() - t_start,

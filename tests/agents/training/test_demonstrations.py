@@ -447,3 +447,21 @@ def test_memory_demos_are_reference_executions_read_after_the_policys_own_rehear
         assert len(with_memory.token_ids) > len(reference.token_ids)
     with pytest.raises(ValueError, match="n must be an int >= 1"):
         record_memory_demonstrations(policy, path, "lab", n=0)
+
+
+def test_memory_demos_with_real_attempt_outputs_show_the_break_a_rehearsal_would_have_to_foresee(tmp_path):
+    from agents.training.demonstrations import record_memory_demonstrations
+    from tests.wrappers.test_test_time_rehearsal import ScriptedPolicy, always
+
+    # relocate_4 (blind): the mug's shelf D is full, so the reference puts the vase on B; the attempt does not
+    wrong_move = '<tool_call>{"name": "move", "arguments": {"item": "vase", "shelf": "D"}}</tool_call>'
+    policy = ScriptedPolicy(always(wrong_move))
+    path = tmp_path / "real.jsonl"
+    settings = dict(task_ids=["relocate_4"], n=2, attempt_max_steps=1, max_new_tokens=8, seed=0)
+    counts = record_memory_demonstrations(policy, path, "lab-blind", ["relocate"], attempt_outputs="real", **settings)
+    (record,) = map(json.loads, path.read_text().splitlines())
+    memory = [m["content"] for m in record["messages"] if m["role"] == "user"][-1]
+    assert '-> {"error": "shelf D is full: the vase fell and broke"} [error]' in memory
+    assert counts["written"] == 1 and counts["attempt_error_outputs"] == 2  # both attempts broke it, on copies
+    assert record["reward"] == 1.0  # the committed reference ran on the untouched backend
+    assert counts["generated_tokens"] == 2 * len(policy.renderer.content_ids(wrong_move) + [policy.stop_ids[0]])

@@ -123,6 +123,7 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     variants = ["N=2, sequential", "N=2, warm-start rehearser"]
     expected = {"warm": settings, "plain_sft": settings + variants, "memory_sft": settings + variants + controls}
     expected |= {"plain_scratch": expected["plain_sft"], "memory_scratch": expected["memory_sft"]}
+    expected["real_memory_scratch"] = expected["memory_sft"]
     assert list(rows) == [(p, s) for p in lab_ttr.POLICIES for s in expected[p]]
     assert results["kind"] == "lab_ttr_stated_memory_tasks"  # the stated world, --memory-tasks 1, not the default
     n_tasks = results["test_tasks"]
@@ -149,6 +150,17 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     assert scratch["init"] == scratch_plain["init"] == warm_start["config"]["init"] != results["warm_start"]
     assert scratch["task_ids"] == scratch_plain["task_ids"] == warm_start["task_ids"]
     assert scratch["max_steps"] == scratch_plain["max_steps"] == RECIPE["sft"]["max_steps"]
+    # real_memory_scratch: the same stage on memories of the same attempts answered by the real backend
+    real = results["real_memory_demos"]
+    real_scratch = json.loads((out / "real_memory_scratch/seed0/sft/stage_done.json").read_text())["config"]
+    assert real_scratch["data"] == [scratch["data"][0], *(d["path"] for d in real.values())]
+    assert {k: v for k, v in real_scratch.items() if k not in ("data", "run_dir")} == {
+        k: v for k, v in scratch.items() if k not in ("data", "run_dir")
+    }
+    assert [d["tasks"] for d in real.values()] == [d["tasks"] for d in demos.values()]
+    real_stage = json.loads((out / "memory_demos_real/n2/stage_done.json").read_text())["config"]
+    rehearsed_stage = json.loads((out / "memory_demos/n2/stage_done.json").read_text())["config"]
+    assert real_stage == {**rehearsed_stage, "attempt_outputs": "real"}
     stats = json.loads((out / "memory_scratch/seed0/sft/data_stats.json").read_text())
     # the test recipe caps demonstrations (max_demos 2): that cap chose the task ids; no memory was cut
     assert RECIPE["sft"]["max_demos"] > 0 and [stats[d["path"]]["cut_by_max_demos"] for d in demos.values()] == [0] * 3
