@@ -139,12 +139,15 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
     done = results.get("seeds_done", results["seeds"])
     partial = f" (PARTIAL: {done} of {results['seeds']} seeds done)" if done < results["seeds"] else ""
     demos = sum(f["written"] for f in results["memory_demos"].values())
+    real = sum(f["written"] for f in results.get("real_memory_demos", {}).values())
+    real = f" (real_memory_scratch: {real} whose attempts the real backend answered)" if real else ""
+    w = max(14, *(len(r["policy"]) for r in results["rows"]))
     lines = [
         f"Test-time rehearsal on EnvACE-Lab: {results['model']}, {done} seeds, {results['test_tasks']} test tasks; "
-        f"{_ttr_training(results)}; {demos} memory demonstrations{partial}",
+        f"{_ttr_training(results)}; {demos} memory demonstrations{real}{partial}",
         "paired with the same policy at N=0 (mean +- 95% CI over seeds); tasks +/- summed over seeds; seeds p<.05: "
         "the seeds whose own tasks resolve the difference up/down (exact McNemar)",
-        f"{'policy':<14} {'setting':<34} {'success':<16} {'vs N=0':<17} {'tasks +/-':<11} {'seeds p<.05':<12} "
+        f"{'policy':<{w}} {'setting':<34} {'success':<16} {'vs N=0':<17} {'tasks +/-':<11} {'seeds p<.05':<12} "
         "rehearsal tokens/task",
     ]
     for r in results["rows"]:
@@ -152,7 +155,7 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
         counts = "" if r["setting"] == "N=0" else f"+{r['gained']}/-{r['lost']}"
         p = "" if r["setting"] == "N=0" else f"+{r['resolved_up']}/-{r['resolved_down']}"
         lines.append(
-            f"{r['policy']:<14} {r['setting']:<34} {_fmt(r['mean'], r['ci95']):<16} {vs:<17} {counts:<11} {p:<12} "
+            f"{r['policy']:<{w}} {r['setting']:<34} {_fmt(r['mean'], r['ci95']):<16} {vs:<17} {counts:<11} {p:<12} "
             f"{r['tokens_per_task']:.0f}"
         )
     if results.get("memory_cost"):
@@ -162,7 +165,7 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
         ]
         for c in results["memory_cost"]:
             lines.append(
-                f"  {c['policy'] + ' - ' + c['reference']:<31} {_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
+                f"  {c['policy'] + ' - ' + c['reference']:<{w + 17}} {_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
                 f"tasks +{c['gained']}/-{c['lost']}, seeds p<.05 +{c['resolved_up']}/-{c['resolved_down']}"
             )
     return lines
