@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.experiments.paired import world_kind
 from benchmarks.provenance import provenance
 
 EVAL_MAX_NEW_TOKENS = 40
@@ -55,6 +56,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/lab_tiny_sft")
+    ap.add_argument(
+        "--suite",
+        choices=["lab", "lab-blind"],  # lab-tiny's vocabulary has no word of the stated rules
+        default="lab",
+        help="the lab world to learn (lab-blind: no look tool, so the ACT role needs the capacities it never "
+        "reads; a suite other than lab writes results of its own kind, a section of its own on the results page)",
+    )
     ap.add_argument(
         "--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="initialisation (and batch-order) seeds"
     )
@@ -166,12 +174,12 @@ def one_step_probe(args: argparse.Namespace, store: Any, trained: str) -> dict[s
     families = args.categories or HIDDEN_CATEGORIES
     ids = [f"{c}_test{i}" for c in families for i in range(0, args.limit, ONE_STEP_EVERY)]
     demos, _ = build_demonstrations(
-        tokenizer, "lab", args.categories, "test", task_ids=ids, max_tokens=None, mutations=1, seed=0
+        tokenizer, args.suite, args.categories, "test", task_ids=ids, max_tokens=None, mutations=1, seed=0
     )
     from agents.evaluation.one_step import one_step_fidelity
     from envace_gym.suites import make_suite
 
-    return one_step_fidelity(store.model(trained), tokenizer, demos, make_suite("lab").error_kind)
+    return one_step_fidelity(store.model(trained), tokenizer, demos, make_suite(args.suite).error_kind)
 
 
 def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> dict[str, Any]:
@@ -208,7 +216,7 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
     config = SFTConfig(
         run_dir=str(folder / "sft"),
         model=str(init),
-        data=["lab"],
+        data=[args.suite],
         categories=args.categories,
         max_steps=args.steps,
         batch_tokens=1 << 20,
@@ -229,7 +237,7 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
     trained = latest_model(folder / "sft")
     test = EvalConfig(
         model=trained,
-        suite="lab",
+        suite=args.suite,
         categories=args.categories,
         split="test",
         limit=args.limit,
@@ -257,7 +265,7 @@ def run_seed(args: argparse.Namespace, seed: int, folder: Path, log=print) -> di
     last = history[-1] if history else {}
     tokenizer = store.tokenizer(trained)
     probed = [f"{c}_test{i}" for c in args.categories or HIDDEN_CATEGORIES for i in range(0, args.limit, PROBE_EVERY)]
-    probe, _ = build_demonstrations(tokenizer, "lab", args.categories, "test", task_ids=probed, max_tokens=None)
+    probe, _ = build_demonstrations(tokenizer, args.suite, args.categories, "test", task_ids=probed, max_tokens=None)
     copies = token_kind_accuracy(store.model(trained), tokenizer, probe)
     one_step = one_step_probe(args, store, trained)
     report = {
@@ -290,6 +298,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     # a run without fidelity keeps the settings it had before the option existed, so it still resumes
     skip = ("out", "seeds", "threads") + (() if args.fidelity_limit else ("fidelity_limit",))
+    skip += ("suite",) if args.suite == "lab" else ()  # runs on the default world from before the option resume
     settings = {k: v for k, v in vars(args).items() if k not in skip}
     saved = out / "settings.json"
     if saved.is_file() and json.loads(saved.read_text()) != settings:
@@ -299,8 +308,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     reports = [run_seed(args, seed, out / f"seed_{seed}") for seed in args.seeds]
     families = list(reports[0]["success"])
     print(
-        f"lab-tiny SFT from scratch ({args.layers} layers, width {args.hidden}, {args.heads} heads): {args.steps} "
-        f"steps x {args.rows} {'length-bucketed' if args.group_by_length else 'shuffled'} rows, lr {args.lr}"
+        f"lab-tiny SFT from scratch on {args.suite} ({args.layers} layers, width {args.hidden}, {args.heads} heads): "
+        f"{args.steps} steps x {args.rows} {'length-bucketed' if args.group_by_length else 'shuffled'} rows, "
+        f"lr {args.lr}"
         f"{'' if args.lr_schedule == 'constant' else ' with ' + args.lr_schedule + ' decay'}, prompt weight "
         f"{args.prompt_weight}, error demos {args.error_demos}; greedy test success on "
         f"{reports[0]['test_tasks']} tasks"
@@ -357,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     command = "python -m benchmarks.experiments.lab_tiny_sft " + shlex.join(sys.argv[1:] if argv is None else argv)
     result = {
-        "kind": "lab_tiny_sft",
+        "kind": world_kind("lab_tiny_sft", args.suite),
         "command": command.strip(),
         **provenance(),
         "settings": settings,

@@ -164,8 +164,9 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
             "what memory training costs without rehearsal: N=0, paired with the same training without memories",
         ]
         for c in results["memory_cost"]:
+            pair = c["policy"] + " - " + c["reference"]
             lines.append(
-                f"  {c['policy'] + ' - ' + c['reference']:<{w + 17}} {_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
+                f"  {pair:<{w + 17}} {_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
                 f"tasks +{c['gained']}/-{c['lost']}, seeds p<.05 +{c['resolved_up']}/-{c['resolved_down']}"
             )
     return lines

@@ -8,6 +8,8 @@ import json
 import pytest
 
 from benchmarks.experiments import lab_tiny_sft
+from benchmarks.results import render as render_page
+from benchmarks.results import store
 from benchmarks.stats import mean_ci95
 
 SMOKE = ["--steps", "2", "--rows", "4", "--limit", "1", "--categories", "ship", "--warmup-steps", "1"]
@@ -95,3 +97,17 @@ def test_a_negative_fidelity_limit_is_refused_before_any_training(capsys):
         lab_tiny_sft.parse_args(["--fidelity-limit", "-1"])
     assert "--fidelity-limit must be >= 0" in capsys.readouterr().err
     assert lab_tiny_sft.parse_args(["--fidelity-limit", "0"]).fidelity_limit == 0
+
+
+def test_the_blind_variant_trains_on_its_own_world_and_writes_its_own_kind(tmp_path):
+    out = tmp_path / "blind"
+    argv = ["--steps", "2", "--rows", "4", "--limit", "1", "--categories", "relocate", "--warmup-steps", "1"]
+    result = lab_tiny_sft.main([*argv, "--suite", "lab-blind", "--seeds", "0", "--out", str(out)])
+    assert result["kind"] == "lab_tiny_sft_blind" and result["settings"]["suite"] == "lab-blind"
+    assert json.loads((out / "seed_0/sft/config.json").read_text())["data"] == ["lab-blind"]
+    assert json.loads((out / "seed_0/eval/eval_config.json").read_text())["suite"] == "lab-blind"
+    stored = store(out, tmp_path / "results")
+    page = render_page(stored.parent, tmp_path / "results.md").read_text()
+    assert "## lab-tiny learns the hidden-rules lab's blind variant (suite lab-blind: no look tools" in page
+    with pytest.raises(SystemExit, match="other settings"):  # the default world is another run
+        lab_tiny_sft.main([*argv, "--seeds", "0", "--out", str(out)])
