@@ -116,7 +116,10 @@ def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
     families = list(seeds[0]["success"])
     command = current_command(result.get("command", "python -m benchmarks.experiments.lab_tiny_sft"))
     lines = [
-        "## lab-tiny learns the hidden-rules lab" + _world(str(result.get("kind", ""))) + " by SFT from scratch",
+        "## lab-tiny learns the hidden-rules lab"
+        + _world(str(result.get("kind", "")))
+        + " by SFT from scratch"
+        + (f", {s['steps']} steps" if str(result.get("kind", "")).endswith("_steps") else ""),
         "",
         f"`{command}`{_date(result)}",
         "",
@@ -336,7 +339,9 @@ def render_judge_agreement(result: dict[str, Any], folder: Path) -> list[str]:
 
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_tiny_sft": render_tiny_sft,
+    "lab_tiny_sft_steps": render_tiny_sft,
     "lab_tiny_sft_blind": render_tiny_sft,
+    "lab_tiny_sft_blind_steps": render_tiny_sft,
     "lab_ablations": render_ablations,
     "lab_ablations_budget": render_ablations,
     "lab_grpo_budget_valid": render_grpo_budget,

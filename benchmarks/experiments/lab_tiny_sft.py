@@ -46,6 +46,8 @@ from benchmarks.provenance import provenance
 
 EVAL_MAX_NEW_TOKENS = 40
 EVAL_MAX_STEPS_PER_TURN = 8
+STEPS = 600
+"""The default ``--steps`` (the lab recipe's SFT budget): a run at another budget is its own results kind."""
 PROBE_EVERY = 10
 """`token_kind_accuracy` reads the demonstrations of every PROBE_EVERY-th scored test task of each family
 (10 of 100)."""
@@ -66,7 +68,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="initialisation (and batch-order) seeds"
     )
-    ap.add_argument("--steps", type=int, default=600, help="SFT optimizer steps")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=STEPS,
+        help=f"SFT optimizer steps (a value other than {STEPS} writes results of its own kind, a page section of its "
+        "own)",
+    )
     ap.add_argument("--rows", type=int, default=16, help="sequences per step")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup-steps", type=int, default=20)
@@ -367,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     command = "python -m benchmarks.experiments.lab_tiny_sft " + shlex.join(sys.argv[1:] if argv is None else argv)
     result = {
-        "kind": world_kind("lab_tiny_sft", args.suite),
+        "kind": world_kind("lab_tiny_sft", args.suite) + ("" if args.steps == STEPS else "_steps"),
         "command": command.strip(),
         **provenance(),
         "settings": settings,

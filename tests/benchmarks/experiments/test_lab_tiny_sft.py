@@ -103,11 +103,12 @@ def test_the_blind_variant_trains_on_its_own_world_and_writes_its_own_kind(tmp_p
     out = tmp_path / "blind"
     argv = ["--steps", "2", "--rows", "4", "--limit", "1", "--categories", "relocate", "--warmup-steps", "1"]
     result = lab_tiny_sft.main([*argv, "--suite", "lab-blind", "--seeds", "0", "--out", str(out)])
-    assert result["kind"] == "lab_tiny_sft_blind" and result["settings"]["suite"] == "lab-blind"
+    assert result["kind"] == "lab_tiny_sft_blind_steps" and result["settings"]["suite"] == "lab-blind"  # not 600
     assert json.loads((out / "seed_0/sft/config.json").read_text())["data"] == ["lab-blind"]
     assert json.loads((out / "seed_0/eval/eval_config.json").read_text())["suite"] == "lab-blind"
     stored = store(out, tmp_path / "results")
     page = render_page(stored.parent, tmp_path / "results.md").read_text()
     assert "## lab-tiny learns the hidden-rules lab's blind variant (suite lab-blind: no look tools" in page
+    assert "by SFT from scratch, 2 steps\n" in page
     with pytest.raises(SystemExit, match="other settings"):  # the default world is another run
         lab_tiny_sft.main([*argv, "--seeds", "0", "--out", str(out)])
