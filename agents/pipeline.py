@@ -612,7 +612,8 @@ def _evaluate(eval_config: EvalConfig, models: ModelStore | None) -> dict[str, A
         )
         for kind in tables["output"][:2]:  # error, ordinary: a world model may get successes right, errors never
             row[f"fidelity_{kind['group']}_calls"] = int(kind["n_calls"])
-            row[f"fidelity_{kind['group']}_exact_match"] = float(kind["exact_match"]) if kind["n_calls"] else None
+            for m in ("exact_match", "outcome_match"):
+                row[f"fidelity_{kind['group']}_{m}"] = float(kind[m]) if kind["n_calls"] else None
         one_step = _one_step(eval_config, result, models)
         if one_step is not None:
             for group in ("ordinary", "error"):
@@ -639,9 +640,13 @@ def log_row(name: str, row: dict[str, Any], log=print) -> None:
         if n_calls
         else "nothing to score"
     )
+
+    def share(key: str) -> str:
+        return "n/a" if row.get(key) is None else f"{row[key]:.3f}"
+
     split = "".join(
-        f"; {k} outputs {row[f'fidelity_{k}_calls']} calls, exact "
-        + ("n/a" if row.get(f"fidelity_{k}_exact_match") is None else f"{row[f'fidelity_{k}_exact_match']:.3f}")
+        f"; {k} outputs {row[f'fidelity_{k}_calls']} calls, exact {share(f'fidelity_{k}_exact_match')}"
+        + (f", outcome {share(f'fidelity_{k}_outcome_match')}" if f"fidelity_{k}_outcome_match" in row else "")
         for k in ("error", "ordinary")
         if f"fidelity_{k}_calls" in row  # (rows stored before the split have none)
     )

@@ -13,9 +13,13 @@ Three per-call metrics compare a rehearsed response (the policy's REHEARSE text)
   (``string.punctuation``) becomes a space, the articles a/an/the are dropped, the rest is split on
   whitespace; F1 = 2PR/(P+R) over the multiset overlap of the two token lists. Two empty token lists give
   1.0, one empty list 0.0.
+* `outcome_match`: both texts report a failed call or neither does (`is_error_output`). Over the calls whose
+  real output is an error it is the share of failures the world model foresaw; over the others, the share of
+  successes it did not mistake for failures. This is the bit a rehearsal before an irreversible call must get
+  right, whatever the wording of the output.
 
 Every call is also sorted by its real output (`is_error_output`): an *error* output (the call failed: the
-world model must foresee a mistake) or an *ordinary* one. `fidelity_summary` reports the three metrics over
+world model must foresee a mistake) or an *ordinary* one. `fidelity_summary` reports the metrics over
 all calls and over each kind separately, because a world model that copies the usual shape of a success
 scores well overall while never foreseeing a failure, which is what rehearsing before committing is for.
 """
@@ -26,7 +30,7 @@ import json
 import re
 import string
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -41,15 +45,17 @@ __all__ = [
     "exact_match",
     "json_structure_match",
     "token_f1",
+    "outcome_match",
     "fidelity_metrics",
     "is_error_output",
     "fidelity_summary",
+    "mean_metrics",
     "METRICS",
 ]
 
 _PUNCT = re.compile("[" + re.escape(string.punctuation) + "]")
 _ARTICLES = {"a", "an", "the"}
-METRICS = ("exact_match", "json_structure_match", "token_f1")
+METRICS = ("exact_match", "json_structure_match", "token_f1", "outcome_match")
 """The per-call metrics, in the order tables show them."""
 _ERROR_PREFIXES = ("Error during execution:", "Error:")
 
@@ -112,12 +118,18 @@ def token_f1(rehearsed: str, real: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def outcome_match(rehearsed: str, real: str) -> float:
+    """1.0 when both texts report a failed call or neither does (`is_error_output`), else 0.0."""
+    return 1.0 if is_error_output(rehearsed) == is_error_output(real) else 0.0
+
+
 def fidelity_metrics(rehearsed: str, real: str) -> dict[str, float]:
-    """``{"exact_match", "json_structure_match", "token_f1"}`` for one pair of texts (floats in [0, 1])."""
+    """Every metric of `METRICS` for one pair of texts (floats in [0, 1])."""
     return {
         "exact_match": exact_match(rehearsed, real),
         "json_structure_match": json_structure_match(rehearsed, real),
         "token_f1": token_f1(rehearsed, real),
+        "outcome_match": outcome_match(rehearsed, real),
     }
 
 
@@ -138,30 +150,38 @@ def is_error_output(text: str) -> bool:
     return isinstance(value, dict) and "error" in value
 
 
-def _means(records: list[dict[str, Any]]) -> dict[str, float]:
+def _metric(record: dict[str, Any], key: str) -> float:
+    # records written before a metric existed (a resumed evaluation) have their texts: score them now
+    return record[key] if key in record else fidelity_metrics(record["rehearsed"], record["real"])[key]
+
+
+def mean_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The mean of each of `METRICS` over `records` (call records as `fidelity_summary` takes them); 0.0 each
+    over no record."""
     n = len(records)
-    return {key: sum(r[key] for r in records) / n if n else 0.0 for key in METRICS}
+    return {key: sum(_metric(r, key) for r in records) / n if n else 0.0 for key in METRICS}
 
 
 def fidelity_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Means of the metrics over `records` (call records with the `METRICS` keys and ``real``), overall and
-    split by the real output's kind (`is_error_output`).
+    """Means of the metrics over `records` (call records with ``real`` and the `METRICS` keys; a metric a
+    record lacks is scored from its ``rehearsed`` and ``real`` texts), overall and split by the real output's
+    kind (`is_error_output`).
 
     Returns:
-        ``{"num_calls": int, "exact_match", "json_structure_match", "token_f1": float, "error": {...},
-        "ordinary": {...}}``; ``error`` and ``ordinary`` hold ``num_calls`` and the three means over their own
-        calls. A mean over no call is 0.0 (read ``num_calls`` to tell it from a measured 0).
+        ``{"num_calls": int, <each of METRICS>: float, "error": {...}, "ordinary": {...}}``; ``error`` and
+        ``ordinary`` hold ``num_calls`` and the means over their own calls. A mean over no call is 0.0 (read
+        ``num_calls`` to tell it from a measured 0).
 
     Raises:
-        KeyError: a record lacks ``real`` or a metric.
+        KeyError: a record lacks ``real``, or lacks a metric and ``rehearsed``.
     """
     errors = [r for r in records if is_error_output(r["real"])]
     ordinary = [r for r in records if not is_error_output(r["real"])]
     return {
         "num_calls": len(records),
-        **_means(records),
-        "error": {"num_calls": len(errors), **_means(errors)},
-        "ordinary": {"num_calls": len(ordinary), **_means(ordinary)},
+        **mean_metrics(records),
+        "error": {"num_calls": len(errors), **mean_metrics(errors)},
+        "ordinary": {"num_calls": len(ordinary), **mean_metrics(ordinary)},
     }
 
 
@@ -181,9 +201,9 @@ class RehearsalFidelity(gym.Wrapper, RecordConstructorArgs):
     * ``calls``: list of dicts, one per rehearsed call of this step: ``task_id`` (str), ``category`` (str:
       ``task.metadata["category"]`` or the suite name), ``turn`` (int), ``tool`` (str), ``arguments``
       (dict), ``rehearsed`` (str), ``real`` (str), ``real_error`` (bool: `is_error_output` of ``real``),
-      ``exact_match``, ``json_structure_match``, ``token_f1`` (floats in [0, 1]).
+      and each of `METRICS` (floats in [0, 1]).
     * ``episode``: `fidelity_summary` of the episode's calls so far: ``num_calls`` (int) and the means of the
-      three metrics (0.0 when there are none), and the same over the calls whose real output is an error
+      metrics (0.0 when there are none), and the same over the calls whose real output is an error
       (``error``) and over the others (``ordinary``).
 
     ``self.episode_calls`` holds every record of the current episode.

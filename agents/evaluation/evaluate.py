@@ -100,9 +100,9 @@ SUMMARY_FIELDS = [
 ]
 """Per-category row; the ``overall`` row holds unweighted means over the categories' rows."""
 
-FIDELITY_FIELDS = ["group", "n_calls", "exact_match", "json_structure_match", "token_f1"]
+FIDELITY_FIELDS = ["group", "n_calls", "exact_match", "json_structure_match", "token_f1", "outcome_match"]
 """Fidelity table row: the group (tool or category name, ``error`` / ``ordinary`` output, or ``all``), call count,
-metric means."""
+the means of `wrappers.fidelity.METRICS`."""
 
 
 @dataclass
@@ -723,7 +723,7 @@ def fidelity_tables(calls: Sequence[dict[str, Any]]) -> dict[str, list[dict[str,
         with zeros and ``n_calls == 0`` when there are no calls); ``output`` has an ``error`` and an
         ``ordinary`` row (`wrappers.fidelity.is_error_output` of the call's ``real``), zeros when empty.
     """
-    from wrappers.fidelity import is_error_output
+    from wrappers.fidelity import is_error_output, mean_metrics
 
     out = {}
     for key in ("tool", "category", "output"):
@@ -734,11 +734,7 @@ def fidelity_tables(calls: Sequence[dict[str, Any]]) -> dict[str, list[dict[str,
         groups["all"] = list(calls)
         rows = []
         for name, cs in groups.items():
-            n = len(cs)
-            row = {"group": name, "n_calls": n}
-            for m in FIDELITY_FIELDS[2:]:
-                row[m] = sum(c[m] for c in cs) / n if n else 0.0
-            rows.append(row)
+            rows.append({"group": name, "n_calls": len(cs), **mean_metrics(cs)})
         out[key] = rows
     return out
 

@@ -129,14 +129,15 @@ def plot_accuracy_vs_rehearsal(summaries: Sequence[dict[str, Any]], path: str | 
 
 
 def plot_fidelity_per_tool(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """Grouped bars of the three fidelity metrics per tool (rows of ``fidelity_per_tool.csv``).
+    """Grouped bars of the fidelity metrics (`wrappers.fidelity.METRICS`) per tool (rows of ``fidelity_per_tool.csv``).
 
     Raises:
         ValueError: no rows.
     """
     if not rows:
         raise ValueError("no fidelity rows to plot")
-    metrics = ["exact_match", "json_structure_match", "token_f1"]
+    from wrappers.fidelity import METRICS as metrics
+
     names = [f"{r['group']} ({r['n_calls']})" for r in rows]
     width = 0.8 / len(metrics)
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4))

@@ -15,11 +15,13 @@ from envace_gym.envs.rehearse import RehearseEnv
 from envace_gym.rehearsal import RehearseResponse
 from wrappers import RealTools, RehearsalFidelity
 from wrappers.fidelity import (
+    METRICS,
     exact_match,
     fidelity_metrics,
     fidelity_summary,
     is_error_output,
     json_structure_match,
+    outcome_match,
     token_f1,
 )
 
@@ -110,30 +112,52 @@ def test_is_error_output():
     assert not is_error_output('{"error": ') and not is_error_output("The error is mine") and not is_error_output("")
 
 
-def _record(real, exact, structure, f1):
-    return {"real": real, "exact_match": exact, "json_structure_match": structure, "token_f1": f1}
+def _record(real, exact, structure, f1, rehearsed):
+    # no outcome_match key, as a record written before the metric existed: it is scored from the two texts
+    return {
+        "real": real,
+        "rehearsed": rehearsed,
+        "exact_match": exact,
+        "json_structure_match": structure,
+        "token_f1": f1,
+    }
+
+
+def test_outcome_match_asks_only_whether_the_call_failed():
+    broke = '{"error": "shelf D is full: the mug fell and broke"}'
+    assert outcome_match('{"error": "no item"}', broke) == 1.0  # foresaw a failure, not this one
+    assert outcome_match('{"item": "mug", "from": "A", "to": "D"}', broke) == 0.0
+    assert outcome_match('{"item": "mug"}', '{"item": "cup", "to": "B"}') == 1.0
+    assert outcome_match("Error: bad call", '{"item": "mug"}') == 0.0
+    assert fidelity_metrics("x", broke)["outcome_match"] == 0.0 and set(fidelity_metrics("x", "y")) == set(METRICS)
 
 
 def test_summary_and_tables_split_error_and_ordinary_outputs():
     from agents.evaluation.evaluate import FIDELITY_FIELDS, fidelity_tables
 
     records = [
-        _record('{"error": "no box"}', 1.0, 1.0, 1.0),
-        _record('{"box": "A1-1"}', 0.0, 1.0, 0.5),
-        _record('{"box": "B2-2"}', 0.0, 0.0, 0.25),
-        _record("Error during execution: boom", 0.0, 0.0, 0.0),
+        _record('{"error": "no box"}', 1.0, 1.0, 1.0, '{"error": "no box"}'),
+        _record('{"box": "A1-1"}', 0.0, 1.0, 0.5, '{"box": "A1-2"}'),
+        _record('{"box": "B2-2"}', 0.0, 0.0, 0.25, '{"error": "no item"}'),
+        _record("Error during execution: boom", 0.0, 0.0, 0.0, '{"box": "C"}'),
     ]
     for r, tool, cat in zip(records, ["ship", "pack", "pack", "ship"], ["x", "x", "y", "y"]):
         r.update(tool=tool, category=cat)
     got = fidelity_summary(records)
     assert got["num_calls"] == 4 and got["exact_match"] == pytest.approx(0.25)
     assert got["token_f1"] == pytest.approx(1.75 / 4)
-    assert got["error"] == {"num_calls": 2, "exact_match": 0.5, "json_structure_match": 0.5, "token_f1": 0.5}
-    assert got["ordinary"] == {"num_calls": 2, "exact_match": 0.0, "json_structure_match": 0.5, "token_f1": 0.375}
+    assert got["outcome_match"] == 0.5
+    error = {"num_calls": 2, "exact_match": 0.5, "json_structure_match": 0.5, "token_f1": 0.5, "outcome_match": 0.5}
+    assert got["error"] == error
+    ordinary = {"num_calls": 2, "exact_match": 0.0, "json_structure_match": 0.5, "token_f1": 0.375}
+    assert got["ordinary"] == {**ordinary, "outcome_match": 0.5}
+    records[2]["outcome_match"] = 1.0  # a record's own value is read, not recomputed
+    assert fidelity_summary(records)["ordinary"]["outcome_match"] == 1.0
     empty = fidelity_summary(records[1:3])
-    assert empty["error"] == {"num_calls": 0, "exact_match": 0.0, "json_structure_match": 0.0, "token_f1": 0.0}
+    assert empty["error"] == {"num_calls": 0, **dict.fromkeys(METRICS, 0.0)}
     rows = {r["group"]: r for r in fidelity_tables(records)["output"]}
     assert list(rows) == ["error", "ordinary", "all"] and set(rows["error"]) == set(FIDELITY_FIELDS)
+    assert FIDELITY_FIELDS[2:] == list(METRICS)  # the CSV columns are the metrics, in their order
     assert (rows["error"]["n_calls"], rows["error"]["exact_match"]) == (2, 0.5)
     assert (rows["ordinary"]["n_calls"], rows["ordinary"]["token_f1"]) == (2, 0.375)
     assert rows["all"]["n_calls"] == 4
