@@ -24,6 +24,9 @@ header `MEMORY_HEADER`; what follows depends on ``memory``:
   prompt and the tools, then their instruction.
 
 The content is at most ``memory_tokens`` tokens (a trace keeps whole lines and says how many it dropped).
+With ``restate_request=True`` a second ``user`` message follows the memory, the turn's request again, so the
+request stays next to the ACT step that carries it out: a small model copies a call's arguments from nearby
+text, and a memory full of other calls' arguments sits between the request and the act otherwise.
 Roles: the memory's content is PROMPT and its pieces TEMPLATE (no loss: it is context, not an action). The
 message is also appended to ``trajectory.messages`` (role ``user``), so a whole re-render of the history
 shows it where it was.
@@ -271,6 +274,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             generated segments with their sampling logprobs, the context as segments without) in
             ``self.attempt_rows`` (the last `rehearse` call's, in attempt order), for rehearsal-aware RL
             (`agents.rollout.collect_rollouts` with ``rehearsal_n``); off: nothing is kept.
+        restate_request: after the memory, insert the turn's request again as a ``user`` message (module
+            docstring); the memory's ``memory_tokens`` bound does not count it.
 
     Raises:
         TypeError: the env keeps no token sequence, or `policy` lacks ``act``.
@@ -284,6 +289,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
           and summariser see the committed context.
         * v0.3.0: ``attempt_outputs`` and ``memory_provider`` (the controls).
         * v0.4.0: ``keep_attempt_rows`` (rehearsal-aware RL).
+        * v0.5.0: ``restate_request``.
     """
 
     __test__ = False  # not a pytest class despite the name
@@ -306,6 +312,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         attempt_outputs: AttemptOutputs = "rehearsed",
         memory_provider: Callable[[Any], str] | None = None,
         keep_attempt_rows: bool = False,
+        restate_request: bool = False,
     ) -> None:
         RecordConstructorArgs.__init__(
             self,
@@ -320,6 +327,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             attempt_temperature=attempt_temperature,
             seed=seed,
             attempt_outputs=attempt_outputs,
+            restate_request=restate_request,
         )
         gym.Wrapper.__init__(self, env)
         base: Any = env.unwrapped  # a ToolUseEnv (checked below); gym.Env declares none of its attributes
@@ -376,6 +384,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         self.attempt_outputs: AttemptOutputs = attempt_outputs
         self.memory_provider = memory_provider
         self.keep_attempt_rows = bool(keep_attempt_rows)
+        self.restate_request = bool(restate_request)
         self.attempt_rows: list[AttemptRecord] = []
         self._rng = np.random.default_rng(seed)
         if rehearser_policy is not None and hasattr(rehearser_policy, "rehearse"):
@@ -463,7 +472,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         else:
             content = self._trace(base, attempts, self.n)
             content_ids = base.renderer.content_ids(content)
-        base.insert_message("user", content, content_ids)
+        self._insert(base, content, content_ids, request)
         record = {
             "turn": base.turn,
             "mode": self.mode,
@@ -501,7 +510,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             kept.append(line)
         content = header + "\n".join(kept)
         content_ids = base.renderer.content_ids(content)
-        base.insert_message("user", content, content_ids)
+        self._insert(base, content, content_ids, self._current_request(base))
         record = {
             "turn": base.turn,
             "mode": self.mode,
@@ -631,6 +640,13 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
     def _context_prompt(self, context: list[Message], tools: Any, instruction: str) -> list[int]:
         """The committed context (system prompt, tools, history) then `instruction` as a user message."""
         return self.policy.renderer.prompt_ids([*context, Message("user", instruction)], tools)
+
+    def _insert(self, base: Any, content: str, content_ids: list[int], request: str) -> None:
+        """Append the memory message before the pending ACT step, and the request again after it when
+        ``restate_request``."""
+        base.insert_message("user", content, content_ids)
+        if self.restate_request:
+            base.insert_message("user", request)
 
     @staticmethod
     def _current_request(base: Any) -> str:

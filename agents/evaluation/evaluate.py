@@ -144,6 +144,11 @@ class EvalConfig:
         "English critiques and a summary the policy writes (instruction-tuned models)",
     )
     memory_tokens: int = _f(256, "bound on the rehearsal memory, tokens")
+    restate_request: bool = _f(
+        False,
+        "test-time rehearsal: the user's request again right after the memory, so it stays next to the act "
+        "(a model trained on memories in that layout expects it)",
+    )
     attempt_outputs: Literal["rehearsed", "null", "real"] = _f(
         "rehearsed",
         (
@@ -376,6 +381,7 @@ def _make_env(
             memory=config.memory,
             seed=config.seed,
             attempt_outputs=config.attempt_outputs,
+            restate_request=config.restate_request,
             memory_provider=None if memories is None else (lambda base: memories[min(base.turn, len(memories) - 1)]),
         )
     return env
@@ -546,6 +552,7 @@ REHEARSAL_ONLY_FIELDS = (
     "rehearsal_mode",
     "memory",
     "memory_tokens",
+    "restate_request",
     "attempt_max_steps",
     "critique_tokens",
     "attempt_outputs",

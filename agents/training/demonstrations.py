@@ -696,6 +696,7 @@ def record_memory_demonstrations(
     max_new_tokens: int = 40,
     attempt_temperature: float = 1.0,
     attempt_outputs: Literal["rehearsed", "real"] = "rehearsed",
+    restate_request: bool = False,
     seed: int = 0,
     batch: int = 64,
     progress: bool = False,
@@ -721,6 +722,8 @@ def record_memory_demonstrations(
         attempt_outputs: who answers the attempts' calls: ``"rehearsed"`` (`policy`'s REHEARSE role, the
             method) or ``"real"`` (a copy of the real backend at the attempt's start: every memory then holds true
             outcomes, breaks included, so training on it asks only whether the policy can learn to read one).
+        restate_request: the request again after the memory (the wrapper's option): train the layout an
+            evaluation with ``restate_request`` plays.
         seed: seeds the attempts' sampling.
         batch: tasks played together (>= 1).
         progress: show a tqdm bar.
@@ -775,6 +778,7 @@ def record_memory_demonstrations(
             max_new_tokens=max_new_tokens,
             attempt_temperature=attempt_temperature,
             attempt_outputs=attempt_outputs,
+            restate_request=restate_request,
         )
         return RecordTrajectories(rehearsing, path, include_tokens=True)
 

@@ -31,7 +31,11 @@ continuations had been measured, for the reason given there; every setting is re
    (``record_memory_demonstrations(attempt_outputs="real")``, the same tasks, attempts and seeds): a warm start
    that foresees almost no break rehearses memories that almost never hold one, so ``memory_scratch`` is never
    shown what a break in a memory means; this policy is, and asks only whether reading can be learned at all.
-   Its control at N = 0 is ``plain_scratch``.
+   ``real_memory_restated_scratch`` (added after ``real_memory_scratch``'s transcripts had been read: after a
+   memory the policy often moved an item the request did not name) trains on the same real-output memories
+   with the request restated after each memory (``restate_request``), and is evaluated that way in every row:
+   the request then sits next to the act, as it does without a memory. Their control at N = 0 is
+   ``plain_scratch``.
 3. **Evaluation on the same test tasks** (greedy commits on the real backend, ``--limit`` per family): every
    policy (``--policies``, the warm start always) at N = 0 and at N = 1, 2, 3 parallel attempts of its own
    rehearsal (trace memory); for each memory-trained policy at N = 2 also three controls: the attempts' outputs
@@ -76,9 +80,42 @@ from benchmarks.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
-POLICIES = ("warm", "plain_sft", "memory_sft", "plain_scratch", "memory_scratch", "real_memory_scratch")
-PLAIN_CONTROL = {"memory_sft": "plain_sft", "memory_scratch": "plain_scratch", "real_memory_scratch": "plain_scratch"}
+POLICIES = (
+    "warm",
+    "plain_sft",
+    "memory_sft",
+    "plain_scratch",
+    "memory_scratch",
+    "real_memory_scratch",
+    "real_memory_restated_scratch",
+)
+PLAIN_CONTROL = {
+    "memory_sft": "plain_sft",
+    "memory_scratch": "plain_scratch",
+    "real_memory_scratch": "plain_scratch",
+    "real_memory_restated_scratch": "plain_scratch",
+}
 """Each memory-trained policy's control at N=0: the same training without the memory demonstrations."""
+MEMORY_SOURCES: dict[str, tuple[str, bool]] = {
+    "memory_sft": ("rehearsed", False),
+    "memory_scratch": ("rehearsed", False),
+    "real_memory_scratch": ("real", False),
+    "real_memory_restated_scratch": ("real", True),
+}
+"""Each memory-trained policy's memory demonstrations: who answered the attempts' calls
+(``record_memory_demonstrations(attempt_outputs=...)``) and whether the request follows the memory again
+(``restate_request``, which its evaluations then play too)."""
+
+
+def memory_folder(attempt_outputs: str, restate_request: bool) -> str:
+    """The run folder's subfolder of one set of memory demonstrations (`MEMORY_SOURCES`)."""
+    return (
+        "memory_demos"
+        + ("" if attempt_outputs == "rehearsed" else f"_{attempt_outputs}")
+        + ("_restated" if restate_request else "")
+    )
+
+
 CONTROLS: dict[str, dict[str, Any]] = {
     "null outputs": {"attempt_outputs": "null"},
     "real outputs (oracle)": {"attempt_outputs": "real"},
@@ -191,15 +228,15 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         m = args.memory_tasks
         per_n[n] = [t.id for c in categories for t in suite.tasks([c], "train")[k * m : (k + 1) * m]]
 
-    def memory_demos(attempt_outputs: str) -> dict[str, dict[str, Any]]:
-        """One file per N of memory demonstrations whose attempts' outputs come from `attempt_outputs`."""
-        folder = "memory_demos" if attempt_outputs == "rehearsed" else f"memory_demos_{attempt_outputs}"
+    def memory_demos(attempt_outputs: str, restate: bool) -> dict[str, dict[str, Any]]:
+        """One file per N of memory demonstrations of one source (`MEMORY_SOURCES`)."""
+        folder = memory_folder(attempt_outputs, restate)
         files = {}
         for n, ids in per_n.items():
-            files[str(n)] = memory_demo_file(out / folder / f"n{n}.jsonl", n, ids, attempt_outputs)
+            files[str(n)] = memory_demo_file(out / folder / f"n{n}.jsonl", n, ids, attempt_outputs, restate)
         return files
 
-    def memory_demo_file(path: Path, n: int, ids: list[str], attempt_outputs: str) -> dict[str, Any]:
+    def memory_demo_file(path: Path, n: int, ids: list[str], attempt_outputs: str, restate: bool) -> dict[str, Any]:
         settings = {
             "warm": warm,
             "n": n,
@@ -211,6 +248,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         }
         if attempt_outputs != "rehearsed":  # the default's stage settings (and so its resumed runs) unchanged
             settings["attempt_outputs"] = attempt_outputs
+        if restate:
+            settings["restate_request"] = True
 
         def record(folder: Path) -> dict[str, Any]:
             path.unlink(missing_ok=True)  # a stage cut short left part of the file: start it again
@@ -226,6 +265,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 attempt_max_steps=recipe.eval.max_steps_per_turn,
                 max_new_tokens=recipe.eval.max_new_tokens,
                 attempt_outputs=attempt_outputs,
+                restate_request=restate,
                 seed=n,
                 progress=True,
             )
@@ -235,8 +275,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         info = stages.stage(f"{path.parent.name}/n{n}", record, settings)
         return {"path": str(path), **info["counts"]}
 
-    demo_files = memory_demos("rehearsed")
-    real_demo_files = memory_demos("real") if "real_memory_scratch" in args.policies else {}
+    demo_files = memory_demos("rehearsed", False)
+    other_sources = sorted({MEMORY_SOURCES[p] for p in args.policies if p in MEMORY_SOURCES} - {("rehearsed", False)})
+    other_demos = {memory_folder(*source): memory_demos(*source) for source in other_sources}
     train_ids = [i for ids in per_n.values() for i in ids]
 
     def sft(name: str, seed: int, task_ids: list[str], changes: dict[str, Any]) -> str:
@@ -279,16 +320,19 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         # the recipe's max_demos already chose these tasks; as a cap on the joined data it would cut the memories
         return sft(name, seed, scratch_ids(), {"data": data, "max_demos": 0})
 
-    memory_files = [f["path"] for f in demo_files.values()]
-    real_memory_files = [f["path"] for f in real_demo_files.values()]
+    def memory_files(policy: str) -> list[str]:
+        folder = memory_folder(*MEMORY_SOURCES[policy])
+        return [f["path"] for f in (other_demos.get(folder) or demo_files).values()]
+
     trainers = {
         "plain_sft": lambda seed: continuation("plain_sft", seed, [recipe.suite]),
-        "memory_sft": lambda seed: continuation("memory_sft", seed, [recipe.suite, *memory_files]),
+        "memory_sft": lambda seed: continuation("memory_sft", seed, [recipe.suite, *memory_files("memory_sft")]),
         "plain_scratch": lambda seed: from_scratch("plain_scratch", seed, [recipe.suite]),
-        "memory_scratch": lambda seed: from_scratch("memory_scratch", seed, [recipe.suite, *memory_files]),
-        "real_memory_scratch": lambda seed: from_scratch(
-            "real_memory_scratch", seed, [recipe.suite, *real_memory_files]
-        ),
+        **{
+            p: functools.partial(lambda seed, p: from_scratch(p, seed, [recipe.suite, *memory_files(p)]), p=p)
+            for p in MEMORY_SOURCES
+            if p.endswith("_scratch")
+        },
     }
     if args.workers > 1 and args.worker is None:
         evaluation("warm/n0", warm, 0)  # shared by every seed: made once, before the workers
@@ -303,14 +347,20 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             # the warm start's N=0 evaluation is greedy and seed-free: one folder serves every seed
             base_name = "warm/n0" if policy == "warm" else f"{policy}/seed{seed}/n0"
             rows = {"N=0": evaluation(base_name, model, 0 if policy == "warm" else seed)}
+            layout = {"restate_request": True} if MEMORY_SOURCES.get(policy, ("", False))[1] else {}
             for n in args.n:
-                rows[f"N={n}"] = evaluation(f"{policy}/seed{seed}/n{n}", model, seed, rehearsal_n=n)
+                rows[f"N={n}"] = evaluation(f"{policy}/seed{seed}/n{n}", model, seed, rehearsal_n=n, **layout)
             if policy != "warm" and not args.no_controls:
                 for variant, changes in VARIANTS.items():
                     changes = changes or {"rehearser_model": warm}
                     slug = variant.split(" ")[0].replace("-", "_")
                     rows[f"N={CONTROL_N}, {variant}"] = evaluation(
-                        f"{policy}/seed{seed}/n{CONTROL_N}_{slug}", model, seed, rehearsal_n=CONTROL_N, **changes
+                        f"{policy}/seed{seed}/n{CONTROL_N}_{slug}",
+                        model,
+                        seed,
+                        rehearsal_n=CONTROL_N,
+                        **changes,
+                        **layout,
                     )
             if policy in PLAIN_CONTROL and not args.no_controls:
                 own = out / f"{policy}/seed{seed}/n{CONTROL_N}"
@@ -318,15 +368,20 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                     changes = changes or {"memory_from": str(own)}
                     slug = control.split(" ")[0].replace("'s", "")
                     rows[f"N={CONTROL_N}, {control}"] = evaluation(
-                        f"{policy}/seed{seed}/n{CONTROL_N}_{slug}", model, seed, rehearsal_n=CONTROL_N, **changes
+                        f"{policy}/seed{seed}/n{CONTROL_N}_{slug}",
+                        model,
+                        seed,
+                        rehearsal_n=CONTROL_N,
+                        **changes,
+                        **layout,
                     )
             for setting, row in rows.items():
                 measured.setdefault(f"{policy} | {setting}", []).append(row)
         if args.worker is not None:
             continue  # a worker's seeds are a subset: the process that started it writes the results
         results = summarize(args, recipe, warm, demo_files, measured)
-        if real_demo_files:
-            results["real_memory_demos"] = real_demo_files
+        if other_demos:
+            results["other_memory_demos"] = other_demos
         results.update(
             seeds_done=seed + 1,
             wall_s=time.perf_counter() - t_start,

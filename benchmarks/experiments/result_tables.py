@@ -139,8 +139,11 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
     done = results.get("seeds_done", results["seeds"])
     partial = f" (PARTIAL: {done} of {results['seeds']} seeds done)" if done < results["seeds"] else ""
     demos = sum(f["written"] for f in results["memory_demos"].values())
-    real = sum(f["written"] for f in results.get("real_memory_demos", {}).values())
-    real = f" (real_memory_scratch: {real} whose attempts the real backend answered)" if real else ""
+    others = results.get("other_memory_demos") or {}
+    if "real_memory_demos" in results:  # written before the sets were named by their folders
+        others = {"memory_demos_real": results["real_memory_demos"]}
+    real = "".join(f", {sum(f['written'] for f in files.values())} in {name}" for name, files in others.items())
+    real = f" in memory_demos{real}" if real else ""
     w = max(14, *(len(r["policy"]) for r in results["rows"]))
     lines = [
         f"Test-time rehearsal on EnvACE-Lab: {results['model']}, {done} seeds, {results['test_tasks']} test tasks; "

@@ -299,3 +299,23 @@ def test_real_attempt_outputs_need_a_real_backend():
         TestTimeRehearsal(rehearse_env, policy, attempt_outputs="real")
     with pytest.raises(ValueError, match="attempt_outputs must be"):
         TestTimeRehearsal(make_env(), policy, attempt_outputs="oracle")
+
+
+def test_restate_request_puts_the_request_after_the_memory_and_outside_its_bound():
+    policy = ScriptedPolicy(always(ADD_3))
+    env = TestTimeRehearsal(make_env(), policy, n=2, seed=0, memory_tokens=60, restate_request=True)
+    _, info = env.reset(seed=0, options={"task_id": "scripted_1"})
+    messages = env.unwrapped.trajectory.messages
+    request, memory, again = (m.content for m in messages if m.role == "user")
+    assert memory == info["rehearsal"]["memory"] and again == request and messages[-1].role == "user"
+    assert info["rehearsal"]["memory_tokens"] <= 60  # the bound is the memory's; the request is the task's own
+    # the token sequence ends with the restated request, then the assistant opener: the act reads it last
+    renderer = env.unwrapped.renderer
+    tail = renderer.content_ids(request) + list(renderer.close_ids("user")) + list(renderer.open_ids("assistant"))
+    assert env.unwrapped.trajectory.token_ids[-len(tail) :] == tail
+    provided = TestTimeRehearsal(
+        make_env(), policy, n=2, seed=0, memory_provider=lambda _: "1: a line", restate_request=True
+    )
+    provided.reset(seed=0, options={"task_id": "scripted_1"})
+    users = [m.content for m in provided.unwrapped.trajectory.messages if m.role == "user"]
+    assert users[1].endswith("1: a line") and users[2] == users[0]

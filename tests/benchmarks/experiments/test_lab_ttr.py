@@ -123,7 +123,7 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     variants = ["N=2, sequential", "N=2, warm-start rehearser"]
     expected = {"warm": settings, "plain_sft": settings + variants, "memory_sft": settings + variants + controls}
     expected |= {"plain_scratch": expected["plain_sft"], "memory_scratch": expected["memory_sft"]}
-    expected["real_memory_scratch"] = expected["memory_sft"]
+    expected["real_memory_scratch"] = expected["real_memory_restated_scratch"] = expected["memory_sft"]
     assert list(rows) == [(p, s) for p in lab_ttr.POLICIES for s in expected[p]]
     assert results["kind"] == "lab_ttr_stated_memory_tasks"  # the stated world, --memory-tasks 1, not the default
     n_tasks = results["test_tasks"]
@@ -151,7 +151,7 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     assert scratch["task_ids"] == scratch_plain["task_ids"] == warm_start["task_ids"]
     assert scratch["max_steps"] == scratch_plain["max_steps"] == RECIPE["sft"]["max_steps"]
     # real_memory_scratch: the same stage on memories of the same attempts answered by the real backend
-    real = results["real_memory_demos"]
+    real = results["other_memory_demos"]["memory_demos_real"]
     real_scratch = json.loads((out / "real_memory_scratch/seed0/sft/stage_done.json").read_text())["config"]
     assert real_scratch["data"] == [scratch["data"][0], *(d["path"] for d in real.values())]
     assert {k: v for k, v in real_scratch.items() if k not in ("data", "run_dir")} == {
@@ -161,6 +161,17 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     real_stage = json.loads((out / "memory_demos_real/n2/stage_done.json").read_text())["config"]
     rehearsed_stage = json.loads((out / "memory_demos/n2/stage_done.json").read_text())["config"]
     assert real_stage == {**rehearsed_stage, "attempt_outputs": "real"}
+    # real_memory_restated_scratch: the request again after each memory, in training and in every evaluation
+    restated = json.loads((out / "memory_demos_real_restated/n2/stage_done.json").read_text())["config"]
+    assert restated == {**real_stage, "restate_request": True}
+    record = json.loads((out / "memory_demos_real_restated/n1.jsonl").read_text().splitlines()[0])
+    users = [m["content"] for m in record["messages"] if m["role"] == "user"]
+    assert users[1].startswith("Rehearsal memory") and users[2] == users[0]  # request, memory, request
+    assert record["messages"][[m["role"] for m in record["messages"]].index("user") + 3]["role"] == "assistant"
+    for row in ("n2", "n2_null", "n2_other", "n2_sequential"):  # (N=0 has no rehearsal field at all)
+        config = json.loads((out / f"real_memory_restated_scratch/seed1/{row}/eval_config.json").read_text())
+        assert config["restate_request"] is True
+    assert not json.loads((out / "real_memory_scratch/seed1/n2/eval_config.json").read_text())["restate_request"]
     stats = json.loads((out / "memory_scratch/seed0/sft/data_stats.json").read_text())
     # the test recipe caps demonstrations (max_demos 2): that cap chose the task ids; no memory was cut
     assert RECIPE["sft"]["max_demos"] > 0 and [stats[d["path"]]["cut_by_max_demos"] for d in demos.values()] == [0] * 3
