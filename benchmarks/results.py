@@ -1,10 +1,11 @@
 """The project's measured results, rendered into one page: ``docs/results.md``.
 
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
-those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft``, ``lab_ablations``,
-``lab_ablations_budget``, ``lab_grpo_budget_valid``, ``lab_grpo_budget``, ``lab_ttr`` (and its ``_blind``,
-``_stated`` and ``_memory_tasks`` kinds), ``lab_rehearsal_rl`` (and its ``_blind`` and ``_stated`` kinds),
-``lab_env_cost``, ``judge_agreement``, ``engines_equal_work``) and renders every stored result into
+those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft`` (and its ``_blind`` and
+``_steps`` kinds), ``lab_ablations``, ``lab_ablations_budget``, ``lab_grpo_budget_valid``, ``lab_grpo_budget``,
+``lab_ttr`` (and its ``_blind``, ``_stated`` and ``_memory_tasks`` kinds), ``lab_rehearsal_rl`` (and its
+``_blind`` and ``_stated`` kinds), ``lab_env_cost``, ``judge_agreement``, ``engines_equal_work``) and renders every
+stored result into
 ``docs/results.md``; with no folder given it only re-renders. Numbers appear in the page only as this command
 writes them: edit a script or rerun it, never the page.
 
@@ -110,7 +111,8 @@ def _date(result: dict[str, Any]) -> str:
 
 
 def render_tiny_sft(result: dict[str, Any], folder: Path) -> list[str]:
-    """The SFT-from-scratch section (`benchmarks.experiments.lab_tiny_sft`)."""
+    """The SFT-from-scratch section (`benchmarks.experiments.lab_tiny_sft`); a run on the blind variant (kind
+    ``lab_tiny_sft_blind``) or at another budget than the recipe's (kinds ending ``_steps``) is its own section."""
     s = result["settings"]
     seeds = result["seeds"]
     families = list(seeds[0]["success"])

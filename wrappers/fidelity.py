@@ -1,6 +1,6 @@
 """`RehearsalFidelity`: shadow every rehearsed tool response with the real backend's answer to the same call.
 
-Three per-call metrics compare a rehearsed response (the policy's REHEARSE text) with the real response
+Four per-call metrics (`METRICS`) compare a rehearsed response (the policy's REHEARSE text) with the real response
 (what a real backend returns for the same call at the same point of the same trajectory):
 
 * `exact_match`: the two texts are equal after stripping leading and trailing whitespace.
@@ -119,8 +119,14 @@ def token_f1(rehearsed: str, real: str) -> float:
 
 
 def outcome_match(rehearsed: str, real: str) -> float:
-    """1.0 when both texts report a failed call or neither does (`is_error_output`), else 0.0."""
-    return 1.0 if is_error_output(rehearsed) == is_error_output(real) else 0.0
+    """1.0 when both texts report a failed call or neither does, else 0.0: `is_error_output` of `real`; for
+    `rehearsed` also a JSON object cut short after its first key ``"error"`` (a rehearsal stopped by its token
+    cap foresaw the failure all the same)."""
+    return 1.0 if _reports_failure(rehearsed) == is_error_output(real) else 0.0
+
+
+def _reports_failure(text: str) -> bool:
+    return is_error_output(text) or re.match(r'\s*\{\s*"error"\s*:', text) is not None
 
 
 def fidelity_metrics(rehearsed: str, real: str) -> dict[str, float]:

@@ -274,8 +274,9 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             generated segments with their sampling logprobs, the context as segments without) in
             ``self.attempt_rows`` (the last `rehearse` call's, in attempt order), for rehearsal-aware RL
             (`agents.rollout.collect_rollouts` with ``rehearsal_n``); off: nothing is kept.
-        restate_request: after the memory, insert the turn's request again as a ``user`` message (module
-            docstring); the memory's ``memory_tokens`` bound does not count it.
+        restate_request: after the memory, insert the user messages that opened the turn again, whole (module
+            docstring); the memory's ``memory_tokens`` bound does not count them. In ``sequential`` mode an
+            attempt that reads the earlier attempts' notes gets the request after them too.
 
     Raises:
         TypeError: the env keeps no token sequence, or `policy` lacks ``act``.
@@ -450,7 +451,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
                         notes = EARLIER_ATTEMPTS.format(attempts=self._digest(attempts, [c for c, _ in critiques]))
                     else:
                         notes = self._trace(base, attempts, len(attempts))
-                    fork.insert_message("user", notes)
+                    self._insert(fork, notes, fork.renderer.content_ids(notes))
                 (attempt,) = self._run_attempts([fork])
                 attempts.append(attempt)
                 if summary:
@@ -472,7 +473,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         else:
             content = self._trace(base, attempts, self.n)
             content_ids = base.renderer.content_ids(content)
-        self._insert(base, content, content_ids, request)
+        self._insert(base, content, content_ids)
         record = {
             "turn": base.turn,
             "mode": self.mode,
@@ -510,7 +511,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             kept.append(line)
         content = header + "\n".join(kept)
         content_ids = base.renderer.content_ids(content)
-        self._insert(base, content, content_ids, self._current_request(base))
+        self._insert(base, content, content_ids)
         record = {
             "turn": base.turn,
             "mode": self.mode,
@@ -641,23 +642,32 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         """The committed context (system prompt, tools, history) then `instruction` as a user message."""
         return self.policy.renderer.prompt_ids([*context, Message("user", instruction)], tools)
 
-    def _insert(self, base: Any, content: str, content_ids: list[int], request: str) -> None:
-        """Append the memory message before the pending ACT step, and the request again after it when
-        ``restate_request``."""
-        base.insert_message("user", content, content_ids)
+    def _insert(self, env: Any, content: str, content_ids: list[int]) -> None:
+        """Append the memory (or an earlier attempt's notes) before `env`'s pending ACT step, then, with
+        ``restate_request``, the user messages that opened the turn again, whole and one by one."""
+        opening = self._turn_opening(env)
+        env.insert_message("user", content, content_ids)
         if self.restate_request:
-            base.insert_message("user", request)
+            for text in opening:
+                env.insert_message("user", text)
 
     @staticmethod
-    def _current_request(base: Any) -> str:
-        """The text of the user turn being played (the last user messages of the committed history)."""
+    def _turn_opening(env: Any) -> list[str]:
+        """The user messages that opened the turn being played (the last user messages of the committed history,
+        in order)."""
         opening: list[str] = []
-        for m in reversed(base.trajectory.messages):
+        for m in reversed(env.trajectory.messages):
             if m.role == "user":
                 opening.append(m.content)
             elif opening:
                 break
-        return "\n".join(reversed(opening))[-2000:]
+        return opening[::-1]
+
+    @classmethod
+    def _current_request(cls, base: Any) -> str:
+        """The turn's request as the critic and summariser read it: its opening messages joined, the last 2,000
+        characters."""
+        return "\n".join(cls._turn_opening(base))[-2000:]
 
     @staticmethod
     def _transcript(attempt: dict[str, Any]) -> str:

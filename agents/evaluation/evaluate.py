@@ -270,6 +270,10 @@ class EvalConfig:
                     )
         if self.attempt_outputs != "rehearsed" and not self.rehearsal_n:
             raise ValueError("invalid EvalConfig: attempt_outputs shapes test-time rehearsal; set rehearsal_n >= 1")
+        if self.restate_request and not self.rehearsal_n:
+            raise ValueError(
+                "invalid EvalConfig: restate_request repeats the request after a rehearsal memory; set rehearsal_n >= 1"
+            )
 
 
 @dataclass

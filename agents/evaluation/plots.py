@@ -3,8 +3,8 @@
 * `plot_accuracy_vs_rehearsal`: overall accuracy against the test-time rehearsal budget N, one line per
   mode (``parallel``, ``sequential``), from ``summary.json`` files written by `agents.evaluation.evaluate`. An N = 0
   run has no mode: it is the first point of both lines.
-* `plot_fidelity_per_tool`: bars of exact match, JSON-structure match and token F1 per tool, from a
-  ``fidelity_per_tool.csv``.
+* `plot_fidelity_per_tool`: bars of the fidelity metrics (`wrappers.fidelity.METRICS`: exact match, JSON-structure
+  match, token F1, outcome match) per tool, from a ``fidelity_per_tool.csv``.
 * `plot_training_curves`: from a run's ``metrics.jsonl`` (`agents.training.trainer`): reward mean overall and per
   role, ``train/loss``, ``train/clip_fraction``, ``train/approx_kl`` and ``train/kl`` against the step.
 * `report(run_dir)`: every plot whose inputs are found under `run_dir` (searched recursively), written to
@@ -129,21 +129,23 @@ def plot_accuracy_vs_rehearsal(summaries: Sequence[dict[str, Any]], path: str | 
 
 
 def plot_fidelity_per_tool(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """Grouped bars of the fidelity metrics (`wrappers.fidelity.METRICS`) per tool (rows of ``fidelity_per_tool.csv``).
+    """Grouped bars of the fidelity metrics (`wrappers.fidelity.METRICS`) per tool (rows of ``fidelity_per_tool.csv``;
+    a metric the rows lack, in a CSV written before it existed, is left out).
 
     Raises:
         ValueError: no rows.
     """
     if not rows:
         raise ValueError("no fidelity rows to plot")
-    from wrappers.fidelity import METRICS as metrics
+    from wrappers.fidelity import METRICS
 
+    metrics = [m for m in METRICS if m in rows[0]]
     names = [f"{r['group']} ({r['n_calls']})" for r in rows]
     width = 0.8 / len(metrics)
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4))
     for j, m in enumerate(metrics):
         ax.bar([i + j * width for i in range(len(rows))], [float(r[m]) for r in rows], width, label=m)
-    ax.set_xticks([i + width for i in range(len(rows))])
+    ax.set_xticks([i + width * (len(metrics) - 1) / 2 for i in range(len(rows))])  # each group's centre
     ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("mean over calls")

@@ -86,8 +86,9 @@ training. A memory-conditioned demonstration is a reference execution (as above,
 before the first ACT message of every user turn, the test-time-rehearsal wrapper has run a policy's own
 ``n`` rehearsal attempts of that turn (failed ones kept) and inserted their memory as a user message, exactly
 as at test time. The target is still the reference: the policy learns to act well after reading what its own
-world model imagined, including when the imagination was wrong. The memory is a user message, so it carries
-no loss. They are written as ``RecordTrajectories(include_tokens=True)`` records, so `agents.training.sft` mixes
+world model imagined, including when the imagination was wrong (or, with ``attempt_outputs="real"``, after
+reading true outcomes: a diagnosis of whether reading can be learned at all). The memory is a user message, so it
+carries no loss. They are written as ``RecordTrajectories(include_tokens=True)`` records, so `agents.training.sft` mixes
 them with plain demonstrations through its ``data`` sources (a suite name and the JSONL file).
 
 ## Recorded rollouts (`load_recorded_trajectories`)
@@ -695,7 +696,7 @@ def record_memory_demonstrations(
     attempt_max_steps: int = 8,
     max_new_tokens: int = 40,
     attempt_temperature: float = 1.0,
-    attempt_outputs: Literal["rehearsed", "real"] = "rehearsed",
+    attempt_outputs: Literal["rehearsed", "null", "real"] = "rehearsed",
     restate_request: bool = False,
     seed: int = 0,
     batch: int = 64,
@@ -720,8 +721,9 @@ def record_memory_demonstrations(
             settings (`wrappers.TestTimeRehearsal`); the attempts are capped at `attempt_max_steps` ACT steps
             because the demonstration env has no step limit of its own.
         attempt_outputs: who answers the attempts' calls: ``"rehearsed"`` (`policy`'s REHEARSE role, the
-            method) or ``"real"`` (a copy of the real backend at the attempt's start: every memory then holds true
-            outcomes, breaks included, so training on it asks only whether the policy can learn to read one).
+            method), ``"null"`` (a constant: memories of calls without outcomes) or ``"real"`` (a copy of the real
+            backend at the attempt's start: every memory then holds true outcomes, breaks included, so training on
+            it asks only whether the policy can learn to read one).
         restate_request: the request again after the memory (the wrapper's option): train the layout an
             evaluation with ``restate_request`` plays.
         seed: seeds the attempts' sampling.

@@ -1,5 +1,9 @@
 """How well, how fast and how stably does `lab-tiny` learn the hidden-rules lab world by SFT from scratch?
 
+``--suite lab-blind`` asks the same of the blind variant (no look tool: the ACT role must have learned the shelf
+capacities it can never read); its results are their own kind (``lab_tiny_sft_blind``), as is a run at another
+budget than `STEPS` (``..._steps``).
+
 For each initialisation seed: build `lab-tiny` (`benchmarks.lab.lab_tiny.build_lab_tiny`, the sizes given), train it
 by SFT on real executions of the train stream's reference solutions (`agents.training.sft.SFTTrainer`; both roles,
 optionally the leading prompt and error demonstrations), then score it greedily on the fixed test split on
@@ -47,7 +51,8 @@ from benchmarks.provenance import provenance
 EVAL_MAX_NEW_TOKENS = 40
 EVAL_MAX_STEPS_PER_TURN = 8
 STEPS = 600
-"""The default ``--steps`` (the lab recipe's SFT budget): a run at another budget is its own results kind."""
+"""The default ``--steps``, the SFT budget of ``configs/recipes/lab.yaml`` (``sft.max_steps``; a test holds them
+equal): a run at another budget is its own results kind."""
 PROBE_EVERY = 10
 """`token_kind_accuracy` reads the demonstrations of every PROBE_EVERY-th scored test task of each family
 (10 of 100)."""

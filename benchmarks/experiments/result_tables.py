@@ -142,12 +142,12 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
     others = results.get("other_memory_demos") or {}
     if "real_memory_demos" in results:  # written before the sets were named by their folders
         others = {"memory_demos_real": results["real_memory_demos"]}
-    real = "".join(f", {sum(f['written'] for f in files.values())} in {name}" for name, files in others.items())
-    real = f" in memory_demos{real}" if real else ""
-    w = max(14, *(len(r["policy"]) for r in results["rows"]))
+    extra = "".join(f", {sum(f['written'] for f in files.values())} in {name}" for name, files in others.items())
+    extra = f" in memory_demos{extra}" if extra else ""
+    w = max([14, *(len(r["policy"]) for r in results["rows"])])
     lines = [
         f"Test-time rehearsal on EnvACE-Lab: {results['model']}, {done} seeds, {results['test_tasks']} test tasks; "
-        f"{_ttr_training(results)}; {demos} memory demonstrations{real}{partial}",
+        f"{_ttr_training(results)}; {demos} memory demonstrations{extra}{partial}",
         "paired with the same policy at N=0 (mean +- 95% CI over seeds); tasks +/- summed over seeds; seeds p<.05: "
         "the seeds whose own tasks resolve the difference up/down (exact McNemar)",
         f"{'policy':<{w}} {'setting':<34} {'success':<16} {'vs N=0':<17} {'tasks +/-':<11} {'seeds p<.05':<12} "

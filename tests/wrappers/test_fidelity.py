@@ -129,6 +129,8 @@ def test_outcome_match_asks_only_whether_the_call_failed():
     assert outcome_match('{"item": "mug", "from": "A", "to": "D"}', broke) == 0.0
     assert outcome_match('{"item": "mug"}', '{"item": "cup", "to": "B"}') == 1.0
     assert outcome_match("Error: bad call", '{"item": "mug"}') == 0.0
+    assert outcome_match('{"error": "shelf D is fu', broke) == 1.0  # cut by the token cap, the failure foreseen
+    assert outcome_match('{"item": "mug", "error', broke) == 0.0
     assert fidelity_metrics("x", broke)["outcome_match"] == 0.0 and set(fidelity_metrics("x", "y")) == set(METRICS)
 
 

@@ -308,7 +308,11 @@ def test_restate_request_puts_the_request_after_the_memory_and_outside_its_bound
     messages = env.unwrapped.trajectory.messages
     request, memory, again = (m.content for m in messages if m.role == "user")
     assert memory == info["rehearsal"]["memory"] and again == request and messages[-1].role == "user"
-    assert info["rehearsal"]["memory_tokens"] <= 60  # the bound is the memory's; the request is the task's own
+    rec = info["rehearsal"]
+    memory_ids = env.unwrapped.renderer.content_ids(memory)
+    assert rec["memory_tokens"] == len(memory_ids) <= 60  # the bound is the memory's; the request is not counted
+    restated = rec["context_tokens_after"] - rec["context_tokens_before"] - len(memory_ids)
+    assert restated > len(env.unwrapped.renderer.content_ids(request))  # the request's tokens and its message frame
     # the token sequence ends with the restated request, then the assistant opener: the act reads it last
     renderer = env.unwrapped.renderer
     tail = renderer.content_ids(request) + list(renderer.close_ids("user")) + list(renderer.open_ids("assistant"))
@@ -319,3 +323,20 @@ def test_restate_request_puts_the_request_after_the_memory_and_outside_its_bound
     provided.reset(seed=0, options={"task_id": "scripted_1"})
     users = [m.content for m in provided.unwrapped.trajectory.messages if m.role == "user"]
     assert users[1].endswith("1: a line") and users[2] == users[0]
+
+
+def test_restated_request_follows_the_notes_in_sequential_attempts_too():
+    seen = []
+
+    def rule(ctx):
+        seen.append(ctx)
+        return ADD_3
+
+    policy = ScriptedPolicy(rule)
+    env = TestTimeRehearsal(
+        make_env(), policy, n=2, mode="sequential", seed=0, attempt_max_steps=1, restate_request=True
+    )
+    env.reset(seed=0, options={"task_id": "scripted_1"})
+    request = next(m.content for m in env.unwrapped.trajectory.messages if m.role == "user")
+    second = seen[1]  # the second attempt's first ACT context: the first attempt's notes, then the request
+    assert second.rstrip().rfind(request) > second.find("Rehearsal memory") > 0

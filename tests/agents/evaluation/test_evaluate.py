@@ -219,6 +219,15 @@ def test_fidelity_eval_and_report_write_tables_and_pngs(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["report", str(empty)]) == 1
+    # a fidelity CSV written before outcome_match existed still plots (its three metrics)
+    old = tmp_path / "old" / "fid_old"
+    old.mkdir(parents=True)
+    csv_text = (run / "fid" / "fidelity_per_tool.csv").read_text().splitlines()
+    cut = [",".join(line.split(",")[:-1]) for line in csv_text]  # outcome_match is the last column
+    assert csv_text[0].endswith(",outcome_match") and "outcome_match" not in cut[0]
+    (old / "fidelity_per_tool.csv").write_text("\n".join(cut) + "\n")
+    assert main(["report", str(tmp_path / "old")]) == 0
+    assert (tmp_path / "old" / "plots" / "fidelity_per_tool_fid_old.png").stat().st_size > 1000
 
 
 class InterruptAfter(ScriptedPolicy):
@@ -358,6 +367,8 @@ def test_the_other_task_control_reads_the_next_tasks_recorded_memories(tmp_path)
         EvalConfig(**{**common, "rehearsal_n": 2}, memory_from=str(own))
     with pytest.raises(ValueError, match="attempt_outputs shapes test-time rehearsal"):
         EvalConfig(**{**common, "rehearsal_n": 0}, attempt_outputs="null")
+    with pytest.raises(ValueError, match="restate_request repeats the request after a rehearsal memory"):
+        EvalConfig(**{**common, "rehearsal_n": 0}, restate_request=True)
     assert EvalConfig(**{**common, "attempt_outputs": "null"}).out.endswith("n1-parallel-null")
     from tests.testing_env import TASKS
 

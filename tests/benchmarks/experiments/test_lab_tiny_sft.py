@@ -99,6 +99,14 @@ def test_a_negative_fidelity_limit_is_refused_before_any_training(capsys):
     assert lab_tiny_sft.parse_args(["--fidelity-limit", "0"]).fidelity_limit == 0
 
 
+def test_the_default_budget_is_the_lab_recipes():
+    import yaml
+
+    from benchmarks.experiments.lab_ttr import RECIPE
+
+    assert lab_tiny_sft.STEPS == yaml.safe_load(RECIPE.read_text())["sft"]["max_steps"]
+
+
 def test_the_blind_variant_trains_on_its_own_world_and_writes_its_own_kind(tmp_path):
     out = tmp_path / "blind"
     argv = ["--steps", "2", "--rows", "4", "--limit", "1", "--categories", "relocate", "--warmup-steps", "1"]

@@ -57,6 +57,12 @@ def test_the_table_names_only_the_training_its_rows_had(tmp_path):
     after = {**before, "rows": scratch, "scratch_steps": 600, "memory_cost": [cost]}
     lines = lab_ttr.table(after)
     assert "from scratch (*_scratch): the recipe's SFT, 600 steps" in lines[0] and "continuations" not in lines[0]
+    # the other memory sets are counted by folder, from this key or from the one older runs wrote
+    named = lab_ttr.table({**after, "other_memory_demos": {"memory_demos_real": {"2": {"written": 3}}}})[0]
+    legacy = lab_ttr.table({**after, "real_memory_demos": {"2": {"written": 3}}})[0]
+    assert "4 memory demonstrations in memory_demos, 3 in memory_demos_real" in named and named == legacy
+    long_name = lab_ttr.table({**after, "rows": [{**scratch[0], "policy": "real_memory_restated_scratch"}]})
+    assert long_name[3].startswith("real_memory_restated_scratch N=0 ")  # the column fits the longest name
     assert lines[-1].split() == ["memory_scratch", "-", "plain_scratch", "-0.100", "tasks", "+0/-1,", "seeds"] + [
         "p<.05",
         "+0/-0",
