@@ -603,6 +603,7 @@ def _evaluate(eval_config: EvalConfig, models: ModelStore | None) -> dict[str, A
         tables = fidelity_tables(result.fidelity_calls)
         every = tables["tool"][-1]
         n_calls = int(every["n_calls"])  # no rehearsed call: the metrics are undefined (None), not 0
+        # outcome_match only per output kind below: over all calls it mostly counts how often calls succeed
         row.update(
             {
                 f"fidelity_{m}": float(every[m]) if n_calls else None
