@@ -32,6 +32,8 @@ def test_options_are_checked():
     assert lab_ttr.parse_args(["--n", "1", "--no-controls"]).n == [1]
     with pytest.raises(SystemExit):
         lab_ttr.parse_args(["--policies", "memory_scratch"])  # its N=0 is compared with plain_scratch's
+    default = lab_ttr.parse_args([]).policies
+    assert default == [p for p in lab_ttr.POLICIES if p not in lab_ttr.DIAGNOSTIC_POLICIES] and "warm" in default
     assert lab_ttr.parse_args(["--policies", "memory_scratch", "plain_scratch"]).policies == [
         "warm",
         "plain_scratch",
@@ -122,6 +124,7 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "2", "--workers", "2", "--threads", "1"]
     argv += ["--n", "1", "2"]
     argv += ["--memory-tasks", "1", "--sft-steps", "1", "--limit", "1"]
+    argv += ["--policies", *lab_ttr.POLICIES[1:]]  # the diagnostic policies run only when named
     results = lab_ttr.main(argv)
     rows = {(r["policy"], r["setting"]): r for r in results["rows"]}
     settings = ["N=0", "N=1", "N=2"]
