@@ -55,8 +55,6 @@ __all__ = [
 
 _PUNCT = re.compile("[" + re.escape(string.punctuation) + "]")
 _ARTICLES = {"a", "an", "the"}
-METRICS = ("exact_match", "json_structure_match", "token_f1", "outcome_match")
-"""The per-call metrics, in the order tables show them."""
 _ERROR_PREFIXES = ("Error during execution:", "Error:")
 
 
@@ -129,14 +127,19 @@ def _reports_failure(text: str) -> bool:
     return is_error_output(text) or re.match(r'\s*\{\s*"error"\s*:', text) is not None
 
 
+_METRIC_FUNCTIONS: dict[str, Callable[[str, str], float]] = {
+    "exact_match": exact_match,
+    "json_structure_match": json_structure_match,
+    "token_f1": token_f1,
+    "outcome_match": outcome_match,
+}
+METRICS = tuple(_METRIC_FUNCTIONS)
+"""The per-call metrics, in the order tables show them."""
+
+
 def fidelity_metrics(rehearsed: str, real: str) -> dict[str, float]:
     """Every metric of `METRICS` for one pair of texts (floats in [0, 1])."""
-    return {
-        "exact_match": exact_match(rehearsed, real),
-        "json_structure_match": json_structure_match(rehearsed, real),
-        "token_f1": token_f1(rehearsed, real),
-        "outcome_match": outcome_match(rehearsed, real),
-    }
+    return {name: metric(rehearsed, real) for name, metric in _METRIC_FUNCTIONS.items()}
 
 
 def is_error_output(text: str) -> bool:
@@ -158,7 +161,7 @@ def is_error_output(text: str) -> bool:
 
 def _metric(record: dict[str, Any], key: str) -> float:
     # records written before a metric existed (a resumed evaluation) have their texts: score them now
-    return record[key] if key in record else fidelity_metrics(record["rehearsed"], record["real"])[key]
+    return record[key] if key in record else _METRIC_FUNCTIONS[key](record["rehearsed"], record["real"])
 
 
 def mean_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
