@@ -426,7 +426,7 @@ def collect_rollouts(
         num_act_calls += 1
         if len(outputs) != len(active):
             raise ValueError(f"policy.act returned {len(outputs)} actions for {len(active)} contexts")
-        actions: list[str] = [""] * n
+        actions: list[str | None] = [None] * n  # None: a finished trajectory's env is left as it is
         for i, out in zip(active, outputs):
             actions[i] = out
             if is_empty_action(out):

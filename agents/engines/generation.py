@@ -84,8 +84,8 @@ def generate(
     ``(U, H_kv, W + N - 1, D)``; row u's context of length L_u fills columns ``[W - L_u, W)`` (masked columns
     to its left: left padding), the decode writes column ``W + t - 1`` at step t. The reused prefix is
     copied in, the model writes the rest (`_prefill`); rows of different shapes go through one padded,
-    masked forward when short (`PADDED_PREFILL_MAX_WIDTH`), else one at a time over their own slice of the
-    buffers, without a mask. During the decode
+    few masked forwards when short (`PADDED_PREFILL_MAX_WIDTH`), else one at a time over their own slice of
+    the buffers, without a mask. Finished rows leave the decode's batch (`COMPACT_FRACTION`). During the decode
     ``attention_mask`` ``(B, W + t)`` marks the real columns and ``position_ids`` continue each row's true
     length, so a row's logits do not depend on the batch it is in (up to float rounding).
 
@@ -143,7 +143,12 @@ def generate(
     uniq: dict[tuple, int] = {}
     row_to_uniq = [uniq.setdefault((tuple(c), id(sources[i]), reused[i]), len(uniq)) for i, c in enumerate(contexts)]
     first_row = {u: i for i, u in reversed(list(enumerate(row_to_uniq)))}
-    rows_u = [first_row[u] for u in range(len(uniq))]
+    # unique rows in order of suffix length, so that `_padded_prefill`'s buckets of consecutive rows hold
+    # similar suffixes; the decode maps batch positions back to rows (`rows`)
+    order = sorted(range(len(uniq)), key=lambda u: len(contexts[first_row[u]]) - reused[first_row[u]])
+    rank = {u: r for r, u in enumerate(order)}
+    row_to_uniq = [rank[u] for u in row_to_uniq]
+    rows_u = [first_row[u] for u in order]
     p_u = [reused[i] for i in rows_u]
     s_u = [len(contexts[i]) - reused[i] for i in rows_u]
 
@@ -154,7 +159,8 @@ def generate(
         kv_cache.stats["fed_tokens"] += sum(s_u)
         kv_cache.stats["hits"] += sum(1 for r in reused if r > 0)
         kv_cache.stats["reused_tokens"] += sum(reused)
-    if len(rows_u) < batch:  # expand the unique rows back to the B rows
+    expand = len(rows_u) < batch
+    if expand:  # expand the unique rows back to the B rows, in row order
         index = torch.tensor(row_to_uniq, dtype=torch.long)  # (B,)
         for layer in _reserved_layers(cache):
             layer.select_rows(index.to(device))
@@ -163,7 +169,8 @@ def generate(
         position_ids = position_ids.index_select(0, index)  # (B, 1)
 
     # Decode loop state, allocated once (the KV buffers already have a column for every new id): the full
-    # attention mask, output buffers.
+    # attention mask, output buffers. The output buffers are indexed by row; the loop state by position in the
+    # current batch, whose rows `rows` lists (`COMPACT_FRACTION`: finished rows leave the batch).
     attention_mask = torch.ones((batch, width0 + max_new_tokens), dtype=torch.long)  # (B, W+N)
     attention_mask[:, :width0] = prefill_mask
     attention_mask = attention_mask.to(device)
@@ -173,15 +180,24 @@ def generate(
     lengths = torch.zeros(batch, dtype=torch.long)  # (B,) tokens generated per row
     finished = torch.zeros(batch, dtype=torch.bool)  # (B,)
     stopped = torch.zeros(batch, dtype=torch.bool)  # (B,)
-    pad_fill = torch.full((batch,), pad_id, dtype=torch.long)  # (B,)
+    rows = torch.arange(batch) if expand else torch.tensor(rows_u)  # (B_c,) the row at each batch position
+    offset = 0  # leading columns dropped from the buffers, mask and `rows`' layout
+    first_column = torch.tensor(
+        [width0 - len(c) for c in contexts], dtype=torch.long
+    )  # (B,) each row's first real column
+    kv_of_row: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], int, int] | None] = [None] * batch
     steps = 0
     lean = fast_decode and supports_decode_step(model)
     next_ids = torch.empty(0, dtype=torch.long)  # the ids sampled at step t - 1: set at t == 0, read from t == 1 on
     for t in range(max_new_tokens):
+        n_rows = rows.numel()
         if t > 0:
-            ids, mask = next_ids.view(batch, 1).to(device), attention_mask[:, : width0 + t]  # (B, 1), (B, W+t)
+            ids, mask = (
+                next_ids.view(n_rows, 1).to(device),
+                attention_mask[:, : width0 - offset + t],
+            )  # (B_c, 1), (B_c, W+t)
             if lean:
-                logits = decode_step(model, ids, mask, next_pos, cache).float()  # (B, V)
+                logits = decode_step(model, ids, mask, next_pos, cache).float()  # (B_c, V)
             else:
                 out = model(
                     input_ids=ids,
@@ -192,49 +208,77 @@ def generate(
                     logits_to_keep=1,
                 )
                 cache = getattr(out, _CACHE)
-                logits = out.logits[:, -1, :].float()  # (B, V)
+                logits = out.logits[:, -1, :].float()  # (B_c, V)
             next_pos = next_pos + 1
-        scaled = (logits / temperature if temperature not in (0.0, 1.0) else logits).cpu()  # (B, V)
+        scaled = (logits / temperature if temperature not in (0.0, 1.0) else logits).cpu()  # (B_c, V)
         # log_softmax at the chosen id only: x_id - max - log(sum exp(x - max)), the same formula as
         # torch.log_softmax; the unnormalised exp(x - max) doubles as the sampling CDF (two vocab passes).
-        row_max = scaled.amax(dim=-1, keepdim=True)  # (B, 1)
-        cdf = (scaled - row_max).exp_().cumsum_(dim=-1)  # (B, V) unnormalised
-        total = cdf[:, -1:]  # (B, 1)
+        row_max = scaled.amax(dim=-1, keepdim=True)  # (B_c, 1)
+        cdf = (scaled - row_max).exp_().cumsum_(dim=-1)  # (B_c, V) unnormalised
+        total = cdf[:, -1:]  # (B_c, 1)
         if temperature > 0:
             # Inverse-CDF sampling, batched: one uniform per row from that row's own generator keeps every
             # row reproducible from its seed whatever the batch it is in.
-            u = torch.stack([torch.rand((), generator=g) for g in generators])  # (B,)
-            next_ids = torch.searchsorted(cdf, u.unsqueeze(-1) * total).squeeze(-1)  # (B,)
+            u = torch.stack([torch.rand((), generator=generators[r]) for r in rows.tolist()])  # (B_c,)
+            next_ids = torch.searchsorted(cdf, u.unsqueeze(-1) * total).squeeze(-1)  # (B_c,)
             next_ids = next_ids.clamp_(max=logits.shape[-1] - 1)
         else:
-            next_ids = scaled.argmax(dim=-1)  # (B,)
-        next_ids = torch.where(finished, pad_fill, next_ids)  # (B,)
-        live = ~finished  # (B,)
-        sampled[:, t] = next_ids
-        chosen = scaled.gather(-1, next_ids.view(batch, 1))  # (B, 1)
-        sampled_lp[:, t] = (chosen - row_max - total.log()).squeeze(-1)
-        lengths += live.long()
-        is_stop = torch.isin(next_ids, stop) & live  # (B,)
-        stopped |= is_stop
-        finished |= is_stop
+            next_ids = scaled.argmax(dim=-1)  # (B_c,)
+        live = ~finished[rows]  # (B_c,)
+        next_ids = torch.where(live, next_ids, torch.full_like(next_ids, pad_id))  # (B_c,)
+        sampled[rows, t] = next_ids
+        chosen = scaled.gather(-1, next_ids.view(n_rows, 1))  # (B_c, 1)
+        sampled_lp[rows, t] = (chosen - row_max - total.log()).squeeze(-1)
+        lengths[rows] += live.long()
+        is_stop = torch.isin(next_ids, stop) & live  # (B_c,)
+        stopped[rows] |= is_stop
+        finished[rows] |= is_stop
+        live &= ~is_stop
         steps = t + 1
-        if bool(finished.all()):
+        n_live = int(live.sum())
+        if n_live == 0:
             break
+        if t + 1 < max_new_tokens and n_live <= COMPACT_FRACTION * n_rows:
+            # Finished rows leave the batch: each later step then costs the live rows only. A row's KV is
+            # complete when it finishes (its last sampled id is never fed), so it stays in these buffers.
+            keep = live.nonzero().squeeze(1)  # (B_c',) positions in the current batch
+            if kv_cache is not None:
+                layers = _cache_layers(cache)
+                for position in (~live).nonzero().squeeze(1).tolist():
+                    kv_of_row[int(rows[position])] = (layers, position, offset)
+            rows = rows[keep]
+            drop = int(first_column[rows].min()) - offset  # columns left of every kept row's context
+            for layer in _reserved_layers(cache):
+                layer.compact(keep.to(device), drop)
+            attention_mask = attention_mask.index_select(0, keep.to(device))[:, drop:]
+            next_pos = next_pos.index_select(0, keep.to(device))
+            next_ids = next_ids.index_select(0, keep)
+            offset += drop
 
     lens = lengths.tolist()
     ids_all, lps_all = sampled[:, :steps].tolist(), sampled_lp[:, :steps].tolist()
     gens = [Generation(ids_all[i][: lens[i]], lps_all[i][: lens[i]], bool(stopped[i])) for i in range(batch)]
     if kv_cache is not None:
+        layers = _cache_layers(cache)
+        for position, r in enumerate(rows.tolist()):
+            kv_of_row[r] = (layers, position, offset)
         # Row i's fed columns are contiguous: its context in [W - len(context_i), W) (left padding) and its
         # first len_i - 1 generated ids after W (the last sampled id was never fed back).
         kv_cache.stats["fed_tokens"] += sum(max(n - 1, 0) for n in lens)
-        _store_entries(kv_cache, _cache_layers(cache), contexts, gens, sources, reused, row_to_uniq, width0)
+        _store_entries(kv_cache, cast(Any, kv_of_row), contexts, gens, sources, reused, row_to_uniq, width0)
     return gens
+
+
+COMPACT_FRACTION = 0.5
+"""The decode drops finished rows from its batch (KV buffers, mask, positions) once the live rows are at most
+this fraction of the batch: a step's attention reads every row's KV, and in a rollout most rows stop after a few
+tokens while a few run to ``max_new_tokens``. Dropping copies the live rows' KV once, so it waits until enough
+rows have finished to pay for itself. Leading columns that no live row uses are dropped with them."""
 
 
 def _store_entries(
     kv_cache: PrefixKVCache,
-    layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    kv_of_row: Sequence[tuple[Sequence[tuple[torch.Tensor, torch.Tensor]], int, int]],
     contexts: Sequence[Sequence[int]],
     gens: Sequence[Generation],
     sources: Sequence[KVEntry | None],
@@ -244,8 +288,10 @@ def _store_entries(
 ) -> None:
     """Store each row's processed ids (its context and all its generated ids but the last) in `kv_cache`.
 
-    Row i's fed columns in ``layers`` (per layer ``(B, H_kv, W + N, D)``) are contiguous: its context in
-    ``[W - len(context_i), W)`` (left padding) and its generated ids after ``W``. With
+    Row i's KV is at ``kv_of_row[i] = (layers, position, offset)``: row ``position`` of ``layers`` (per layer
+    ``(B_c, H_kv, W + N - offset, D)``, the batch the row finished in), whose column c is the layout's column
+    ``c + offset``. In that layout a row's fed columns are contiguous: its context in ``[W - len(context_i), W)``
+    (left padding) and its generated ids after ``W``. With
     ``kv_cache.share_prefixes`` an entry stores only the KV its parent does not hold: a row links to the
     entry it continued (or, when it alone continued all of that entry, which it then replaces, to that
     entry's parent), and rows of identical contexts (a group's K copies of a prompt) share one entry of the
@@ -254,9 +300,11 @@ def _store_entries(
     """
 
     def columns(i: int, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        layers, p, offset = kv_of_row[i]
+        start, end = start - offset, end - offset
         return (
-            [k[i : i + 1, :, start:end].clone() for k, _ in layers],  # each (1, H_kv, end - start, D)
-            [v[i : i + 1, :, start:end].clone() for _, v in layers],
+            [k[p : p + 1, :, start:end].clone() for k, _ in layers],  # each (1, H_kv, end - start, D)
+            [v[p : p + 1, :, start:end].clone() for _, v in layers],
         )
 
     lens = [len(g.token_ids) for g in gens]
@@ -367,12 +415,12 @@ def _prefill(
     Row u occupies columns ``[W - len_u, W)`` of buffers ``(U, H_kv, W + extra, D)`` (W = the longest
     context): its first ``reused[u]`` columns are copied from ``sources[u]``, the model writes the rest in
     place (`_ReservedLayer`). Rows of equal lengths and equal reuse go through the model in one batched
-    forward. Otherwise, short rows (reused prefix + longest suffix within `PADDED_PREFILL_MAX_WIDTH`) go
-    through one padded forward with an attention mask (`_padded_prefill`), and long rows run alone over
-    their own view of the buffers, without padding and hence without a mask: a mask sends CPU attention to
-    its masked math path, which costs more than per-call overhead at long contexts (measured: 8 BFCL-length
-    rows 1.9 s padded vs 0.6 s one at a time, tiny model) and less at short ones (128 EnvACE-Lab rows of
-    lab-tiny: one padded forward instead of up to 128).
+    forward. Otherwise, short rows (the longest context within `PADDED_PREFILL_MAX_WIDTH`) go through a
+    few padded forwards with an attention mask, one per bucket of similar suffixes (`_padded_prefill`), and
+    long rows run alone over their own view of the buffers, without padding and hence without a mask: a
+    mask sends CPU attention to its masked math path, which costs more than per-call overhead at long
+    contexts (measured: 8 BFCL-length rows 1.9 s padded vs 0.6 s one at a time, tiny model) and less at
+    short ones (128 EnvACE-Lab rows of lab-tiny: a few padded forwards instead of up to 128).
 
     Returns:
         ``(logits (U, V) float32, cache, prefill_mask (U, W) int64, position_ids (U, 1), W)``: the cache's
@@ -385,8 +433,7 @@ def _prefill(
     lengths = [len(c) for c in contexts]
     n_rows, width = len(contexts), max(lengths)
     same_shape = n_rows == 1 or (len(set(lengths)) == 1 and len(set(reused)) == 1)
-    scratch_width = max(reused) + max(n - p for n, p in zip(lengths, reused))  # `_padded_prefill`'s layout
-    if not same_shape and scratch_width <= PADDED_PREFILL_MAX_WIDTH:
+    if not same_shape and width <= PADDED_PREFILL_MAX_WIDTH:
         logits, key_buffers, value_buffers = _padded_prefill(model, contexts, sources, reused, extra, device)
         return logits, _buffer_cache(model, key_buffers, value_buffers, width), *_row_layout(lengths, width)
     n_layers, kv_heads, head_dim, dtype = _kv_geometry(model)
@@ -433,8 +480,8 @@ def _row_layout(lengths: Sequence[int], width: int) -> tuple[torch.Tensor, torch
 
 
 PADDED_PREFILL_MAX_WIDTH = 1024
-"""Widest scratch layout of `_padded_prefill` (longest reused prefix + longest suffix, in tokens) that
-`_prefill` runs as one masked forward; wider calls prefill row by row (see `_prefill`)."""
+"""Longest context (tokens) that `_prefill` runs through `_padded_prefill`'s masked forwards; calls with a longer
+one prefill row by row (see `_prefill`)."""
 
 
 def _padded_prefill(
@@ -445,64 +492,84 @@ def _padded_prefill(
     extra: int,
     device: torch.device,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """Prefill rows of different lengths and reuse in ONE forward; returns ``(logits (U, V), keys, values)``
-    with per-layer buffers ``(U, H_kv, W + extra, D)`` laid out as `_prefill` lays them out (row u in
+    """Prefill rows of different lengths and reuse in a few masked forwards, straight into `_prefill`'s layout;
+    returns ``(logits (U, V), keys, values)`` with per-layer buffers ``(U, H_kv, W + extra, D)`` (row u in
     columns ``[W - len_u, W)``, W = the longest context).
 
-    The forward runs over a scratch layout with every suffix in the same columns: row u's reused prefix
-    (p_u ids) ends at column P = max p, its suffix (s_u ids) ends at column P + S (S = max s), and the
-    columns in between are padding, masked out. A padding query of a row with no reused prefix sees no
-    column at all: the attention kernel returns 0 for such a row (PyTorch's SDPA; checked finite on CPU with
-    `sdpa` and `eager` attention, not on CUDA), so the padding's KV stays finite, and real queries give it
-    weight 0. One gather per layer then moves each row's columns to the layout above, leaving the padding
-    out.
+    Rows are cut into buckets of consecutive rows (`_suffix_buckets`; `generate` orders its rows by suffix
+    length, so a bucket holds similar suffixes). A bucket whose longest suffix is S feeds every row's last S ids
+    into columns ``[W - S, W)``: a row with a shorter suffix (s_u < S) feeds S - s_u ids of its reused prefix
+    again (their keys and values are recomputed, equal to the stored ones up to float rounding, and
+    overwrite them), a row shorter than S is left-padded with masked ids. Only the part of each reused prefix
+    left of ``W - S`` is copied in. Every row's columns are thus in place when its forward ends: no scratch
+    layout and no gather. A padding query of a row shorter than S sees no column at all: the attention kernel
+    returns 0 for such a row (PyTorch's SDPA; checked finite on CPU with `sdpa` and `eager` attention, not
+    on CUDA), so the padding's KV stays finite, and real queries give it weight 0.
     """
     n_rows = len(contexts)
     lengths = [len(c) for c in contexts]
-    suffixes = [len(c) - p for c, p in zip(contexts, reused)]
-    p_max, s_max, width = max(reused), max(suffixes), max(lengths)
-    scratch = p_max + s_max
+    suffixes = [n - p for n, p in zip(lengths, reused)]
+    width = max(lengths)
     n_layers, kv_heads, head_dim, dtype = _kv_geometry(model)
-    shape = (n_rows, kv_heads, scratch, head_dim)
-    key_scratch = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # (U, H_kv, P+S, D)
-    value_scratch = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-    # The layout is built in numpy (per-row slicing there costs far less than a small torch op per row).
-    ids = np.zeros((n_rows, s_max), dtype=np.int64)  # (U, S), padding id 0 is masked out
-    pos = np.zeros((n_rows, s_max), dtype=np.int64)  # (U, S)
-    mask = np.zeros((n_rows, scratch), dtype=np.int64)  # (U, P+S)
-    source_col = np.zeros((n_rows, width), dtype=np.int64)  # (U, W): final column -> scratch column
-    for u, (ctx, src, p, s) in enumerate(zip(contexts, sources, reused, suffixes)):
-        if src is not None and p > 0:
-            src.copy_into(key_scratch, value_scratch, u, p_max - p, p)
-        ids[u, s_max - s :] = ctx[p:]
-        pos[u, s_max - s :] = np.arange(p, lengths[u])
-        pos[u, : s_max - s] = p  # padding: any position, it is masked out
-        mask[u, p_max - p : p_max] = 1
-        mask[u, scratch - s :] = 1
-        first = width - lengths[u]
-        source_col[u, first : first + p] = np.arange(p_max - p, p_max)
-        source_col[u, first + p :] = np.arange(scratch - s, scratch)
-        source_col[u, :first] = scratch - 1  # left padding of the final layout: a real column, masked later
-    cache = _buffer_cache(model, key_scratch, value_scratch, p_max)
-    out = model(
-        input_ids=torch.from_numpy(ids).to(device),
-        attention_mask=torch.from_numpy(mask).to(device),
-        position_ids=torch.from_numpy(pos).to(device),
-        use_cache=True,
-        **{_CACHE: cache},
-        logits_to_keep=1,
-    )
-    logits = out.logits[:, -1, :].float()  # (U, V)
-    index = torch.from_numpy(source_col).to(device).view(n_rows, 1, width, 1).expand(n_rows, kv_heads, width, head_dim)
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
-    for layer in _reserved_layers(cache):
-        for scratch_buffer, final in ((layer.keys, keys), (layer.values, values)):
-            # the decode columns past W are written before the cache ever reads them: no zeroing
-            buffer = torch.empty((n_rows, kv_heads, width + extra, head_dim), dtype=dtype, device=device)
-            torch.gather(scratch_buffer, 2, index, out=buffer[:, :, :width])
-            final.append(buffer)
-    return logits, keys, values
+    shape = (n_rows, kv_heads, width + extra, head_dim)
+    keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # (U, H_kv, W+E, D)
+    values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+    # Left padding is read by later steps (with weight 0, which a NaN would still poison): zeros there. Every
+    # other column is written before it is read (copied prefix, fed ids, then the decode's columns past W).
+    for buffer in keys + values:
+        buffer[:, :, : width - min(lengths)].zero_()
+    logits = []
+    for start, end in _suffix_buckets(suffixes):
+        fed = max(suffixes[start:end])  # S
+        ids = np.zeros((end - start, fed), dtype=np.int64)  # (n, S), padding id 0 is masked out
+        pos = np.zeros((end - start, fed), dtype=np.int64)  # (n, S)
+        mask = np.zeros((end - start, width), dtype=np.int64)  # (n, W)
+        for j, u in enumerate(range(start, end)):
+            n, src = lengths[u], sources[u]
+            kept = n - fed  # prefix ids left of the fed columns (negative: the row is shorter than S)
+            if src is not None and kept > 0:
+                src.copy_into(keys, values, u, width - n, kept)
+            ids[j, max(-kept, 0) :] = contexts[u][max(kept, 0) :]
+            pos[j, max(-kept, 0) :] = np.arange(max(kept, 0), n)
+            mask[j, width - n :] = 1
+        cache = _buffer_cache(
+            model, [k[start:end] for k in keys], [v[start:end] for v in values], width - fed
+        )  # views of the bucket's rows: the forward writes columns [W - S, W) in place
+        out = model(
+            input_ids=torch.from_numpy(ids).to(device),
+            attention_mask=torch.from_numpy(mask).to(device),
+            position_ids=torch.from_numpy(pos).to(device),
+            use_cache=True,
+            **{_CACHE: cache},
+            logits_to_keep=1,
+        )
+        logits.append(out.logits[:, -1, :].float())  # (n, V)
+    return torch.cat(logits, dim=0), keys, values
+
+
+BUCKET_CALL_TOKENS = 256
+"""What one more forward costs in `_padded_prefill`, in fed tokens (per-call overhead of a small model on a CPU):
+`_suffix_buckets` splits rows into another bucket only where that saves more padding than this."""
+
+
+def _suffix_buckets(suffixes: Sequence[int]) -> list[tuple[int, int]]:
+    """Cut rows ``0..U-1`` into ranges ``[start, end)`` of consecutive rows minimising the fed tokens
+    (each range costs ``(end - start) * max(suffixes[start:end]) + BUCKET_CALL_TOKENS``; dynamic programming,
+    O(U^2)). In a rollout's later calls most rows feed a few template ids and a few feed a long tool output:
+    one forward for all would feed every row the longest."""
+    s = np.asarray(suffixes, dtype=np.int64)  # (U,)
+    best = np.zeros(len(s) + 1, dtype=np.int64)  # best[b]: the cheapest cut of rows [0, b)
+    cut = [0] * (len(s) + 1)
+    for end in range(1, len(s) + 1):
+        widest = np.maximum.accumulate(s[:end][::-1])[::-1]  # (end,) max(s[a:end]) for each start a
+        cost = best[:end] + (end - np.arange(end)) * widest + BUCKET_CALL_TOKENS
+        cut[end] = int(cost.argmin())
+        best[end] = cost[cut[end]]
+    ranges, end = [], len(s)
+    while end > 0:
+        ranges.append((cut[end], end))
+        end = cut[end]
+    return ranges[::-1]
 
 
 def _kv_geometry(model: torch.nn.Module) -> tuple[int, int, int, torch.dtype]:
@@ -578,6 +645,18 @@ class _ReservedLayer(DynamicLayer):
         self._value_buffer[..., n_cols : n_cols + n_new, :] = value_states
         self._fill(n_cols + n_new)
         return self.keys, self.values
+
+    def compact(self, index: torch.Tensor, drop: int) -> None:
+        """Keep the rows `index` and the columns from `drop` on: ``(B, H_kv, C, D) -> (len(index), H_kv, C - drop, D)``
+        (a copy; the old buffers stay valid for whoever holds views of them)."""
+        if self.keys is self._view:
+            n_cols = self.keys.shape[-2]
+            self._key_buffer = self._key_buffer[:, :, drop:].index_select(0, index)
+            self._value_buffer = self._value_buffer[:, :, drop:].index_select(0, index)
+            self._fill(n_cols - drop)
+        else:
+            self.keys = self.keys[:, :, drop:].index_select(0, index)
+            self.values = self.values[:, :, drop:].index_select(0, index)
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Reorder/duplicate batch rows: ``(U, ...) -> (len(index), ...)``, keeping the free columns."""

@@ -31,7 +31,10 @@ class RehearseVectorEnv(VectorEnv):
     Observations are tuples of N strings, actions a sequence of N strings (`GeneratedText` welcome),
     rewards/terminations/truncations NumPy arrays of shape ``(N,)``; infos follow Gymnasium's vector
     convention (``info[key]`` arrays with a ``_key`` mask). Autoreset: ``NEXT_STEP`` (an env that ended is
-    reset by the next `step` call, whose action for it is ignored).
+    reset by the next `step` call, whose action for it is ignored). An action of ``None`` leaves its env out of
+    the step altogether (no step, no autoreset: a pending reset waits for the env's next action), so a rollout
+    whose episodes end at different steps does not replay finished envs (`agents.rollout.collect_rollouts`);
+    that env's entries are then ``""``, 0.0, False, False and no info.
 
     Args:
         num_envs: N (>= 1).
@@ -99,20 +102,25 @@ class RehearseVectorEnv(VectorEnv):
         return tuple(obs), infos
 
     def step(
-        self, actions: Sequence[str]
+        self, actions: Sequence[str | None]
     ) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Step every env; answer all their pending tool calls with one batched rehearsal per round."""
+        """Step every env whose action is not None; answer all their pending tool calls with one batched
+        rehearsal per round."""
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
         results: list[tuple | None] = [None] * self.num_envs
         coroutines: dict[int, Any] = {}
         pending: dict[int, Any] = {}
+        skipped = np.array([a is None for a in actions], dtype=bool)
         for i, env in enumerate(self.envs):
+            if skipped[i]:
+                results[i] = ("", 0.0, False, False, {})
+                continue
             if self._autoreset[i]:
                 o, info = env.reset()
                 results[i] = (o, 0.0, False, False, info)
                 continue
-            gen = env.step_coroutine(actions[i])
+            gen = env.step_coroutine(cast(str, actions[i]))
             try:
                 pending[i] = next(gen)
                 coroutines[i] = gen
@@ -151,7 +159,7 @@ class RehearseVectorEnv(VectorEnv):
             obs.append(o)
             rewards[i], terminations[i], truncations[i] = r, term, trunc
             infos = self._add_info(infos, info, i)
-        self._autoreset = terminations | truncations
+        self._autoreset = np.where(skipped, self._autoreset, terminations | truncations)
         return tuple(obs), rewards, terminations, truncations, infos
 
     def close_extras(self, **kwargs: Any) -> None:

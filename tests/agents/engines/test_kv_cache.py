@@ -489,3 +489,42 @@ def test_lookup_matches_a_loop_over_the_entries_whatever_changed_them(ops, repla
             expected = _reference_lookup(list(cache), ctx)
             found = cache.lookup(ctx)
             assert found[1] == expected[1] and found[0] is expected[0], (ctx, [e.ids.tolist() for e in cache])
+
+
+def test_suffix_buckets_cut_where_a_forward_saves_more_padding_than_it_costs(monkeypatch):
+    monkeypatch.setattr(generation, "BUCKET_CALL_TOKENS", 256)
+    # a rollout's ACT call: most rows feed two template ids, three feed a long tool output
+    assert generation._suffix_buckets([2] * 115 + [50, 51, 51]) == [(0, 115), (115, 118)]
+    assert generation._suffix_buckets([5, 5, 6, 7]) == [(0, 4)]  # a second forward would save 4 padded ids
+    monkeypatch.setattr(generation, "BUCKET_CALL_TOKENS", 0)
+    assert generation._suffix_buckets([1, 3, 3, 9]) == [(0, 1), (1, 3), (3, 4)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_finished_rows_leaving_the_batch_and_suffix_buckets_change_no_sample(model, monkeypatch, temperature):
+    """Every finish drops rows from the decode's batch (`COMPACT_FRACTION` 1) and every distinct suffix length
+    gets its own prefill forward (`BUCKET_CALL_TOKENS` 0), over three calls whose rows stop at different steps
+    (a third of the vocabulary ends a row) and whose next contexts continue through the cache: the logprobs
+    match a full recompute, and the samples are those of one batch, one forward, no cache."""
+    stop = list(range(3, 1400))  # ids >= 3 end a row about one step in three (the context ids never do)
+    compacted = []
+    real_compact = generation._ReservedLayer.compact
+    monkeypatch.setattr(
+        generation._ReservedLayer, "compact", lambda self, *a: compacted.append(1) or real_compact(self, *a)
+    )
+    monkeypatch.setattr(generation, "COMPACT_FRACTION", 1.0)
+    monkeypatch.setattr(generation, "BUCKET_CALL_TOKENS", 0)
+    cache = PrefixKVCache(min_shared_prefix=4)
+    contexts = [_ids(range(7, 7 + n)) for n in (5, 9, 3, 9, 14, 2)] * 2  # pairs of identical prompts
+    for turn in range(3):
+        seeds = [100 * turn + i for i in range(len(contexts))]
+        kw = dict(max_new_tokens=8, temperature=temperature, stop_ids=stop, pad_id=PAD, seeds=seeds)
+        cached = generate(model, contexts, kv_cache=cache, **kw)
+        plain = generate(model, contexts, **kw)
+        _check_against_recompute(model, contexts, cached, temperature)
+        _assert_same_samples(model, contexts, cached, plain, temperature)
+        contexts = [
+            c + g.token_ids + _ids([i % 3] * (1 + 4 * (i % 3))) for i, (c, g) in enumerate(zip(contexts, cached))
+        ]
+    assert compacted and cache.stats["hits"] > 0
+    assert len({len(g.token_ids) for g in cached}) > 1  # rows did finish at different steps

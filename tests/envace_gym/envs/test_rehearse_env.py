@@ -164,3 +164,25 @@ def test_no_model_is_asked_to_continue_past_max_context_tokens():
     env.reset(options={"task_id": "scripted_2"})
     env.step("[echo(text='hi')]")
     assert calls and max(calls[0]) <= env.max_context_tokens  # a normal call is rehearsed
+
+
+def test_a_none_action_leaves_its_env_out_of_the_step_and_its_pending_reset_waits():
+    venv = gym.make_vec(
+        "EnvACE-Rehearse-v0",
+        num_envs=2,
+        vectorization_mode="vector_entry_point",
+        suite="scripted",
+        categories=None,
+        **TINY,
+    )
+    venv.reset(seed=1, options={"task_ids": ["scripted_0", "scripted_1"]})
+    _, _, term, _, _ = venv.step(["no call", ADD3])  # env 0 answers without a call: its episode ends
+    assert term[0] and not term[1]
+    ended = venv.unwrapped.envs[0].trajectory
+    calls = venv.unwrapped.num_rehearsal_calls
+    obs, rewards, term, trunc, infos = venv.step([None, None])
+    assert obs == ("", "") and not rewards.any() and not term.any() and not trunc.any()
+    assert venv.unwrapped.num_rehearsal_calls == calls  # nothing was stepped
+    assert venv.unwrapped.envs[0].trajectory is ended  # and the finished env was not reset
+    obs, *_ = venv.step(["anything", None])  # its next action: the pending NEXT_STEP autoreset
+    assert venv.unwrapped.envs[0].trajectory is not ended and obs[0] and obs[1] == ""
