@@ -3,7 +3,7 @@
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft`` (and its ``_blind`` and
 ``_steps`` kinds), ``lab_ablations``, ``lab_ablations_budget``, ``lab_grpo_budget_valid``, ``lab_grpo_budget``,
-``lab_ttr`` (and its ``_blind``, ``_stated`` and ``_memory_tasks`` kinds), ``lab_rehearsal_rl`` (and its
+``lab_ttr`` (and its ``_blind``, ``_stated``, ``_memory_tasks`` and ``_outcomes`` kinds), ``lab_rehearsal_rl`` (and its
 ``_blind`` and ``_stated`` kinds), ``lab_env_cost``, ``judge_agreement``, ``engines_equal_work``) and renders every
 stored result into
 ``docs/results.md``; with no folder given it only re-renders. Numbers appear in the page only as this command
@@ -275,14 +275,16 @@ def _world(kind: str) -> str:
 
 def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
     """The test-time rehearsal section (`benchmarks.experiments.lab_ttr`): its printed table and its plot. A run on
-    the blind variant (kind ``lab_ttr_blind``) or with another number of memory tasks than the script's default
-    (kinds ending ``_memory_tasks``) is its own section."""
+    the blind variant (kind ``lab_ttr_blind``), with another number of memory tasks than the script's default
+    (kinds with ``_memory_tasks``) or with the outcomes memory (kinds ending ``_outcomes``) is its own section."""
     from benchmarks.experiments.result_tables import ttr_table
 
     kind = str(result.get("kind", "lab_ttr"))
     title = "Test-time rehearsal on the lab" + _world(kind)
-    if kind.endswith("_memory_tasks"):
+    if "_memory_tasks" in kind:
         title += f", memory demonstrations of {result['memory_tasks']} train tasks per family and N"
+    if kind.endswith("_outcomes"):
+        title += ", outcomes memory (the trace without the attempts' replies)"
     return _table_section(title, ttr_table(result), result, folder, plots=True)
 
 
@@ -349,12 +351,12 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_grpo_budget_valid": render_grpo_budget,
     "lab_grpo_budget": render_grpo_budget,
     "lab_anchor_valid": render_grpo_budget,
-    "lab_ttr": render_ttr,
-    "lab_ttr_memory_tasks": render_ttr,
-    "lab_ttr_blind": render_ttr,
-    "lab_ttr_blind_memory_tasks": render_ttr,
-    "lab_ttr_stated": render_ttr,
-    "lab_ttr_stated_memory_tasks": render_ttr,
+    **{
+        f"lab_ttr{world}{dose}{memory}": render_ttr
+        for world in ("", "_blind", "_stated")
+        for memory in ("", "_outcomes")
+        for dose in ("", "_memory_tasks")
+    },
     "lab_rehearsal_rl": render_rehearsal_rl,
     "lab_rehearsal_rl_blind": render_rehearsal_rl,
     "lab_rehearsal_rl_stated": render_rehearsal_rl,

@@ -18,6 +18,9 @@ header `MEMORY_HEADER`; what follows depends on ``memory``:
   ``[error]`` when the rehearsed output is an error, then each attempt's closing reply. A model never
   trained on English critiques can still be taught to read it: it is made of the calls and outputs the
   model itself writes.
+* ``"outcomes"``: the trace's call lines only, without the attempts' closing replies: what the calls
+  returned, not what an attempt said when it stopped (a small model copies a nearby ``reply: Done.`` and
+  stops early).
 * ``"summary"``: the policy critiques each attempt and summarises attempts and critiques in English (for
   instruction-tuned models); the summary ids are kept exactly as generated (the end-of-message id
   dropped). Critic and summariser see what the acting policy sees: the committed history, with the system
@@ -51,7 +54,7 @@ from wrappers.fidelity import is_error_output
 __all__ = ["TestTimeRehearsal", "MEMORY_HEADER", "trace_memory"]
 
 Mode = Literal["parallel", "sequential"]
-Memory = Literal["trace", "summary"]
+Memory = Literal["trace", "outcomes", "summary"]
 AttemptOutputs = Literal["rehearsed", "null", "real"]
 
 MEMORY_HEADER = (
@@ -92,7 +95,11 @@ def _shorten(text: str, limit: int = _TRACE_CHARS) -> str:
 
 
 def trace_memory(
-    attempts: Sequence[dict[str, Any]], header: str, count_tokens: Callable[[str], int], max_tokens: int
+    attempts: Sequence[dict[str, Any]],
+    header: str,
+    count_tokens: Callable[[str], int],
+    max_tokens: int,
+    with_replies: bool = True,
 ) -> str:
     """The ``"trace"`` rehearsal memory of `attempts` (module docstring), at most `max_tokens` tokens.
 
@@ -100,7 +107,8 @@ def trace_memory(
     ``<tool_call>`` block (``{"name": ..., "arguments": {...}}``), the rehearsed output, ``<attempts>`` the
     1-based attempts that made this call and got this output (``"1,2"`` where two attempts agree), and
     `` [error]`` appended when the output is an error; a message the env could not parse stands for its
-    call. Then ``"<attempts>: reply: <text>"`` for each distinct closing reply. Calls, outputs and replies
+    call. Then (with `with_replies`; the ``"outcomes"`` memory has none) ``"<attempts>: reply: <text>"`` for each
+    distinct closing reply. Calls, outputs and replies
     are cut to 200 characters. Lines are kept whole, in order, while the text fits; ``"(+k more lines)"``
     says how many were dropped.
 
@@ -110,12 +118,13 @@ def trace_memory(
         header: the text the memory starts with (`MEMORY_HEADER`, formatted).
         count_tokens: the token length of a text (the env's ``renderer.content_ids``).
         max_tokens: the bound, tokens; the header alone must fit.
+        with_replies: add the reply lines (False: the ``"outcomes"`` memory).
 
     Raises:
         ValueError: the header alone is longer than `max_tokens`.
     """
     calls: dict[tuple[str, str], list[int]] = {}
-    replies: dict[str, list[int]] = {}
+    reply_lines: dict[str, list[int]] = {}
     for k, attempt in enumerate(attempts, 1):
         msgs = attempt["messages"]
         for i, m in enumerate(msgs):
@@ -134,7 +143,7 @@ def trace_memory(
             if not made and outputs:  # unparsed: the env answered its text with one error observation
                 made = [m["content"]]
             if not made:
-                replies.setdefault(_shorten(m["content"]), []).append(k)
+                reply_lines.setdefault(_shorten(m["content"]), []).append(k)
             for call, output in zip(made, outputs):
                 seen = calls.setdefault((_shorten(call), _shorten(output)), [])
                 if k not in seen:
@@ -143,7 +152,8 @@ def trace_memory(
         f"{','.join(map(str, ks))}: {call} -> {output}" + (" [error]" if is_error_output(output) else "")
         for (call, output), ks in calls.items()
     ]
-    lines += [f"{','.join(map(str, ks))}: reply: {text}" for text, ks in replies.items() if text]
+    if with_replies:
+        lines += [f"{','.join(map(str, ks))}: reply: {text}" for text, ks in reply_lines.items() if text]
     if count_tokens(header) > max_tokens:
         raise ValueError(f"the memory header alone is {count_tokens(header)} tokens, over the bound of {max_tokens}")
     text = header.rstrip("\n")
@@ -193,7 +203,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
     Contract (the agent loop does not change): after `reset`, and after every `step` that opens a new user
     turn, the wrapper has already (1) run ``n`` rehearsal attempts of the coming turn in private rehearse
     copies of the env, (2) built a memory of at most ``memory_tokens`` tokens from them (``"trace"``: the
-    attempts' calls and rehearsed outputs, no model call; ``"summary"``: the policy critiques each attempt,
+    attempts' calls and rehearsed outputs, no model call; ``"outcomes"``: the same without the attempts'
+    replies; ``"summary"``: the policy critiques each attempt,
     then summarises attempts and critiques) and (3) appended that memory to the committed token sequence
     (module docstring: formats). The agent then acts as always on
     ``env.unwrapped.trajectory.token_ids`` and calls `step`; the committed step runs against the wrapped
@@ -225,7 +236,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
       ``steps`` (int, ACT steps), ``tool_calls`` (int), ``ended`` (``"turn"``, ``"episode"`` or ``"steps"``),
       ``act_tokens``, ``rehearse_tokens`` (int, generated tokens), ``start_tokens`` (int, length of the
       context the attempt started from: equal across parallel attempts, growing across sequential ones).
-    * ``memory_kind``: ``"trace"``, ``"summary"`` or ``"provided"`` (``memory_provider``; no attempts);
+    * ``memory_kind``: ``"trace"``, ``"outcomes"``, ``"summary"`` or ``"provided"`` (``memory_provider``; no attempts);
       ``critiques``: n strings (none for a trace);
       ``critique_tokens``: n ints.
     * ``memory``: the memory message content (str); ``memory_tokens``: its content length in tokens
@@ -250,7 +261,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         mode: ``"parallel"`` or ``"sequential"``.
         memory_tokens: bound on the memory message's content, in tokens (header included).
         memory: ``"trace"`` (built from the attempts, for any model, and the only kind a small model
-            trained on calls and outputs can read) or ``"summary"`` (English critiques and a summary the
+            trained on calls and outputs can read), ``"outcomes"`` (the trace without the attempts' closing
+            replies) or ``"summary"`` (English critiques and a summary the
             policy writes; for instruction-tuned models).
         rehearser_policy: who plays REHEARSE in the attempts (the paper's base-model control): a policy
             with the env's vocabulary (inline mode), or a ready `envace_gym.rehearsal.Rehearser` (any prompt
@@ -291,6 +303,7 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         * v0.3.0: ``attempt_outputs`` and ``memory_provider`` (the controls).
         * v0.4.0: ``keep_attempt_rows`` (rehearsal-aware RL).
         * v0.5.0: ``restate_request``.
+        * v0.6.0: ``memory="outcomes"``.
     """
 
     __test__ = False  # not a pytest class despite the name
@@ -343,8 +356,8 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
             raise ValueError(f"n must be an int >= 0, got {n!r}")
         if mode not in ("parallel", "sequential"):
             raise ValueError(f"mode must be 'parallel' or 'sequential', got {mode!r}")
-        if memory not in ("trace", "summary"):
-            raise ValueError(f"memory must be 'trace' or 'summary', got {memory!r}")
+        if memory not in ("trace", "outcomes", "summary"):
+            raise ValueError(f"memory must be 'trace', 'outcomes' or 'summary', got {memory!r}")
         if attempt_outputs not in ("rehearsed", "null", "real"):
             raise ValueError(f"attempt_outputs must be 'rehearsed', 'null' or 'real', got {attempt_outputs!r}")
         if attempt_outputs == "real" and not isinstance(base.upcoming_responder, RealBackend):
@@ -531,9 +544,14 @@ class TestTimeRehearsal(gym.Wrapper, RecordConstructorArgs):
         return record
 
     def _trace(self, base: Any, attempts: list[dict[str, Any]], n: int) -> str:
-        """The ``"trace"`` memory of `attempts` (`trace_memory`) under the header for `n` attempts."""
+        """The ``"trace"`` (or ``"outcomes"``) memory of `attempts` (`trace_memory`) under the header for `n`
+        attempts."""
         return trace_memory(
-            attempts, MEMORY_HEADER.format(n=n), lambda text: len(base.renderer.content_ids(text)), self.memory_tokens
+            attempts,
+            MEMORY_HEADER.format(n=n),
+            lambda text: len(base.renderer.content_ids(text)),
+            self.memory_tokens,
+            with_replies=self.memory == "trace",
         )
 
     def _seed(self) -> int:

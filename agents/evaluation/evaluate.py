@@ -138,10 +138,11 @@ class EvalConfig:
     rehearser_model: str | None = _f(
         None, "another model plays REHEARSE in test-time rehearsal and --fidelity (none: the policy itself)"
     )
-    memory: Literal["trace", "summary"] = _f(
+    memory: Literal["trace", "outcomes", "summary"] = _f(
         "trace",
-        "test-time rehearsal memory: a trace of the attempts' calls and rehearsed outputs (no text generated), or "
-        "English critiques and a summary the policy writes (instruction-tuned models)",
+        "test-time rehearsal memory: a trace of the attempts' calls and rehearsed outputs (no text generated), "
+        "the same without the attempts' closing replies (outcomes), or English critiques and a summary the policy "
+        "writes (instruction-tuned models)",
     )
     memory_tokens: int = _f(256, "bound on the rehearsal memory, tokens")
     restate_request: bool = _f(

@@ -193,15 +193,29 @@ class BudgetReport:
 
 
 def _tool_message_tokens(tokenizer: Any) -> Callable[[Sequence[ToolCall]], int]:
+    """The token length of a message of these calls, remembered by the calls' repr: a stream of generated
+    tasks repeats the same calls thousands of times (12,000 lab tasks: ~80k groups of calls, a few thousand
+    distinct), and formatting and encoding each again was most of a trainer's start."""
+    memo: dict[str, int] = {}
+
     def count(calls: Sequence[ToolCall]) -> int:
-        return len(tokenizer.encode(format_tool_calls(list(calls), "hermes"), add_special_tokens=False))
+        key = repr([(c.name, c.arguments, c.id) for c in calls])
+        if key not in memo:
+            memo[key] = len(tokenizer.encode(format_tool_calls(list(calls), "hermes"), add_special_tokens=False))
+        return memo[key]
 
     return count
 
 
-def task_needs(task: Task, reference: list[list[ToolCall]], tokenizer: Any) -> TaskNeeds:
-    """`TaskNeeds` of `task` from its reference solution (turns × calls), counted with `tokenizer`."""
-    count = _tool_message_tokens(tokenizer)
+def task_needs(
+    task: Task,
+    reference: list[list[ToolCall]],
+    tokenizer: Any,
+    count: Callable[[Sequence[ToolCall]], int] | None = None,
+) -> TaskNeeds:
+    """`TaskNeeds` of `task` from its reference solution (turns × calls), counted with `tokenizer` (or with
+    `count`, a `_tool_message_tokens` counter shared by many tasks)."""
+    count = count or _tool_message_tokens(tokenizer)
     memo: dict[tuple[int, int, int], int] = {}
 
     def group_tokens(turn: int, i: int, j: int) -> int:
@@ -268,12 +282,13 @@ def budget_report(
     reference = getattr(suite, "ground_truth", None)
     needs: list[TaskNeeds] = []
     no_reference = 0
+    count_tokens = _tool_message_tokens(tokenizer)
     for t in tasks:
         ref = reference(t) if reference is not None else None
         if ref is None:
             no_reference += 1
             continue
-        needs.append(task_needs(t, ref, tokenizer))
+        needs.append(task_needs(t, ref, tokenizer, count_tokens))
     if max_episode_tokens is not None and needs:
         lengths = _demo_tokens(tasks, tokenizer, getattr(suite, "name", ""))
         for n in needs:

@@ -698,6 +698,7 @@ def record_memory_demonstrations(
     attempt_temperature: float = 1.0,
     attempt_outputs: Literal["rehearsed", "null", "real"] = "rehearsed",
     restate_request: bool = False,
+    memory: Literal["trace", "outcomes"] = "trace",
     seed: int = 0,
     batch: int = 64,
     progress: bool = False,
@@ -705,7 +706,7 @@ def record_memory_demonstrations(
     """Write memory-conditioned demonstrations (module docstring) of `policy`'s own rehearsals to `path`.
 
     Each task's reference solution is played (`demonstration_for_task`, one call per ACT message) in a
-    `demonstration_env` wrapped in ``TestTimeRehearsal(policy, n, mode, memory="trace")`` and
+    `demonstration_env` wrapped in ``TestTimeRehearsal(policy, n, mode, memory=memory)`` and
     ``RecordTrajectories(path, include_tokens=True)``; a task whose reference fails (reward < 1) or cannot be
     played is skipped and counted. `batch` tasks play at once, their generate calls merged
     (`agents.engines.batching.BatchCoordinator`); each task's attempts are seeded from ``(seed, task id)``, so the
@@ -726,6 +727,8 @@ def record_memory_demonstrations(
             it asks only whether the policy can learn to read one).
         restate_request: the request again after the memory (the wrapper's option): train the layout an
             evaluation with ``restate_request`` plays.
+        memory: the memory's layout (the wrapper's ``"trace"`` or ``"outcomes"``; an evaluation reads the
+            layout its policy trained on).
         seed: seeds the attempts' sampling.
         batch: tasks played together (>= 1).
         progress: show a tqdm bar.
@@ -774,7 +777,7 @@ def record_memory_demonstrations(
             policy,
             n=n,
             mode=mode,
-            memory="trace",
+            memory=memory,
             memory_tokens=memory_tokens,
             attempt_max_steps=attempt_max_steps,
             max_new_tokens=max_new_tokens,

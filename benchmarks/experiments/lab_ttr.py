@@ -45,6 +45,11 @@ continuations had been measured, for the reason given there; every setting is re
    paper's base-model rehearser: the policy acts, the pre-RL model imagines the outputs; for a continuation that
    is the model it continued, for a run from scratch the recipe's warm start, trained without memories).
 
+``--memory outcomes`` (added after the blind variant's restated policy had been read: attempts that stopped early
+leave a ``reply: Done.`` line, and after a memory the act often stopped after one call of a three-call task) runs
+the same protocol with every memory, in training and in evaluation, laid out as the trace's call lines only
+(`wrappers.TestTimeRehearsal`'s ``memory="outcomes"``); its results are their own kind (`result_kind`).
+
 What memory training costs at N = 0: each memory-trained policy at N = 0 paired with its plain control at N = 0
 (``memory_sft`` with ``plain_sft``, every ``*memory*_scratch`` with ``plain_scratch``; `PLAIN_CONTROL`), the same
 statistics.
@@ -120,6 +125,12 @@ def memory_folder(attempt_outputs: str, restate_request: bool) -> str:
     )
 
 
+MEMORIES = ("trace", "outcomes")
+"""``--memory``: the layout of every memory of a run (`wrappers.TestTimeRehearsal`'s ``memory``), in its memory
+demonstrations and in every evaluation with rehearsal; ``outcomes`` (the trace without the attempts' closing
+replies) writes results of its own kind."""
+
+
 CONTROLS: dict[str, dict[str, Any]] = {
     "null outputs": {"attempt_outputs": "null"},
     "real outputs (oracle)": {"attempt_outputs": "real"},
@@ -130,15 +141,20 @@ MEMORY_TASKS = 40
 """The default ``--memory-tasks``: a run at another value is its own results kind (`result_kind`)."""
 
 
-def result_kind(suite: str, memory_tasks: int) -> str:
+def result_kind(suite: str, memory_tasks: int, memory: str = "trace") -> str:
     """The ``kind`` of a run's ``results.json``: ``lab_ttr`` with the recipe's world
-    (`benchmarks.experiments.paired.world_kind`), and ``_memory_tasks`` when ``--memory-tasks`` is not
-    `MEMORY_TASKS` (so a dose never replaces the default run's section).
+    (`benchmarks.experiments.paired.world_kind`), ``_memory_tasks`` when ``--memory-tasks`` is not
+    `MEMORY_TASKS` and ``_outcomes`` for ``--memory outcomes`` (so neither ever replaces the default run's
+    section).
 
     Raises:
         ValueError: a suite without a kind (the lab's worlds have one each).
     """
-    return world_kind("lab_ttr", suite) + ("" if memory_tasks == MEMORY_TASKS else "_memory_tasks")
+    return (
+        world_kind("lab_ttr", suite)
+        + ("" if memory_tasks == MEMORY_TASKS else "_memory_tasks")
+        + ("" if memory == "trace" else f"_{memory}")
+    )
 
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -163,6 +179,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=MEMORY_TASKS,
         help=f"train tasks per family and per N with a memory (a value other than {MEMORY_TASKS} writes results of "
         "its own kind, a section of its own on the results page)",
+    )
+    ap.add_argument(
+        "--memory",
+        choices=MEMORIES,
+        default="trace",
+        help="the memory's layout, in the memory demonstrations and every rehearsal evaluation: the trace, or its "
+        "call lines only (outcomes: no reply lines; results of their own kind, a section of their own)",
     )
     ap.add_argument(
         "--sft-steps",
@@ -255,6 +278,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             settings["attempt_outputs"] = attempt_outputs
         if restate:
             settings["restate_request"] = True
+        if args.memory != "trace":
+            settings["memory"] = args.memory
 
         def record(folder: Path) -> dict[str, Any]:
             path.unlink(missing_ok=True)  # a stage cut short left part of the file: start it again
@@ -271,6 +296,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 max_new_tokens=recipe.eval.max_new_tokens,
                 attempt_outputs=attempt_outputs,
                 restate_request=restate,
+                memory=args.memory,
                 seed=n,
                 progress=True,
             )
@@ -304,6 +330,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         return latest_model(folder)
 
     def evaluation(name: str, model: str, seed: int, **changes: Any) -> dict[str, Any]:
+        if changes.get("rehearsal_n"):
+            changes = {"memory": args.memory, **changes}
         config = dataclasses.replace(recipe.eval_config(out / name, model), seed=seed, **changes)
         stages.evaluate(name, config, models)
         folder = out / name
@@ -428,7 +456,8 @@ def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
                 }
             )
     return {
-        "kind": result_kind(recipe.suite, args.memory_tasks),
+        "kind": result_kind(recipe.suite, args.memory_tasks, args.memory),
+        "memory": args.memory,
         "recipe": str(args.recipe),
         "model": recipe.model,
         "warm_start": warm,

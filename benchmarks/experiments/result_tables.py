@@ -145,9 +145,10 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
     extra = "".join(f", {sum(f['written'] for f in files.values())} in {name}" for name, files in others.items())
     extra = f" in memory_demos{extra}" if extra else ""
     w = max([14, *(len(r["policy"]) for r in results["rows"])])
+    layout = "" if results.get("memory", "trace") == "trace" else f"; {results['memory']} memory (no reply lines)"
     lines = [
         f"Test-time rehearsal on EnvACE-Lab: {results['model']}, {done} seeds, {results['test_tasks']} test tasks; "
-        f"{_ttr_training(results)}; {demos} memory demonstrations{extra}{partial}",
+        f"{_ttr_training(results)}; {demos} memory demonstrations{extra}{layout}{partial}",
         "paired with the same policy at N=0 (mean +- 95% CI over seeds); tasks +/- summed over seeds; seeds p<.05: "
         "the seeds whose own tasks resolve the difference up/down (exact McNemar)",
         f"{'policy':<{w}} {'setting':<34} {'success':<16} {'vs N=0':<17} {'tasks +/-':<11} {'seeds p<.05':<12} "

@@ -197,6 +197,20 @@ def test_trace_memory_is_built_from_the_attempts_without_generating(mode):
         assert rec["attempts"][1]["start_tokens"] > rec["attempts"][0]["start_tokens"]
 
 
+@pytest.mark.parametrize("memory", ["trace", "outcomes"])
+def test_an_outcomes_memory_is_the_trace_without_the_attempts_replies(memory):
+    add = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
+    # a call, then (once the turn has a tool message) the reply "Done."
+    policy = ScriptedPolicy(lambda ctx: "Done." if "<|im_start|>tool" in ctx.rsplit("<|im_start|>user", 1)[-1] else add)
+    env = TestTimeRehearsal(make_env(), policy, n=2, seed=0, memory=memory, memory_tokens=400)
+    _, info = env.reset(seed=0, options={"task_id": "scripted_1"})
+    rec = info["rehearsal"]
+    lines = rec["memory"].splitlines()[1:]
+    assert rec["memory_kind"] == memory and any(" -> " in line for line in lines)
+    assert all(a["steps"] == 2 for a in rec["attempts"])
+    assert [line for line in lines if ": reply: " in line] == (["1,2: reply: Done."] if memory == "trace" else [])
+
+
 def _attempt(*messages):
     return {"messages": [dict(m) for m in messages]}
 
@@ -234,6 +248,8 @@ def test_trace_memory_marks_agreement_errors_and_replies_and_keeps_its_bound():
         f'3: {call} -> {{"error": "shelf B is full"}} [error]',
         "1,3: reply: Done.",
     ]
+    outcomes = trace_memory(attempts, "Memory:\n", words, 1000, with_replies=False)  # memory="outcomes"
+    assert outcomes.splitlines() == memory.splitlines()[:-1]
     short = trace_memory(attempts, "Memory:\n", words, 15)
     assert short.splitlines() == ["Memory:", f'1,2: {call} -> {{"moved": "apple"}}', "(+3 more lines)"]
     assert words(short) <= 15

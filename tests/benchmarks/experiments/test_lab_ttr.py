@@ -71,17 +71,25 @@ def test_the_table_names_only_the_training_its_rows_had(tmp_path):
     ]
     # a run on the blind variant or with another number of memory tasks is a section of its own, beside the default's
     store = tmp_path / "results"
-    for suite, tasks in (("lab", lab_ttr.MEMORY_TASKS), ("lab", 160), ("lab-blind", lab_ttr.MEMORY_TASKS)):
-        kind = lab_ttr.result_kind(suite, tasks)
+    for suite, tasks, memory in (
+        ("lab", lab_ttr.MEMORY_TASKS, "trace"),
+        ("lab", 160, "trace"),
+        ("lab-blind", lab_ttr.MEMORY_TASKS, "trace"),
+        ("lab-blind", lab_ttr.MEMORY_TASKS, "outcomes"),
+    ):
+        kind = lab_ttr.result_kind(suite, tasks, memory)
         (store / kind).mkdir(parents=True)
         command = f"python -m benchmarks.experiments.lab_ttr --memory-tasks {tasks}"
-        result = {**after, "kind": kind, "memory_tasks": tasks, "command": command}
+        result = {**after, "kind": kind, "memory_tasks": tasks, "command": command, "memory": memory}
         (store / kind / "results.json").write_text(json.dumps(result))
     page = render_page(store, tmp_path / "results.md").read_text()
     assert "## Test-time rehearsal on the lab\n" in page
     assert "## Test-time rehearsal on the lab, memory demonstrations of 160 train tasks per family and N" in page
     assert "## Test-time rehearsal on the lab's blind variant (suite lab-blind" in page
-    assert page.count("## Test-time rehearsal") == 3
+    outcomes = "## Test-time rehearsal on the lab's blind variant (suite lab-blind: no look tools, so only a rehearsal "
+    assert outcomes + "shows a move break an item), outcomes memory (the trace without the attempts' replies)" in page
+    assert "memory demonstrations; outcomes memory (no reply lines)" in page  # its table's header says so too
+    assert page.count("## Test-time rehearsal") == 4
 
 
 def test_a_warm_start_trained_on_another_suite_is_refused(tmp_path):
