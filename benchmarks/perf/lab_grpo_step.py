@@ -7,7 +7,14 @@ ones, and prints per step the rollout and update seconds (the trainer's own ``pe
 ``perf/update_s``), the generated tokens, and the median step time against the target. ``--rehearsal-n N`` times
 rehearsal-aware steps instead (N attempts per user turn before the committed steps).
 
+``--engine-baseline`` also trains a second trainer from the same warm start with the generation engine's two
+rollout-shaped optimisations off (`agents.engines.generation`: finished rows stay in the decode's batch,
+``COMPACT_FRACTION = 0``, and every ragged prefill is one padded forward, ``BUCKET_CALL_TOKENS`` unbounded), its
+steps alternating with the first's (this machine's speed drifts), and prints the ratio of the median rollout
+seconds. Both draw the same samples (the generated tokens are printed side by side).
+
     .venv/bin/python -m benchmarks.perf.lab_grpo_step --init runs/lab_ablations/warm_start/sft
+    .venv/bin/python -m benchmarks.perf.lab_grpo_step --init runs/lab/sft --engine-baseline
 
 Run it on an idle machine: other processes on the 2 cores slow every step.
 """
@@ -33,6 +40,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     ap.add_argument("--rehearsal-n", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--engine-baseline",
+        action="store_true",
+        help="also time the same steps without the engine's row compaction and prefill buckets, alternating",
+    )
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
@@ -40,26 +52,40 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     import torch
 
     from agents.config import load_dataclass, replace_fields
+    from agents.engines import generation
     from agents.pipeline import PipelineConfig, latest_model
     from agents.training.trainer import RoleWiseGRPOTrainer
 
     torch.set_num_threads(args.threads)
     recipe = load_dataclass(PipelineConfig, args.recipe, threads=args.threads)
+    engine = {"COMPACT_FRACTION": generation.COMPACT_FRACTION, "BUCKET_CALL_TOKENS": generation.BUCKET_CALL_TOKENS}
+    without = {"COMPACT_FRACTION": 0.0, "BUCKET_CALL_TOKENS": 10**12}
     with tempfile.TemporaryDirectory() as tmp:
-        config = replace_fields(
-            recipe.grpo_config(tmp, latest_model(args.init)),
-            {
-                "num_steps": args.warmup + args.steps,
-                "run.save_every": 10**6,
-                "tensorboard": False,
-                "rehearsal_n": args.rehearsal_n,
-            },
-        )
-        trainer = RoleWiseGRPOTrainer(config, log=lambda *_: None)
+        trainers = []
+        for name in ("ours", "baseline") if args.engine_baseline else ("ours",):
+            config = replace_fields(
+                recipe.grpo_config(str(Path(tmp, name)), latest_model(args.init)),
+                {
+                    "num_steps": args.warmup + args.steps,
+                    "run.save_every": 10**6,
+                    "tensorboard": False,
+                    "rehearsal_n": args.rehearsal_n,
+                },
+            )
+            trainers.append(RoleWiseGRPOTrainer(config, log=lambda *_: None))
+        measured: list[list[dict[str, float]]] = [[] for _ in trainers]
         try:
-            rows = [trainer.train_step() for _ in range(args.warmup + args.steps)][args.warmup :]
+            for _ in range(args.warmup + args.steps):
+                for trainer, settings, rows in zip(trainers, (engine, without), measured):
+                    for key, value in settings.items():
+                        setattr(generation, key, value)
+                    rows.append(trainer.train_step())
         finally:
-            trainer.close()
+            for key, value in engine.items():
+                setattr(generation, key, value)
+            for trainer in trainers:
+                trainer.close()
+    rows = measured[0][args.warmup :]
     print(
         f"lab GRPO step: B={config.batch_tasks} x K={config.group_size} = {config.trajectories_per_step} trajectories, "
         f"rehearsal_n={args.rehearsal_n}, {args.threads} threads"
@@ -72,7 +98,25 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         )
     median = statistics.median(m["perf/step_s"] for m in rows)
     print(f"median step {median:.2f} s; target {TARGET_S:.1f} s: ratio {median / TARGET_S:.2f}")
-    return {"median_step_s": median, "ratio_to_target": median / TARGET_S}
+    result = {"median_step_s": median, "ratio_to_target": median / TARGET_S}
+    if args.engine_baseline:
+        base = measured[1][args.warmup :]
+        print(
+            f"{'step':>4} {'rollout s (ours)':>17} {'rollout s (baseline)':>21} "
+            f"{'generated tokens (ours / baseline)':>36}"
+        )
+        for m, b in zip(rows, base):
+            print(
+                f"{m['step']:>4} {m['perf/rollout_s']:>17.2f} {b['perf/rollout_s']:>21.2f} "
+                f"{m['rollout/generated_tokens']:>17} / {b['rollout/generated_tokens']}"
+            )
+        ours_s = statistics.median(m["perf/rollout_s"] for m in rows)
+        base_s = statistics.median(m["perf/rollout_s"] for m in base)
+        print(
+            f"median rollout: ours {ours_s:.2f} s, baseline {base_s:.2f} s: ratio ours / baseline {ours_s / base_s:.2f}"
+        )
+        result["rollout_ratio_to_baseline"] = ours_s / base_s
+    return result
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ def test_cached_multi_turn_matches_full_recompute_and_uncached(
 @pytest.mark.parametrize("padded_width", [0, 1024], ids=["row_by_row_prefill", "padded_prefill"])
 def test_ragged_prefix_lengths_in_one_batch(model, base, cuts, suffixes, seed, min_shared, padded_width, monkeypatch):
     """Rows whose cached prefixes have different lengths (cut points into one stored entry, or none), with
-    ragged rows prefilled one by one and in one padded forward (`agents.engines.generation._padded_prefill`)."""
+    ragged rows prefilled one by one and in padded forwards (`agents.engines.generation._padded_prefill`)."""
     monkeypatch.setattr(generation, "PADDED_PREFILL_MAX_WIDTH", padded_width)
     base = _ids(base)
     cache = PrefixKVCache(replace=False, min_shared_prefix=min_shared)
@@ -412,9 +412,9 @@ def test_policy_cache_switch_and_sharing():
 
 
 def test_ragged_rows_take_the_padded_prefill_up_to_its_width(model, monkeypatch):
-    """`_prefill` runs one padded forward when the scratch width (longest reuse + longest suffix) is within
-    `PADDED_PREFILL_MAX_WIDTH`, else row by row; both give the same samples."""
-    contexts = [_ids(range(7, 7 + n)) for n in (5, 9, 3)]  # no reuse: the scratch width is the longest, 9
+    """`_prefill` runs the padded forwards when the longest context is within `PADDED_PREFILL_MAX_WIDTH`, else
+    row by row; both give the same samples."""
+    contexts = [_ids(range(7, 7 + n)) for n in (5, 9, 3)]  # the longest context: 9
     padded_calls = []
     real = generation._padded_prefill
     monkeypatch.setattr(generation, "_padded_prefill", lambda *a: padded_calls.append(1) or real(*a))
