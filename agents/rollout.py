@@ -219,12 +219,10 @@ def collect_rollouts(
     assistant opener after every non-final step, so they ARE the ACT contexts), ONE batched ``policy.act``
     answers all of them, and one ``vector_env.step`` plays the actions (rehearsals batched inside).
 
-    Finished envs (terminated or truncated). Their `Trajectory` object is kept at the step they end (a
-    reset creates a new object, so it is never mutated afterwards) and they get no model call again. Since a
-    vector env steps all its envs, a finished env is passed the empty action ``""``: the first such step is
-    Gymnasium's NEXT_STEP autoreset (the action is ignored), later ones play ``""`` in a throwaway episode,
-    which never yields a tool call, hence never a rehearsal nor a model call. Those episodes are discarded;
-    the loop stops as soon as every env has finished once.
+    Finished envs (terminated or truncated). Their `Trajectory` object is kept at the step they end and they get
+    no model call again: a finished env is passed the action ``None``, which `RehearseVectorEnv.step` leaves
+    out of the step (no step, no autoreset), so it is neither reset nor played again; the loop stops as soon
+    as every env has finished.
 
     Invalid-action penalty (docs/design.md §1: 0.1 for an empty response). An ACT response that is empty
     (`is_empty_action`: only the stop token, or whitespace) makes the trajectory's reward
@@ -396,7 +394,7 @@ def collect_rollouts(
     real_seen = [0] * n
     empty = [0] * n
     cut = [0] * n
-    backend_calls = [0] * n  # hybrid: per trajectory, read from its responder when it ends (before any autoreset)
+    backend_calls = [0] * n  # hybrid: per trajectory, read from its responder when it ends
     real_answers = [0] * n
     num_steps = num_act_calls = num_capped = 0
 

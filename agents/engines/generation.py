@@ -13,8 +13,9 @@ With a `agents.engines.kv_cache.PrefixKVCache` (the inline-mode default of `agen
 the keys/values of its longest cached prefix and the model processes only the new tokens; the layout is in
 `generate`'s docstring; prompt prefixes that several rows of one call share (BFCL tasks with the same
 tools) are prefilled once. The decode loop does only step-dependent work: the KV buffers are reserved for
-every new column once (no concatenation per token), the attention mask and the output buffers are
-allocated once, ids and logprobs are copied to Python lists once at the end.
+every new column once (no concatenation per token), the output buffers are allocated once, ids and
+logprobs are copied to Python lists once at the end; finished rows leave the batch once enough of them have
+finished (`COMPACT_FRACTION`: the KV buffers and the mask are then copied once, smaller).
 """
 
 from __future__ import annotations
@@ -83,11 +84,12 @@ def generate(
     KV layout (U unique rows, W = the longest context, N = ``max_new_tokens``): one buffer per layer
     ``(U, H_kv, W + N - 1, D)``; row u's context of length L_u fills columns ``[W - L_u, W)`` (masked columns
     to its left: left padding), the decode writes column ``W + t - 1`` at step t. The reused prefix is
-    copied in, the model writes the rest (`_prefill`); rows of different shapes go through one padded,
-    few masked forwards when short (`PADDED_PREFILL_MAX_WIDTH`), else one at a time over their own slice of
-    the buffers, without a mask. Finished rows leave the decode's batch (`COMPACT_FRACTION`). During the decode
-    ``attention_mask`` ``(B, W + t)`` marks the real columns and ``position_ids`` continue each row's true
-    length, so a row's logits do not depend on the batch it is in (up to float rounding).
+    copied in, the model writes the rest (`_prefill`); rows of different shapes go through a few padded,
+    masked forwards when short (`PADDED_PREFILL_MAX_WIDTH`; rows of similar suffix lengths together), else one
+    at a time over their own slice of the buffers, without a mask. Finished rows leave the decode's batch
+    (`COMPACT_FRACTION`). During the decode ``attention_mask`` ``(B, W + t)`` marks the real columns and
+    ``position_ids`` continue each row's true length, so a row's logits do not depend on the batch it is in
+    (up to float rounding).
 
     Args:
         model: a Transformers causal LM (accepts ``attention_mask``, ``position_ids``, ``cache``,
@@ -168,9 +170,9 @@ def generate(
         prefill_mask = prefill_mask.index_select(0, index)  # (B, W)
         position_ids = position_ids.index_select(0, index)  # (B, 1)
 
-    # Decode loop state, allocated once (the KV buffers already have a column for every new id): the full
-    # attention mask, output buffers. The output buffers are indexed by row; the loop state by position in the
-    # current batch, whose rows `rows` lists (`COMPACT_FRACTION`: finished rows leave the batch).
+    # Decode loop state (the KV buffers already have a column for every new id): the full attention mask, output
+    # buffers, allocated once (the mask and the KV buffers shrink when finished rows leave the batch). The output
+    # buffers are indexed by row; the loop state by position in the current batch, whose rows `rows` lists.
     attention_mask = torch.ones((batch, width0 + max_new_tokens), dtype=torch.long)  # (B, W+N)
     attention_mask[:, :width0] = prefill_mask
     attention_mask = attention_mask.to(device)
@@ -238,14 +240,16 @@ def generate(
         n_live = int(live.sum())
         if n_live == 0:
             break
-        if t + 1 < max_new_tokens and n_live <= COMPACT_FRACTION * n_rows:
+        if t + 1 < max_new_tokens and n_live < n_rows and n_live <= COMPACT_FRACTION * n_rows:
             # Finished rows leave the batch: each later step then costs the live rows only. A row's KV is
             # complete when it finishes (its last sampled id is never fed), so it stays in these buffers.
             keep = live.nonzero().squeeze(1)  # (B_c',) positions in the current batch
-            if kv_cache is not None:
-                layers = _cache_layers(cache)
-                for position in (~live).nonzero().squeeze(1).tolist():
-                    kv_of_row[int(rows[position])] = (layers, position, offset)
+            if kv_cache is not None:  # the leaving rows' KV, copied (the whole buffer is then freed)
+                leaving = (~live).nonzero().squeeze(1)  # (B_c - B_c',)
+                index = leaving.to(device)
+                layers = [(k.index_select(0, index), v.index_select(0, index)) for k, v in _cache_layers(cache)]
+                for j, position in enumerate(leaving.tolist()):
+                    kv_of_row[int(rows[position])] = (layers, j, offset)
             rows = rows[keep]
             drop = int(first_column[rows].min()) - offset  # columns left of every kept row's context
             for layer in _reserved_layers(cache):
@@ -289,10 +293,10 @@ def _store_entries(
     """Store each row's processed ids (its context and all its generated ids but the last) in `kv_cache`.
 
     Row i's KV is at ``kv_of_row[i] = (layers, position, offset)``: row ``position`` of ``layers`` (per layer
-    ``(B_c, H_kv, W + N - offset, D)``, the batch the row finished in), whose column c is the layout's column
-    ``c + offset``. In that layout a row's fed columns are contiguous: its context in ``[W - len(context_i), W)``
-    (left padding) and its generated ids after ``W``. With
-    ``kv_cache.share_prefixes`` an entry stores only the KV its parent does not hold: a row links to the
+    ``(R, H_kv, C, D)``: the rows that left the decode's batch with row i, or the last batch; their filled
+    columns), whose column c is the layout's column ``c + offset``. In that layout a row's fed columns are
+    contiguous: its context in ``[W - len(context_i), W)`` (left padding) and its generated ids after ``W``.
+    With ``kv_cache.share_prefixes`` an entry stores only the KV its parent does not hold: a row links to the
     entry it continued (or, when it alone continued all of that entry, which it then replaces, to that
     entry's parent), and rows of identical contexts (a group's K copies of a prompt) share one entry of the
     context, each keeping only its generation. Otherwise every row's entry is whole, and an entry a row

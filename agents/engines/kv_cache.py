@@ -132,7 +132,9 @@ class PrefixKVCache:
 
     Attributes:
         stats: counters since creation: ``calls``, ``hits`` (rows that reused > 0 tokens), ``reused_tokens``,
-            ``fed_tokens`` (real tokens the model processed through this cache), ``evicted``, ``invalidations``,
+            ``fed_tokens`` (tokens whose KV the cache did not hold, which the model processed; a padded prefill
+            also recomputes a few cached tokens of a row to align it with its bucket, not counted),
+            ``evicted``, ``invalidations``,
             ``shared_prefixes`` (prefixes prefilled once for several rows of a call).
 
     Raises:

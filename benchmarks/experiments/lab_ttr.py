@@ -278,8 +278,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             settings["attempt_outputs"] = attempt_outputs
         if restate:
             settings["restate_request"] = True
-        if args.memory != "trace":
-            settings["memory"] = args.memory
+        settings["memory"] = args.memory  # a run of the other layout in this folder stops here, not at its first eval
 
         def record(folder: Path) -> dict[str, Any]:
             path.unlink(missing_ok=True)  # a stage cut short left part of the file: start it again

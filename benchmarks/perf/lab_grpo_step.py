@@ -11,7 +11,8 @@ rehearsal-aware steps instead (N attempts per user turn before the committed ste
 rollout-shaped optimisations off (`agents.engines.generation`: finished rows stay in the decode's batch,
 ``COMPACT_FRACTION = 0``, and every ragged prefill is one padded forward, ``BUCKET_CALL_TOKENS`` unbounded), its
 steps alternating with the first's (this machine's speed drifts), and prints the ratio of the median rollout
-seconds. Both draw the same samples (the generated tokens are printed side by side).
+seconds. Both draw the same samples up to float rounding (a rare flip between two ids with no probability
+between them); the generated tokens are printed side by side.
 
     .venv/bin/python -m benchmarks.perf.lab_grpo_step --init runs/lab_ablations/warm_start/sft
     .venv/bin/python -m benchmarks.perf.lab_grpo_step --init runs/lab/sft --engine-baseline

@@ -209,7 +209,7 @@ def test_real_rollout_then_rehearsal_again_reproduces_the_seeded_rollout(policy,
         assert now.token_ids == full.token_ids[: len(now.token_ids)]
     assert sum(s.role == Role.REHEARSE for s in trajs[1].segments) == 2
     assert stats.num_act_calls == stats.num_steps == 1
-    # every trajectory ended and kept its task (a NEXT_STEP autoreset of a finished env did not touch it)
+    # every trajectory ended and kept its task
     assert all(t.terminated or t.truncated for t in before)
     assert [t.task.id for t in before] == stats.task_ids
 
@@ -531,3 +531,24 @@ def test_rehearsal_aware_rollouts_train_each_attempt_with_the_committed_reward(p
         role = batch.seg_roles[s]
         same = [u for u, r in enumerate(seg_rows) if int(batch.traj_ids[r]) == traj and batch.seg_roles[u] == role]
         assert torch.allclose(batch.seg_advantages[same], batch.seg_advantages[s])
+
+
+def test_a_finished_trajectory_is_not_stepped_again(policy, venvs):
+    """A finished env gets the action None (left out of the vector env's step: no autoreset, no throwaway
+    episode) until every trajectory has ended."""
+    venv = venvs["inline"].unwrapped
+    sent = []
+    real_step = venv.step
+    venv.step = lambda actions: sent.append(list(actions)) or real_step(actions)
+    try:
+        trajs, _ = collect_rollouts(
+            FirstStepScript(policy, FIRST), venvs["inline"], TASKS, K, max_new_tokens=NEW, temperature=1.0, seed=3
+        )
+    finally:
+        del venv.step
+    assert len(sent) > 1 and any(a is None for actions in sent for a in actions)  # they ended at different steps
+    for i, traj in enumerate(trajs):
+        column = [actions[i] for actions in sent]
+        played = [a for a in column if a is not None]
+        assert column == played + [None] * (len(column) - len(played))  # None from its end on, never again a step
+        assert venv.envs[i].trajectory is traj  # and it was not reset

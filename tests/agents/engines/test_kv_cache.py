@@ -500,31 +500,37 @@ def test_suffix_buckets_cut_where_a_forward_saves_more_padding_than_it_costs(mon
     assert generation._suffix_buckets([1, 3, 3, 9]) == [(0, 1), (1, 3), (3, 4)]
 
 
+@pytest.mark.parametrize("fraction, call_tokens", [(0.5, 256), (1.0, 0)])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_finished_rows_leaving_the_batch_and_suffix_buckets_change_no_sample(model, monkeypatch, temperature):
-    """Every finish drops rows from the decode's batch (`COMPACT_FRACTION` 1) and every distinct suffix length
-    gets its own prefill forward (`BUCKET_CALL_TOKENS` 0), over three calls whose rows stop at different steps
-    (a third of the vocabulary ends a row) and whose next contexts continue through the cache: the logprobs
-    match a full recompute, and the samples are those of one batch, one forward, no cache."""
-    stop = list(range(3, 1400))  # ids >= 3 end a row about one step in three (the context ids never do)
+def test_finished_rows_leaving_the_batch_and_suffix_buckets_change_no_sample(
+    model, monkeypatch, temperature, fraction, call_tokens
+):
+    """Finished rows leave the decode's batch (`COMPACT_FRACTION`) and ragged prefills run in buckets
+    (`BUCKET_CALL_TOKENS` 256: rows of different suffixes share a bucket, re-feeding part of a cached prefix; 0: a
+    bucket per suffix length), over three calls whose rows stop at different steps (about a third of the vocabulary
+    ends a row) and whose next contexts continue through the cache: the logprobs match a full recompute, and the
+    samples are those of the engine without either (one batch to the end, one padded forward, no cache)."""
+    stop = list(range(3, 16000))  # of 49152 ids
     compacted = []
     real_compact = generation._ReservedLayer.compact
     monkeypatch.setattr(
         generation._ReservedLayer, "compact", lambda self, *a: compacted.append(1) or real_compact(self, *a)
     )
-    monkeypatch.setattr(generation, "COMPACT_FRACTION", 1.0)
-    monkeypatch.setattr(generation, "BUCKET_CALL_TOKENS", 0)
     cache = PrefixKVCache(min_shared_prefix=4)
     contexts = [_ids(range(7, 7 + n)) for n in (5, 9, 3, 9, 14, 2)] * 2  # pairs of identical prompts
     for turn in range(3):
         seeds = [100 * turn + i for i in range(len(contexts))]
         kw = dict(max_new_tokens=8, temperature=temperature, stop_ids=stop, pad_id=PAD, seeds=seeds)
+        monkeypatch.setattr(generation, "COMPACT_FRACTION", fraction)
+        monkeypatch.setattr(generation, "BUCKET_CALL_TOKENS", call_tokens)
         cached = generate(model, contexts, kv_cache=cache, **kw)
+        monkeypatch.setattr(generation, "COMPACT_FRACTION", 0.0)
+        monkeypatch.setattr(generation, "BUCKET_CALL_TOKENS", 10**12)
         plain = generate(model, contexts, **kw)
         _check_against_recompute(model, contexts, cached, temperature)
         _assert_same_samples(model, contexts, cached, plain, temperature)
         contexts = [
             c + g.token_ids + _ids([i % 3] * (1 + 4 * (i % 3))) for i, (c, g) in enumerate(zip(contexts, cached))
         ]
-    assert compacted and cache.stats["hits"] > 0
+    assert compacted and cache.stats["hits"] > 0  # rows left the batch; later calls continued cached prefixes
     assert len({len(g.token_ids) for g in cached}) > 1  # rows did finish at different steps
