@@ -329,6 +329,20 @@ class PipelineConfig:
         """Every field, stage configs as nested mappings (JSON/YAML-compatible)."""
         return dataclasses.asdict(self)
 
+    def recipe_dict(self) -> dict[str, Any]:
+        """`to_dict` without the stage configs' fields the pipeline sets itself (`pipeline_fields`: the model, the
+        run folders, ...), whose values there are unused placeholders; each stage's whole config is its
+        ``stage_configs`` entry in the summary."""
+        out = self.to_dict()
+        for stage in ("sft", "grpo", "eval"):
+            for key in self.pipeline_fields(stage):
+                *groups, name = key.split(".")
+                section = out[stage]
+                for group in groups:
+                    section = section[group]
+                section.pop(name, None)
+        return out
+
 
 def _mark_done(folder: Path, info: dict[str, Any]) -> None:
     (folder / "stage_done.json").write_text(json.dumps(info, indent=1))
@@ -866,7 +880,7 @@ def run_pipeline(config: PipelineConfig, log=print, models: ModelStore | None = 
     plots = [str(p) for p in report(run / "grpo")]
     plots.append(str(plot_stages(rows, run / "plots" / "stages.png")))
     summary: dict[str, Any] = {
-        "config": config.to_dict(),
+        "config": config.recipe_dict(),
         "stage_configs": stages.configs,
         "budgets": budgets,
         "evals": evals,

@@ -51,6 +51,9 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path, c
     assert main(["pipeline", "--run-dir", str(run), *ARGS]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["evals"]) == {"eval_base", "eval_sft", "eval_grpo"}
+    # the recipe without the stage fields the pipeline sets (placeholders there); the stages' own configs have them
+    assert "model" not in summary["config"]["sft"] and "threads" not in summary["config"]["grpo"]["run"]
+    assert summary["stage_configs"]["sft"]["model"] == summary["config"]["model"]
     for stage in ("eval_base", "sft", "eval_sft", "grpo", "eval_grpo"):
         assert (run / stage / "stage_done.json").is_file()
     assert (run / "sft" / "checkpoints").is_dir() and (run / "grpo" / "metrics.jsonl").is_file()
