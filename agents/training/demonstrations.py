@@ -739,8 +739,9 @@ def record_memory_demonstrations(
         that are errors), ``memory_tokens_mean`` and ``generated_tokens`` (ACT + REHEARSE tokens of the attempts).
 
     Raises:
-        ValueError: ``n < 1`` or ``batch < 1``; a task id not in the suite's categories and split; and the errors
-            of `wrappers.TestTimeRehearsal` for bad settings or a policy whose vocabulary differs.
+        ValueError: ``n < 1``, ``batch < 1`` or another `memory`; a task id not in the suite's categories and
+            split; and the errors of `wrappers.TestTimeRehearsal` for bad settings or a policy whose vocabulary
+            differs.
     """
     import functools
 
@@ -755,6 +756,8 @@ def record_memory_demonstrations(
         raise ValueError(f"n must be an int >= 1 (a memory needs rehearsal attempts), got {n!r}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch!r}")
+    if memory not in ("trace", "outcomes"):
+        raise ValueError(f"memory must be 'trace' or 'outcomes' (a layout built from the attempts), got {memory!r}")
 
     class CountingRehearsal(TestTimeRehearsal):
         """Keeps every rehearsal record (`TestTimeRehearsal.rehearse`'s ``info["rehearsal"]``) for the counts."""

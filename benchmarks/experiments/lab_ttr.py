@@ -278,7 +278,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             settings["attempt_outputs"] = attempt_outputs
         if restate:
             settings["restate_request"] = True
-        settings["memory"] = args.memory  # a run of the other layout in this folder stops here, not at its first eval
+        # a run of the other layout in a folder written since this field exists stops here (an older folder's
+        # stages lack it and are not compared on it: there the first evaluation with rehearsal refuses)
+        settings["memory"] = args.memory
 
         def record(folder: Path) -> dict[str, Any]:
             path.unlink(missing_ok=True)  # a stage cut short left part of the file: start it again
@@ -493,7 +495,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
             color=f"C{i}",
             label=policy,
         )
-    ax.set_xlabel("test-time rehearsal attempts N (parallel, trace memory)")
+    ax.set_xlabel(f"test-time rehearsal attempts N (parallel, {results.get('memory', 'trace')} memory)")
     ax.set_ylabel(f"test success ({results['test_tasks']} tasks)")
     ax.legend(fontsize=8)
     fig.tight_layout()

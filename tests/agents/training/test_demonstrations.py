@@ -447,6 +447,8 @@ def test_memory_demos_are_reference_executions_read_after_the_policys_own_rehear
         assert len(with_memory.token_ids) > len(reference.token_ids)
     with pytest.raises(ValueError, match="n must be an int >= 1"):
         record_memory_demonstrations(policy, path, "lab", n=0)
+    with pytest.raises(ValueError, match="memory must be 'trace' or 'outcomes'"):  # a summary is generated text
+        record_memory_demonstrations(policy, path, "lab", memory="summary")
 
 
 def test_memory_demos_with_real_attempt_outputs_show_the_break_a_rehearsal_would_have_to_foresee(tmp_path):
