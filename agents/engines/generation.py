@@ -242,7 +242,7 @@ def generate(
             break
         if t + 1 < max_new_tokens and n_live < n_rows and n_live <= COMPACT_FRACTION * n_rows:
             # Finished rows leave the batch: each later step then costs the live rows only. A row's KV is
-            # complete when it finishes (its last sampled id is never fed), so it stays in these buffers.
+            # complete when it finishes (its last sampled id is never fed), so the copy below is all it needs.
             keep = live.nonzero().squeeze(1)  # (B_c',) positions in the current batch
             if kv_cache is not None:  # the leaving rows' KV, copied (the whole buffer is then freed)
                 leaving = (~live).nonzero().squeeze(1)  # (B_c - B_c',)
@@ -253,7 +253,7 @@ def generate(
             rows = rows[keep]
             drop = int(first_column[rows].min()) - offset  # columns left of every kept row's context
             for layer in _reserved_layers(cache):
-                layer.compact(keep.to(device), drop)
+                layer.select_rows(keep.to(device), drop)
             attention_mask = attention_mask.index_select(0, keep.to(device))[:, drop:]
             next_pos = next_pos.index_select(0, keep.to(device))
             next_ids = next_ids.index_select(0, keep)
@@ -650,9 +650,10 @@ class _ReservedLayer(DynamicLayer):
         self._fill(n_cols + n_new)
         return self.keys, self.values
 
-    def compact(self, index: torch.Tensor, drop: int) -> None:
-        """Keep the rows `index` and the columns from `drop` on: ``(B, H_kv, C, D) -> (len(index), H_kv, C - drop, D)``
-        (a copy; the old buffers stay valid for whoever holds views of them)."""
+    def select_rows(self, index: torch.Tensor, drop: int = 0) -> None:
+        """Keep, reorder or repeat the rows `index` and keep the columns from `drop` on, free columns included:
+        ``(B, H_kv, C, D) -> (len(index), H_kv, C - drop, D)`` (a copy; the old buffers stay valid for whoever
+        holds views of them)."""
         if self.keys is self._view:
             n_cols = self.keys.shape[-2]
             self._key_buffer = self._key_buffer[:, :, drop:].index_select(0, index)
@@ -661,17 +662,6 @@ class _ReservedLayer(DynamicLayer):
         else:
             self.keys = self.keys[:, :, drop:].index_select(0, index)
             self.values = self.values[:, :, drop:].index_select(0, index)
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        """Reorder/duplicate batch rows: ``(U, ...) -> (len(index), ...)``, keeping the free columns."""
-        if self.keys is self._view:
-            n_cols = self.keys.shape[-2]
-            self._key_buffer = self._key_buffer.index_select(0, index)  # (B, H_kv, C, D)
-            self._value_buffer = self._value_buffer.index_select(0, index)  # (B, H_kv, C, D)
-            self._fill(n_cols)
-        else:
-            self.keys = self.keys.index_select(0, index)  # (B, H_kv, T, D)
-            self.values = self.values.index_select(0, index)  # (B, H_kv, T, D)
 
 
 def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
