@@ -233,6 +233,86 @@ compare = paired_comparison
 """Each setting against the same policy at N=0 (`benchmarks.experiments.paired.paired_comparison`)."""
 
 
+def memory_hits(folder: Path, suite: Any, tasks: dict[str, Any]) -> dict[str, bool]:
+    """Whether each rehearsed task's memory held the reference's calls, from an evaluation folder's
+    ``transcripts.jsonl``.
+
+    A task's memory holds them when one of its rehearsal attempts made exactly the calls of the reference for the
+    rehearsed user turn (`suite.ground_truth`: the same names, arguments and order); only a task's first rehearsal
+    counts (a lab task has one user turn). A policy that reads its memory can copy the right calls from such a
+    memory whatever its world model imagined after them, so success on these tasks against N = 0 measures reading
+    apart from rehearsal (`memory_use`).
+
+    Args:
+        folder: an evaluation folder with rehearsal (`agents.evaluation.evaluate` with ``rehearsal_n``).
+        suite: the suite of its tasks.
+        tasks: task id -> `envace_gym.types.Task`, every task the folder evaluated.
+
+    Returns:
+        Task id -> hit, for the tasks whose transcript holds a rehearsal with attempts (a memory taken from
+        another task holds none and gives an empty dict).
+
+    Raises:
+        KeyError: a transcript of a task not in `tasks`.
+    """
+    from agents.training.run_folder import read_jsonl
+    from envace_gym.types import ToolCall
+
+    def key(calls: list[ToolCall]) -> list[tuple[str, str]]:
+        return [(c.name, json.dumps(c.arguments, sort_keys=True)) for c in calls]
+
+    hits = {}
+    for record in read_jsonl(Path(folder) / "transcripts.jsonl"):
+        rehearsal = next((r for r in record.get("rehearsals") or [] if r.get("attempts")), None)
+        if rehearsal is None:
+            continue
+        turns = suite.ground_truth(tasks[record["task_id"]])
+        turn = int(rehearsal.get("turn", 0))
+        reference = key(turns[turn]) if turn < len(turns) else []
+        made = [
+            key([ToolCall.from_openai(c) for m in attempt["messages"] for c in m.get("tool_calls") or []])
+            for attempt in rehearsal["attempts"]
+        ]
+        hits[record["task_id"]] = reference in made
+    return hits
+
+
+def memory_use(
+    rows: list[dict[str, float]], references: list[dict[str, float]], hits: list[dict[str, bool]]
+) -> dict[str, Any] | None:
+    """Success with a memory on the tasks whose memory held the reference's calls (`memory_hits`) and on the other
+    rehearsed tasks, each paired by seed with N = 0 on the same tasks (`paired_comparison`).
+
+    If the policy reads its memory, success on ``hit`` tasks is at least N = 0's there (it can copy the attempt
+    that made the right calls); a loss there says the memory disturbs acting whatever it holds.
+
+    Args:
+        rows, references: per seed, task id -> reward with rehearsal and at N = 0.
+        hits: per seed, `memory_hits` of the rehearsal's folder.
+
+    Returns:
+        ``hit_fraction`` (per seed, hit tasks over rehearsed tasks), ``hit`` and ``miss`` (``tasks``: summed over
+        seeds, then `paired_comparison`'s fields; None where a seed has no such task); None when no task of some
+        seed was rehearsed with attempts (a memory taken from another task).
+    """
+    if any(not h for h in hits):
+        return None
+    out: dict[str, Any] = {"hit_fraction": [sum(h.values()) / len(h) for h in hits]}
+    for name, wanted in (("hit", True), ("miss", False)):
+        subsets = [[t for t, hit in h.items() if hit == wanted] for h in hits]
+        if any(not subset for subset in subsets):
+            out[name] = None
+            continue
+        out[name] = {
+            "tasks": sum(len(subset) for subset in subsets),
+            **compare(
+                [{t: row[t] for t in subset} for row, subset in zip(rows, subsets)],
+                [{t: ref[t] for t in subset} for ref, subset in zip(references, subsets)],
+            ),
+        }
+    return out
+
+
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     """Run (or resume) every stage; return the results (also written to ``<out>/results.json`` after each seed)."""
     import shlex
@@ -311,6 +391,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     other_sources = sorted({MEMORY_SOURCES[p] for p in args.policies if p in MEMORY_SOURCES} - {("rehearsed", False)})
     other_demos = {memory_folder(*source): memory_demos(*source) for source in other_sources}
     train_ids = [i for ids in per_n.values() for i in ids]
+    test_tasks = functools.cache(lambda: {t.id: t for t in suite.tasks(categories, recipe.eval.split)})
 
     def sft(name: str, seed: int, task_ids: list[str], changes: dict[str, Any]) -> str:
         """The recipe's SFT stage on `task_ids` with `changes`, at `seed`, room for a memory; its model folder."""
@@ -336,11 +417,14 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         config = dataclasses.replace(recipe.eval_config(out / name, model), seed=seed, **changes)
         stages.evaluate(name, config, models)
         folder = out / name
-        return {
+        measured = {
             "rewards": {t: float(e["reward"]) for t, e in episodes(folder).items()},
             "tokens_per_task": rehearsal_tokens_per_task(folder),
             "seconds": stages.timings.get(name),
         }
+        if changes.get("rehearsal_n"):
+            measured["memory_hits"] = memory_hits(folder, suite, test_tasks())
+        return measured
 
     def continuation(name: str, seed: int, data: list[str]) -> str:
         steps = args.sft_steps
@@ -444,6 +528,9 @@ def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
         row = {"policy": policy, "setting": setting, "n_seeds": len(seeds)}
         row.update(compare([s["rewards"] for s in seeds], [r["rewards"] for r in reference]))
         row["tokens_per_task"] = sum(s["tokens_per_task"] for s in seeds) / len(seeds)
+        if all("memory_hits" in s for s in seeds):
+            hits = [s["memory_hits"] for s in seeds]
+            row["memory_use"] = memory_use([s["rewards"] for s in seeds], [r["rewards"] for r in reference], hits)
         rows.append(row)
     memory_cost = []
     for policy, plain in PLAIN_CONTROL.items():

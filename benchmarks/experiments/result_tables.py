@@ -162,6 +162,28 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
             f"{r['policy']:<{w}} {r['setting']:<34} {_fmt(r['mean'], r['ci95']):<16} {vs:<17} {counts:<11} {p:<12} "
             f"{r['tokens_per_task']:.0f}"
         )
+    used = [r for r in results["rows"] if r.get("memory_use")]
+    if used:
+        lines += [
+            "",
+            "reading the memory: success on the rehearsed tasks whose memory held the reference's calls (an attempt "
+            "made them, so a reader can copy them) and on the others, each paired with N=0 on the same tasks; held: "
+            "the share of rehearsed tasks whose memory held them",
+            f"{'policy':<{w}} {'setting':<34} {'held':<5} "
+            + " ".join(f"{name + ': success':<18} {'vs N=0':<17} {'tasks +/-':<11}" for name in ("held", "not held")),
+        ]
+        for r in used:
+            use = r["memory_use"]
+            cells = []
+            for part in (use["hit"], use["miss"]):
+                if part is None:  # some seed had no such task
+                    cells.append(f"{'-':<18} {'':<17} {'':<11}")
+                    continue
+                diff = _fmt(part["diff_mean"], part["diff_ci95"], signed=True)
+                counts = f"+{part['gained']}/-{part['lost']}"
+                cells.append(f"{_fmt(part['mean'], part['ci95']):<18} {diff:<17} {counts:<11}")
+            held = sum(use["hit_fraction"]) / len(use["hit_fraction"])
+            lines.append(f"{r['policy']:<{w}} {r['setting']:<34} {held:<5.2f} {' '.join(cells)}".rstrip())
     if results.get("memory_cost"):
         lines += [
             "",

@@ -24,6 +24,58 @@ def test_compare_is_paired_with_the_reference_seed_by_seed():
     assert many["p_values"] == [pytest.approx(2 / 1024)] and (many["resolved_up"], many["resolved_down"]) == (0, 1)
 
 
+def _attempt(calls: list) -> dict:
+    return {"messages": [{"role": "assistant", "content": "", "tool_calls": [c.to_openai() for c in calls]}]}
+
+
+def test_memory_hits_says_which_memories_held_the_reference_calls_and_memory_use_pairs_them_with_n0(tmp_path):
+    from envace_gym.suites import make_suite
+    from envace_gym.types import ToolCall
+
+    suite = make_suite("lab")
+    tasks = {t.id: t for t in suite.tasks(["ship", "relocate"], "test")[:3]}
+    (a, b, c), refs = list(tasks), {t: suite.ground_truth(task)[0] for t, task in tasks.items()}
+    assert all(refs.values())
+    wrong = ToolCall("move", {"item": "unicorn", "shelf": "A"})
+    records = [
+        # the second attempt made the reference calls (arguments in another key order count as the same call)
+        {"task_id": a, "rehearsals": [{"turn": 0, "attempts": [_attempt([wrong]), _attempt(refs[a])]}]},
+        {"task_id": b, "rehearsals": [{"turn": 0, "attempts": [_attempt(refs[b][:-1]), _attempt([wrong])]}]},
+        {"task_id": c, "rehearsals": []},  # not rehearsed (or a memory from another task): left out
+    ]
+    records[0]["rehearsals"][0]["attempts"][1]["messages"][0]["tool_calls"][0]["function"]["arguments"] = json.dumps(
+        dict(reversed(list(refs[a][0].arguments.items())))
+    )
+    (tmp_path / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    hits = lab_ttr.memory_hits(tmp_path, suite, tasks)
+    assert hits == {a: True, b: False}
+    with pytest.raises(KeyError):
+        lab_ttr.memory_hits(tmp_path, suite, {b: tasks[b]})
+
+    # two seeds: with the memory the policy lost the held task once and gained the other once
+    n0 = [{a: 1.0, b: 0.0, c: 1.0}, {a: 1.0, b: 1.0, c: 0.0}]
+    rows = [{a: 0.0, b: 1.0, c: 1.0}, {a: 1.0, b: 1.0, c: 1.0}]
+    use = lab_ttr.memory_use(rows, n0, [hits, hits])
+    assert use["hit_fraction"] == [0.5, 0.5]
+    assert use["hit"]["tasks"] == 2 and use["hit"]["success"] == [0.0, 1.0] and use["hit"]["diff_mean"] == -0.5
+    assert (use["hit"]["gained"], use["hit"]["lost"]) == (0, 1)
+    assert use["miss"]["success"] == [1.0, 1.0] and (use["miss"]["gained"], use["miss"]["lost"]) == (1, 0)
+    assert lab_ttr.memory_use(rows, n0, [hits, {}]) is None  # a seed without attempts: nothing to read
+    assert lab_ttr.memory_use(rows, n0, [hits, {a: True}])["miss"] is None  # a seed without a task not held
+
+    # the table's reading section: one line per row that has it
+    row = {"policy": "memory_scratch", "setting": "N=2", "mean": 0.5, "ci95": None, "diff_mean": 0.0}
+    row |= {"diff_ci95": None, "gained": 0, "lost": 0, "resolved_up": 0, "resolved_down": 0, "tokens_per_task": 9}
+    n0_row = {**row, "setting": "N=0"}
+    results = {"model": "lab-tiny", "seeds": 2, "test_tasks": 3, "scratch_steps": 1, "memory_demos": {}}
+    lines = lab_ttr.table({**results, "rows": [n0_row, {**row, "memory_use": use}]})
+    at = next(i for i, line in enumerate(lines) if line.startswith("reading the memory"))
+    held = lines[at + 2].split()
+    assert held[:4] == ["memory_scratch", "N=2", "0.50", "0.500"] and held.index("+0/-1") < held.index("+1/-0")
+    assert "-0.500" in held[4 : held.index("+0/-1")]  # on the held tasks, 0.5 below N=0
+    assert not any(line.startswith("reading") for line in lab_ttr.table({**results, "rows": [n0_row, row]}))
+
+
 def test_options_are_checked():
     with pytest.raises(SystemExit):
         lab_ttr.parse_args(["--n", "1", "3"])  # the controls run at N=2
@@ -148,11 +200,13 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     for (_, setting), r in rows.items():
         assert r["n_seeds"] == 2 and len(r["success"]) == 2  # seed 1 from the second worker
         if setting == "N=0":
-            assert r["diff_mean"] == 0 and r["tokens_per_task"] == 0
+            assert r["diff_mean"] == 0 and r["tokens_per_task"] == 0 and "memory_use" not in r
         elif "other task" not in setting:
             assert r["tokens_per_task"] > 0  # attempts were generated
+            assert len(r["memory_use"]["hit_fraction"]) == 2  # and each seed's memories were checked
         else:
             assert r["tokens_per_task"] == 0  # the other task's memory is read, not rehearsed
+            assert r["memory_use"] is None  # nor held by this task's attempts
     demos = results["memory_demos"]
     assert sorted(demos) == ["1", "2", "3"] and all(d["tasks"] == len(RECIPE["categories"]) for d in demos.values())
     sft = json.loads((out / "memory_sft/seed0/sft/stage_done.json").read_text())["config"]
