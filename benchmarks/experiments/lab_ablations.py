@@ -63,6 +63,7 @@ import dataclasses
 import json
 import sys
 import time
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ from benchmarks.experiments.paired import task_rewards
 from benchmarks.experiments.workers import add_worker_options, check_worker_options
 from benchmarks.provenance import provenance
 from benchmarks.stats import mean_ci95
+from wrappers.test_time_rehearsal import Memory
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "recipes" / "lab.yaml"
@@ -157,9 +159,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--ttr-memory",
-        choices=["trace", "summary"],
+        choices=list(typing.get_args(Memory)),
         default="trace",
-        help="the rehearsal memory: a trace of the attempts' calls and outputs, or English critiques and a summary",
+        help=(
+            "the rehearsal memory (wrappers.TestTimeRehearsal's memory): a trace of the attempts' calls and outputs, "
+            "the trace without the attempts' replies (outcomes), or English critiques and a summary"
+        ),
     )
     ap.add_argument(
         "--ttr-memory-tokens", type=int, default=128, help="bound on the rehearsal memory (the same for every N)"
