@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -358,19 +358,25 @@ class StageRunner:
     Args:
         run: the job's folder (stage names may hold ``/`` for nested folders).
         log: where progress lines go.
+        stamp: called when a stage runs; the dict it returns (JSON-compatible) is stored in the stage's
+            ``stage_done.json`` as ``provenance``: which code ran it (``benchmarks.provenance.provenance``), since
+            a resumed job's stages may have run at several commits. None: not recorded.
 
     Attributes:
         timings: seconds per stage name (a skipped stage: the seconds it took when it ran).
         evals: the evaluation row (`evaluate`'s) per stage name.
         configs: the settings each stage ran with, per stage name.
+        stamps: each stage's ``provenance`` (None: the stage ran without a `stamp`), per stage name.
     """
 
-    def __init__(self, run: str | Path, log=print) -> None:
+    def __init__(self, run: str | Path, log=print, stamp: Callable[[], dict[str, Any]] | None = None) -> None:
         self.run = Path(run)
         self.log = log
+        self.stamp = stamp
         self.timings: dict[str, float] = {}
         self.evals: dict[str, dict[str, Any]] = {}
         self.configs: dict[str, dict[str, Any]] = {}
+        self.stamps: dict[str, dict[str, Any] | None] = {}
 
     def stage(
         self, name: str, fn, expected: dict[str, Any] | None = None, ignore: Sequence[str] = ()
@@ -408,9 +414,12 @@ class StageRunner:
             t0 = time.perf_counter()
             info = fn(folder) or {}
             info["seconds"] = time.perf_counter() - t0
+            if self.stamp is not None:
+                info["provenance"] = self.stamp()
             _mark_done(folder, info)
             self.log(f"[stage] {name}: done in {info['seconds']:.0f} s")
         self.timings[name] = info.get("seconds", 0.0)
+        self.stamps[name] = info.get("provenance")
         if "eval" in info:
             self.evals[name] = info["eval"]
         if "config" in info:

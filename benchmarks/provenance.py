@@ -7,7 +7,10 @@ commit beside the date, and whether the working tree had uncommitted changes the
 Which commit: the one checked out when the process started (when it imported this module, as every measuring
 script does at its top), since that is the code it runs; a run of hours writes its ``results.json`` long after,
 when ``HEAD`` may have moved on. When the checkout at write time differs, it is recorded too
-(``commit_at_write``, ``dirty_at_write``), so a result never names only a commit it did not run on.
+(``commit_at_write``, ``dirty_at_write``), so a result never names only a commit it did not run on. A job that
+resumes (`agents.pipeline.StageRunner`) reads back stages that earlier processes ran, perhaps at other commits:
+each stage records the checkout it ran at (the runner's ``stamp``), and when they are not all this process's
+checkout the result lists them (``stages``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["provenance", "mark_start"]
+__all__ = ["provenance", "stamp", "mark_start"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,17 +50,43 @@ def mark_start() -> None:
     _started[ROOT] = _checkout()
 
 
-def provenance() -> dict[str, Any]:
+def provenance(stages: Any = None) -> dict[str, Any]:
     """``{"date": "YYYY-MM-DD", "commit": <40 hex digits> | None, "dirty": bool | None}``: today's date and the
     checkout at the start of this process (`mark_start`: ``HEAD``, and whether the tree had changed tracked
     files or new files git does not ignore; both None outside a git checkout), plus ``commit_at_write`` and
-    ``dirty_at_write`` when the checkout now differs from it."""
+    ``dirty_at_write`` when the checkout now differs from it.
+
+    Args:
+        stages: the job's `agents.pipeline.StageRunner` (None: the result has no stages). When one of its stages
+            ran at another checkout, or before stages recorded theirs, ``stages`` is added: ``ran_at`` (one entry
+            per checkout, ``{"commit", "dirty", "stages"}``: how many stages ran there, this process's included)
+            and ``unrecorded`` (stages whose checkout is unknown).
+    """
     now = _checkout()
     commit, dirty = _started.setdefault(ROOT, now)
     out: dict[str, Any] = {"date": datetime.date.today().isoformat(), "commit": commit, "dirty": dirty}
     if now != (commit, dirty):
         out |= {"commit_at_write": now[0], "dirty_at_write": now[1]}
+    if stages is not None:
+        ran_at: dict[tuple[str | None, bool | None], int] = {}
+        for stamp in stages.stamps.values():
+            if stamp:
+                key = (stamp.get("commit"), stamp.get("dirty"))
+                ran_at[key] = ran_at.get(key, 0) + 1
+        unrecorded = sum(1 for stamp in stages.stamps.values() if not stamp)
+        if unrecorded or set(ran_at) - {(commit, dirty)}:
+            out["stages"] = {
+                "ran_at": [{"commit": c, "dirty": d, "stages": n} for (c, d), n in ran_at.items()],
+                "unrecorded": unrecorded,
+            }
     return out
+
+
+def stamp() -> dict[str, Any]:
+    """What a stage records about the code that ran it (`agents.pipeline.StageRunner`'s ``stamp``): this process's
+    starting checkout, ``{"commit", "dirty"}`` as in `provenance`."""
+    commit, dirty = _started.setdefault(ROOT, _checkout())
+    return {"commit": commit, "dirty": dirty}
 
 
 mark_start()

@@ -99,14 +99,25 @@ def _ci(mean: float | None, half: float | None, digits: int = 3) -> str:
 
 
 def _date(result: dict[str, Any]) -> str:
-    """`` (date, commit abc1234)`` from a result's `benchmarks.provenance.provenance` fields (what it holds), and
-    ``written at commit def5678`` when the checkout moved while the run ran."""
+    """`` (date, commit abc1234)`` from a result's `benchmarks.provenance.provenance` fields (what it holds),
+    ``written at commit def5678`` when the checkout moved while the run ran, and ``its stages ran 40 at commit
+    0123456, 1 before stages recorded their commit`` when a resumed job read back stages run elsewhere."""
     parts = [result["date"]] if "date" in result else []
     if result.get("commit"):
         parts.append(f"commit {result['commit'][:7]}" + (" with local changes" if result.get("dirty") else ""))
     if result.get("commit_at_write"):  # the checkout moved while the run ran (`benchmarks.provenance`)
         written = f"{result['commit_at_write'][:7]}" + (" with local changes" if result.get("dirty_at_write") else "")
         parts.append(f"written at commit {written}")
+    stages = result.get("stages")
+    if stages:  # a resumed job whose stages ran at other checkouts (or before stages recorded theirs)
+        where = [
+            f"{s['stages']} at commit {str(s['commit'])[:7]}" + (" with local changes" if s["dirty"] else "")
+            for s in stages["ran_at"]
+        ]
+        if stages["unrecorded"]:
+            where.append(f"{stages['unrecorded']} before stages recorded their commit")
+        ran = "its stages ran " + ", ".join(where)
+        parts = [*parts[:-1], f"{parts[-1]}; {ran}"] if parts else [ran]
     return f" ({', '.join(parts)})" if parts else ""
 
 

@@ -73,7 +73,7 @@ from benchmarks.experiments.ablations_table import FIDELITY_METRICS, comparisons
 from benchmarks.experiments.arms import anchor_arms, env_cost_arms, evaluate, row_fidelity, train_and_score
 from benchmarks.experiments.paired import task_rewards
 from benchmarks.experiments.workers import add_worker_options, check_worker_options
-from benchmarks.provenance import provenance
+from benchmarks.provenance import provenance, stamp
 from benchmarks.stats import mean_ci95
 from wrappers.test_time_rehearsal import Memory
 
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     steps = args.grpo_steps or recipe.grpo.num_steps
     make_suite(recipe.suite)  # an unknown suite stops here, before any stage
     models = default_store()
-    stages = StageRunner(out, log)
+    stages = StageRunner(out, log, stamp=stamp)
     t_start = time.perf_counter()
 
     told_name = told_variant(recipe.suite) if args.told_arms else None
@@ -404,7 +404,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             wall_s=time.perf_counter() - t_start,
             kind=results_kind(args, recipe),
             command=("python -m benchmarks.experiments.lab_ablations " + shlex.join(getattr(args, "argv", []))).strip(),
-            **provenance(),
+            **provenance(stages),
             stage_seconds=dict(stages.timings),
             stage_minutes=sum(stages.timings.values()) / 60,
         )

@@ -239,7 +239,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             seeds_done=seed + 1,
             wall_s=time.perf_counter() - t_start,
             command=("python -m benchmarks.experiments.lab_grpo_budget " + shlex.join(args.argv)).strip(),
-            **provenance(),
+            **provenance(stages),
             stage_seconds=dict(stages.timings),
         )
         (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -506,7 +506,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             seeds_done=seed + 1,
             wall_s=time.perf_counter() - t_start,
             command=("python -m benchmarks.experiments.lab_ttr " + shlex.join(args.argv)).strip(),
-            **provenance(),
+            **provenance(stages),
             stage_seconds=dict(stages.timings),
         )
         (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -145,6 +145,7 @@ def start_recipe_run(args: Any, log: Any = print, suites: Collection[str] | None
 
     from agents.models import default_store
     from agents.pipeline import StageRunner, latest_model, sft_stage
+    from benchmarks.provenance import stamp
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -154,7 +155,7 @@ def start_recipe_run(args: Any, log: Any = print, suites: Collection[str] | None
             f"this experiment runs on suites {', '.join(suites)}; the recipe {args.recipe} names suite {recipe.suite!r}"
         )
     models = default_store()
-    stages = StageRunner(out, log)
+    stages = StageRunner(out, log, stamp=stamp)
     if args.warm:
         _check_warm_suite(Path(args.warm), recipe.suite)
         return recipe, models, stages, latest_model(args.warm)

@@ -170,7 +170,9 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
             "made them, so a reader can copy them) and on the others, each paired with N=0 on the same tasks; held: "
             "the share of rehearsed tasks whose memory held them",
             f"{'policy':<{w}} {'setting':<34} {'held':<5} "
-            + " ".join(f"{name + ': success':<18} {'vs N=0':<17} {'tasks +/-':<11}" for name in ("held", "not held")),
+            + " ".join(
+                f"{name + ': success':<18} {'vs N=0':<17} {'tasks +/-':<11}" for name in ("held", "not held")
+            ).rstrip(),
         ]
         for r in used:
             use = r["memory_use"]

@@ -222,3 +222,45 @@ def test_a_result_names_the_commit_its_process_started_on_and_the_one_it_was_wri
     results.store(run, store)
     page = results.render(store, tmp_path / "results.md").read_text()
     assert f"commit {first[:7]}, written at commit {second[:7]} with local changes)" in page
+
+
+def test_a_resumed_job_names_the_commits_its_stages_ran_at(tmp_path, git_repo):
+    """A job resumed at a later commit reads back stages an earlier process ran: the result lists where each ran."""
+    from agents.pipeline import StageRunner
+    from benchmarks import provenance as prov
+
+    repo, git = git_repo
+    (repo / "a.py").write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    first = git("rev-parse", "HEAD")
+    prov.mark_start()
+    jobs = tmp_path / "job"
+    StageRunner(jobs).stage("old", lambda folder: {"eval": {}})  # a stage from before stages were stamped
+    stages = StageRunner(jobs, stamp=prov.stamp)
+    stages.stage("a", lambda folder: {"eval": {}})
+    assert json.loads((jobs / "a" / "stage_done.json").read_text())["provenance"] == {"commit": first, "dirty": False}
+    assert "stages" not in prov.provenance(StageRunner(jobs, stamp=prov.stamp))  # nothing read back yet: no list
+    only_here = StageRunner(jobs, stamp=prov.stamp)
+    only_here.stage("a", lambda folder: pytest.fail("a finished stage runs again"))
+    assert only_here.stamps == {"a": {"commit": first, "dirty": False}} and "stages" not in prov.provenance(only_here)
+
+    (repo / "a.py").write_text("x = 2\n")
+    git("commit", "-q", "-am", "second")
+    second = git("rev-parse", "HEAD")
+    prov.mark_start()  # the resumed process
+    resumed = StageRunner(jobs, stamp=prov.stamp)
+    for name in ("old", "a", "b"):
+        resumed.stage(name, lambda folder: {"eval": {}})
+    recorded = prov.provenance(resumed)
+    assert recorded["commit"] == second and recorded["stages"] == {
+        "ran_at": [{"commit": first, "dirty": False, "stages": 1}, {"commit": second, "dirty": False, "stages": 1}],
+        "unrecorded": 1,
+    }
+    run, store = tmp_path / "run", tmp_path / "store"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(_tiny_sft_result(random.Random(1)) | recorded))
+    results.store(run, store)
+    page = results.render(store, tmp_path / "results.md").read_text()
+    shown = f"commit {second[:7]}; its stages ran 1 at commit {first[:7]}, 1 at commit {second[:7]}, 1 before stages "
+    assert shown + "recorded their commit)" in page
