@@ -58,7 +58,9 @@ Each row is paired by seed and task with the same policy at N = 0: the mean diff
 over seeds, tasks gained and lost summed over seeds, and per seed an exact McNemar test on that seed's own tasks
 (the seeds it resolves up or down are counted). Each row also reports the tokens generated per task for rehearsal
 (every attempt's ACT and REHEARSE tokens, on top of the committed episode's), so a gain can be weighed against its
-compute. Stages resume (`agents.pipeline.StageRunner`).
+compute. Each row with rehearsal also splits its tasks by whether the memory held the reference's calls
+(`memory_hits`, `memory_use`; added after the blind outcomes run had been read): success on each part against N=0
+on the same tasks says whether the memory is read at all. Stages resume (`agents.pipeline.StageRunner`).
 """
 
 from __future__ import annotations
