@@ -359,7 +359,7 @@ class StageRunner:
         run: the job's folder (stage names may hold ``/`` for nested folders).
         log: where progress lines go.
         stamp: called when a stage runs; the dict it returns (JSON-compatible) is stored in the stage's
-            ``stage_done.json`` as ``provenance``: which code ran it (``benchmarks.provenance.provenance``), since
+            ``stage_done.json`` as ``provenance``: which code ran it (``benchmarks.provenance.stamp``), since
             a resumed job's stages may have run at several commits. None: not recorded.
 
     Attributes:

@@ -9,13 +9,15 @@ script does at its top), since that is the code it runs; a run of hours writes i
 when ``HEAD`` may have moved on. When the checkout at write time differs, it is recorded too
 (``commit_at_write``, ``dirty_at_write``), so a result never names only a commit it did not run on. A job that
 resumes (`agents.pipeline.StageRunner`) reads back stages that earlier processes ran, perhaps at other commits:
-each stage records the checkout it ran at (the runner's ``stamp``), and when they are not all this process's
-checkout the result lists them (``stages``).
+each stage of an experiment records the checkout it ran at (the runner's ``stamp``), and when they are not all
+this process's checkout the result lists them (``stages``). Stages from before they recorded it are counted, and
+the commit named by the folder's previous ``results.json`` is kept beside them.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -59,8 +61,10 @@ def provenance(stages: Any = None) -> dict[str, Any]:
     Args:
         stages: the job's `agents.pipeline.StageRunner` (None: the result has no stages). When one of its stages
             ran at another checkout, or before stages recorded theirs, ``stages`` is added: ``ran_at`` (one entry
-            per checkout, ``{"commit", "dirty", "stages"}``: how many stages ran there, this process's included)
-            and ``unrecorded`` (stages whose checkout is unknown).
+            per checkout, ``{"commit", "dirty", "stages"}``: how many stages ran there, this process's included),
+            ``unrecorded`` (stages whose checkout is unknown) and, with unrecorded stages, ``earlier``: the
+            ``{"commit", "dirty"}`` of the process that wrote the folder's previous ``results.json`` (its own
+            ``earlier`` if it had one; None without such a file), the best witness of the unrecorded stages' code.
     """
     now = _checkout()
     commit, dirty = _started.setdefault(ROOT, now)
@@ -79,7 +83,23 @@ def provenance(stages: Any = None) -> dict[str, Any]:
                 "ran_at": [{"commit": c, "dirty": d, "stages": n} for (c, d), n in ran_at.items()],
                 "unrecorded": unrecorded,
             }
+            if unrecorded:
+                out["stages"]["earlier"] = _earlier(Path(stages.run) / "results.json")
     return out
+
+
+def _earlier(path: Path) -> dict[str, Any] | None:
+    """The checkout named by a previous ``results.json`` (`provenance`'s ``earlier``), or None."""
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):  # no earlier results, or a file cut short
+        return None
+    if not isinstance(previous, dict):
+        return None
+    carried = (previous.get("stages") or {}).get("earlier")
+    if carried:
+        return carried
+    return {"commit": previous["commit"], "dirty": previous.get("dirty")} if previous.get("commit") else None
 
 
 def stamp() -> dict[str, Any]:

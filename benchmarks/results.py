@@ -98,10 +98,16 @@ def _ci(mean: float | None, half: float | None, digits: int = 3) -> str:
     return f"{mean:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
 
 
+def _commit(commit: str | None, dirty: bool | None) -> str:
+    if not commit:
+        return "an unknown commit"
+    return f"commit {commit[:7]}" + (" with local changes" if dirty else "")
+
+
 def _date(result: dict[str, Any]) -> str:
     """`` (date, commit abc1234)`` from a result's `benchmarks.provenance.provenance` fields (what it holds),
     ``written at commit def5678`` when the checkout moved while the run ran, and ``its stages ran 40 at commit
-    0123456, 1 before stages recorded their commit`` when a resumed job read back stages run elsewhere."""
+    0123456, 1 before stages recorded their commit (...)`` when a resumed job read back stages run elsewhere."""
     parts = [result["date"]] if "date" in result else []
     if result.get("commit"):
         parts.append(f"commit {result['commit'][:7]}" + (" with local changes" if result.get("dirty") else ""))
@@ -110,12 +116,13 @@ def _date(result: dict[str, Any]) -> str:
         parts.append(f"written at commit {written}")
     stages = result.get("stages")
     if stages:  # a resumed job whose stages ran at other checkouts (or before stages recorded theirs)
-        where = [
-            f"{s['stages']} at commit {str(s['commit'])[:7]}" + (" with local changes" if s["dirty"] else "")
-            for s in stages["ran_at"]
-        ]
+        where = [f"{s['stages']} at {_commit(s['commit'], s['dirty'])}" for s in stages["ran_at"]]
         if stages["unrecorded"]:
-            where.append(f"{stages['unrecorded']} before stages recorded their commit")
+            earlier = stages.get("earlier")
+            seen = (
+                f" (this folder's earlier results: {_commit(earlier['commit'], earlier['dirty'])})" if earlier else ""
+            )
+            where.append(f"{stages['unrecorded']} before stages recorded their commit{seen}")
         ran = "its stages ran " + ", ".join(where)
         parts = [*parts[:-1], f"{parts[-1]}; {ran}"] if parts else [ran]
     return f" ({', '.join(parts)})" if parts else ""

@@ -58,9 +58,9 @@ Each row is paired by seed and task with the same policy at N = 0: the mean diff
 over seeds, tasks gained and lost summed over seeds, and per seed an exact McNemar test on that seed's own tasks
 (the seeds it resolves up or down are counted). Each row also reports the tokens generated per task for rehearsal
 (every attempt's ACT and REHEARSE tokens, on top of the committed episode's), so a gain can be weighed against its
-compute. Each row with rehearsal also splits its tasks by whether the memory held the reference's calls
-(`memory_hits`, `memory_use`; added after the blind outcomes run had been read): success on each part against N=0
-on the same tasks says whether the memory is read at all. Stages resume (`agents.pipeline.StageRunner`).
+compute. Each row with rehearsal also splits its tasks by whether an attempt made the reference's calls
+(`memory_hits`, `memory_use`; added after the blind outcomes run had been read), each part against N=0 on the
+same tasks: whether the memory is read. Stages resume (`agents.pipeline.StageRunner`).
 """
 
 from __future__ import annotations
@@ -236,14 +236,14 @@ compare = paired_comparison
 
 
 def memory_hits(folder: Path, suite: Any, tasks: dict[str, Any]) -> dict[str, bool]:
-    """Whether each rehearsed task's memory held the reference's calls, from an evaluation folder's
+    """Whether one of each rehearsed task's attempts made the reference's calls, from an evaluation folder's
     ``transcripts.jsonl``.
 
-    A task's memory holds them when one of its rehearsal attempts made exactly the calls of the reference for the
-    rehearsed user turn (`suite.ground_truth`: the same names, arguments and order); only a task's first rehearsal
-    counts (a lab task has one user turn). A policy that reads its memory can copy the right calls from such a
-    memory whatever its world model imagined after them, so success on these tasks against N = 0 measures reading
-    apart from rehearsal (`memory_use`).
+    A hit: one of the attempts of the task's first rehearsal made exactly the calls of the reference for that user
+    turn (`suite.ground_truth`: the same names, arguments and order; in the lab with look tools an extra look is
+    a miss). The memory then shows those calls (up to its token bound), so a policy that reads it can copy them;
+    success on these tasks against N = 0 measures reading apart from the world model (`memory_use`). Tasks whose
+    reference turn makes no call are left out (an attempt that made none, even a broken one, would count).
 
     Args:
         folder: an evaluation folder with rehearsal (`agents.evaluation.evaluate` with ``rehearsal_n``).
@@ -251,11 +251,12 @@ def memory_hits(folder: Path, suite: Any, tasks: dict[str, Any]) -> dict[str, bo
         tasks: task id -> `envace_gym.types.Task`, every task the folder evaluated.
 
     Returns:
-        Task id -> hit, for the tasks whose transcript holds a rehearsal with attempts (a memory taken from
-        another task holds none and gives an empty dict).
+        Task id -> hit, for the tasks whose first rehearsal has attempts and whose reference turn has calls (a
+        memory taken from another task has no attempts: an empty dict).
 
     Raises:
         KeyError: a transcript of a task not in `tasks`.
+        ValueError: a rehearsal of a user turn the task's reference does not have.
     """
     from agents.training.run_folder import read_jsonl
     from envace_gym.types import ToolCall
@@ -265,15 +266,19 @@ def memory_hits(folder: Path, suite: Any, tasks: dict[str, Any]) -> dict[str, bo
 
     hits = {}
     for record in read_jsonl(Path(folder) / "transcripts.jsonl"):
-        rehearsal = next((r for r in record.get("rehearsals") or [] if r.get("attempts")), None)
-        if rehearsal is None:
+        rehearsals = record.get("rehearsals") or []
+        if not rehearsals or not rehearsals[0].get("attempts"):
             continue
         turns = suite.ground_truth(tasks[record["task_id"]])
-        turn = int(rehearsal.get("turn", 0))
-        reference = key(turns[turn]) if turn < len(turns) else []
+        turn = int(rehearsals[0].get("turn", 0))
+        if not 0 <= turn < len(turns):
+            raise ValueError(f"{record['task_id']}: rehearsal of user turn {turn}, its reference has {len(turns)}")
+        reference = key(turns[turn])
+        if not reference:
+            continue
         made = [
             key([ToolCall.from_openai(c) for m in attempt["messages"] for c in m.get("tool_calls") or []])
-            for attempt in rehearsal["attempts"]
+            for attempt in rehearsals[0]["attempts"]
         ]
         hits[record["task_id"]] = reference in made
     return hits
@@ -282,11 +287,13 @@ def memory_hits(folder: Path, suite: Any, tasks: dict[str, Any]) -> dict[str, bo
 def memory_use(
     rows: list[dict[str, float]], references: list[dict[str, float]], hits: list[dict[str, bool]]
 ) -> dict[str, Any] | None:
-    """Success with a memory on the tasks whose memory held the reference's calls (`memory_hits`) and on the other
-    rehearsed tasks, each paired by seed with N = 0 on the same tasks (`paired_comparison`).
+    """Success with a memory on the tasks where an attempt made the reference's calls (`memory_hits`) and on the
+    other rehearsed tasks, each paired by seed with N = 0 on the same tasks (`paired_comparison`).
 
-    If the policy reads its memory, success on ``hit`` tasks is at least N = 0's there (it can copy the attempt
-    that made the right calls); a loss there says the memory disturbs acting whatever it holds.
+    On ``hit`` tasks a policy that reads its memory can copy the attempt that made the right calls; with true
+    outcomes in the memory (the oracle row) nothing there argues against them, so a loss against N = 0 says the
+    memory disturbs acting whatever it shows. (With imagined outcomes a reader may rightly avoid a call its world
+    model shows failing.)
 
     Args:
         rows, references: per seed, task id -> reward with rehearsal and at N = 0.

@@ -166,12 +166,12 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
     if used:
         lines += [
             "",
-            "reading the memory: success on the rehearsed tasks whose memory held the reference's calls (an attempt "
-            "made them, so a reader can copy them) and on the others, each paired with N=0 on the same tasks; held: "
-            "the share of rehearsed tasks whose memory held them",
-            f"{'policy':<{w}} {'setting':<34} {'held':<5} "
+            "reading the memory: success on the rehearsed tasks where an attempt made the reference's calls (the "
+            "memory shows them, so a reader can copy them) and on the others, each paired with N=0 on the same tasks; "
+            "made: the share of rehearsed tasks (with calls in their reference) where an attempt made them",
+            f"{'policy':<{w}} {'setting':<34} {'made':<5} "
             + " ".join(
-                f"{name + ': success':<18} {'vs N=0':<17} {'tasks +/-':<11}" for name in ("held", "not held")
+                f"{name + ': success':<18} {'vs N=0':<17} {'tasks +/-':<11}" for name in ("made", "not made")
             ).rstrip(),
         ]
         for r in used:
@@ -184,8 +184,8 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
                 diff = _fmt(part["diff_mean"], part["diff_ci95"], signed=True)
                 counts = f"+{part['gained']}/-{part['lost']}"
                 cells.append(f"{_fmt(part['mean'], part['ci95']):<18} {diff:<17} {counts:<11}")
-            held = sum(use["hit_fraction"]) / len(use["hit_fraction"])
-            lines.append(f"{r['policy']:<{w}} {r['setting']:<34} {held:<5.2f} {' '.join(cells)}".rstrip())
+            made = sum(use["hit_fraction"]) / len(use["hit_fraction"])
+            lines.append(f"{r['policy']:<{w}} {r['setting']:<34} {made:<5.2f} {' '.join(cells)}".rstrip())
     if results.get("memory_cost"):
         lines += [
             "",

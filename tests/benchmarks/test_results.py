@@ -240,7 +240,6 @@ def test_a_resumed_job_names_the_commits_its_stages_ran_at(tmp_path, git_repo):
     stages = StageRunner(jobs, stamp=prov.stamp)
     stages.stage("a", lambda folder: {"eval": {}})
     assert json.loads((jobs / "a" / "stage_done.json").read_text())["provenance"] == {"commit": first, "dirty": False}
-    assert "stages" not in prov.provenance(StageRunner(jobs, stamp=prov.stamp))  # nothing read back yet: no list
     only_here = StageRunner(jobs, stamp=prov.stamp)
     only_here.stage("a", lambda folder: pytest.fail("a finished stage runs again"))
     assert only_here.stamps == {"a": {"commit": first, "dirty": False}} and "stages" not in prov.provenance(only_here)
@@ -256,11 +255,21 @@ def test_a_resumed_job_names_the_commits_its_stages_ran_at(tmp_path, git_repo):
     assert recorded["commit"] == second and recorded["stages"] == {
         "ran_at": [{"commit": first, "dirty": False, "stages": 1}, {"commit": second, "dirty": False, "stages": 1}],
         "unrecorded": 1,
+        "earlier": None,  # no results.json was written before
     }
+    # the folder's previous results.json names the commit that wrote it, the witness of the unrecorded stage
+    (jobs / "results.json").write_text(json.dumps({"commit": "f" * 40, "dirty": True}))
+    assert prov.provenance(resumed)["stages"]["earlier"] == {"commit": "f" * 40, "dirty": True}
+    (jobs / "results.json").write_text(json.dumps(prov.provenance(resumed)))  # and a rewrite keeps it
+    assert prov.provenance(resumed)["stages"]["earlier"] == {"commit": "f" * 40, "dirty": True}
     run, store = tmp_path / "run", tmp_path / "store"
     run.mkdir()
+    recorded = prov.provenance(resumed)
+    recorded["stages"]["ran_at"].append({"commit": None, "dirty": None, "stages": 2})  # a stage run outside git
     (run / "results.json").write_text(json.dumps(_tiny_sft_result(random.Random(1)) | recorded))
     results.store(run, store)
     page = results.render(store, tmp_path / "results.md").read_text()
-    shown = f"commit {second[:7]}; its stages ran 1 at commit {first[:7]}, 1 at commit {second[:7]}, 1 before stages "
-    assert shown + "recorded their commit)" in page
+    shown = f"commit {second[:7]}; its stages ran 1 at commit {first[:7]}, 1 at commit {second[:7]}, 2 at an unknown "
+    assert (
+        shown + "commit, 1 before stages recorded their commit (this folder's earlier results: commit fffffff " in page
+    )

@@ -28,40 +28,53 @@ def _attempt(calls: list) -> dict:
     return {"messages": [{"role": "assistant", "content": "", "tool_calls": [c.to_openai() for c in calls]}]}
 
 
-def test_memory_hits_says_which_memories_held_the_reference_calls_and_memory_use_pairs_them_with_n0(tmp_path):
+def test_memory_hits_says_where_an_attempt_made_the_reference_calls_and_memory_use_pairs_them_with_n0(tmp_path):
     from envace_gym.suites import make_suite
     from envace_gym.types import ToolCall
 
-    suite = make_suite("lab")
-    tasks = {t.id: t for t in suite.tasks(["ship", "relocate"], "test")[:3]}
-    (a, b, c), refs = list(tasks), {t: suite.ground_truth(task)[0] for t, task in tasks.items()}
-    assert all(refs.values())
+    suite = make_suite("lab-blind")
+    ship = suite.tasks(["ship"], "test")[:2]
+    no_call = next(t for t in suite.tasks(["fill"], "test") if not suite.ground_truth(t)[0])  # the shelf is full
+    tasks = {t.id: t for t in [*ship, no_call]}
+    (a, b), c = [t.id for t in ship], no_call.id
+    refs = {t: suite.ground_truth(tasks[t])[0] for t in (a, b)}
+    assert [len(refs[a]), len(refs[a][1].arguments)] == [2, 2]  # pack, then ship(box, dock)
     wrong = ToolCall("move", {"item": "unicorn", "shelf": "A"})
+    flipped = ToolCall(refs[a][1].name, dict(reversed(list(refs[a][1].arguments.items()))))
+    assert list(flipped.arguments) != list(refs[a][1].arguments)
+    # the reference's calls over two messages of the second attempt, the ship call's arguments in another order
+    made = {"messages": [_attempt(refs[a][:1])["messages"][0], _attempt([flipped])["messages"][0]]}
     records = [
-        # the second attempt made the reference calls (arguments in another key order count as the same call)
-        {"task_id": a, "rehearsals": [{"turn": 0, "attempts": [_attempt([wrong]), _attempt(refs[a])]}]},
-        {"task_id": b, "rehearsals": [{"turn": 0, "attempts": [_attempt(refs[b][:-1]), _attempt([wrong])]}]},
-        {"task_id": c, "rehearsals": []},  # not rehearsed (or a memory from another task): left out
+        {"task_id": a, "rehearsals": [{"turn": 0, "attempts": [_attempt([wrong]), made]}]},
+        {"task_id": b, "rehearsals": [{"turn": 0, "attempts": [_attempt(refs[b][:1]), _attempt([wrong])]}]},
+        {"task_id": c, "rehearsals": [{"turn": 0, "attempts": [_attempt([])]}]},  # no call to make: left out
     ]
-    records[0]["rehearsals"][0]["attempts"][1]["messages"][0]["tool_calls"][0]["function"]["arguments"] = json.dumps(
-        dict(reversed(list(refs[a][0].arguments.items())))
-    )
     (tmp_path / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     hits = lab_ttr.memory_hits(tmp_path, suite, tasks)
     assert hits == {a: True, b: False}
     with pytest.raises(KeyError):
         lab_ttr.memory_hits(tmp_path, suite, {b: tasks[b]})
+    # only the first rehearsal counts: one without attempts (another task's memory) leaves the task out
+    records[0]["rehearsals"].insert(0, {"turn": 0, "attempts": []})
+    (tmp_path / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert lab_ttr.memory_hits(tmp_path, suite, tasks) == {b: False}
+    records[0]["rehearsals"] = [{"turn": 1, "attempts": [made]}]  # a lab task has one user turn
+    (tmp_path / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ValueError, match="user turn 1"):
+        lab_ttr.memory_hits(tmp_path, suite, tasks)
 
-    # two seeds: with the memory the policy lost the held task once and gained the other once
-    n0 = [{a: 1.0, b: 0.0, c: 1.0}, {a: 1.0, b: 1.0, c: 0.0}]
-    rows = [{a: 0.0, b: 1.0, c: 1.0}, {a: 1.0, b: 1.0, c: 1.0}]
-    use = lab_ttr.memory_use(rows, n0, [hits, hits])
-    assert use["hit_fraction"] == [0.5, 0.5]
-    assert use["hit"]["tasks"] == 2 and use["hit"]["success"] == [0.0, 1.0] and use["hit"]["diff_mean"] == -0.5
-    assert (use["hit"]["gained"], use["hit"]["lost"]) == (0, 1)
-    assert use["miss"]["success"] == [1.0, 1.0] and (use["miss"]["gained"], use["miss"]["lost"]) == (1, 0)
+    # two seeds, each with its own hits: seed 0 lost its hit task, seed 1 gained its miss task
+    n0 = [{a: 1.0, b: 0.0, c: 1.0}, {a: 1.0, b: 0.0, c: 0.0}]
+    rows = [{a: 0.0, b: 0.0, c: 1.0}, {a: 1.0, b: 1.0, c: 1.0}]
+    per_seed = [hits, {a: False, b: False}]
+    use = lab_ttr.memory_use(rows, n0, per_seed)
+    assert use["hit_fraction"] == [0.5, 0.0] and use["hit"] is None  # seed 1 has no hit task
+    assert use["miss"]["tasks"] == 3 and use["miss"]["success"] == [0.0, 1.0]
+    assert (use["miss"]["gained"], use["miss"]["lost"]) == (1, 0)
+    use = lab_ttr.memory_use(rows, n0, [hits, {a: True, b: False}])
+    assert use["hit"]["success"] == [0.0, 1.0] and (use["hit"]["gained"], use["hit"]["lost"]) == (0, 1)
+    assert use["hit"]["diff_mean"] == -0.5 and use["miss"]["success"] == [0.0, 1.0]
     assert lab_ttr.memory_use(rows, n0, [hits, {}]) is None  # a seed without attempts: nothing to read
-    assert lab_ttr.memory_use(rows, n0, [hits, {a: True}])["miss"] is None  # a seed without a task not held
 
     # the table's reading section: one line per row that has it
     row = {"policy": "memory_scratch", "setting": "N=2", "mean": 0.5, "ci95": None, "diff_mean": 0.0}
@@ -70,9 +83,9 @@ def test_memory_hits_says_which_memories_held_the_reference_calls_and_memory_use
     results = {"model": "lab-tiny", "seeds": 2, "test_tasks": 3, "scratch_steps": 1, "memory_demos": {}}
     lines = lab_ttr.table({**results, "rows": [n0_row, {**row, "memory_use": use}]})
     at = next(i for i, line in enumerate(lines) if line.startswith("reading the memory"))
-    held = lines[at + 2].split()
-    assert held[:4] == ["memory_scratch", "N=2", "0.50", "0.500"] and held.index("+0/-1") < held.index("+1/-0")
-    assert "-0.500" in held[4 : held.index("+0/-1")]  # on the held tasks, 0.5 below N=0
+    made = lines[at + 2].split()
+    assert made[:4] == ["memory_scratch", "N=2", "0.50", "0.500"] and made.index("+0/-1") < made.index("+1/-0")
+    assert "-0.500" in made[4 : made.index("+0/-1")]  # where an attempt made the calls, 0.5 below N=0
     assert not any(line.startswith("reading") for line in lab_ttr.table({**results, "rows": [n0_row, row]}))
 
 
