@@ -107,7 +107,7 @@ def _commit(commit: str | None, dirty: bool | None) -> str:
 def _date(result: dict[str, Any]) -> str:
     """`` (date, commit abc1234)`` from a result's `benchmarks.provenance.provenance` fields (what it holds),
     ``written at commit def5678`` when the checkout moved while the run ran, and ``its stages ran 40 at commit
-    0123456, 1 before stages recorded their commit (...)`` when a resumed job read back stages run elsewhere."""
+    0123456, 1 before stages recorded their commit, ...`` when a resumed job read back stages run elsewhere."""
     parts = [result["date"]] if "date" in result else []
     if result.get("commit"):
         parts.append(f"commit {result['commit'][:7]}" + (" with local changes" if result.get("dirty") else ""))
@@ -120,7 +120,9 @@ def _date(result: dict[str, Any]) -> str:
         if stages["unrecorded"]:
             earlier = stages.get("earlier")
             seen = (
-                f" (this folder's earlier results: {_commit(earlier['commit'], earlier['dirty'])})" if earlier else ""
+                f", in a folder whose earlier results name {_commit(earlier['commit'], earlier['dirty'])}"
+                if earlier
+                else ""
             )
             where.append(f"{stages['unrecorded']} before stages recorded their commit{seen}")
         ran = "its stages ran " + ", ".join(where)

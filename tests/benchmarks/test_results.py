@@ -271,5 +271,7 @@ def test_a_resumed_job_names_the_commits_its_stages_ran_at(tmp_path, git_repo):
     page = results.render(store, tmp_path / "results.md").read_text()
     shown = f"commit {second[:7]}; its stages ran 1 at commit {first[:7]}, 1 at commit {second[:7]}, 2 at an unknown "
     assert (
-        shown + "commit, 1 before stages recorded their commit (this folder's earlier results: commit fffffff " in page
+        shown
+        + "commit, 1 before stages recorded their commit, in a folder whose earlier results name commit fffffff with "
+        in page
     )
