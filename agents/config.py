@@ -415,12 +415,22 @@ class TrainConfig:
         0,
         (
             "rehearsal-aware RL: before each user turn's committed steps, this many private rehearsal attempts whose "
-            "'trace' memory the committed steps read (wrappers.TestTimeRehearsal); the committed reward trains the "
+            "memory the committed steps read (wrappers.TestTimeRehearsal); the committed reward trains the "
             "attempts' ACT and REHEARSE tokens too (agents.rollout.collect_rollouts; 0: off)"
         ),
     )
     rehearsal_mode: Literal["parallel", "sequential"] = _f(
         "parallel", "rehearsal-aware RL: attempts from the same context, or each reading the earlier ones' memory"
+    )
+    rehearsal_memory: Literal["trace", "outcomes"] = _f(
+        "trace",
+        (
+            "rehearsal-aware RL: the memory's layout (wrappers.TestTimeRehearsal's memory: the attempts' calls and "
+            "outputs, or the same without their closing replies); the one the policy was trained to read"
+        ),
+    )
+    rehearsal_restate_request: bool = _f(
+        False, "rehearsal-aware RL: the turn's request again after the memory (as the policy was trained to read it)"
     )
     rehearsal_memory_tokens: int = _f(256, "rehearsal-aware RL: bound on each rehearsal memory, in tokens")
     max_new_tokens: int = _f(
@@ -605,6 +615,8 @@ class TrainConfig:
                 f"rehearsal_n must be >= 0 and rehearsal_memory_tokens >= 1, got {self.rehearsal_n}, "
                 f"{self.rehearsal_memory_tokens}"
             )
+        if self.rehearsal_restate_request and not self.rehearsal_n:
+            fail("rehearsal_restate_request repeats the request after a rehearsal memory; set rehearsal_n >= 1")
         if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
             fail(f"max_episode_tokens must be None (no budget) or >= 1, got {self.max_episode_tokens}")
         from agents.engines.registry import registered_engines

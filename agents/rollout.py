@@ -208,6 +208,8 @@ def collect_rollouts(
     num_global_envs: int | None = None,
     rehearsal_n: int = 0,
     rehearsal_mode: Literal["parallel", "sequential"] = "parallel",
+    rehearsal_memory: Literal["trace", "outcomes"] = "trace",
+    rehearsal_restate_request: bool = False,
     rehearsal_memory_tokens: int = 256,
     real_call_prob: float | None = None,
 ) -> tuple[list[Trajectory], RolloutStats]:
@@ -295,6 +297,8 @@ def collect_rollouts(
         num_global_envs: the whole rollout's env count (None: B·K, no sharding).
         rehearsal_n: private rehearsal attempts per user turn before the committed steps (0: none; see above).
         rehearsal_mode: ``"parallel"`` or ``"sequential"`` attempts (`wrappers.TestTimeRehearsal`).
+        rehearsal_memory: the memory's layout, ``"trace"`` or ``"outcomes"`` (the wrapper's ``memory``).
+        rehearsal_restate_request: the turn's request again after the memory (the wrapper's ``restate_request``).
         rehearsal_memory_tokens: bound on each memory, in tokens.
         real_call_prob: ``rollout="hybrid"``: p in [0, 1], the probability that a call is answered by the real
             backend; None for every other rollout.
@@ -373,6 +377,8 @@ def collect_rollouts(
             rollout,
             rehearsal_n,
             rehearsal_mode,
+            rehearsal_memory,
+            rehearsal_restate_request,
             rehearsal_memory_tokens,
             temperature,
             max_new_tokens,
@@ -502,6 +508,8 @@ def _turn_rehearsals(
     rollout: str,
     n: int,
     mode: Literal["parallel", "sequential"],
+    memory: Literal["trace", "outcomes"],
+    restate_request: bool,
     memory_tokens: int,
     temperature: float,
     max_new_tokens: int,
@@ -522,7 +530,8 @@ def _turn_rehearsals(
                 policy,
                 n=n,
                 mode=mode,
-                memory="trace",
+                memory=memory,
+                restate_request=restate_request,
                 memory_tokens=memory_tokens,
                 rehearser_policy=rehearser,
                 attempt_temperature=temperature,

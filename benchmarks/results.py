@@ -310,10 +310,16 @@ def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
 
 def render_rehearsal_rl(result: dict[str, Any], folder: Path) -> list[str]:
     """The rehearsal-aware RL section (`benchmarks.experiments.lab_rehearsal_rl`): its printed table; a run on the blind
-    variant (kind ``lab_rehearsal_rl_blind``) is its own section."""
+    variant (kind ``lab_rehearsal_rl_blind``), with the outcomes memory (``_outcomes``) or with the request restated
+    after each memory (``_restated``) is its own section."""
     from benchmarks.experiments.result_tables import rehearsal_rl_table
 
-    title = "Rehearsal-aware RL on the lab" + _world(str(result.get("kind", "")))
+    kind = str(result.get("kind", ""))
+    title = "Rehearsal-aware RL on the lab" + _world(kind)
+    if "_outcomes" in kind:
+        title += ", outcomes memory (the trace without the attempts' replies)"
+    if kind.endswith("_restated"):
+        title += ", the request restated after each memory"
     return _table_section(title, rehearsal_rl_table(result), result, folder, plots=False)
 
 
@@ -377,9 +383,12 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
         for memory in ("", "_outcomes")
         for dose in ("", "_memory_tasks")
     },
-    "lab_rehearsal_rl": render_rehearsal_rl,
-    "lab_rehearsal_rl_blind": render_rehearsal_rl,
-    "lab_rehearsal_rl_stated": render_rehearsal_rl,
+    **{
+        f"lab_rehearsal_rl{world}{memory}{restated}": render_rehearsal_rl
+        for world in ("", "_blind", "_stated")
+        for memory in ("", "_outcomes")
+        for restated in ("", "_restated")
+    },
     "lab_env_cost": render_env_cost,
     "judge_agreement": render_judge_agreement,
     "engines_equal_work": render_engines,

@@ -470,6 +470,8 @@ class RoleWiseGRPOTrainer:
                 num_global_envs=cfg.trajectories_per_step,
                 rehearsal_n=cfg.rehearsal_n,
                 rehearsal_mode=cfg.rehearsal_mode,
+                rehearsal_memory=cfg.rehearsal_memory,
+                rehearsal_restate_request=cfg.rehearsal_restate_request,
                 rehearsal_memory_tokens=cfg.rehearsal_memory_tokens,
                 real_call_prob=cfg.real_call_prob,
             )

@@ -17,8 +17,8 @@ Protocol (fixed before any result was seen; every setting is reported):
    tokens as ``rehearsal_rl``'s did (``generated_token_budget``); ``role_grpo_equal_steps`` runs plain role-wise GRPO
    for ``--steps`` steps (less compute: the cost of the attempts shows against it).
 2. **Evaluation on the same test tasks** (greedy commits on the real backend, ``--limit`` per family): the start
-   and every continuation at N = 0 and at N = ``--n`` parallel attempts of its own rehearsal (trace memory, the
-   setting ``rehearsal_rl`` trained with).
+   and every continuation at N = 0 and at N = ``--n`` parallel attempts of its own rehearsal (the memory layout
+   ``rehearsal_rl`` trained with: ``--memory``, ``--restate-request``, to match the start's memory training).
 
 The equal-token run stops at the first step whose cumulative tokens reach the budget, so it overshoots by less than
 one step's tokens (both totals are reported). Rows are paired by seed and task with ``role_grpo_equal_tokens`` at the
@@ -70,6 +70,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..S-1 (GRPO sampling, attempt sampling)")
     ap.add_argument("--steps", type=int, default=20, help="GRPO steps of rehearsal_rl and role_grpo_equal_steps")
     ap.add_argument("--n", type=int, default=2, help="rehearsal attempts per user turn, in training and evaluation")
+    ap.add_argument(
+        "--memory",
+        choices=["trace", "outcomes"],
+        default="trace",
+        help=(
+            "the memory's layout in training and evaluation (wrappers.TestTimeRehearsal's memory): give the one the "
+            "start was trained to read (lab_ttr --memory); outcomes writes results of their own kind"
+        ),
+    )
+    ap.add_argument(
+        "--restate-request",
+        action="store_true",
+        help=(
+            "the turn's request again after each memory, in training and evaluation (a start trained that way: "
+            "lab_ttr's *_restated_* policies); results of their own kind"
+        ),
+    )
     ap.add_argument("--limit", type=int, default=50, help="test tasks per family")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
     add_worker_options(
@@ -120,8 +137,13 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             "seconds": info["seconds"],
         }
 
+    layout = {"memory": args.memory, "restate_request": True} if args.restate_request else {"memory": args.memory}
+    if layout == {"memory": "trace"}:
+        layout = {}  # the default run's stage settings (and so its resumed runs) unchanged
+
     def evaluation(name: str, model: str, seed: int, n: int) -> dict[str, Any]:
-        config = dataclasses.replace(recipe.eval_config(out / name, model), seed=seed, rehearsal_n=n)
+        changes = layout if n else {}
+        config = dataclasses.replace(recipe.eval_config(out / name, model), seed=seed, rehearsal_n=n, **changes)
         stages.evaluate(name, config, models)
         return {"rewards": task_rewards(out / name), "tokens_per_task": rehearsal_tokens_per_task(out / name)}
 
@@ -135,7 +157,14 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     for seed in range(args.seeds):
         if args.worker is not None and seed % args.workers != args.worker:
             continue
-        rl = grpo(f"rehearsal_rl/seed{seed}", seed, num_steps=args.steps, rehearsal_n=args.n)
+        rl = grpo(
+            f"rehearsal_rl/seed{seed}",
+            seed,
+            num_steps=args.steps,
+            rehearsal_n=args.n,
+            rehearsal_memory=args.memory,
+            rehearsal_restate_request=args.restate_request,
+        )
         runs = {
             "rehearsal_rl": rl,
             # plain rollouts cost about 1/(N+1) of rehearsing ones: the step cap is never what stops this run
@@ -183,14 +212,19 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     return results
 
 
-def result_kind(suite: str) -> str:
+def result_kind(suite: str, memory: str = "trace", restate_request: bool = False) -> str:
     """The ``kind`` of a run's ``results.json``: ``lab_rehearsal_rl`` with the recipe's world
-    (`benchmarks.experiments.paired.world_kind`).
+    (`benchmarks.experiments.paired.world_kind`), ``_outcomes`` for ``--memory outcomes`` and ``_restated`` for
+    ``--restate-request`` (so neither ever replaces the default run's section).
 
     Raises:
         ValueError: a suite without a kind (the lab's worlds have one each).
     """
-    return world_kind("lab_rehearsal_rl", suite)
+    return (
+        world_kind("lab_rehearsal_rl", suite)
+        + ("" if memory == "trace" else f"_{memory}")
+        + ("_restated" if restate_request else "")
+    )
 
 
 def summarize(args, recipe, warm, measured, training) -> dict[str, Any]:
@@ -210,7 +244,9 @@ def summarize(args, recipe, warm, measured, training) -> dict[str, Any]:
         rows.append(row)
     g = recipe.grpo
     return {
-        "kind": result_kind(recipe.suite),
+        "kind": result_kind(recipe.suite, args.memory, args.restate_request),
+        "memory": args.memory,
+        "restate_request": args.restate_request,
         "recipe": str(args.recipe),
         "model": recipe.model,
         "start": warm,

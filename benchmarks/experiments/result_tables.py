@@ -205,9 +205,11 @@ def rehearsal_rl_table(results: dict[str, Any]) -> list[str]:
     done = results.get("seeds_done", results["seeds"])
     g = results["grpo"]
     partial = f" (PARTIAL: {done} of {results['seeds']} seeds done)" if done < results["seeds"] else ""
+    layout = "" if results.get("memory", "trace") == "trace" else f", {results['memory']} memory (no reply lines)"
+    layout += ", the request restated after each memory" if results.get("restate_request") else ""
     lines = [
         f"Rehearsal-aware RL on EnvACE-Lab: {results['model']}, {done} seeds, {results['test_tasks']} test tasks; "
-        f"GRPO B={g['batch_tasks']} x K={g['group_size']}, lr {g['lr']}, N={results['n']} attempts{partial}",
+        f"GRPO B={g['batch_tasks']} x K={g['group_size']}, lr {g['lr']}, N={results['n']} attempts{layout}{partial}",
         f"paired with {results['reference']} at the same N (mean +- 95% CI over seeds); tasks +/- summed over seeds; "
         "seeds p<.05: the seeds whose own tasks resolve the difference up/down (exact McNemar)",
         f"{'policy':<23} {'N':<4} {'success':<16} {'vs ' + results['reference']:<34} {'tasks +/-':<11} "

@@ -533,6 +533,38 @@ def test_rehearsal_aware_rollouts_train_each_attempt_with_the_committed_reward(p
         assert torch.allclose(batch.seg_advantages[same], batch.seg_advantages[s])
 
 
+def test_rehearsal_aware_rollouts_read_the_memory_layout_they_are_given(policy, venvs):
+    """``rehearsal_memory="outcomes"`` drops the trace's reply lines from the same attempts, and
+    ``rehearsal_restate_request`` repeats the turn's request after the memory (the layouts a policy trained by
+    `benchmarks.experiments.lab_ttr` reads)."""
+    from wrappers.test_time_rehearsal import MEMORY_HEADER
+
+    venv = venvs["inline"]
+
+    def memories(**layout):
+        venv.reset(seed=0, options={"task_ids": [t for t in TASKS for _ in range(K)]})
+        starts = {tuple(e.unwrapped.trajectory.token_ids) for e in venv.unwrapped.envs}
+        trajs, _ = collect_rollouts(
+            CallAtAttemptStart(policy, starts), venv, TASKS, K, max_new_tokens=NEW, seed=5, rehearsal_n=2, **layout
+        )
+        out = []
+        for t in trajs:
+            at = next(k for k, s in enumerate(t.segments) if s.text.startswith(MEMORY_HEADER[:20]))
+            after = "".join(s.text for s in t.segments[at + 1 :] if s.role == Role.PROMPT)
+            out.append((t.segments[at].text.splitlines(), after, t.task))
+        return out
+
+    trace = memories()
+    outcomes = memories(rehearsal_memory="outcomes", rehearsal_restate_request=True)
+    replies = 0
+    for (full, after_trace, task), (short, after_outcomes, _) in zip(trace, outcomes):
+        assert short == [line for line in full if ": reply: " not in line]  # the same attempts, no reply lines
+        replies += len(full) - len(short)
+        request = task.turns[0][-1].content
+        assert request not in after_trace.split(MEMORY_HEADER[:20])[0] and request in after_outcomes
+    assert replies > 0  # some attempt closed with a reply: the two layouts differ
+
+
 def test_a_finished_trajectory_is_not_stepped_again(policy, venvs):
     """A finished env gets the action None (left out of the vector env's step: no autoreset, no throwaway
     episode) until every trajectory has ended."""

@@ -39,6 +39,7 @@ BAD_TRAIN = [
     (["--suite", "nosuch"], "unknown suite 'nosuch'"),
     (["--max-episode-tokens", "0"], "max_episode_tokens"),
     (["--generated-token-budget", "1000", "--optim.lr-schedule", "cosine"], "generated_token_budget needs"),
+    (["--rehearsal-restate-request"], "rehearsal_restate_request repeats the request"),
 ]
 BAD_YAML = [
     ("num_steps: 2.5", "num_steps must be an integer"),

@@ -30,6 +30,12 @@ def test_a_run_is_a_results_kind_of_its_suite():
     assert lab_rehearsal_rl.result_kind("lab") == "lab_rehearsal_rl"
     assert lab_rehearsal_rl.result_kind("lab-blind") == "lab_rehearsal_rl_blind"
     assert lab_rehearsal_rl.result_kind("lab-stated") == "lab_rehearsal_rl_stated"
+    # another memory layout is its own kind, and the results page gives each its own section
+    kind = lab_rehearsal_rl.result_kind("lab-blind", "outcomes", True)
+    assert kind == "lab_rehearsal_rl_blind_outcomes_restated" and kind in results_page.RENDERERS
+    assert lab_rehearsal_rl.parse_args(["--memory", "outcomes", "--restate-request"]).restate_request
+    with pytest.raises(SystemExit):
+        lab_rehearsal_rl.parse_args(["--memory", "summary"])  # not a layout a policy is trained to read
     with pytest.raises(ValueError, match="runs on suites lab, lab-blind, lab-stated; the recipe's suite is 'lab-told'"):
         lab_rehearsal_rl.result_kind("lab-told")
 
