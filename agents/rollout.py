@@ -250,8 +250,8 @@ def collect_rollouts(
 
     Rehearsal-aware rollouts (``rehearsal_n > 0``), so the policy learns both to rehearse usefully and to act on
     what it rehearsed. At the opening of every user turn (after the reset, and after each step that opens a new
-    turn) each env first runs ``rehearsal_n`` private rehearsal attempts of the turn and gets their ``"trace"``
-    memory inserted before its committed ACT step (`wrappers.TestTimeRehearsal` over the env,
+    turn) each env first runs ``rehearsal_n`` private rehearsal attempts of the turn and gets their memory
+    (``rehearsal_memory``'s layout) inserted before its committed ACT step (`wrappers.TestTimeRehearsal` over the env,
     ``keep_attempt_rows=True``; the attempts' calls are answered by the env's rehearser, or by a constant for
     ``rollout="null"``), so a rollout is the attempts, the memory and the committed execution. The attempts of
     all envs are batched (`agents.engines.batching.BatchCoordinator`); env i's attempts are seeded from
