@@ -77,6 +77,7 @@ from typing import Any
 from benchmarks.experiments.paired import (
     WORLD_INFIXES,
     episodes,
+    load_recipe,
     paired_comparison,
     rehearsal_tokens_per_task,
     start_recipe_run,
@@ -231,6 +232,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def memory_task_pool(suite: Any, categories: list[str], memory_tasks: int) -> dict[str, list[Any]]:
+    """Each family's train tasks, from which N = 1, 2, 3 take ``memory_tasks`` disjoint ones each.
+
+    Raises:
+        ValueError: a family with fewer than ``3 * memory_tasks`` train tasks (it would silently give fewer
+            memories); checked before any stage runs.
+    """
+    train = {c: suite.tasks([c], "train") for c in categories}
+    for c, tasks in train.items():
+        if len(tasks) < 3 * memory_tasks:
+            raise ValueError(
+                f"--memory-tasks {memory_tasks} needs {3 * memory_tasks} train tasks per family (disjoint ones for "
+                f"N = 1, 2, 3); {c} has {len(tasks)}: give at most {len(tasks) // 3}"
+            )
+    return train
+
+
 compare = paired_comparison
 """Each setting against the same policy at N=0 (`benchmarks.experiments.paired.paired_comparison`)."""
 
@@ -335,15 +353,19 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     out = Path(args.out)
     t_start = time.perf_counter()
+    first = load_recipe(args.recipe, out, args.threads, args.limit)
+    if first.suite in WORLD_INFIXES:  # (another suite is refused by start_recipe_run, also before any stage)
+        memory_task_pool(make_suite(first.suite), list(first.categories), args.memory_tasks)
     recipe, models, stages, warm = start_recipe_run(args, log, suites=WORLD_INFIXES)
 
     # 1. memory demonstrations: disjoint train tasks per N, the same for every seed
     suite = make_suite(recipe.suite)
     categories = list(recipe.categories)
     per_n: dict[int, list[str]] = {}
+    train = memory_task_pool(suite, categories, args.memory_tasks)
+    m = args.memory_tasks
     for k, n in enumerate((1, 2, 3)):
-        m = args.memory_tasks
-        per_n[n] = [t.id for c in categories for t in suite.tasks([c], "train")[k * m : (k + 1) * m]]
+        per_n[n] = [t.id for c in categories for t in train[c][k * m : (k + 1) * m]]
 
     def memory_demos(attempt_outputs: str, restate: bool) -> dict[str, dict[str, Any]]:
         """One file per N of memory demonstrations of one source (`MEMORY_SOURCES`)."""

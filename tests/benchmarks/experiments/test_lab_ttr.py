@@ -165,7 +165,7 @@ def test_a_warm_start_trained_on_another_suite_is_refused(tmp_path):
     (sft / "config.json").write_text(json.dumps({"data": ["lab-blind", "memories.jsonl"]}))
     grpo.mkdir()
     (grpo / "config.yaml").write_text("suite: lab-stated\n")
-    argv = ["--recipe", str(recipe), "--out", str(tmp_path / "out"), "--threads", "1", "--warm"]
+    argv = ["--recipe", str(recipe), "--out", str(tmp_path / "out"), "--threads", "1", "--memory-tasks", "1", "--warm"]
     with pytest.raises(ValueError, match=r"trained on \['lab-blind', 'memories.jsonl'\], the recipe's suite is 'lab-s"):
         lab_ttr.main([*argv, str(sft)])
     with pytest.raises(FileNotFoundError, match="no checkpoint"):  # the same suite: past the check, to the model
@@ -183,6 +183,13 @@ def test_a_run_on_a_suite_without_a_results_kind_is_refused_before_any_training(
     recipe.write_text(yaml.safe_dump({**RECIPE, "suite": "lab-told"}))
     with pytest.raises(ValueError, match=f"runs on suites lab, lab-blind, lab-stated; the recipe {recipe} names"):
         lab_ttr.main(["--recipe", str(recipe), "--out", str(tmp_path / "out"), "--threads", "1"])
+    assert not (tmp_path / "out" / "warm_start").exists()
+    # more memory tasks than a family's train split holds for three disjoint sets: refused before any training too
+    recipe.write_text(yaml.safe_dump(RECIPE))
+    with pytest.raises(
+        ValueError, match=r"--memory-tasks 33 needs 99 train tasks .*; relocate has 96: give at most 32"
+    ):
+        lab_ttr.main(["--recipe", str(recipe), "--out", str(tmp_path / "out"), "--memory-tasks", "33"])
     assert not (tmp_path / "out" / "warm_start").exists()
     assert lab_ttr.result_kind("lab-blind", 160) == "lab_ttr_blind_memory_tasks"
     with pytest.raises(ValueError, match="runs on suites lab, lab-blind, lab-stated; the recipe's suite is 'lab-told'"):
