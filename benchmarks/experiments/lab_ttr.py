@@ -16,6 +16,7 @@ continuations had been measured, for the reason given there; every setting is re
 1. **Memory demonstrations** (`agents.training.demonstrations.record_memory_demonstrations`): for N = 1, 2, 3 the warm
    start rehearses ``--memory-tasks`` train tasks per family N times each (parallel attempts, T = 1, the whole
    turn, failed attempts kept); its trace memory is inserted before the reference execution on the real backend.
+   Only the sets the chosen ``--policies`` train on are recorded (`memory_sources`).
 2. **Two continuations of the warm start per seed**, the same SFT budget (``--sft-steps`` at the recipe's SFT lr
    and batch) on the same train tasks: ``memory_sft`` trains on the memory demonstrations and the plain
    demonstrations of those tasks; ``plain_sft`` (the control for "more SFT") on the plain ones only.
@@ -117,6 +118,12 @@ MEMORY_SOURCES: dict[str, tuple[str, bool]] = {
 """Each memory-trained policy's memory demonstrations: who answered the attempts' calls
 (``record_memory_demonstrations(attempt_outputs=...)``) and whether the request follows the memory again
 (``restate_request``, which its evaluations then play too)."""
+
+
+def memory_sources(policies: list[str]) -> set[tuple[str, bool]]:
+    """The memory demonstration sets (`MEMORY_SOURCES` entries) that `policies` train on: only these are recorded,
+    since at a large ``--memory-tasks`` each takes minutes."""
+    return {MEMORY_SOURCES[p] for p in policies if p in MEMORY_SOURCES}
 
 
 def memory_folder(attempt_outputs: str, restate_request: bool) -> str:
@@ -418,8 +425,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         info = stages.stage(f"{path.parent.name}/n{n}", record, settings)
         return {"path": str(path), **info["counts"]}
 
-    demo_files = memory_demos("rehearsed", False)
-    other_sources = sorted({MEMORY_SOURCES[p] for p in args.policies if p in MEMORY_SOURCES} - {("rehearsed", False)})
+    needed = memory_sources(args.policies)
+    demo_files = memory_demos("rehearsed", False) if ("rehearsed", False) in needed else {}
+    other_sources = sorted(needed - {("rehearsed", False)})
     other_demos = {memory_folder(*source): memory_demos(*source) for source in other_sources}
     train_ids = [i for ids in per_n.values() for i in ids]
     test_tasks = functools.cache(lambda: {t.id: t for t in suite.tasks(categories, recipe.eval.split)})

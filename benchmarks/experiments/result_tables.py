@@ -138,12 +138,15 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
     """`benchmarks.experiments.lab_ttr`'s printed (and rendered) table: one row per policy and setting."""
     done = results.get("seeds_done", results["seeds"])
     partial = f" (PARTIAL: {done} of {results['seeds']} seeds done)" if done < results["seeds"] else ""
-    demos = sum(f["written"] for f in results["memory_demos"].values())
     others = results.get("other_memory_demos") or {}
     if "real_memory_demos" in results:  # written before the sets were named by their folders
         others = {"memory_demos_real": results["real_memory_demos"]}
-    extra = "".join(f", {sum(f['written'] for f in files.values())} in {name}" for name, files in others.items())
-    extra = f" in memory_demos{extra}" if extra else ""
+    # the memory demonstration sets the run recorded, by folder (only those its policies train on)
+    sets = ({"memory_demos": results["memory_demos"]} if results["memory_demos"] or not others else {}) | others
+    counts = [(name, sum(f["written"] for f in files.values())) for name, files in sets.items()]
+    demos = counts[0][1]
+    extra = "".join(f", {n} in {name}" for name, n in counts[1:])
+    extra = f" in {counts[0][0]}{extra}" if len(counts) > 1 or counts[0][0] != "memory_demos" else ""
     w = max([14, *(len(r["policy"]) for r in results["rows"])])
     layout = "" if results.get("memory", "trace") == "trace" else f"; {results['memory']} memory (no reply lines)"
     lines = [

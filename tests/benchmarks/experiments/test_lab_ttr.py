@@ -125,9 +125,15 @@ def test_the_table_names_only_the_training_its_rows_had(tmp_path):
     lines = lab_ttr.table(after)
     assert "from scratch (*_scratch): the recipe's SFT, 600 steps" in lines[0] and "continuations" not in lines[0]
     # the other memory sets are counted by folder, from this key or from the one older runs wrote
-    named = lab_ttr.table({**after, "other_memory_demos": {"memory_demos_real": {"2": {"written": 3}}}})[0]
+    named_sets = {"memory_demos_real": {"2": {"written": 3}}}
+    named = lab_ttr.table({**after, "other_memory_demos": named_sets})[0]
     legacy = lab_ttr.table({**after, "real_memory_demos": {"2": {"written": 3}}})[0]
     assert "4 memory demonstrations in memory_demos, 3 in memory_demos_real" in named and named == legacy
+    # a run whose policies train on no rehearsed memory recorded none: its header names only the set it has
+    only_real = lab_ttr.table({**after, "memory_demos": {}, "other_memory_demos": named_sets})[0]
+    assert only_real.endswith("; 3 memory demonstrations in memory_demos_real") and "memory_demos," not in only_real
+    assert lab_ttr.memory_sources(["warm", "plain_scratch", "real_memory_restated_scratch"]) == {("real", True)}
+    assert lab_ttr.memory_sources(["memory_sft", "memory_scratch"]) == {("rehearsed", False)}
     long_name = lab_ttr.table({**after, "rows": [{**scratch[0], "policy": "real_memory_restated_scratch"}]})
     assert long_name[3].startswith("real_memory_restated_scratch N=0 ")  # the column fits the longest name
     assert lines[-1].split() == ["memory_scratch", "-", "plain_scratch", "-0.100", "tasks", "+0/-1,", "seeds"] + [
