@@ -4,10 +4,9 @@ Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft`` (and its ``_blind`` and
 ``_steps`` kinds), ``lab_ablations``, ``lab_ablations_budget``, ``lab_grpo_budget_valid``, ``lab_grpo_budget``,
 ``lab_ttr`` (and its ``_blind``, ``_stated``, ``_memory_tasks`` and ``_outcomes`` kinds), ``lab_rehearsal_rl`` (and its
-``_blind`` and ``_stated`` kinds), ``lab_env_cost``, ``judge_agreement``, ``engines_equal_work``) and renders every
-stored result into
-``docs/results.md``; with no folder given it only re-renders. Numbers appear in the page only as this command
-writes them: edit a script or rerun it, never the page.
+``_blind``, ``_stated``, ``_outcomes`` and ``_restated`` kinds), ``lab_env_cost``, ``judge_agreement``,
+``engines_equal_work``) and renders every stored result into ``docs/results.md``; with no folder given it only
+re-renders. Numbers appear in the page only as this command writes them: edit a script or rerun it, never the page.
 
     python -m benchmarks.results runs/lab_tiny_sft runs/lab_ablations   # store these runs' results and render
     python -m benchmarks.results                                        # render what docs/results/ holds

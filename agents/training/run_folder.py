@@ -182,14 +182,22 @@ def trim_jsonl(path: str | Path, max_step: int, key: str = "step") -> int:
     return filter_jsonl(path, lambda r: int(r.get(key, 0)) <= max_step)
 
 
+FIELDS_ADDED: dict[str, Any] = {"rehearsal_memory": "trace", "rehearsal_restate_request": False}
+"""Config fields added after run folders existed, with the value every run saved before then ran with
+(`TrainConfig`'s rehearsal-aware RL layout: always the trace, never restated). `changed_fields` compares a saved
+config that lacks one of them as if it held this value, so a run with another value never resumes an old one."""
+
+
 def changed_fields(saved: dict[str, Any], current: dict[str, Any], ignore: Iterable[str]) -> dict[str, tuple[Any, Any]]:
     """``{field: (saved, current)}`` for every field outside `ignore` whose value differs (a field `saved` lacks
-    is not compared). A nested config's fields are compared one by one and named ``<group>.<field>``
-    (`agents.config.flat_fields`); a group's name in `ignore` ignores each of its fields."""
+    is not compared, except those of `FIELDS_ADDED`, read as their value then). A nested config's fields are
+    compared one by one and named ``<group>.<field>`` (`agents.config.flat_fields`); a group's name in `ignore`
+    ignores each of its fields."""
     from agents.config import flat_fields
 
     skip = set(ignore)
-    old, new = flat_fields(saved), flat_fields(current)
+    new = flat_fields(current)
+    old = {**{k: v for k, v in FIELDS_ADDED.items() if k in new}, **flat_fields(saved)}
 
     def ignored(name: str) -> bool:
         parts = name.split(".")

@@ -187,8 +187,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--memory-tasks",
         type=int,
         default=MEMORY_TASKS,
-        help=f"train tasks per family and per N with a memory (a value other than {MEMORY_TASKS} writes results of "
-        "its own kind, a section of its own on the results page)",
+        help=f"train tasks per family and per N with a memory, at most a third of a family's train split (lab-stated: "
+        f"32; a value other than {MEMORY_TASKS} writes results of its own kind, a section of its own on the results "
+        "page)",
     )
     ap.add_argument(
         "--memory",

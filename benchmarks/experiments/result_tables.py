@@ -144,7 +144,7 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
     # the memory demonstration sets the run recorded, by folder (only those its policies train on)
     sets = ({"memory_demos": results["memory_demos"]} if results["memory_demos"] or not others else {}) | others
     counts = [(name, sum(f["written"] for f in files.values())) for name, files in sets.items()]
-    demos = counts[0][1]
+    demos = counts[0][1] or "no"  # (no policy of the run trains on a memory)
     extra = "".join(f", {n} in {name}" for name, n in counts[1:])
     extra = f" in {counts[0][0]}{extra}" if len(counts) > 1 or counts[0][0] != "memory_demos" else ""
     w = max([14, *(len(r["policy"]) for r in results["rows"])])

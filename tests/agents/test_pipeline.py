@@ -437,6 +437,12 @@ def test_a_finished_stage_is_skipped_only_with_its_settings_wherever_the_run_fol
         run_stage("moved", init="moved/sft/checkpoints/step_2/model")
     monkeypatch.chdir(tmp_path / "moved")
     assert run_stage(".") == 0  # the run folder is the working directory
+    # a field added since (FIELDS_ADDED) is read as what the stage ran with then: the old value resumes, another
+    # refuses (a stage that lacks a field otherwise compares nothing for it)
+    assert run_stage(".", rehearsal_memory="trace", rehearsal_restate_request=False) == 0
+    with pytest.raises(ValueError, match=r"other settings \(rehearsal_memory\)"):
+        run_stage(".", rehearsal_memory="outcomes")
+    assert run_stage(".", some_new_field=3) == 0  # any other new field is not compared
 
 
 def test_one_step_fidelity_scores_the_model_that_plays_rehearse(monkeypatch):

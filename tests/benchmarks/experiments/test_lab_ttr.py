@@ -132,6 +132,7 @@ def test_the_table_names_only_the_training_its_rows_had(tmp_path):
     # a run whose policies train on no rehearsed memory recorded none: its header names only the set it has
     only_real = lab_ttr.table({**after, "memory_demos": {}, "other_memory_demos": named_sets})[0]
     assert only_real.endswith("; 3 memory demonstrations in memory_demos_real") and "memory_demos," not in only_real
+    assert lab_ttr.table({**after, "memory_demos": {}})[0].endswith("; no memory demonstrations")  # plain runs only
     assert lab_ttr.memory_sources(["warm", "plain_scratch", "real_memory_restated_scratch"]) == {("real", True)}
     assert lab_ttr.memory_sources(["memory_sft", "memory_scratch"]) == {("rehearsed", False)}
     long_name = lab_ttr.table({**after, "rows": [{**scratch[0], "policy": "real_memory_restated_scratch"}]})
