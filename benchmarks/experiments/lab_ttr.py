@@ -59,8 +59,8 @@ Each row is paired by seed and task with the same policy at N = 0: the mean diff
 over seeds, tasks gained and lost summed over seeds, and per seed an exact McNemar test on that seed's own tasks
 (the seeds it resolves up or down are counted). Each row also reports the tokens generated per task for rehearsal
 (every attempt's ACT and REHEARSE tokens, on top of the committed episode's), so a gain can be weighed against its
-compute. Each row with rehearsal also splits its tasks by whether an attempt made the reference's calls
-(`memory_hits`, `memory_use`; added after the blind outcomes run had been read), each part against N=0 on the
+compute. Each row with rehearsal also splits its tasks by how many attempts made the reference's calls (all, some,
+none: `memory_hits`, `memory_use`; added after the blind outcomes run had been read), each part against N=0 on the
 same tasks: whether the memory is read. Stages resume (`agents.pipeline.StageRunner`).
 """
 
@@ -261,15 +261,20 @@ compare = paired_comparison
 """Each setting against the same policy at N=0 (`benchmarks.experiments.paired.paired_comparison`)."""
 
 
-def memory_hits(folder: Path, suite: Any, tasks: dict[str, Any]) -> dict[str, bool]:
-    """Whether one of each rehearsed task's attempts made the reference's calls, from an evaluation folder's
+MADE = ("all", "some", "none")
+"""`memory_hits`' answer per task: every attempt, some attempt or no attempt made the reference's calls."""
+
+
+def memory_hits(folder: Path, suite: Any, tasks: dict[str, Any]) -> dict[str, str]:
+    """How many of each rehearsed task's attempts made the reference's calls (`MADE`), from an evaluation folder's
     ``transcripts.jsonl``.
 
-    A hit: one of the attempts of the task's first rehearsal made exactly the calls of the reference for that user
-    turn (`suite.ground_truth`: the same names, arguments and order; in the lab with look tools an extra look is
-    a miss). The memory then shows those calls (up to its token bound), so a policy that reads it can copy them;
-    success on these tasks against N = 0 measures reading apart from the world model (`memory_use`). Tasks whose
-    reference turn makes no call are left out (an attempt that made none, even a broken one, would count).
+    An attempt made them when its calls are exactly the reference's for the rehearsed user turn
+    (`suite.ground_truth`: the same names, arguments and order; in the lab with look tools an extra look counts as
+    another call); only a task's first rehearsal counts. Where every attempt made them, the memory shows only
+    the right calls and their outcomes, so a policy that reads it can copy them: success there against N = 0 on
+    the same tasks measures reading apart from the world model (`memory_use`). Tasks whose reference turn makes no
+    call are left out (an attempt that made none, even a broken one, would count).
 
     Args:
         folder: an evaluation folder with rehearsal (`agents.evaluation.evaluate` with ``rehearsal_n``).
@@ -277,8 +282,8 @@ def memory_hits(folder: Path, suite: Any, tasks: dict[str, Any]) -> dict[str, bo
         tasks: task id -> `envace_gym.types.Task`, every task the folder evaluated.
 
     Returns:
-        Task id -> hit, for the tasks whose first rehearsal has attempts and whose reference turn has calls (a
-        memory taken from another task has no attempts: an empty dict).
+        Task id -> ``"all"``, ``"some"`` or ``"none"``, for the tasks whose first rehearsal has attempts and whose
+        reference turn has calls (a memory taken from another task has no attempts: an empty dict).
 
     Raises:
         KeyError: a transcript of a task not in `tasks`.
@@ -303,48 +308,44 @@ def memory_hits(folder: Path, suite: Any, tasks: dict[str, Any]) -> dict[str, bo
         if not reference:
             continue
         made = [
-            key([ToolCall.from_openai(c) for m in attempt["messages"] for c in m.get("tool_calls") or []])
+            key([ToolCall.from_openai(c) for m in attempt["messages"] for c in m.get("tool_calls") or []]) == reference
             for attempt in rehearsals[0]["attempts"]
         ]
-        hits[record["task_id"]] = reference in made
+        hits[record["task_id"]] = "all" if all(made) else "some" if any(made) else "none"
     return hits
 
 
 def memory_use(
-    rows: list[dict[str, float]], references: list[dict[str, float]], hits: list[dict[str, bool]]
+    rows: list[dict[str, float]], references: list[dict[str, float]], hits: list[dict[str, str]]
 ) -> dict[str, Any] | None:
-    """Success with a memory on the tasks where an attempt made the reference's calls (`memory_hits`) and on the
-    other rehearsed tasks, each paired by seed with N = 0 on the same tasks (`paired_comparison`).
+    """Success with a memory on the rehearsed tasks where every attempt, some attempt or none made the reference's
+    calls (`memory_hits`), each part paired by seed with N = 0 on the same tasks (`paired_comparison`).
 
-    On ``hit`` tasks a policy that reads its memory can copy the attempt that made the right calls; with true
-    outcomes in the memory (the oracle row) nothing there argues against them, so a loss against N = 0 says the
-    memory disturbs acting whatever it shows. (With imagined outcomes a reader may rightly avoid a call its world
-    model shows failing.)
+    Where every attempt made them, a policy that reads its memory can copy them; with true outcomes in the memory
+    (the oracle row) nothing there argues against them, so a loss against N = 0 says the memory disturbs acting
+    whatever it shows. (With imagined outcomes a reader may rightly avoid a call its world model shows failing.)
 
     Args:
         rows, references: per seed, task id -> reward with rehearsal and at N = 0.
         hits: per seed, `memory_hits` of the rehearsal's folder.
 
     Returns:
-        ``hit_fraction`` (per seed, hit tasks over rehearsed tasks), ``hit`` and ``miss`` (``tasks``: summed over
-        seeds, then `paired_comparison`'s fields; None where a seed has no such task); None when no task of some
+        Per part of `MADE`: ``share`` (per seed, its tasks over the rehearsed tasks), ``tasks`` (summed over seeds)
+        and `paired_comparison`'s fields, which are None where a seed has no such task; None when no task of some
         seed was rehearsed with attempts (a memory taken from another task).
     """
     if any(not h for h in hits):
         return None
-    out: dict[str, Any] = {"hit_fraction": [sum(h.values()) / len(h) for h in hits]}
-    for name, wanted in (("hit", True), ("miss", False)):
-        subsets = [[t for t, hit in h.items() if hit == wanted] for h in hits]
-        if any(not subset for subset in subsets):
-            out[name] = None
-            continue
-        out[name] = {
-            "tasks": sum(len(subset) for subset in subsets),
-            **compare(
+    out: dict[str, Any] = {}
+    for part in MADE:
+        subsets = [[t for t, made in h.items() if made == part] for h in hits]
+        share = [len(subset) / len(h) for subset, h in zip(subsets, hits)]
+        out[part] = {"share": share, "tasks": sum(len(subset) for subset in subsets)}
+        if all(subsets):
+            out[part] |= compare(
                 [{t: row[t] for t in subset} for row, subset in zip(rows, subsets)],
                 [{t: ref[t] for t in subset} for ref, subset in zip(references, subsets)],
-            ),
-        }
+            )
     return out
 
 

@@ -169,26 +169,20 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
     if used:
         lines += [
             "",
-            "reading the memory: success on the rehearsed tasks where an attempt made the reference's calls (the "
-            "memory shows them, so a reader can copy them) and on the others, each paired with N=0 on the same tasks; "
-            "made: the share of rehearsed tasks (with calls in their reference) where an attempt made them",
-            f"{'policy':<{w}} {'setting':<34} {'made':<5} "
-            + " ".join(
-                f"{name + ': success':<18} {'vs N=0':<17} {'tasks +/-':<11}" for name in ("made", "not made")
-            ).rstrip(),
+            "reading the memory: each row's rehearsed tasks (with calls in their reference) split by how many attempts "
+            "made the reference's calls (all: the memory shows only the right calls, a reader can copy them), each "
+            "part paired with N=0 on the same tasks; share: of the rehearsed tasks",
+            f"{'policy':<{w}} {'setting':<34} {'attempts':<9} {'share':<6} {'success':<16} {'vs N=0':<17} tasks +/-",
         ]
         for r in used:
-            use = r["memory_use"]
-            cells = []
-            for part in (use["hit"], use["miss"]):
-                if part is None:  # some seed had no such task
-                    cells.append(f"{'-':<18} {'':<17} {'':<11}")
+            for part, use in r["memory_use"].items():
+                share = sum(use["share"]) / len(use["share"])
+                head = f"{r['policy']:<{w}} {r['setting']:<34} {part:<9} {share:<6.2f}"
+                if "mean" not in use:  # some seed had no such task
+                    lines.append(f"{head} -")
                     continue
-                diff = _fmt(part["diff_mean"], part["diff_ci95"], signed=True)
-                counts = f"+{part['gained']}/-{part['lost']}"
-                cells.append(f"{_fmt(part['mean'], part['ci95']):<18} {diff:<17} {counts:<11}")
-            made = sum(use["hit_fraction"]) / len(use["hit_fraction"])
-            lines.append(f"{r['policy']:<{w}} {r['setting']:<34} {made:<5.2f} {' '.join(cells)}".rstrip())
+                diff = _fmt(use["diff_mean"], use["diff_ci95"], signed=True)
+                lines.append(f"{head} {_fmt(use['mean'], use['ci95']):<16} {diff:<17} +{use['gained']}/-{use['lost']}")
     if results.get("memory_cost"):
         lines += [
             "",

@@ -28,16 +28,18 @@ def _attempt(calls: list) -> dict:
     return {"messages": [{"role": "assistant", "content": "", "tool_calls": [c.to_openai() for c in calls]}]}
 
 
-def test_memory_hits_says_where_an_attempt_made_the_reference_calls_and_memory_use_pairs_them_with_n0(tmp_path):
+def test_memory_hits_counts_the_attempts_that_made_the_reference_calls_and_memory_use_pairs_each_part_with_n0(
+    tmp_path,
+):
     from envace_gym.suites import make_suite
     from envace_gym.types import ToolCall
 
     suite = make_suite("lab-blind")
-    ship = suite.tasks(["ship"], "test")[:2]
+    ship = suite.tasks(["ship"], "test")[:3]
     no_call = next(t for t in suite.tasks(["fill"], "test") if not suite.ground_truth(t)[0])  # the shelf is full
     tasks = {t.id: t for t in [*ship, no_call]}
-    (a, b), c = [t.id for t in ship], no_call.id
-    refs = {t: suite.ground_truth(tasks[t])[0] for t in (a, b)}
+    (a, b, d), c = [t.id for t in ship], no_call.id
+    refs = {t: suite.ground_truth(tasks[t])[0] for t in (a, b, d)}
     assert [len(refs[a]), len(refs[a][1].arguments)] == [2, 2]  # pack, then ship(box, dock)
     wrong = ToolCall("move", {"item": "unicorn", "shelf": "A"})
     flipped = ToolCall(refs[a][1].name, dict(reversed(list(refs[a][1].arguments.items()))))
@@ -47,45 +49,45 @@ def test_memory_hits_says_where_an_attempt_made_the_reference_calls_and_memory_u
     records = [
         {"task_id": a, "rehearsals": [{"turn": 0, "attempts": [_attempt([wrong]), made]}]},
         {"task_id": b, "rehearsals": [{"turn": 0, "attempts": [_attempt(refs[b][:1]), _attempt([wrong])]}]},
+        {"task_id": d, "rehearsals": [{"turn": 0, "attempts": [_attempt(refs[d]), _attempt(refs[d])]}]},
         {"task_id": c, "rehearsals": [{"turn": 0, "attempts": [_attempt([])]}]},  # no call to make: left out
     ]
     (tmp_path / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     hits = lab_ttr.memory_hits(tmp_path, suite, tasks)
-    assert hits == {a: True, b: False}
+    assert hits == {a: "some", b: "none", d: "all"}  # b's first attempt made only the first call: not the calls
     with pytest.raises(KeyError):
-        lab_ttr.memory_hits(tmp_path, suite, {b: tasks[b]})
+        lab_ttr.memory_hits(tmp_path, suite, {b: tasks[b], d: tasks[d]})
     # only the first rehearsal counts: one without attempts (another task's memory) leaves the task out
     records[0]["rehearsals"].insert(0, {"turn": 0, "attempts": []})
     (tmp_path / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert lab_ttr.memory_hits(tmp_path, suite, tasks) == {b: False}
+    assert lab_ttr.memory_hits(tmp_path, suite, tasks) == {b: "none", d: "all"}
     records[0]["rehearsals"] = [{"turn": 1, "attempts": [made]}]  # a lab task has one user turn
     (tmp_path / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     with pytest.raises(ValueError, match="user turn 1"):
         lab_ttr.memory_hits(tmp_path, suite, tasks)
 
-    # two seeds, each with its own hits: seed 0 lost its hit task, seed 1 gained its miss task
-    n0 = [{a: 1.0, b: 0.0, c: 1.0}, {a: 1.0, b: 0.0, c: 0.0}]
-    rows = [{a: 0.0, b: 0.0, c: 1.0}, {a: 1.0, b: 1.0, c: 1.0}]
-    per_seed = [hits, {a: False, b: False}]
-    use = lab_ttr.memory_use(rows, n0, per_seed)
-    assert use["hit_fraction"] == [0.5, 0.0] and use["hit"] is None  # seed 1 has no hit task
-    assert use["miss"]["tasks"] == 3 and use["miss"]["success"] == [0.0, 1.0]
-    assert (use["miss"]["gained"], use["miss"]["lost"]) == (1, 0)
-    use = lab_ttr.memory_use(rows, n0, [hits, {a: True, b: False}])
-    assert use["hit"]["success"] == [0.0, 1.0] and (use["hit"]["gained"], use["hit"]["lost"]) == (0, 1)
-    assert use["hit"]["diff_mean"] == -0.5 and use["miss"]["success"] == [0.0, 1.0]
+    # two seeds, each with its own parts; the tasks outside a seed's hits (c) count in no part
+    n0 = [{a: 1.0, b: 0.0, c: 1.0, d: 1.0}, {a: 1.0, b: 0.0, c: 0.0, d: 1.0}]
+    rows = [{a: 0.0, b: 0.0, c: 1.0, d: 0.0}, {a: 1.0, b: 1.0, c: 1.0, d: 1.0}]
+    use = lab_ttr.memory_use(rows, n0, [hits, {a: "none", b: "none", d: "all"}])
+    assert [use[p]["share"] for p in lab_ttr.MADE] == [[1 / 3, 1 / 3], [1 / 3, 0.0], [1 / 3, 2 / 3]]
+    assert use["some"]["tasks"] == 1 and "mean" not in use["some"]  # seed 1 has no such task: no comparison
+    assert use["all"]["success"] == [0.0, 1.0] and (use["all"]["gained"], use["all"]["lost"]) == (0, 1)
+    assert use["all"]["diff_mean"] == -0.5  # where every attempt made the calls, 0.5 below N=0
+    assert use["none"]["tasks"] == 3 and use["none"]["success"] == [0.0, 1.0]  # seed 0: b; seed 1: a and b
+    assert (use["none"]["gained"], use["none"]["lost"]) == (1, 0)
     assert lab_ttr.memory_use(rows, n0, [hits, {}]) is None  # a seed without attempts: nothing to read
 
-    # the table's reading section: one line per row that has it
+    # the table's reading section: one line per part of each row that has it
     row = {"policy": "memory_scratch", "setting": "N=2", "mean": 0.5, "ci95": None, "diff_mean": 0.0}
     row |= {"diff_ci95": None, "gained": 0, "lost": 0, "resolved_up": 0, "resolved_down": 0, "tokens_per_task": 9}
     n0_row = {**row, "setting": "N=0"}
     results = {"model": "lab-tiny", "seeds": 2, "test_tasks": 3, "scratch_steps": 1, "memory_demos": {}}
     lines = lab_ttr.table({**results, "rows": [n0_row, {**row, "memory_use": use}]})
     at = next(i for i, line in enumerate(lines) if line.startswith("reading the memory"))
-    made = lines[at + 2].split()
-    assert made[:4] == ["memory_scratch", "N=2", "0.50", "0.500"] and made.index("+0/-1") < made.index("+1/-0")
-    assert "-0.500" in made[4 : made.index("+0/-1")]  # where an attempt made the calls, 0.5 below N=0
+    parts = [line.split() for line in lines[at + 2 : at + 5]]
+    assert [p[2:4] for p in parts] == [["all", "0.33"], ["some", "0.17"], ["none", "0.50"]]
+    assert parts[0][4] == "0.500" and "-0.500" in parts[0] and parts[0][-1] == "+0/-1" and parts[1][-1] == "-"
     assert not any(line.startswith("reading") for line in lab_ttr.table({**results, "rows": [n0_row, row]}))
 
 
@@ -230,7 +232,7 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
             assert r["diff_mean"] == 0 and r["tokens_per_task"] == 0 and "memory_use" not in r
         elif "other task" not in setting:
             assert r["tokens_per_task"] > 0  # attempts were generated
-            assert len(r["memory_use"]["hit_fraction"]) == 2  # and each seed's memories were checked
+            assert [len(r["memory_use"][p]["share"]) for p in lab_ttr.MADE] == [2] * 3  # each seed's memories read
         else:
             assert r["tokens_per_task"] == 0  # the other task's memory is read, not rehearsed
             assert r["memory_use"] is None  # nor held by this task's attempts
