@@ -236,6 +236,13 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
         *table(result),
         "```",
     ]
+    if result.get("wall_s", 0) >= 60 and "stage_minutes" in result:  # (a re-read of finished stages takes seconds)
+        lines += [
+            "",
+            f"Time: the process that wrote these results ran {result['wall_s'] / 60:.0f} min (wall clock, its "
+            f"workers included); its stages took {result['stage_minutes']:.0f} min summed over the processes that "
+            "ran them (a resumed run's wall clock misses the stages it read back; their time is in the sum).",
+        ]
     bullets = comparisons(result)
     if bullets:
         lines += [

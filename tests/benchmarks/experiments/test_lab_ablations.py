@@ -328,6 +328,12 @@ def test_the_stored_results_render_with_and_without_told_rows(tmp_path):
     rendered = page.render_ablations(old, stored.parent)
     assert rendered[5 : 5 + len(lab_ablations.table(old))] == lab_ablations.table(old)
     assert not any("told" in line for line in rendered)
+    # the run's wall clock and stage time, unless the writing process only read finished stages back (seconds)
+    timed = page.render_ablations({**old, "wall_s": 6667.0, "stage_minutes": 215.1}, stored.parent)
+    assert "Time: the process that wrote these results ran 111 min (wall clock, its workers included); its " in (
+        "\n".join(timed)
+    )
+    assert not any(line.startswith("Time:") for line in page.render_ablations({**old, "wall_s": 20.7}, stored.parent))
 
     rows = {r["row"]: r for r in old["rows"]}
     told = {
