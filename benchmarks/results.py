@@ -105,8 +105,9 @@ def _commit(commit: str | None, dirty: bool | None) -> str:
 
 def _date(result: dict[str, Any]) -> str:
     """`` (date, commit abc1234)`` from a result's `benchmarks.provenance.provenance` fields (what it holds),
-    ``written at commit def5678`` when the checkout moved while the run ran, and ``its stages ran 40 at commit
-    0123456, 1 before stages recorded their commit, ...`` when a resumed job read back stages run elsewhere."""
+    ``written at commit def5678`` when the checkout moved while the run ran, and ``of its stages, 40 ran at
+    commit 0123456, 1 ran before stages recorded their commit, ...`` when a resumed job read back stages run
+    elsewhere."""
     parts = [result["date"]] if "date" in result else []
     if result.get("commit"):
         parts.append(f"commit {result['commit'][:7]}" + (" with local changes" if result.get("dirty") else ""))
@@ -115,7 +116,7 @@ def _date(result: dict[str, Any]) -> str:
         parts.append(f"written at commit {written}")
     stages = result.get("stages")
     if stages:  # a resumed job whose stages ran at other checkouts (or before stages recorded theirs)
-        where = [f"{s['stages']} at {_commit(s['commit'], s['dirty'])}" for s in stages["ran_at"]]
+        where = [f"{s['stages']} ran at {_commit(s['commit'], s['dirty'])}" for s in stages["ran_at"]]
         if stages["unrecorded"]:
             earlier = stages.get("earlier")
             seen = (
@@ -123,8 +124,8 @@ def _date(result: dict[str, Any]) -> str:
                 if earlier
                 else ""
             )
-            where.append(f"{stages['unrecorded']} before stages recorded their commit{seen}")
-        ran = "its stages ran " + ", ".join(where)
+            where.append(f"{stages['unrecorded']} ran before stages recorded their commit{seen}")
+        ran = "of its stages, " + ", ".join(where)
         parts = [*parts[:-1], f"{parts[-1]}; {ran}"] if parts else [ran]
     return f" ({', '.join(parts)})" if parts else ""
 

@@ -269,9 +269,6 @@ def test_a_resumed_job_names_the_commits_its_stages_ran_at(tmp_path, git_repo):
     (run / "results.json").write_text(json.dumps(_tiny_sft_result(random.Random(1)) | recorded))
     results.store(run, store)
     page = results.render(store, tmp_path / "results.md").read_text()
-    shown = f"commit {second[:7]}; its stages ran 1 at commit {first[:7]}, 1 at commit {second[:7]}, 2 at an unknown "
-    assert (
-        shown
-        + "commit, 1 before stages recorded their commit, in a folder whose earlier results name commit fffffff with "
-        in page
-    )
+    shown = f"commit {second[:7]}; of its stages, 1 ran at commit {first[:7]}, 1 ran at commit {second[:7]}, 2 ran "
+    shown += "at an unknown commit, 1 ran before stages recorded their commit, in a folder whose earlier results name "
+    assert shown + "commit fffffff with local changes)" in page
