@@ -110,10 +110,9 @@ def _date(result: dict[str, Any]) -> str:
     elsewhere."""
     parts = [result["date"]] if "date" in result else []
     if result.get("commit"):
-        parts.append(f"commit {result['commit'][:7]}" + (" with local changes" if result.get("dirty") else ""))
+        parts.append(_commit(result["commit"], result.get("dirty")))
     if result.get("commit_at_write"):  # the checkout moved while the run ran (`benchmarks.provenance`)
-        written = f"{result['commit_at_write'][:7]}" + (" with local changes" if result.get("dirty_at_write") else "")
-        parts.append(f"written at commit {written}")
+        parts.append(f"written at {_commit(result['commit_at_write'], result.get('dirty_at_write'))}")
     stages = result.get("stages")
     if stages:  # a resumed job whose stages ran at other checkouts (or before stages recorded theirs)
         where = [f"{s['stages']} ran at {_commit(s['commit'], s['dirty'])}" for s in stages["ran_at"]]

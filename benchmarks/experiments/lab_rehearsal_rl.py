@@ -137,12 +137,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             "seconds": info["seconds"],
         }
 
-    layout = {"memory": args.memory, "restate_request": True} if args.restate_request else {"memory": args.memory}
-    if layout == {"memory": "trace"}:
-        layout = {}  # the default run's stage settings (and so its resumed runs) unchanged
-
     def evaluation(name: str, model: str, seed: int, n: int) -> dict[str, Any]:
-        changes = layout if n else {}
+        changes = {"memory": args.memory, "restate_request": args.restate_request} if n else {}
         config = dataclasses.replace(recipe.eval_config(out / name, model), seed=seed, rehearsal_n=n, **changes)
         stages.evaluate(name, config, models)
         return {"rewards": task_rewards(out / name), "tokens_per_task": rehearsal_tokens_per_task(out / name)}

@@ -331,8 +331,8 @@ def memory_use(
 
     Returns:
         Per part of `MADE`: ``share`` (per seed, its tasks over the rehearsed tasks), ``tasks`` (summed over seeds)
-        and `paired_comparison`'s fields, which are None where a seed has no such task; None when no task of some
-        seed was rehearsed with attempts (a memory taken from another task).
+        and `paired_comparison`'s fields, absent where a seed has no such task; None when no task of some seed was
+        rehearsed with attempts (a memory taken from another task).
     """
     if any(not h for h in hits):
         return None
@@ -363,15 +363,18 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     out = Path(args.out)
     t_start = time.perf_counter()
     first = load_recipe(args.recipe, out, args.threads, args.limit)
-    if first.suite in WORLD_INFIXES:  # (another suite is refused by start_recipe_run, also before any stage)
-        memory_task_pool(make_suite(first.suite), list(first.categories), args.memory_tasks)
+    # checked before any stage (another suite is refused by start_recipe_run, also before any stage)
+    train = (
+        {}
+        if first.suite not in WORLD_INFIXES
+        else memory_task_pool(make_suite(first.suite), list(first.categories), args.memory_tasks)
+    )
     recipe, models, stages, warm = start_recipe_run(args, log, suites=WORLD_INFIXES)
 
     # 1. memory demonstrations: disjoint train tasks per N, the same for every seed
     suite = make_suite(recipe.suite)
     categories = list(recipe.categories)
     per_n: dict[int, list[str]] = {}
-    train = memory_task_pool(suite, categories, args.memory_tasks)
     m = args.memory_tasks
     for k, n in enumerate((1, 2, 3)):
         per_n[n] = [t.id for c in categories for t in train[c][k * m : (k + 1) * m]]
