@@ -100,7 +100,8 @@ def test_options_are_checked():
     with pytest.raises(SystemExit):
         lab_ttr.parse_args(["--policies", "memory_scratch"])  # its N=0 is compared with plain_scratch's
     default = lab_ttr.parse_args([]).policies
-    assert default == [p for p in lab_ttr.POLICIES if p not in lab_ttr.DIAGNOSTIC_POLICIES] and "warm" in default
+    assert default == [p for p in lab_ttr.POLICIES if p not in lab_ttr.NAMED_ONLY] and "warm" in default
+    assert "memory_restated_scratch" not in default and "memory_scratch" in default
     assert lab_ttr.parse_args(["--policies", "memory_scratch", "plain_scratch"]).policies == [
         "warm",
         "plain_scratch",
@@ -137,6 +138,7 @@ def test_the_table_names_only_the_training_its_rows_had(tmp_path):
     assert lab_ttr.table({**after, "memory_demos": {}})[0].endswith("; no memory demonstrations")  # plain runs only
     assert lab_ttr.memory_sources(["warm", "plain_scratch", "real_memory_restated_scratch"]) == {("real", True)}
     assert lab_ttr.memory_sources(["memory_sft", "memory_scratch"]) == {("rehearsed", False)}
+    assert lab_ttr.memory_folder(*lab_ttr.MEMORY_SOURCES["memory_restated_scratch"]) == "memory_demos_restated"
     long_name = lab_ttr.table({**after, "rows": [{**scratch[0], "policy": "real_memory_restated_scratch"}]})
     assert long_name[3].startswith("real_memory_restated_scratch N=0 ")  # the column fits the longest name
     assert lines[-1].split() == ["memory_scratch", "-", "plain_scratch", "-0.100", "tasks", "+0/-1,", "seeds"] + [
@@ -221,7 +223,8 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     variants = ["N=2, sequential", "N=2, warm-start rehearser"]
     expected = {"warm": settings, "plain_sft": settings + variants, "memory_sft": settings + variants + controls}
     expected |= {"plain_scratch": expected["plain_sft"], "memory_scratch": expected["memory_sft"]}
-    expected["real_memory_scratch"] = expected["real_memory_restated_scratch"] = expected["memory_sft"]
+    for policy in ("real_memory_scratch", "real_memory_restated_scratch", "memory_restated_scratch"):
+        expected[policy] = expected["memory_sft"]
     assert list(rows) == [(p, s) for p in lab_ttr.POLICIES for s in expected[p]]
     assert results["kind"] == "lab_ttr_stated_memory_tasks"  # the stated world, --memory-tasks 1, not the default
     n_tasks = results["test_tasks"]
