@@ -244,12 +244,12 @@ def generate(
             # Finished rows leave the batch: each later step then costs the live rows only. A row's KV is
             # complete when it finishes (its last sampled id is never fed), so the copy below is all it needs.
             keep = live.nonzero().squeeze(1)  # (B_c',) positions in the current batch
-            if kv_cache is not None:  # the leaving rows' KV, copied (the whole buffer is then freed)
-                leaving = (~live).nonzero().squeeze(1)  # (B_c - B_c',)
-                index = leaving.to(device)
-                layers = [(k.index_select(0, index), v.index_select(0, index)) for k, v in _cache_layers(cache)]
-                for j, position in enumerate(leaving.tolist()):
-                    kv_of_row[int(rows[position])] = (layers, j, offset)
+            if kv_cache is not None:
+                # the leaving rows' KV stays where it is: `select_rows` copies the kept rows into new buffers and
+                # never writes these again, and `_store_entries` clones what it keeps (no copy of them here)
+                layers = _cache_layers(cache)
+                for position in (~live).nonzero().squeeze(1).tolist():
+                    kv_of_row[int(rows[position])] = (layers, position, offset)
             rows = rows[keep]
             drop = int(first_column[rows].min()) - offset  # columns left of every kept row's context
             for layer in _reserved_layers(cache):
@@ -293,7 +293,7 @@ def _store_entries(
     """Store each row's processed ids (its context and all its generated ids but the last) in `kv_cache`.
 
     Row i's KV is at ``kv_of_row[i] = (layers, position, offset)``: row ``position`` of ``layers`` (per layer
-    ``(R, H_kv, C, D)``: the rows that left the decode's batch with row i, or the last batch; their filled
+    ``(R, H_kv, C, D)``: the decode's batch when row i left it, or the last batch; their filled
     columns), whose column c is the layout's column ``c + offset``. In that layout a row's fed columns are
     contiguous: its context in ``[W - len(context_i), W)`` (left padding) and its generated ids after ``W``.
     With ``kv_cache.share_prefixes`` an entry stores only the KV its parent does not hold: a row links to the
