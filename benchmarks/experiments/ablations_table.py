@@ -75,7 +75,7 @@ def table(results: dict[str, Any]) -> list[str]:
         f"EnvACE-Lab ablations: {results['model']}, {done} seeds, {results['grpo_steps']} GRPO steps "
         f"(B={results['grpo']['batch_tasks']}, K={results['grpo']['group_size']}), {results['test_tasks']} test tasks, "
         f"success on the real backend, mean +- 95% CI over seeds{progress}",
-        f"{'row':<40} {'success':>15} {'vs role_grpo':>15} {'tasks +/-':>9} {'real calls':>10} {'replays':>8} "
+        f"{'row':<40} {'success':<15} {'vs role_grpo':>15} {'tasks +/-':>9} {'real calls':>10} {'replays':>8} "
         f"{'seconds':>8} {'fid ord':>7} {'fid err':>7}",
     ]
     one_step = any((row.get("fidelity") or {}).get("one-step error exact") is not None for row in results["rows"])
@@ -99,12 +99,13 @@ def table(results: dict[str, Any]) -> list[str]:
             for k in ("ordinary exact", "error exact", "one-step ordinary exact", "one-step error exact")
         )
         lines.append(
-            f"{row['row']:<40} {success:>15} {diff:>15} {paired:>9} {calls:>10} {replays:>8} {secs:>8} "
+            f"{row['row']:<40} {success:<15} {diff:>15} {paired:>9} {calls:>10} {replays:>8} {secs:>8} "
             f"{ordinary:>7} {error:>7}" + (f" {one_ordinary:>10} {one_error:>10}" if one_step else "")
         )
     lines.append(
         "tasks +/-: the test tasks the row solved that role_grpo did not / that role_grpo solved and the row "
-        "did not, summed over seeds" + ("; one seed: no interval over seeds (no +-)" if done < 2 else "")
+        "did not, summed over seeds; a success without +- is one model's (a warm start serves every seed)"
+        + ("; one seed: no interval over seeds (no +-)" if done < 2 else "")
     )
     lines.append(
         "real calls: executions on the real backend in training per run (warm start: its demonstrations' reference "
