@@ -18,6 +18,7 @@ numbers up to float rounding.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -80,7 +81,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 
 @torch.no_grad()
 def decode_step(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    cache,
+    segments: Sequence[tuple[int, int, int]] | None = None,
 ) -> torch.Tensor:
     """The next-token logits after feeding one id per row.
 
@@ -91,6 +97,9 @@ def decode_step(
         position_ids: ``(B, 1)`` int64, each row's position of the fed id.
         cache: a `transformers.DynamicCache` holding T columns per layer; each layer's ``update`` appends
             the step's key and value (in place for the generation's reserved buffers).
+        segments: ``[(a, b, c), ...]`` covering the rows in order (`agents.engines.generation.attention_segments`):
+            rows ``a..b-1`` attend columns ``c..T`` only, every column left of ``c`` being masked for them (the
+            same numbers up to float rounding; fewer columns read). None: every row over all columns.
 
     Returns:
         ``(B, V)`` logits in the model's dtype.
@@ -105,7 +114,12 @@ def decode_step(
     half = cos.shape[-1] // 2
     cos = cos[:, None]  # (B, 1, 1, D): broadcast over heads
     signed_sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, None]  # (B, 1, 1, D)
-    mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T+1)
+    if segments is None or len(segments) == 1:
+        segments = [(0, rows, segments[0][2] if segments else 0)]
+    masks = []  # per segment (b - a, 1, 1, T + 1 - c), None where nothing is masked
+    for a, b, c in segments:
+        part = attention_mask[a:b, c:]
+        masks.append(None if bool(part.all()) else part.bool()[:, None, None, :])
     for i, layer in enumerate(inner.layers[: cfg.num_hidden_layers]):
         attn, mlp = layer.self_attn, layer.mlp
         x = _rms_norm(hidden, layer.input_layernorm)  # (B, H)
@@ -116,9 +130,14 @@ def decode_step(
             q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
         q, k = _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)  # (B, H, 1, D) each
         keys, values = cache.layers[i].update(k, v)  # (B, H_kv, T+1, D) each
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=q.shape[1] != keys.shape[1]
-        )  # (B, H_q, 1, D)
+        gqa = q.shape[1] != keys.shape[1]
+        parts = [
+            F.scaled_dot_product_attention(
+                q[a:b], keys[a:b, :, c:], values[a:b, :, c:], attn_mask=m, scale=attn.scaling, enable_gqa=gqa
+            )  # (b - a, H_q, 1, D)
+            for (a, b, c), m in zip(segments, masks)
+        ]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)  # (B, H_q, 1, D)
         # the residual add rides in the GEMM (addmm's beta term) instead of a separate op
         hidden = torch.addmm(hidden, out.reshape(rows, -1), attn.o_proj.weight.t())  # (B, H)
         x = _rms_norm(hidden, layer.post_attention_layernorm)

@@ -15,7 +15,9 @@ the keys/values of its longest cached prefix and the model processes only the ne
 tools) are prefilled once. The decode loop does only step-dependent work: the KV buffers are reserved for
 every new column once (no concatenation per token), the output buffers are allocated once, ids and
 logprobs are copied to Python lists once at the end; finished rows leave the batch once enough of them have
-finished (`COMPACT_FRACTION`: the KV buffers and the mask are then copied once, smaller).
+finished (`COMPACT_FRACTION`: the KV buffers and the mask are then copied once, smaller); with the lean decode
+(`agents.engines.decode.decode_step`) the rows are ordered by width and each step's attention skips the left
+padding that a segment of rows shares (`attention_segments`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from agents.engines.kv_cache import KVEntry, PrefixKVCache, common_prefix_length
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
 
-__all__ = ["Generation", "generate"]
+__all__ = ["Generation", "attention_segments", "generate"]
 
 # The name of a causal LM's KV-cache argument and output field: ``cache`` from Transformers 5.24 on,
 # ``past_key_values`` before. Both are supported: vLLM's CPU wheel pins transformers<5.20, and the HF engine runs
@@ -87,9 +89,11 @@ def generate(
     copied in, the model writes the rest (`_prefill`); rows of different shapes go through a few padded,
     masked forwards when short (`PADDED_PREFILL_MAX_WIDTH`; rows of similar suffix lengths together), else one
     at a time over their own slice of the buffers, without a mask. Finished rows leave the decode's batch
-    (`COMPACT_FRACTION`). During the decode ``attention_mask`` ``(B, W + t)`` marks the real columns and
-    ``position_ids`` continue each row's true length, so a row's logits do not depend on the batch it is in
-    (up to float rounding).
+    (`COMPACT_FRACTION`); with the lean decode the batch's rows are ordered by context length, so that each
+    step's attention can skip the padding a segment of rows shares (`attention_segments`; a reorder of unique rows
+    costs a copy of their KV, made only when it pays). During the decode ``attention_mask`` ``(B, W + t)`` marks
+    the real columns and ``position_ids`` continue each row's true length, so a row's logits do not depend on the
+    batch it is in (up to float rounding).
 
     Args:
         model: a Transformers causal LM (accepts ``attention_mask``, ``position_ids``, ``cache``,
@@ -154,6 +158,7 @@ def generate(
     p_u = [reused[i] for i in rows_u]
     s_u = [len(contexts[i]) - reused[i] for i in rows_u]
 
+    lean = fast_decode and supports_decode_step(model)
     logits, cache, prefill_mask, position_ids, width0 = _prefill(
         model, [contexts[i] for i in rows_u], [sources[i] for i in rows_u], p_u, max_new_tokens - 1, device
     )
@@ -162,8 +167,26 @@ def generate(
         kv_cache.stats["hits"] += sum(1 for r in reused if r > 0)
         kv_cache.stats["reused_tokens"] += sum(reused)
     expand = len(rows_u) < batch
-    if expand:  # expand the unique rows back to the B rows, in row order
-        index = torch.tensor(row_to_uniq, dtype=torch.long)  # (B,)
+    # with the lean decode, the batch's rows by their first real column (the widest context first), so that
+    # `attention_segments` can cut it into segments of similar widths; rows keep that order when finished ones leave
+    # (reordering unique rows costs a copy of their KV, which an expansion makes anyway: without one, only when
+    # the padding it skips over the decode is worth twice that copy)
+    natural = list(range(batch)) if expand else rows_u
+    rows_b = natural
+    if lean:
+        by_width = sorted(natural, key=lambda r: -len(contexts[r]))
+        lead = np.asarray([width0 - len(contexts[r]) for r in by_width])  # (B,) first real column per position
+        segments = attention_segments(lead, width0)
+        saved = batch * (width0 - int(lead[0])) - sum((b - a) * (width0 - c) for a, b, c in segments)  # cells/step
+        if by_width != natural and (saved > 0 if expand else saved * max_new_tokens > 2 * batch * width0):
+            rows_b = by_width
+    reorder = rows_b is not natural
+    if expand or reorder:  # the unique rows expanded back to the B rows, in batch order
+        if expand:
+            index = torch.tensor([row_to_uniq[r] for r in rows_b], dtype=torch.long)  # (B,)
+        else:
+            position_of = {r: j for j, r in enumerate(rows_u)}
+            index = torch.tensor([position_of[r] for r in rows_b], dtype=torch.long)  # (B,)
         for layer in _reserved_layers(cache):
             layer.select_rows(index.to(device))
         logits = logits.index_select(0, index)  # (B, V)
@@ -182,14 +205,15 @@ def generate(
     lengths = torch.zeros(batch, dtype=torch.long)  # (B,) tokens generated per row
     finished = torch.zeros(batch, dtype=torch.bool)  # (B,)
     stopped = torch.zeros(batch, dtype=torch.bool)  # (B,)
-    rows = torch.arange(batch) if expand else torch.tensor(rows_u)  # (B_c,) the row at each batch position
+    rows = torch.tensor(rows_b)  # (B_c,) the row at each batch position
     offset = 0  # leading columns dropped from the buffers, mask and `rows`' layout
     first_column = torch.tensor(
         [width0 - len(c) for c in contexts], dtype=torch.long
     )  # (B,) each row's first real column
+    ordered = bool((np.diff(first_column[rows].numpy()) >= 0).all())  # the order `attention_segments` needs
+    segments = attention_segments(first_column[rows].numpy(), width0) if lean and ordered else None
     kv_of_row: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], int, int] | None] = [None] * batch
     steps = 0
-    lean = fast_decode and supports_decode_step(model)
     next_ids = torch.empty(0, dtype=torch.long)  # the ids sampled at step t - 1: set at t == 0, read from t == 1 on
     for t in range(max_new_tokens):
         n_rows = rows.numel()
@@ -199,7 +223,7 @@ def generate(
                 attention_mask[:, : width0 - offset + t],
             )  # (B_c, 1), (B_c, W+t)
             if lean:
-                logits = decode_step(model, ids, mask, next_pos, cache).float()  # (B_c, V)
+                logits = decode_step(model, ids, mask, next_pos, cache, segments).float()  # (B_c, V)
             else:
                 out = model(
                     input_ids=ids,
@@ -258,6 +282,8 @@ def generate(
             next_pos = next_pos.index_select(0, keep.to(device))
             next_ids = next_ids.index_select(0, keep)
             offset += drop
+            if segments is not None:  # the kept rows keep their order
+                segments = attention_segments((first_column[rows] - offset).numpy(), width0 - offset)
 
     lens = lengths.tolist()
     ids_all, lps_all = sampled[:, :steps].tolist(), sampled_lp[:, :steps].tolist()
@@ -271,6 +297,49 @@ def generate(
         kv_cache.stats["fed_tokens"] += sum(max(n - 1, 0) for n in lens)
         _store_entries(kv_cache, cast(Any, kv_of_row), contexts, gens, sources, reused, row_to_uniq, width0)
     return gens
+
+
+SEGMENT_CALL_CELLS = 256
+"""What one more attention call of a decode step costs, in KV cells read (a cell: one row's key and value at one
+column): `attention_segments` cuts the batch into another segment only where that skips more padding than this."""
+
+
+def attention_segments(first_columns: np.ndarray, width: int) -> list[tuple[int, int, int]]:
+    """Cut a decode batch into segments whose attention skips their common left padding.
+
+    A decode step's attention reads every row's KV over all the batch's columns, its left padding included
+    (masked, yet read); in a rollout's later calls contexts differ by hundreds of tokens, so about a third of
+    what a step reads is padding. With the rows ordered by first real column (ascending: the widest context
+    first), segment ``(a, b, c)`` attends rows ``a..b-1`` over columns ``c..`` only, ``c`` the first real column of
+    row ``a``, the widest of them. Minimises ``sum((b - a) * (width - c)) + SEGMENT_CALL_CELLS`` per segment
+    (dynamic programming, O(B^2); `_suffix_buckets`' method).
+
+    Args:
+        first_columns: ``(B,)`` int, each batch position's first real column, non-decreasing.
+        width: the columns of the cache (every row's context ends before it).
+
+    Returns:
+        ``[(a, b, c), ...]`` covering positions ``0..B-1`` in order; one segment ``(0, B, 0)``-like when cutting
+        saves nothing (its ``c`` is still row 0's first column).
+
+    Raises:
+        ValueError: ``first_columns`` not non-decreasing (a segment's column would cut a later row's context).
+    """
+    f = np.asarray(first_columns, dtype=np.int64)  # (B,)
+    if len(f) and (np.diff(f) < 0).any():
+        raise ValueError("attention_segments needs the rows ordered by first column (non-decreasing)")
+    n = len(f)
+    best = np.zeros(n + 1, dtype=np.int64)  # best[b]: the cheapest cut of positions [0, b)
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        cost = best[:end] + (end - np.arange(end)) * (width - f[:end]) + SEGMENT_CALL_CELLS
+        cut[end] = int(cost.argmin())
+        best[end] = cost[cut[end]]
+    segments, end = [], n
+    while end > 0:
+        segments.append((cut[end], end, int(f[cut[end]])))
+        end = cut[end]
+    return segments[::-1]
 
 
 COMPACT_FRACTION = 0.5

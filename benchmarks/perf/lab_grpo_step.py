@@ -7,9 +7,10 @@ ones, and prints per step the rollout and update seconds (the trainer's own ``pe
 ``perf/update_s``), the generated tokens, and the median step time against the target. ``--rehearsal-n N`` times
 rehearsal-aware steps instead (N attempts per user turn before the committed steps).
 
-``--engine-baseline`` also trains a second trainer from the same warm start with the generation engine's two
+``--engine-baseline`` also trains a second trainer from the same warm start with the generation engine's three
 rollout-shaped optimisations off (`agents.engines.generation`: finished rows stay in the decode's batch,
-``COMPACT_FRACTION = 0``, and every ragged prefill is one padded forward, ``BUCKET_CALL_TOKENS`` unbounded), its
+``COMPACT_FRACTION = 0``; every ragged prefill is one padded forward, ``BUCKET_CALL_TOKENS`` unbounded; each decode
+step attends every row over every column, ``SEGMENT_CALL_CELLS`` unbounded), its
 steps alternating with the first's (this machine's speed drifts), and prints the ratio of the median rollout
 seconds. Both draw the same samples up to float rounding (a rare flip between two ids with no probability
 between them); the generated tokens are printed side by side.
@@ -59,8 +60,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     torch.set_num_threads(args.threads)
     recipe = load_dataclass(PipelineConfig, args.recipe, threads=args.threads)
-    engine = {"COMPACT_FRACTION": generation.COMPACT_FRACTION, "BUCKET_CALL_TOKENS": generation.BUCKET_CALL_TOKENS}
-    without = {"COMPACT_FRACTION": 0.0, "BUCKET_CALL_TOKENS": 10**12}
+    knobs = ("COMPACT_FRACTION", "BUCKET_CALL_TOKENS", "SEGMENT_CALL_CELLS")
+    engine = {k: getattr(generation, k) for k in knobs}
+    without = {"COMPACT_FRACTION": 0.0, "BUCKET_CALL_TOKENS": 10**12, "SEGMENT_CALL_CELLS": 10**12}
     with tempfile.TemporaryDirectory() as tmp:
         trainers = []
         for name in ("ours", "baseline") if args.engine_baseline else ("ours",):

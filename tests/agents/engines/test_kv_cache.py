@@ -536,3 +536,40 @@ def test_finished_rows_leaving_the_batch_and_suffix_buckets_change_no_sample(
         ]
     assert compacted and cache.stats["hits"] > 0  # rows left the batch; later calls continued cached prefixes
     assert len({len(g.token_ids) for g in cached}) > 1  # rows did finish at different steps
+
+
+def test_attention_segments_skip_padding_only_where_a_call_pays_for_itself(monkeypatch):
+    monkeypatch.setattr(generation, "SEGMENT_CALL_CELLS", 10)
+    # two wide rows from column 0, three narrow ones from 90 of 100: cutting skips 3 * 90 cells for 10
+    assert generation.attention_segments(np.array([0, 0, 90, 90, 95]), 100) == [(0, 2, 0), (2, 5, 90)]
+    assert generation.attention_segments(np.array([0, 1, 2]), 100) == [(0, 3, 0)]  # 3 cells saved < 10
+    assert generation.attention_segments(np.array([4, 4]), 10) == [(0, 2, 4)]  # shared padding left out too
+    assert generation.attention_segments(np.array([], dtype=np.int64), 5) == []
+    with pytest.raises(ValueError, match="ordered by first column"):
+        generation.attention_segments(np.array([5, 0]), 10)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_attention_segments_change_no_sample(model, monkeypatch, temperature):
+    """Rows of very different lengths, repeated (an expansion) and not: the decode cuts its batch into segments
+    that skip their left padding (`attention_segments`, rows reordered by width), and draws the same samples with
+    the logprobs of a full recompute as one attention over every column (``SEGMENT_CALL_CELLS`` unbounded)."""
+    calls = []
+    real_step = generation.decode_step
+    monkeypatch.setattr(generation, "decode_step", lambda *a: calls.append(a[5]) or real_step(*a))
+    stop = list(range(3, 12000))  # of 49152 ids: rows stop at different steps
+    for contexts in (
+        [_ids(range(n)) for n in (3, 80, 5, 77, 4)] * 2,  # pairs: expanded, reordered for free
+        [_ids(range(7 * n, 8 * n)) for n in (3, 80, 5, 77, 4)],  # unique rows: reordered only when it pays
+    ):
+        kw = dict(max_new_tokens=12, temperature=temperature, stop_ids=stop, pad_id=PAD, seeds=range(len(contexts)))
+        monkeypatch.setattr(generation, "SEGMENT_CALL_CELLS", 16)
+        calls.clear()
+        cut = generate(model, contexts, kv_cache=PrefixKVCache(min_shared_prefix=4), **kw)
+        assert any(s is not None and len(s) > 1 for s in calls)  # the batch was cut
+        monkeypatch.setattr(generation, "SEGMENT_CALL_CELLS", 10**12)
+        calls.clear()
+        whole = generate(model, contexts, kv_cache=PrefixKVCache(min_shared_prefix=4), **kw)
+        assert all(s is None or len(s) == 1 for s in calls)
+        _check_against_recompute(model, contexts, cut, temperature)
+        _assert_same_samples(model, contexts, cut, whole, temperature)
