@@ -3,10 +3,11 @@
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft`` (and its ``_blind`` and
 ``_steps`` kinds), ``lab_ablations``, ``lab_ablations_budget``, ``lab_grpo_budget_valid``, ``lab_grpo_budget``,
-``lab_ttr`` (and its ``_blind``, ``_stated``, ``_memory_tasks`` and ``_outcomes`` kinds), ``lab_rehearsal_rl`` (and its
-``_blind``, ``_stated``, ``_outcomes`` and ``_restated`` kinds), ``lab_env_cost``, ``judge_agreement``,
-``engines_equal_work``) and renders every stored result into ``docs/results.md``; with no folder given it only
-re-renders. Numbers appear in the page only as this command writes them: edit a script or rerun it, never the page.
+``lab_ttr`` (and its ``_blind``, ``_stated``, ``_memory_tasks``, ``_outcomes`` and ``_rl`` kinds),
+``lab_rehearsal_rl`` (and its ``_blind``, ``_stated``, ``_outcomes`` and ``_restated`` kinds), ``lab_env_cost``,
+``judge_agreement``, ``engines_equal_work``) and renders every stored result into ``docs/results.md``; with no
+folder given it only re-renders. Numbers appear in the page only as this command writes them: edit a script or rerun
+it, never the page.
 
     python -m benchmarks.results runs/lab_tiny_sft runs/lab_ablations   # store these runs' results and render
     python -m benchmarks.results                                        # render what docs/results/ holds
@@ -302,15 +303,18 @@ def _world(kind: str) -> str:
 def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
     """The test-time rehearsal section (`benchmarks.experiments.lab_ttr`): its printed table and its plot. A run on
     the blind variant (kind ``lab_ttr_blind``), with another number of memory tasks than the script's default
-    (kinds with ``_memory_tasks``) or with the outcomes memory (kinds ending ``_outcomes``) is its own section."""
+    (kinds with ``_memory_tasks``), with the outcomes memory (``_outcomes``) or with RL continuations (kinds ending
+    ``_rl``) is its own section."""
     from benchmarks.experiments.result_tables import ttr_table
 
     kind = str(result.get("kind", "lab_ttr"))
     title = "Test-time rehearsal on the lab" + _world(kind)
     if "_memory_tasks" in kind:
         title += f", memory demonstrations of {result['memory_tasks']} train tasks per family and N"
-    if kind.endswith("_outcomes"):
+    if kind.removesuffix("_rl").endswith("_outcomes"):
         title += ", outcomes memory (the trace without the attempts' replies)"
+    if kind.endswith("_rl"):
+        title += f", each policy also after {result['rl_steps']} RL steps"
     return _table_section(title, ttr_table(result), result, folder, plots=True)
 
 
@@ -384,10 +388,11 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_grpo_budget": render_grpo_budget,
     "lab_anchor_valid": render_grpo_budget,
     **{
-        f"lab_ttr{world}{dose}{memory}": render_ttr
+        f"lab_ttr{world}{dose}{memory}{rl}": render_ttr
         for world in ("", "_blind", "_stated")
         for memory in ("", "_outcomes")
         for dose in ("", "_memory_tasks")
+        for rl in ("", "_rl")
     },
     **{
         f"lab_rehearsal_rl{world}{memory}{restated}": render_rehearsal_rl

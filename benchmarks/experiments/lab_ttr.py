@@ -54,6 +54,15 @@ leave a ``reply: Done.`` line, and after a memory the act often stopped after on
 the same protocol with every memory, in training and in evaluation, laid out as the trace's call lines only
 (`wrappers.TestTimeRehearsal`'s ``memory="outcomes"``); its results are their own kind (`result_kind`).
 
+``--rl-steps S`` (the issue's "trained without and with steps 3-4" in one run) continues every policy but the warm
+start by S role-wise GRPO steps at the recipe's GRPO settings and the run's seed (``<policy>_rl``): a
+memory-trained policy's rollouts rehearse first (``--rl-n`` attempts per user turn and the memory in the layout it
+was trained on: `agents.rollout.collect_rollouts` with ``rehearsal_n``, the committed reward also training the
+attempts), a plain one's do not. Each continuation is evaluated like the others, with its own start as the pre-RL
+rehearser; what memory training costs at N = 0 is also reported between the continuations. Its results are their
+own kind (`result_kind`). (At equal steps a rehearsing rollout generates more tokens: equal-token comparisons are
+`benchmarks.experiments.lab_rehearsal_rl`'s.)
+
 What memory training costs at N = 0: each memory-trained policy at N = 0 paired with its plain control at N = 0
 (``memory_sft`` with ``plain_sft``, every ``*memory*_scratch`` with ``plain_scratch``; `PLAIN_CONTROL`), the same
 statistics.
@@ -143,6 +152,21 @@ def memory_folder(attempt_outputs: str, restate_request: bool) -> str:
     )
 
 
+RL_SUFFIX = "_rl"
+"""A policy's RL continuation (``--rl-steps``) is named ``<policy>_rl``."""
+
+
+def base_policy(policy: str) -> str:
+    """The SFT policy an RL continuation (``<policy>_rl``) started from; a policy without RL is its own."""
+    return policy.removesuffix(RL_SUFFIX)
+
+
+def evaluated_policies(policies: list[str], rl_steps: int) -> list[str]:
+    """Every policy a run evaluates, in page order: each of `policies`, followed by its RL continuation when
+    ``rl_steps`` > 0 (not the warm start's: it is the start of every policy from scratch only by recipe)."""
+    return [q for p in policies for q in (p, p + RL_SUFFIX) if q == p or (rl_steps and p != "warm")]
+
+
 MEMORIES = ("trace", "outcomes")
 """``--memory``: the layout of every memory of a run (`wrappers.TestTimeRehearsal`'s ``memory``), in its memory
 demonstrations and in every evaluation with rehearsal; ``outcomes`` (the trace without the attempts' closing
@@ -159,11 +183,11 @@ MEMORY_TASKS = 40
 """The default ``--memory-tasks``: a run at another value is its own results kind (`result_kind`)."""
 
 
-def result_kind(suite: str, memory_tasks: int, memory: str = "trace") -> str:
+def result_kind(suite: str, memory_tasks: int, memory: str = "trace", rl_steps: int = 0) -> str:
     """The ``kind`` of a run's ``results.json``: ``lab_ttr`` with the recipe's world
     (`benchmarks.experiments.paired.world_kind`), ``_memory_tasks`` when ``--memory-tasks`` is not
-    `MEMORY_TASKS` and ``_outcomes`` for ``--memory outcomes`` (so neither ever replaces the default run's
-    section).
+    `MEMORY_TASKS`, ``_outcomes`` for ``--memory outcomes`` and ``_rl`` with ``--rl-steps`` (so none ever replaces
+    the default run's section).
 
     Raises:
         ValueError: a suite without a kind (the lab's worlds have one each).
@@ -172,6 +196,7 @@ def result_kind(suite: str, memory_tasks: int, memory: str = "trace") -> str:
         world_kind("lab_ttr", suite)
         + ("" if memory_tasks == MEMORY_TASKS else "_memory_tasks")
         + ("" if memory == "trace" else f"_{memory}")
+        + (RL_SUFFIX if rl_steps else "")
     )
 
 
@@ -214,6 +239,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--limit", type=int, default=100, help="test tasks per family")
     ap.add_argument(
+        "--rl-steps",
+        type=int,
+        default=0,
+        help="also continue every policy but the warm start by this many role-wise GRPO steps (the recipe's GRPO "
+        "settings; a memory-trained policy's rollouts rehearse first: --rl-n attempts, its memory layout) and "
+        "evaluate each continuation (<policy>_rl) like the others (0: none; results of their own kind)",
+    )
+    ap.add_argument(
+        "--rl-n",
+        type=int,
+        default=2,
+        help="rehearsal attempts per user turn in a memory-trained policy's RL rollouts (--rl-steps)",
+    )
+    ap.add_argument(
         "--no-controls", action="store_true", help="skip the three controls and the sequential and rehearser rows"
     )
     ap.add_argument(
@@ -238,8 +277,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unpaired = [p for p, plain in PLAIN_CONTROL.items() if p in args.policies and plain not in args.policies]
     if unpaired:
         ap.error(f"{unpaired[0]} is compared with {PLAIN_CONTROL[unpaired[0]]} at N=0: add it to --policies")
-    if args.seeds < 1 or args.memory_tasks < 1 or args.sft_steps < 1 or args.limit < 1:
-        ap.error("--seeds, --memory-tasks, --sft-steps and --limit must be >= 1")
+    if args.seeds < 1 or args.memory_tasks < 1 or args.sft_steps < 1 or args.limit < 1 or args.rl_n < 1:
+        ap.error("--seeds, --memory-tasks, --sft-steps, --limit and --rl-n must be >= 1")
+    if args.rl_steps < 0:
+        ap.error("--rl-steps must be >= 0")
     if any(n < 1 for n in args.n):
         ap.error("--n values must be >= 1 (N = 0 is always evaluated)")
     if not args.no_controls and CONTROL_N not in args.n:
@@ -361,8 +402,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     """Run (or resume) every stage; return the results (also written to ``<out>/results.json`` after each seed)."""
     import shlex
 
-    from agents.config import replace_fields
-    from agents.pipeline import latest_model, sft_task_ids, stage_ignores, stage_settings
+    from agents.config import TrainConfig, replace_fields
+    from agents.pipeline import grpo_stage, latest_model, sft_task_ids, stage_ignores, stage_settings
     from agents.policy import load_policy
     from agents.training.demonstrations import record_memory_demonstrations
     from agents.training.sft import SFTConfig, SFTTrainer
@@ -498,6 +539,22 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     def scratch_trainer(policy: str) -> Any:
         return lambda seed: from_scratch(policy, seed, [recipe.suite, *memory_files(policy)])
 
+    def reinforce(policy: str, seed: int, start: str) -> str:
+        """`policy`'s RL continuation at `seed` from its model `start` (``--rl-steps``); its model folder."""
+        name = f"{policy}{RL_SUFFIX}/seed{seed}/grpo"
+        changes: dict[str, Any] = {"seed": seed, "num_steps": args.rl_steps, "run.save_every": args.rl_steps}
+        if policy in MEMORY_SOURCES:  # rehearsal-aware rollouts in the layout the policy learned to read
+            changes |= {
+                "rehearsal_n": args.rl_n,
+                "rehearsal_memory": args.memory,
+                "rehearsal_restate_request": MEMORY_SOURCES[policy][1],
+            }
+        config = replace_fields(recipe.grpo_config(out / name, start), changes)
+        stages.stage(
+            name, lambda _: grpo_stage(config, models, log), stage_settings(config), ignore=stage_ignores(TrainConfig)
+        )
+        return latest_model(out / name)
+
     trainers = {
         "plain_sft": lambda seed: continuation("plain_sft", seed, [recipe.suite]),
         "memory_sft": lambda seed: continuation("memory_sft", seed, [recipe.suite, *memory_files("memory_sft")]),
@@ -515,17 +572,23 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     for seed in range(args.seeds):
         if args.worker is not None and seed % args.workers != args.worker:
             continue
-        policies = {p: warm if p == "warm" else trainers[p](seed) for p in args.policies}
+        policies = {}
+        for p in args.policies:
+            policies[p] = warm if p == "warm" else trainers[p](seed)
+            if args.rl_steps and p != "warm":
+                policies[p + RL_SUFFIX] = reinforce(p, seed, policies[p])
         for policy, model in policies.items():
             # the warm start's N=0 evaluation is greedy and seed-free: one folder serves every seed
             base_name = "warm/n0" if policy == "warm" else f"{policy}/seed{seed}/n0"
             rows = {"N=0": evaluation(base_name, model, 0 if policy == "warm" else seed)}
-            layout = {"restate_request": True} if MEMORY_SOURCES.get(policy, ("", False))[1] else {}
+            base = base_policy(policy)
+            layout = {"restate_request": True} if MEMORY_SOURCES.get(base, ("", False))[1] else {}
             for n in args.n:
                 rows[f"N={n}"] = evaluation(f"{policy}/seed{seed}/n{n}", model, seed, rehearsal_n=n, **layout)
             if policy != "warm" and not args.no_controls:
                 for variant, changes in VARIANTS.items():
-                    changes = changes or {"rehearser_model": warm}
+                    # the pre-RL rehearser: an RL continuation's own start, else the warm start
+                    changes = changes or {"rehearser_model": warm if base == policy else policies[base]}
                     slug = variant.split(" ")[0].replace("-", "_")
                     rows[f"N={CONTROL_N}, {variant}"] = evaluation(
                         f"{policy}/seed{seed}/n{CONTROL_N}_{slug}",
@@ -535,7 +598,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                         **changes,
                         **layout,
                     )
-            if policy in PLAIN_CONTROL and not args.no_controls:
+            if base in PLAIN_CONTROL and not args.no_controls:
                 own = out / f"{policy}/seed{seed}/n{CONTROL_N}"
                 for control, changes in CONTROLS.items():
                     changes = changes or {"memory_from": str(own)}
@@ -586,7 +649,8 @@ def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
             row["memory_use"] = memory_use([s["rewards"] for s in seeds], [r["rewards"] for r in reference], hits)
         rows.append(row)
     memory_cost = []
-    for policy, plain in PLAIN_CONTROL.items():
+    pairs = [(p + rl, plain + rl) for rl in ("", RL_SUFFIX) for p, plain in PLAIN_CONTROL.items()]
+    for policy, plain in pairs:
         if f"{policy} | N=0" in measured:
             mem, ref = (measured[f"{p} | N=0"] for p in (policy, plain))
             memory_cost.append(
@@ -597,7 +661,7 @@ def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
                 }
             )
     return {
-        "kind": result_kind(recipe.suite, args.memory_tasks, args.memory),
+        "kind": result_kind(recipe.suite, args.memory_tasks, args.memory, args.rl_steps),
         "memory": args.memory,
         "recipe": str(args.recipe),
         "model": recipe.model,
@@ -605,7 +669,9 @@ def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
         "seeds": args.seeds,
         "sft_steps": args.sft_steps,
         "scratch_steps": recipe.sft.max_steps,
-        "policies": args.policies,
+        "policies": evaluated_policies(args.policies, args.rl_steps),
+        "rl_steps": args.rl_steps,
+        "rl_n": args.rl_n,
         "memory_tasks": args.memory_tasks,
         "memory_demos": demo_files,
         "test_tasks": len(next(iter(measured.values()))[0]["rewards"]),

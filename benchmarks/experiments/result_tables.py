@@ -131,6 +131,11 @@ def _ttr_training(results: dict[str, Any]) -> str:
         kinds.append(f"continuations (*_sft): {results['sft_steps']} SFT steps")
     if any(p.endswith("_scratch") for p in policies):
         kinds.append(f"from scratch (*_scratch): the recipe's SFT, {results['scratch_steps']} steps")
+    if results.get("rl_steps"):
+        kinds.append(
+            f"RL continuations (*_rl): {results['rl_steps']} role-wise GRPO steps, a memory-trained policy's rollouts "
+            f"rehearsing {results['rl_n']} attempts first"
+        )
     return "; ".join(kinds) or "no training past the warm start"
 
 

@@ -138,6 +138,9 @@ def test_the_table_names_only_the_training_its_rows_had(tmp_path):
     assert lab_ttr.table({**after, "memory_demos": {}})[0].endswith("; no memory demonstrations")  # plain runs only
     assert lab_ttr.memory_sources(["warm", "plain_scratch", "real_memory_restated_scratch"]) == {("real", True)}
     assert lab_ttr.memory_sources(["memory_sft", "memory_scratch"]) == {("rehearsed", False)}
+    assert lab_ttr.evaluated_policies(["warm", "plain_scratch"], 0) == ["warm", "plain_scratch"]
+    assert lab_ttr.evaluated_policies(["warm", "plain_scratch"], 5) == ["warm", "plain_scratch", "plain_scratch_rl"]
+    assert lab_ttr.base_policy("memory_scratch_rl") == "memory_scratch" == lab_ttr.base_policy("memory_scratch")
     assert lab_ttr.memory_folder(*lab_ttr.MEMORY_SOURCES["memory_restated_scratch"]) == "memory_demos_restated"
     long_name = lab_ttr.table({**after, "rows": [{**scratch[0], "policy": "real_memory_restated_scratch"}]})
     assert long_name[3].startswith("real_memory_restated_scratch N=0 ")  # the column fits the longest name
@@ -295,3 +298,41 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     printed = capsys.readouterr().out
     assert "[stage] warm_start/sft ..." not in printed and "memory_demos/n1: already done" in printed
     assert again["rows"] == results["rows"]
+
+
+@pytest.mark.slow
+def test_rl_continuations_rehearse_only_for_memory_trained_policies_and_are_evaluated_like_the_others(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(RECIPE))
+    out = tmp_path / "ttr"
+    argv = ["--recipe", str(recipe), "--out", str(out), "--seeds", "1", "--n", "2", "--threads", "1"]
+    argv += ["--memory-tasks", "1", "--limit", "1", "--memory", "outcomes", "--rl-steps", "1", "--rl-n", "1"]
+    results = lab_ttr.main([*argv, "--policies", "plain_scratch", "memory_restated_scratch"])
+    policies = ["warm", "plain_scratch", "plain_scratch_rl", "memory_restated_scratch", "memory_restated_scratch_rl"]
+    assert results["policies"] == policies and results["kind"] == "lab_ttr_stated_memory_tasks_outcomes_rl"
+    rows = {(r["policy"], r["setting"]) for r in results["rows"]}
+    controls = ["N=2, null outputs", "N=2, real outputs (oracle)", "N=2, other task's memory"]
+    assert {("memory_restated_scratch_rl", c) for c in controls} <= rows  # a memory-trained one's controls
+    assert not {("plain_scratch_rl", c) for c in controls} & rows
+    grpo = {p: json.loads((out / f"{p}_rl/seed0/grpo/stage_done.json").read_text())["config"] for p in policies[1::2]}
+    memory = grpo["memory_restated_scratch"]
+    assert (memory["rehearsal_n"], memory["rehearsal_memory"], memory["rehearsal_restate_request"]) == (
+        1,
+        "outcomes",
+        True,
+    )
+    assert grpo["plain_scratch"]["rehearsal_n"] == 0 and grpo["plain_scratch"]["num_steps"] == memory["num_steps"] == 1
+    assert memory["init"] != grpo["plain_scratch"]["init"]  # each continues its own SFT
+    # the pre-RL rehearser of a continuation is its own start; its evaluations keep the start's layout
+    config = json.loads((out / "memory_restated_scratch_rl/seed0/n2_warm_start/eval_config.json").read_text())
+    assert config["rehearser_model"] == memory["init"] and config["restate_request"] is True
+    assert [(c["policy"], c["reference"]) for c in results["memory_cost"]] == [
+        ("memory_restated_scratch", "plain_scratch"),
+        ("memory_restated_scratch_rl", "plain_scratch_rl"),
+    ]
+    from benchmarks.results import store
+
+    store(out, tmp_path / "store")
+    page = render_page(tmp_path / "store", tmp_path / "results.md").read_text()
+    assert ", outcomes memory (the trace without the attempts' replies), each policy also after 1 RL steps" in page
+    assert "RL continuations (*_rl): 1 role-wise GRPO steps, a memory-trained policy's rollouts rehearsing 1" in page
