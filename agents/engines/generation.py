@@ -178,7 +178,8 @@ def generate(
         lead = np.asarray([width0 - len(contexts[r]) for r in by_width])  # (B,) first real column per position
         segments = attention_segments(lead, width0)
         saved = batch * (width0 - int(lead[0])) - sum((b - a) * (width0 - c) for a, b, c in segments)  # cells/step
-        if by_width != natural and (saved > 0 if expand else saved * max_new_tokens > 2 * batch * width0):
+        copy = batch * (width0 + max_new_tokens - 1)  # cells of the reorder's copy of the buffers
+        if by_width != natural and (saved > 0 if expand else saved * max_new_tokens > 2 * copy):
             rows_b = by_width
     reorder = rows_b is not natural
     if expand or reorder:  # the unique rows expanded back to the B rows, in batch order
@@ -266,11 +267,14 @@ def generate(
             break
         if t + 1 < max_new_tokens and n_live < n_rows and n_live <= COMPACT_FRACTION * n_rows:
             # Finished rows leave the batch: each later step then costs the live rows only. A row's KV is
-            # complete when it finishes (its last sampled id is never fed), so the copy below is all it needs.
+            # complete when it finishes (its last sampled id is never fed), so its place in these buffers is all
+            # `_store_entries` needs.
             keep = live.nonzero().squeeze(1)  # (B_c',) positions in the current batch
             if kv_cache is not None:
                 # the leaving rows' KV stays where it is: `select_rows` copies the kept rows into new buffers and
-                # never writes these again, and `_store_entries` clones what it keeps (no copy of them here)
+                # never writes these again, and `_store_entries` clones what it keeps (no copy of them here; the
+                # old buffers, free columns included, stay alive until this call ends: at most about twice the
+                # first buffer, since each compaction at least halves the batch)
                 layers = _cache_layers(cache)
                 for position in (~live).nonzero().squeeze(1).tolist():
                     kv_of_row[int(rows[position])] = (layers, position, offset)

@@ -204,7 +204,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "sequential": {"rehearsal_mode": "sequential"},
     "warm-start rehearser": {},  # rehearser_model: the warm start (the paper's base-model rehearser)
 }
-"""Settings at N=2 for every policy trained past the warm start (for the warm start itself they are its own rows)."""
+"""Settings at N=2 for every policy trained past the warm start (for the warm start itself they are its own rows);
+an RL continuation's rehearser row has its own start rehearse instead (`PRE_RL_REHEARSER`)."""
+PRE_RL_REHEARSER = "pre-RL rehearser (its SFT start)"
+"""An RL continuation's (``--rl-steps``) base-rehearser row: the policy acts, the model RL started from rehearses
+(the paper's base-model rehearser control)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -249,8 +253,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--rl-n",
         type=int,
-        default=2,
-        help="rehearsal attempts per user turn in a memory-trained policy's RL rollouts (--rl-steps)",
+        default=None,
+        help=f"rehearsal attempts per user turn in a memory-trained policy's RL rollouts (--rl-steps; default "
+        f"{CONTROL_N})",
     )
     ap.add_argument(
         "--no-controls", action="store_true", help="skip the three controls and the sequential and rehearser rows"
@@ -277,10 +282,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unpaired = [p for p, plain in PLAIN_CONTROL.items() if p in args.policies and plain not in args.policies]
     if unpaired:
         ap.error(f"{unpaired[0]} is compared with {PLAIN_CONTROL[unpaired[0]]} at N=0: add it to --policies")
-    if args.seeds < 1 or args.memory_tasks < 1 or args.sft_steps < 1 or args.limit < 1 or args.rl_n < 1:
+    if args.seeds < 1 or args.memory_tasks < 1 or args.sft_steps < 1 or args.limit < 1 or (args.rl_n or 1) < 1:
         ap.error("--seeds, --memory-tasks, --sft-steps, --limit and --rl-n must be >= 1")
     if args.rl_steps < 0:
         ap.error("--rl-steps must be >= 0")
+    if args.rl_steps and args.policies == ["warm"]:
+        ap.error("--rl-steps continues the policies past the warm start: name at least one in --policies")
+    if args.rl_n is not None and not args.rl_steps:
+        ap.error("--rl-n sets the attempts of --rl-steps' rehearsing rollouts: give --rl-steps too")
+    args.rl_n = args.rl_n or CONTROL_N
     if any(n < 1 for n in args.n):
         ap.error("--n values must be >= 1 (N = 0 is always evaluated)")
     if not args.no_controls and CONTROL_N not in args.n:
@@ -587,9 +597,10 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 rows[f"N={n}"] = evaluation(f"{policy}/seed{seed}/n{n}", model, seed, rehearsal_n=n, **layout)
             if policy != "warm" and not args.no_controls:
                 for variant, changes in VARIANTS.items():
-                    # the pre-RL rehearser: an RL continuation's own start, else the warm start
-                    changes = changes or {"rehearser_model": warm if base == policy else policies[base]}
                     slug = variant.split(" ")[0].replace("-", "_")
+                    if not changes and base != policy:  # an RL continuation's pre-RL rehearser: its own start
+                        changes, variant, slug = {"rehearser_model": policies[base]}, PRE_RL_REHEARSER, "pre_rl"
+                    changes = changes or {"rehearser_model": warm}
                     rows[f"N={CONTROL_N}, {variant}"] = evaluation(
                         f"{policy}/seed{seed}/n{CONTROL_N}_{slug}",
                         model,

@@ -193,10 +193,11 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
             "",
             "what memory training costs without rehearsal: N=0, paired with the same training without memories",
         ]
-        for c in results["memory_cost"]:
-            pair = c["policy"] + " - " + c["reference"]
+        pairs = [c["policy"] + " - " + c["reference"] for c in results["memory_cost"]]
+        width = max(w + 17, *(len(p) for p in pairs))
+        for c, pair in zip(results["memory_cost"], pairs):
             lines.append(
-                f"  {pair:<{w + 17}} {_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
+                f"  {pair:<{width}} {_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
                 f"tasks +{c['gained']}/-{c['lost']}, seeds p<.05 +{c['resolved_up']}/-{c['resolved_down']}"
             )
     return lines

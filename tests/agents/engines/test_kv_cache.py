@@ -554,22 +554,49 @@ def test_attention_segments_change_no_sample(model, monkeypatch, temperature):
     """Rows of very different lengths, repeated (an expansion) and not: the decode cuts its batch into segments
     that skip their left padding (`attention_segments`, rows reordered by width), and draws the same samples with
     the logprobs of a full recompute as one attention over every column (``SEGMENT_CALL_CELLS`` unbounded)."""
-    calls = []
-    real_step = generation.decode_step
+    calls, compacted = [], []
+    real_step, real_select = generation.decode_step, generation._ReservedLayer.select_rows
     monkeypatch.setattr(generation, "decode_step", lambda *a: calls.append(a[5]) or real_step(*a))
+    monkeypatch.setattr(  # a call with a drop argument is a compaction
+        generation._ReservedLayer,
+        "select_rows",
+        lambda self, *a: (len(a) > 1 and compacted.append(1)) or real_select(self, *a),
+    )
     stop = list(range(3, 12000))  # of 49152 ids: rows stop at different steps
     for contexts in (
         [_ids(range(n)) for n in (3, 80, 5, 77, 4)] * 2,  # pairs: expanded, reordered for free
         [_ids(range(7 * n, 8 * n)) for n in (3, 80, 5, 77, 4)],  # unique rows: reordered only when it pays
     ):
-        kw = dict(max_new_tokens=12, temperature=temperature, stop_ids=stop, pad_id=PAD, seeds=range(len(contexts)))
-        monkeypatch.setattr(generation, "SEGMENT_CALL_CELLS", 16)
-        calls.clear()
-        cut = generate(model, contexts, kv_cache=PrefixKVCache(min_shared_prefix=4), **kw)
-        assert any(s is not None and len(s) > 1 for s in calls)  # the batch was cut
-        monkeypatch.setattr(generation, "SEGMENT_CALL_CELLS", 10**12)
-        calls.clear()
-        whole = generate(model, contexts, kv_cache=PrefixKVCache(min_shared_prefix=4), **kw)
-        assert all(s is None or len(s) == 1 for s in calls)
-        _check_against_recompute(model, contexts, cut, temperature)
-        _assert_same_samples(model, contexts, cut, whole, temperature)
+        caches = {cells: PrefixKVCache(min_shared_prefix=4) for cells in (16, 10**12)}
+        for turn in range(2):  # the second call continues what the first stored from a reordered batch
+            seeds = [100 * turn + i for i in range(len(contexts))]
+            kw = dict(max_new_tokens=12, temperature=temperature, stop_ids=stop, pad_id=PAD, seeds=seeds)
+            monkeypatch.setattr(generation, "SEGMENT_CALL_CELLS", 16)
+            calls.clear()
+            cut = generate(model, contexts, kv_cache=caches[16], **kw)
+            assert any(s is not None and len(s) > 1 for s in calls)  # the batch was cut
+            monkeypatch.setattr(generation, "SEGMENT_CALL_CELLS", 10**12)
+            calls.clear()
+            whole = generate(model, contexts, kv_cache=caches[10**12], **kw)
+            assert all(s is None or len(s) == 1 for s in calls)
+            _check_against_recompute(model, contexts, cut, temperature)
+            _assert_same_samples(model, contexts, cut, whole, temperature)
+            contexts = [
+                c + g.token_ids + _ids([i % 3] * (1 + 40 * (i % 2))) for i, (c, g) in enumerate(zip(contexts, cut))
+            ]
+        assert caches[16].stats["hits"] > 0
+    assert compacted  # rows left a cut batch
+
+
+def test_unique_rows_are_not_reordered_when_the_skipped_padding_does_not_pay_for_the_copy(model, monkeypatch):
+    calls = []
+    real_step = generation.decode_step
+    monkeypatch.setattr(generation, "decode_step", lambda *a: calls.append(a[5]) or real_step(*a))
+    monkeypatch.setattr(generation, "SEGMENT_CALL_CELLS", 16)
+    contexts = [_ids(range(7 * n, 8 * n)) for n in (3, 80, 5, 77, 4)]  # unique rows, ordered by suffix length
+    kw = dict(temperature=0.0, stop_ids=[STOP], pad_id=PAD, kv_cache=PrefixKVCache())
+    generate(model, contexts, max_new_tokens=12, **kw)
+    assert calls and all(s is not None and len(s) > 1 for s in calls)  # 12 steps pay for the copy: reordered
+    calls.clear()
+    generate(model, contexts, max_new_tokens=2, **kw)  # 1 decode step does not: unordered, one attention
+    assert calls == [None]

@@ -102,6 +102,10 @@ def test_options_are_checked():
     default = lab_ttr.parse_args([]).policies
     assert default == [p for p in lab_ttr.POLICIES if p not in lab_ttr.NAMED_ONLY] and "warm" in default
     assert "memory_restated_scratch" not in default and "memory_scratch" in default
+    for bad in (["--rl-n", "3"], ["--rl-steps", "2", "--policies", "warm"], ["--rl-steps", "-1"]):
+        with pytest.raises(SystemExit):  # --rl-n without --rl-steps; nothing to continue; a negative budget
+            lab_ttr.parse_args(bad)
+    assert (lab_ttr.parse_args(["--rl-steps", "2"]).rl_n, lab_ttr.parse_args([]).rl_n) == (lab_ttr.CONTROL_N, 2)
     assert lab_ttr.parse_args(["--policies", "memory_scratch", "plain_scratch"]).policies == [
         "warm",
         "plain_scratch",
@@ -324,8 +328,13 @@ def test_rl_continuations_rehearse_only_for_memory_trained_policies_and_are_eval
     assert grpo["plain_scratch"]["rehearsal_n"] == 0 and grpo["plain_scratch"]["num_steps"] == memory["num_steps"] == 1
     assert memory["init"] != grpo["plain_scratch"]["init"]  # each continues its own SFT
     # the pre-RL rehearser of a continuation is its own start; its evaluations keep the start's layout
-    config = json.loads((out / "memory_restated_scratch_rl/seed0/n2_warm_start/eval_config.json").read_text())
+    config = json.loads((out / "memory_restated_scratch_rl/seed0/n2_pre_rl/eval_config.json").read_text())
     assert config["rehearser_model"] == memory["init"] and config["restate_request"] is True
+    assert ("plain_scratch_rl", "N=2, pre-RL rehearser (its SFT start)") in rows
+    assert ("plain_scratch_rl", "N=2, warm-start rehearser") not in rows and (
+        "plain_scratch",
+        "N=2, warm-start rehearser",
+    ) in rows
     assert [(c["policy"], c["reference"]) for c in results["memory_cost"]] == [
         ("memory_restated_scratch", "plain_scratch"),
         ("memory_restated_scratch_rl", "plain_scratch_rl"),
