@@ -3,9 +3,10 @@
 Each measuring script writes a ``results.json`` (with its PNGs) into its ``--out`` folder. This command copies
 those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_tiny_sft`` (and its ``_blind`` and
 ``_steps`` kinds), ``lab_ablations``, ``lab_ablations_budget``, ``lab_grpo_budget_valid``, ``lab_grpo_budget``,
-``lab_ttr`` (and its ``_blind``, ``_stated``, ``_memory_tasks``, ``_outcomes`` and ``_rl`` kinds),
-``lab_rehearsal_rl`` (and its ``_blind``, ``_stated``, ``_outcomes`` and ``_restated`` kinds), ``lab_env_cost``,
-``judge_agreement``, ``engines_equal_work``) and renders every stored result into ``docs/results.md``; with no
+``lab_anchor_valid``, ``lab_env_cost`` (each also with a world infix, ``_blind`` or ``_stated``), ``lab_ttr`` (and its
+``_blind``, ``_stated``, ``_memory_tasks``, ``_outcomes`` and ``_rl`` kinds), ``lab_rehearsal_rl`` (and its
+``_blind``, ``_stated``, ``_outcomes`` and ``_restated`` kinds), ``judge_agreement``, ``engines_equal_work``) and
+renders every stored result into ``docs/results.md``; with no
 folder given it only re-renders. Numbers appear in the page only as this command writes them: edit a script or rerun
 it, never the page.
 
@@ -225,11 +226,13 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
     from benchmarks.experiments.ablations_table import comparisons, table
 
     command = current_command(result.get("command", "python -m benchmarks.experiments.lab_ablations"))
-    budget = result.get("kind") == "lab_ablations_budget"
+    kind = str(result.get("kind", "lab_ablations"))
+    world = _world(kind)
     lines = [
-        f"## The paper's comparisons on the lab at {result['grpo_steps']} GRPO steps, lr {result['grpo']['lr']:g}"
-        if budget
-        else "## The paper's comparisons on the lab",
+        f"## The paper's comparisons on the lab{world} at {result['grpo_steps']} GRPO steps, lr "
+        f"{result['grpo']['lr']:g}"
+        if kind.startswith("lab_ablations_budget")
+        else f"## The paper's comparisons on the lab{world}",
         "",
         f"`{command}`{_date(result)}",
         "",
@@ -264,12 +267,17 @@ def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
     world-model anchor arms (kind ``lab_anchor_valid``) the section that chose the anchor's weight."""
     from benchmarks.experiments.result_tables import grpo_budget_table as table
 
+    kind = str(result.get("kind", ""))
+    world = _world(kind)
     titles = {
         "lab_anchor_valid": "## Choosing the world-model anchor's weight on the validation split",
         "lab_grpo_budget_valid": "## Selecting GRPO's learning rate and steps on the validation split",
     }
+    base = next((k for k in titles if kind.startswith(k)), None)
     lines = [
-        titles.get(result.get("kind", ""), "## Role-wise GRPO against its budget on the lab"),
+        (titles[base] + (f", on the lab{world}" if world else ""))
+        if base
+        else f"## Role-wise GRPO against its budget on the lab{world}",
         "",
         f"`{current_command(result['command'])}`{_date(result)}",
         "",
@@ -294,6 +302,10 @@ WORLDS = {
     "_stated": "'s stated-rules world (suite lab-stated)",
 }
 """What a kind's world infix (``lab_ttr_blind``, ``lab_rehearsal_rl_stated``) adds to its section's title."""
+
+
+LAB_WORLDS = ("", *WORLDS)
+"""The world infixes of the lab experiments' kinds: the default lab (none) and `WORLDS`."""
 
 
 def _world(kind: str) -> str:
@@ -337,7 +349,7 @@ def render_env_cost(result: dict[str, Any], folder: Path) -> list[str]:
     """The environment-cost section (`benchmarks.experiments.lab_env_cost`): its printed table and its plot."""
     from benchmarks.experiments.result_tables import env_cost_table
 
-    title = "Environment cost on the lab: what real tool calls in training buy"
+    title = f"Environment cost on the lab{_world(str(result.get('kind', '')))}: what real tool calls in training buy"
     return _table_section(title, env_cost_table(result), result, folder, plots=True)
 
 
@@ -382,25 +394,28 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lab_tiny_sft_steps": render_tiny_sft,
     "lab_tiny_sft_blind": render_tiny_sft,
     "lab_tiny_sft_blind_steps": render_tiny_sft,
-    "lab_ablations": render_ablations,
-    "lab_ablations_budget": render_ablations,
-    "lab_grpo_budget_valid": render_grpo_budget,
-    "lab_grpo_budget": render_grpo_budget,
-    "lab_anchor_valid": render_grpo_budget,
+    **{
+        f"{base}{world}": render_ablations for base in ("lab_ablations", "lab_ablations_budget") for world in LAB_WORLDS
+    },
+    **{
+        f"{base}{world}": render_grpo_budget
+        for base in ("lab_grpo_budget_valid", "lab_grpo_budget", "lab_anchor_valid")
+        for world in LAB_WORLDS
+    },
     **{
         f"lab_ttr{world}{dose}{memory}{rl}": render_ttr
-        for world in ("", "_blind", "_stated")
+        for world in LAB_WORLDS
         for memory in ("", "_outcomes")
         for dose in ("", "_memory_tasks")
         for rl in ("", "_rl")
     },
     **{
         f"lab_rehearsal_rl{world}{memory}{restated}": render_rehearsal_rl
-        for world in ("", "_blind", "_stated")
+        for world in LAB_WORLDS
         for memory in ("", "_outcomes")
         for restated in ("", "_restated")
     },
-    "lab_env_cost": render_env_cost,
+    **{f"lab_env_cost{world}": render_env_cost for world in LAB_WORLDS},
     "judge_agreement": render_judge_agreement,
     "engines_equal_work": render_engines,
 }

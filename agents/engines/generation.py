@@ -176,8 +176,8 @@ def generate(
     if lean:
         by_width = sorted(natural, key=lambda r: -len(contexts[r]))
         lead = np.asarray([width0 - len(contexts[r]) for r in by_width])  # (B,) first real column per position
-        segments = attention_segments(lead, width0)
-        saved = batch * (width0 - int(lead[0])) - sum((b - a) * (width0 - c) for a, b, c in segments)  # cells/step
+        cuts = attention_segments(lead, width0)
+        saved = batch * (width0 - int(lead[0])) - sum((b - a) * (width0 - c) for a, b, c in cuts)  # cells/step
         copy = batch * (width0 + max_new_tokens - 1)  # cells of the reorder's copy of the buffers
         if by_width != natural and (saved > 0 if expand else saved * max_new_tokens > 2 * copy):
             rows_b = by_width
@@ -212,7 +212,9 @@ def generate(
         [width0 - len(c) for c in contexts], dtype=torch.long
     )  # (B,) each row's first real column
     ordered = bool((np.diff(first_column[rows].numpy()) >= 0).all())  # the order `attention_segments` needs
-    segments = attention_segments(first_column[rows].numpy(), width0) if lean and ordered else None
+    segments: list[tuple[int, int, int]] | None = (
+        attention_segments(first_column[rows].numpy(), width0) if lean and ordered else None
+    )
     kv_of_row: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], int, int] | None] = [None] * batch
     steps = 0
     next_ids = torch.empty(0, dtype=torch.long)  # the ids sampled at step t - 1: set at t == 0, read from t == 1 on

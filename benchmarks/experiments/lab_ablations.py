@@ -71,7 +71,7 @@ import numpy as np
 
 from benchmarks.experiments.ablations_table import FIDELITY_METRICS, comparisons, table
 from benchmarks.experiments.arms import anchor_arms, env_cost_arms, evaluate, row_fidelity, train_and_score
-from benchmarks.experiments.paired import task_rewards
+from benchmarks.experiments.paired import WORLD_INFIXES, task_rewards, world_kind
 from benchmarks.experiments.workers import add_worker_options, check_worker_options
 from benchmarks.provenance import provenance, stamp
 from benchmarks.stats import mean_ci95
@@ -425,9 +425,13 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 def results_kind(args: argparse.Namespace, recipe: Any) -> str:
     """``lab_ablations`` for a run at the recipe's GRPO budget (the run of record, one section of the results
     page); ``lab_ablations_budget`` for one at another (``--grpo-lr``, or ``--grpo-steps`` other than the
-    recipe's), its own section, so that it never replaces the run of record."""
+    recipe's), its own section, so that it never replaces the run of record; each with the recipe's world infix
+    (`benchmarks.experiments.paired.world_kind`: ``lab_ablations_blind``), and ``_<suite>`` for a suite outside
+    the lab (``lab_ablations_bfcl_v4``), which `benchmarks.results.store` refuses (no section renders it)."""
     other = args.grpo_lr is not None or args.grpo_steps not in (None, recipe.grpo.num_steps)
-    return "lab_ablations_budget" if other else "lab_ablations"
+    base = "lab_ablations_budget" if other else "lab_ablations"
+    suite = str(recipe.suite)
+    return world_kind(base, suite) if suite in WORLD_INFIXES else f"{base}_{suite.replace('-', '_')}"
 
 
 def run_workers(

@@ -56,7 +56,7 @@ from benchmarks.experiments.arms import (
     row_fidelity,
     train_and_score,
 )
-from benchmarks.experiments.paired import paired_comparison, start_recipe_run, task_rewards
+from benchmarks.experiments.paired import WORLD_INFIXES, paired_comparison, start_recipe_run, task_rewards, world_kind
 from benchmarks.experiments.result_tables import env_cost_table as table
 from benchmarks.provenance import provenance
 
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     out = Path(args.out)
     t_start = time.perf_counter()
-    recipe, models, stages, warm = start_recipe_run(args, log)
+    recipe, models, stages, warm = start_recipe_run(args, log, suites=WORLD_INFIXES)
     steps = args.grpo_steps or recipe.grpo.num_steps
     arms = env_cost_arms(tuple(sorted(args.probs)), args.world_model_weight)
     warm_eval = evaluate(stages, recipe, models, "warm_start/eval", warm)
@@ -205,7 +205,7 @@ def summarize(
         rows.append(row)
     g = recipe.grpo
     return {
-        "kind": "lab_env_cost",
+        "kind": world_kind("lab_env_cost", recipe.suite),  # each lab world its own section
         "recipe": str(args.recipe),
         "model": recipe.model,
         "start": warm,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.experiments.arms import anchor_arms
-from benchmarks.experiments.paired import paired_comparison, start_recipe_run, task_rewards
+from benchmarks.experiments.paired import WORLD_INFIXES, paired_comparison, start_recipe_run, task_rewards, world_kind
 from benchmarks.experiments.result_tables import grpo_budget_table as table
 from benchmarks.experiments.result_tables import split_name
 from benchmarks.experiments.workers import add_worker_options, check_worker_options
@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--out",
         default=None,
         help="folder of every stage, results.json and the plot (default: runs/<results kind>: runs/lab_grpo_budget, "
-        "with --split valid runs/lab_grpo_budget_valid, or runs/lab_anchor_valid with an anchor arm)",
+        "with --split valid runs/lab_grpo_budget_valid, or runs/lab_anchor_valid with an anchor arm; on another lab "
+        "world with its infix, runs/lab_grpo_budget_blind)",
     )
     ap.add_argument(
         "--warm",
@@ -112,7 +113,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "anchor weight against it): include role_grpo in --arms and give --seeds 2 or more"
         )
     if args.out is None:
-        args.out = f"runs/{results_kind(args)}"
+        from agents.config import load_dataclass
+        from agents.pipeline import PipelineConfig
+
+        try:
+            args.out = f"runs/{results_kind(args, load_dataclass(PipelineConfig, args.recipe).suite)}"
+        except ValueError as e:
+            ap.error(str(e))
     if args.seeds < 1 or args.steps < 1 or args.eval_every < 1:
         ap.error("--seeds, --steps and --eval-every must be >= 1")
     if args.steps % args.eval_every:
@@ -145,7 +152,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     t_start = time.perf_counter()
     planned = load_recipe(args.recipe, out, args.threads, args.limit)
     make_suite(planned.suite).tasks(planned.categories, args.split)  # a world without the split stops here, untrained
-    recipe, models, stages, warm = start_recipe_run(args, log)
+    recipe, models, stages, warm = start_recipe_run(args, log, suites=WORLD_INFIXES)
     explicit = args.lr is not None
     lrs = args.lr or [recipe.grpo.optim.lr]
 
@@ -263,15 +270,21 @@ def run_name(arm: str, lr: float, seed: int, explicit_lr: bool) -> str:
     return f"{arm}/lr{lr:g}/seed{seed}" if explicit_lr else f"{arm}/seed{seed}"
 
 
-def results_kind(args: argparse.Namespace) -> str:
+def results_kind(args: argparse.Namespace, suite: str = "lab") -> str:
     """``lab_grpo_budget`` on the test split; on the validation split ``lab_anchor_valid`` when an arm is a
     world-model anchor arm (the run chooses the anchor's weight, `benchmarks.experiments.result_tables.anchor_choice`),
-    else ``lab_grpo_budget_valid`` (it chooses role_grpo's budget). Each kind is its own section of the results
-    page, so neither run replaces the other."""
+    else ``lab_grpo_budget_valid`` (it chooses role_grpo's budget); each with `suite`'s world infix
+    (`benchmarks.experiments.paired.world_kind`: ``lab_grpo_budget_blind``). Each kind is its own section of the
+    results page, so no run replaces another.
+
+    Raises:
+        ValueError: a suite that is not one of the lab's worlds.
+    """
     if args.split != "valid":
-        return "lab_grpo_budget"
+        return world_kind("lab_grpo_budget", suite)
     anchors = set(anchor_arms())
-    return "lab_anchor_valid" if any(arm in anchors for arm in args.arms) else "lab_grpo_budget_valid"
+    base = "lab_anchor_valid" if any(arm in anchors for arm in args.arms) else "lab_grpo_budget_valid"
+    return world_kind(base, suite)
 
 
 def row_name(arm: str, lr: float, explicit_lr: bool) -> str:
@@ -300,7 +313,7 @@ def summarize(args, recipe, warm, warm_rewards, checkpoints, per_seed, lrs) -> d
         }
     grpo = recipe.grpo
     return {
-        "kind": results_kind(args),
+        "kind": results_kind(args, recipe.suite),
         "recipe": str(args.recipe),
         "model": recipe.model,
         "warm_start": warm,

@@ -216,17 +216,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--recipe", default=str(RECIPE), help="the envace pipeline YAML (model, suite, SFT and eval settings)"
     )
-    ap.add_argument("--out", default="runs/lab_ttr", help="folder of every stage, results.json and the plot")
+    ap.add_argument(
+        "--out", default="runs/lab_ttr", help="folder of every stage, results.json and the plot (default: runs/lab_ttr)"
+    )
     ap.add_argument("--warm", default=None, help="an SFT run folder to start from (default: train the recipe's in OUT)")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds 0..S-1 (SFT batch order, attempt sampling)")
-    ap.add_argument("--n", type=int, nargs="+", default=[1, 2, 3], help="attempts per user turn to evaluate")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds 0..S-1 (SFT batch order, attempt sampling; default 3)")
+    ap.add_argument(
+        "--n", type=int, nargs="+", default=[1, 2, 3], help="attempts per user turn to evaluate (default: 1 2 3)"
+    )
     ap.add_argument(
         "--memory-tasks",
         type=int,
         default=MEMORY_TASKS,
-        help=f"train tasks per family and per N with a memory, at most a third of a family's train split (lab-stated: "
-        f"32; a value other than {MEMORY_TASKS} writes results of its own kind, a section of its own on the results "
-        "page)",
+        help=f"train tasks per family and per N with a memory (default {MEMORY_TASKS}), at most a third of a family's "
+        f"train split (lab-stated: 32; a value other than {MEMORY_TASKS} writes results of its own kind, a section "
+        "of its own on the results page)",
     )
     ap.add_argument(
         "--memory",
@@ -241,7 +245,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=150,
         help="SFT steps of each continuation (the runs from scratch take the recipe's sft.max_steps)",
     )
-    ap.add_argument("--limit", type=int, default=100, help="test tasks per family")
+    ap.add_argument("--limit", type=int, default=100, help="test tasks per family (default 100)")
     ap.add_argument(
         "--rl-steps",
         type=int,
@@ -270,7 +274,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{', '.join(NAMED_ONLY)}; a memory-trained one needs its plain control; the warm start is always "
         "evaluated)",
     )
-    ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per process (default 2)")
     add_worker_options(
         ap,
         "train and evaluate the seeds in parallel (worker k takes the seeds s with s %% W == k) after the shared "

@@ -33,19 +33,29 @@ RECIPE = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "lab.yaml
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--init", required=True, help="a warm start's SFT run folder (an untrained model earns no reward to train on)"
+    ap = argparse.ArgumentParser(
+        description="Wall time of one role-wise GRPO step (B=16 x K=8 trajectories) on the hidden-rules lab with "
+        f"lab-tiny, against the {TARGET_S:g} s target of the lab's design (docs/benchmarks.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument("--recipe", default=str(RECIPE))
+    ap.add_argument(
+        "--init",
+        required=True,
+        help="a warm start's SFT run folder, e.g. runs/lab/sft from `make demo` (an untrained model earns no reward "
+        "to train on)",
+    )
+    ap.add_argument("--recipe", default=str(RECIPE), help="the pipeline YAML whose GRPO settings the step uses")
     ap.add_argument("--steps", type=int, default=5, help="timed steps")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    ap.add_argument("--rehearsal-n", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--rehearsal-n", type=int, default=0, help="rehearsal attempts per user turn (rehearsal-aware steps; 0: plain)"
+    )
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument(
         "--engine-baseline",
         action="store_true",
-        help="also time the same steps without the engine's row compaction and prefill buckets, alternating",
+        help="also time the same steps with the engine's rollout optimisations off (row compaction, prefill buckets, "
+        "attention segments), alternating",
     )
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:

@@ -11,6 +11,7 @@ import yaml
 
 from benchmarks.experiments import ablations_table, lab_ablations
 from benchmarks.experiments.arms import train_reward
+from benchmarks.results import RENDERERS
 from envace_gym.suites import make_suite
 
 RECIPE = {
@@ -282,12 +283,18 @@ def test_train_reward_reads_the_newest_record_of_each_step(tmp_path):
 def test_a_run_at_another_grpo_budget_is_its_own_kind_and_never_replaces_the_run_of_record():
     from types import SimpleNamespace
 
-    recipe = SimpleNamespace(grpo=SimpleNamespace(num_steps=20))
+    recipe = SimpleNamespace(grpo=SimpleNamespace(num_steps=20), suite="lab")
     kind = lab_ablations.results_kind
     assert kind(lab_ablations.parse_args([]), recipe) == "lab_ablations"
     assert kind(lab_ablations.parse_args(["--grpo-steps", "20"]), recipe) == "lab_ablations"
     assert kind(lab_ablations.parse_args(["--grpo-steps", "60"]), recipe) == "lab_ablations_budget"
     assert kind(lab_ablations.parse_args(["--grpo-lr", "3e-4"]), recipe) == "lab_ablations_budget"
+    # each lab world its own section; a suite outside the lab a kind the results page refuses to store
+    blind = SimpleNamespace(grpo=recipe.grpo, suite="lab-blind")
+    assert kind(lab_ablations.parse_args(["--grpo-lr", "3e-4"]), blind) == "lab_ablations_budget_blind"
+    bfcl = SimpleNamespace(grpo=recipe.grpo, suite="bfcl-v4")
+    assert kind(lab_ablations.parse_args([]), bfcl) == "lab_ablations_bfcl_v4"
+    assert "lab_ablations_blind" in RENDERERS and "lab_ablations_bfcl_v4" not in RENDERERS
 
 
 def test_experiments_load_the_demo_recipe_without_its_test_time_rehearsal_at_any_limit(tmp_path):

@@ -5,6 +5,7 @@ rerun."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -127,6 +128,20 @@ def test_a_results_json_is_tabulated_plotted_and_rendered(tmp_path):
     page = results_page.render(store, tmp_path / "docs" / "results.md").read_text()
     assert "## Environment cost on the lab" in page and result["command"] in page
     assert line in page and "![env_cost](results/lab_env_cost/env_cost.png)" in page
+    # a run on another lab world is its own kind and section: it never replaces the default world's
+    blind = lab_env_cost.summarize(
+        args, dataclasses.replace(recipe, suite="lab-blind"), 20, "warm", warm_row, arms, runs
+    )
+    assert blind["kind"] == "lab_env_cost_blind"
+    blind.update(
+        seeds_done=1, command=result["command"] + " --recipe configs/recipes/lab-blind.yaml", date="2026-01-02"
+    )
+    (out / "results.json").write_text(json.dumps(blind))
+    assert results_page.store(out, store) == store / "lab_env_cost_blind"
+    page = results_page.render(store, tmp_path / "docs" / "results.md").read_text()
+    assert (
+        page.count("## Environment cost on the lab") == 2 and "## Environment cost on the lab's blind variant" in page
+    )
 
 
 @pytest.mark.slow
