@@ -427,7 +427,7 @@ def results_kind(args: argparse.Namespace, recipe: Any) -> str:
     page); ``lab_ablations_budget`` for one at another (``--grpo-lr``, or ``--grpo-steps`` other than the
     recipe's), its own section, so that it never replaces the run of record; each with the recipe's world infix
     (`benchmarks.experiments.paired.world_kind`: ``lab_ablations_blind``), and ``_<suite>`` for a suite outside
-    the lab (``lab_ablations_bfcl_v4``), which `benchmarks.results.store` refuses (no section renders it)."""
+    the lab (``lab_ablations_bfcl``), which `benchmarks.results.store` refuses (no section renders it)."""
     other = args.grpo_lr is not None or args.grpo_steps not in (None, recipe.grpo.num_steps)
     base = "lab_ablations_budget" if other else "lab_ablations"
     suite = str(recipe.suite)

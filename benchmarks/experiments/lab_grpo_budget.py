@@ -118,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
         try:
             args.out = f"runs/{results_kind(args, load_dataclass(PipelineConfig, args.recipe).suite)}"
-        except ValueError as e:
+        except (OSError, ValueError) as e:  # no such recipe, or a suite outside the lab
             ap.error(str(e))
     if args.seeds < 1 or args.steps < 1 or args.eval_every < 1:
         ap.error("--seeds, --steps and --eval-every must be >= 1")
@@ -151,6 +151,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     out = Path(args.out)
     t_start = time.perf_counter()
     planned = load_recipe(args.recipe, out, args.threads, args.limit)
+    world_kind("lab_grpo_budget", planned.suite)  # a suite outside the lab stops here, named, before the split check
     make_suite(planned.suite).tasks(planned.categories, args.split)  # a world without the split stops here, untrained
     recipe, models, stages, warm = start_recipe_run(args, log, suites=WORLD_INFIXES)
     explicit = args.lr is not None

@@ -50,7 +50,7 @@ def grpo_budget_table(results: dict[str, Any]) -> list[str]:
                 f"{_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
                 f"{'+' + str(c['gained']) + '/-' + str(c['lost']):<11} {c['resolved_seeds']}/{n}"
             )
-    if results.get("kind") == "lab_anchor_valid":
+    if str(results.get("kind", "")).startswith("lab_anchor_valid"):  # on any lab world
         lines += ["", *textwrap.wrap(anchor_choice(results), 116)]
     elif results.get("split") == "valid":
         lines += ["", *textwrap.wrap(budget_choice(results), 116)]

@@ -292,9 +292,9 @@ def test_a_run_at_another_grpo_budget_is_its_own_kind_and_never_replaces_the_run
     # each lab world its own section; a suite outside the lab a kind the results page refuses to store
     blind = SimpleNamespace(grpo=recipe.grpo, suite="lab-blind")
     assert kind(lab_ablations.parse_args(["--grpo-lr", "3e-4"]), blind) == "lab_ablations_budget_blind"
-    bfcl = SimpleNamespace(grpo=recipe.grpo, suite="bfcl-v4")
-    assert kind(lab_ablations.parse_args([]), bfcl) == "lab_ablations_bfcl_v4"
-    assert "lab_ablations_blind" in RENDERERS and "lab_ablations_bfcl_v4" not in RENDERERS
+    bfcl = SimpleNamespace(grpo=recipe.grpo, suite="bfcl")
+    assert kind(lab_ablations.parse_args([]), bfcl) == "lab_ablations_bfcl"
+    assert "lab_ablations_blind" in RENDERERS and "lab_ablations_bfcl" not in RENDERERS
 
 
 def test_experiments_load_the_demo_recipe_without_its_test_time_rehearsal_at_any_limit(tmp_path):

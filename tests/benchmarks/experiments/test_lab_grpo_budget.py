@@ -4,6 +4,7 @@ tiny budgets (every checkpoint evaluated on the warm start's tasks, the table, t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -27,7 +28,7 @@ def test_compare_pairs_each_seed_with_its_reference():
     assert worse["resolved_seeds"] == 0 and worse["lost"] == 8 and worse["ci95"] is None
 
 
-def test_options_are_checked():
+def test_options_are_checked(tmp_path):
     with pytest.raises(SystemExit):
         lab_grpo_budget.parse_args(["--steps", "10", "--eval-every", "3"])
     with pytest.raises(SystemExit):
@@ -47,6 +48,14 @@ def test_options_are_checked():
     assert anchor.out == "runs/lab_anchor_valid" and lab_grpo_budget.results_kind(anchor) == "lab_anchor_valid"
     on_test = lab_grpo_budget.parse_args(["--arms", "role_grpo", "role_grpo_wm_demos"])
     assert lab_grpo_budget.results_kind(on_test) == "lab_grpo_budget"  # only a validation run chooses
+    # each lab world its own folder and kind; a recipe outside the lab, or none, is a usage error
+    recipes = Path(lab_grpo_budget.RECIPE).parent
+    blind = lab_grpo_budget.parse_args(["--split", "valid", "--recipe", str(recipes / "lab-blind.yaml")])
+    assert blind.out == "runs/lab_grpo_budget_valid_blind"
+    assert lab_grpo_budget.results_kind(on_test, "lab-stated") == "lab_grpo_budget_stated"
+    for recipe in (recipes / "lab-told.yaml", tmp_path / "no_such_recipe.yaml"):
+        with pytest.raises(SystemExit):
+            lab_grpo_budget.parse_args(["--recipe", str(recipe)])
 
 
 def test_a_selection_run_on_a_world_without_a_validation_split_stops_before_training(tmp_path):
@@ -208,6 +217,9 @@ def test_the_anchor_rule_chooses_the_best_final_validation_success_and_never_the
     assert "Nothing chosen" not in " ".join(grpo_budget_table(results))  # the budget rule is not this run's
     section = render_grpo_budget({**results, "command": "python -m benchmarks.experiments.lab_grpo_budget"}, tmp_path)
     assert section[0] == "## Choosing the world-model anchor's weight on the validation split"
+    blind = {**results, "kind": "lab_anchor_valid_blind", "command": "python -m benchmarks.experiments.lab_grpo_budget"}
+    assert " ".join(grpo_budget_table(blind)).endswith(sentence)  # the anchor rule on any lab world
+    assert render_grpo_budget(blind, tmp_path)[0].startswith(section[0] + ", on the lab's blind variant")
     assert anchor_choice({**results, "seeds_done": 1}) == "No choice yet: 1 of 3 seeds are in."
     no_anchor = {**results, "arms": {"role_grpo lr=0.0001": results["arms"]["role_grpo lr=0.0001"]}}
     assert anchor_choice(no_anchor).startswith("No world-model anchor row")
