@@ -121,7 +121,7 @@ def _check_warm_suite(warm: Path, suite: str) -> None:
     if trained != [None] and suite not in trained:
         raise ValueError(
             f"the warm start {warm} was trained on {trained}, the recipe's suite is {suite!r}: pass a warm start of "
-            "that suite, or leave --warm out to train the recipe's"
+            "that suite, or none (leave --warm out; --warm none where it has a default) to train the recipe's"
         )
 
 

@@ -186,6 +186,8 @@ def test_a_warm_start_trained_on_another_suite_is_refused(tmp_path):
     argv = ["--recipe", str(recipe), "--out", str(tmp_path / "out"), "--threads", "1", "--memory-tasks", "1", "--warm"]
     with pytest.raises(ValueError, match=r"trained on \['lab-blind', 'memories.jsonl'\], the recipe's suite is 'lab-s"):
         lab_ttr.main([*argv, str(sft)])
+    with pytest.raises(ValueError, match=r"leave --warm out; --warm none where it has a default"):
+        lab_ttr.main([*argv, str(sft)])
     with pytest.raises(FileNotFoundError, match="no checkpoint"):  # the same suite: past the check, to the model
         lab_ttr.main([*argv, str(grpo)])
 
