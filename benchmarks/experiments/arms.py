@@ -151,6 +151,31 @@ def evaluate(stages: Any, recipe: Any, models: Any, name: str, model: str, **cha
     return stages.evaluate(name, config, models)
 
 
+def grpo_run(
+    stages: Any, recipe: Any, models: Any, name: str, start: str, changes: dict[str, Any], log: Any = print
+) -> tuple[dict[str, Any], str]:
+    """Stage ``<name>/grpo``: the recipe's GRPO stage from the model folder `start` with `changes` (fields named as
+    `agents.config.replace_fields` takes them: ``{"seed": 0, "run.save_every": 20, ...}``), in
+    ``<stages.run>/<name>/grpo``; skipped when done.
+
+    Returns:
+        ``(info, model)``: the stage's record (`agents.pipeline.StageRunner.stage`: its totals and ``seconds``) and
+        the trained model folder (its newest checkpoint).
+    """
+    from agents.config import TrainConfig, replace_fields
+    from agents.pipeline import grpo_stage, latest_model, stage_ignores, stage_settings
+
+    folder = stages.run / name / "grpo"
+    config = replace_fields(recipe.grpo_config(folder, start), changes)
+    info = stages.stage(
+        f"{name}/grpo",
+        lambda _: grpo_stage(config, models, log),
+        stage_settings(config),
+        ignore=stage_ignores(TrainConfig),
+    )
+    return info, latest_model(folder)
+
+
 def train_and_score(
     stages: Any,
     recipe: Any,
@@ -173,19 +198,10 @@ def train_and_score(
         the GRPO stage), ``train_reward`` (`train_reward`), ``fidelity`` (the fidelity evaluation's row, ``{}``
         without one), ``train_s`` and ``eval_s`` (seconds the GRPO and evaluation stages took when they ran).
     """
-    from agents.config import TrainConfig, replace_fields
     from agents.evaluation.failures import where_failed
-    from agents.pipeline import grpo_stage, latest_model, stage_ignores, stage_settings
 
     out = stages.run
-    config = replace_fields(recipe.grpo_config(out / name / "grpo", warm), changes)
-    info = stages.stage(
-        f"{name}/grpo",
-        lambda _: grpo_stage(config, models, log),
-        stage_settings(config),
-        ignore=stage_ignores(TrainConfig),
-    )
-    trained = latest_model(out / name / "grpo")
+    info, trained = grpo_run(stages, recipe, models, name, warm, changes, log)
     row = evaluate(stages, recipe, models, f"{name}/eval", trained)
     row["task_rewards"] = task_rewards(out / name / "eval")
     row["where_failed"] = where_failed(out / name / "eval")

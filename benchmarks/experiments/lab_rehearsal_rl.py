@@ -106,9 +106,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     """Run (or resume) every stage; return the results (also written to ``<out>/results.json`` after each seed)."""
     import shlex
 
-    from agents.config import TrainConfig
-    from agents.pipeline import grpo_stage, latest_model, stage_ignores, stage_settings
+    from agents.pipeline import latest_model
     from agents.training.run_folder import read_jsonl
+    from benchmarks.experiments.arms import grpo_run
 
     out = Path(args.out)
     t_start = time.perf_counter()
@@ -120,17 +120,10 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         return latest_model(args.warm.format(seed=seed)) if per_seed else warm
 
     def grpo(name: str, seed: int, **changes: Any) -> dict[str, Any]:
-        folder = out / name / "grpo"
-        config = dataclasses.replace(recipe.grpo_config(folder, start_of(seed)), seed=seed, **changes)
-        info = stages.stage(
-            f"{name}/grpo",
-            lambda _: grpo_stage(config, models, log),
-            stage_settings(config),
-            ignore=stage_ignores(TrainConfig),
-        )
-        history = list(read_jsonl(folder / "metrics.jsonl"))
+        info, model = grpo_run(stages, recipe, models, name, start_of(seed), {"seed": seed, **changes}, log)
+        history = list(read_jsonl(out / name / "grpo" / "metrics.jsonl"))
         return {
-            "model": latest_model(folder),
+            "model": model,
             "steps": len(history),
             "generated_tokens": int(history[-1]["rollout/generated_tokens_total"]) if history else 0,
             "attempt_tokens": sum(int(h.get("rollout/attempt_tokens", 0)) for h in history),

@@ -416,11 +416,12 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     """Run (or resume) every stage; return the results (also written to ``<out>/results.json`` after each seed)."""
     import shlex
 
-    from agents.config import TrainConfig, replace_fields
-    from agents.pipeline import grpo_stage, latest_model, sft_task_ids, stage_ignores, stage_settings
+    from agents.config import replace_fields
+    from agents.pipeline import latest_model, sft_task_ids, stage_ignores, stage_settings
     from agents.policy import load_policy
     from agents.training.demonstrations import record_memory_demonstrations
     from agents.training.sft import SFTConfig, SFTTrainer
+    from benchmarks.experiments.arms import grpo_run
     from envace_gym.suites import make_suite
 
     out = Path(args.out)
@@ -555,7 +556,6 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
     def reinforce(policy: str, seed: int, start: str) -> str:
         """`policy`'s RL continuation at `seed` from its model `start` (``--rl-steps``); its model folder."""
-        name = f"{policy}{RL_SUFFIX}/seed{seed}/grpo"
         changes: dict[str, Any] = {"seed": seed, "num_steps": args.rl_steps, "run.save_every": args.rl_steps}
         if policy in MEMORY_SOURCES:  # rehearsal-aware rollouts in the layout the policy learned to read
             changes |= {
@@ -563,11 +563,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 "rehearsal_memory": args.memory,
                 "rehearsal_restate_request": MEMORY_SOURCES[policy][1],
             }
-        config = replace_fields(recipe.grpo_config(out / name, start), changes)
-        stages.stage(
-            name, lambda _: grpo_stage(config, models, log), stage_settings(config), ignore=stage_ignores(TrainConfig)
-        )
-        return latest_model(out / name)
+        return grpo_run(stages, recipe, models, f"{policy}{RL_SUFFIX}/seed{seed}", start, changes, log)[1]
 
     trainers = {
         "plain_sft": lambda seed: continuation("plain_sft", seed, [recipe.suite]),
