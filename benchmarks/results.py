@@ -6,9 +6,8 @@ those files into ``docs/results/<kind>/`` (the kind read from the file: ``lab_ti
 ``lab_anchor_valid``, ``lab_env_cost`` (each also with a world infix, ``_blind`` or ``_stated``), ``lab_ttr`` (and its
 ``_blind``, ``_stated``, ``_memory_tasks``, ``_outcomes`` and ``_rl`` kinds), ``lab_rehearsal_rl`` (and its
 ``_blind``, ``_stated``, ``_outcomes`` and ``_restated`` kinds), ``judge_agreement``, ``engines_equal_work``) and
-renders every stored result into ``docs/results.md``; with no
-folder given it only re-renders. Numbers appear in the page only as this command writes them: edit a script or rerun
-it, never the page.
+renders every stored result into ``docs/results.md``; with no folder given it only re-renders. Numbers appear in the
+page only as this command writes them: edit a script or rerun it, never the page.
 
     python -m benchmarks.results runs/lab_tiny_sft runs/lab_ablations   # store these runs' results and render
     python -m benchmarks.results                                        # render what docs/results/ holds

@@ -173,6 +173,7 @@ def generate(
     # the padding it skips over the decode is worth twice that copy)
     natural = list(range(batch)) if expand else rows_u
     rows_b = natural
+    segments: list[tuple[int, int, int]] | None = None  # None: the batch is not in that order, one attention
     if lean:
         by_width = sorted(natural, key=lambda r: -len(contexts[r]))
         lead = np.asarray([width0 - len(contexts[r]) for r in by_width])  # (B,) first real column per position
@@ -181,6 +182,8 @@ def generate(
         copy = batch * (width0 + max_new_tokens - 1)  # cells of the reorder's copy of the buffers
         if by_width != natural and (saved > 0 if expand else saved * max_new_tokens > 2 * copy):
             rows_b = by_width
+        if rows_b == by_width:  # (a stable sort: also when the natural order already was this one)
+            segments = cuts
     reorder = rows_b is not natural
     if expand or reorder:  # the unique rows expanded back to the B rows, in batch order
         if expand:
@@ -211,10 +214,6 @@ def generate(
     first_column = torch.tensor(
         [width0 - len(c) for c in contexts], dtype=torch.long
     )  # (B,) each row's first real column
-    ordered = bool((np.diff(first_column[rows].numpy()) >= 0).all())  # the order `attention_segments` needs
-    segments: list[tuple[int, int, int]] | None = (
-        attention_segments(first_column[rows].numpy(), width0) if lean and ordered else None
-    )
     kv_of_row: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], int, int] | None] = [None] * batch
     steps = 0
     next_ids = torch.empty(0, dtype=torch.long)  # the ids sampled at step t - 1: set at t == 0, read from t == 1 on
