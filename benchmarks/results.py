@@ -288,9 +288,13 @@ def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
     return lines
 
 
-def _table_section(title: str, table: list[str], result: dict[str, Any], folder: Path, plots: bool) -> list[str]:
-    """A section of a printed table under its command and date, with the folder's PNGs below it when `plots`."""
+def _table_section(
+    title: str, table: list[str], result: dict[str, Any], folder: Path, plots: bool, after: list[str] | None = None
+) -> list[str]:
+    """A section of a printed table under its command and date, then the markdown lines `after` (a blank line
+    before them), then the folder's PNGs when `plots`."""
     lines = [f"## {title}", "", f"`{current_command(result['command'])}`{_date(result)}", "", "```", *table, "```"]
+    lines += ["", *after] if after else []
     for png in sorted(folder.glob("*.png")) if plots else []:
         lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
     return lines
@@ -316,7 +320,7 @@ def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
     the blind variant (kind ``lab_ttr_blind``), with another number of memory tasks than the script's default
     (kinds with ``_memory_tasks``), with the outcomes memory (``_outcomes``) or with RL continuations (kinds ending
     ``_rl``) is its own section."""
-    from benchmarks.experiments.result_tables import ttr_table
+    from benchmarks.experiments.result_tables import ttr_claims, ttr_table
 
     kind = str(result.get("kind", "lab_ttr"))
     title = "Test-time rehearsal on the lab" + _world(kind)
@@ -326,7 +330,13 @@ def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
         title += ", outcomes memory (the trace without the attempts' replies)"
     if kind.endswith("_rl"):
         title += f", each policy also after {result['rl_steps']} RL steps"
-    return _table_section(title, ttr_table(result), result, folder, plots=True)
+    claims = ttr_claims(result)
+    intro = (
+        "The paper's claims and the controls, each a paired difference between two settings of the same policy on the "
+        "same seeds and test tasks (mean ± the half-width of a 95% t-interval over seeds; resolved when the interval "
+        "excludes 0):"
+    )
+    return _table_section(title, ttr_table(result), result, folder, True, [intro, "", *claims] if claims else None)
 
 
 def render_rehearsal_rl(result: dict[str, Any], folder: Path) -> list[str]:

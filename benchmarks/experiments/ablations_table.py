@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.experiments.result_tables import claim_verdict
 from benchmarks.stats import plus_minus
 
 __all__ = ["FIDELITY_METRICS", "PAPER_COMPARISONS", "comparisons", "table"]
@@ -181,21 +182,7 @@ def comparisons(results: dict[str, Any]) -> list[str]:
         )
         interval = "" if h is None else f" +- {h:.3f}"
         measured = f"role_grpo − {name}: {d:+.3f}{interval}{tasks if paired else ''}"
-        if h is None:
-            verdict = "one seed: no interval, not resolved"
-        elif abs(d) <= h:
-            verdict = "not resolved (the 95% interval includes 0)" + (
-                f", consistent with the claim, though {name} may be ahead by up to {h - d:.3f}" if sign == 0 else ""
-            )
-        elif sign == 0:
-            verdict = (
-                f"resolved: role_grpo ahead, so it reaches {name} and more (the claim predicts no difference)"
-                if d > 0
-                else f"resolved: {name} ahead, against the claim"
-            )
-        else:
-            ahead = "role_grpo" if d > 0 else name
-            verdict = f"resolved: {ahead} ahead, " + ("as claimed" if (d > 0) == (sign < 0) else "against the claim")
+        verdict = claim_verdict(d, h, -sign, "role_grpo", name)
         # (not str.capitalize: it would lower-case the rest, row names such as "SFT" included)
         lines.append(f"- **{claim}** ({source}). Here {measured}. {verdict[0].upper()}{verdict[1:]}.")
     return lines

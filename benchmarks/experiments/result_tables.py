@@ -8,7 +8,9 @@ import textwrap
 from typing import Any
 
 __all__ = [
+    "claim_verdict",
     "grpo_budget_table",
+    "ttr_claims",
     "ttr_table",
     "rehearsal_rl_table",
     "env_cost_table",
@@ -22,6 +24,28 @@ def _fmt(mean: float | None, half: float | None, signed: bool = False) -> str:
         return "n/a"
     text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
     return text + ("" if half is None else f" +- {half:.3f}")
+
+
+def claim_verdict(diff: float, half: float | None, sign: int, first: str, second: str) -> str:
+    """What a paired difference ``first − second`` (`diff`, with `half` the half-width of its 95% t-interval over
+    seeds, None for one seed) says about a claim that predicts its sign: +1 `first` ahead, -1 `second` ahead, 0
+    no difference (`first` reaches `second`). Resolved when the interval excludes 0. A claim of no difference is
+    contradicted only by `second` resolved ahead; not resolving a difference is not shown equality, so the
+    sentence names how far ahead `second` may still be."""
+    if half is None:
+        return "one seed: no interval, not resolved"
+    if abs(diff) <= half:
+        return "not resolved (the 95% interval includes 0)" + (
+            f", consistent with the claim, though {second} may be ahead by up to {half - diff:.3f}" if sign == 0 else ""
+        )
+    if sign == 0:
+        return (
+            f"resolved: {first} ahead, so it reaches {second} and more (the claim predicts no difference)"
+            if diff > 0
+            else f"resolved: {second} ahead, against the claim"
+        )
+    ahead = first if diff > 0 else second
+    return f"resolved: {ahead} ahead, " + ("as claimed" if (diff > 0) == (sign > 0) else "against the claim")
 
 
 def split_name(split: str) -> str:
@@ -199,6 +223,24 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
             lines.append(
                 f"  {pair:<{width}} {_fmt(c['diff_mean'], c['diff_ci95'], signed=True):<17} "
                 f"tasks +{c['gained']}/-{c['lost']}, seeds p<.05 +{c['resolved_up']}/-{c['resolved_down']}"
+            )
+    return lines
+
+
+def ttr_claims(results: dict[str, Any]) -> list[str]:
+    """One markdown bullet per paper claim or control of `benchmarks.experiments.lab_ttr.TTR_CLAIMS` that the run
+    measured (its ``claims``), with one nested bullet per policy: the paired difference (mean and 95% t-interval over
+    seeds, tasks gained and lost summed over seeds, the seeds whose own tasks resolve it) and its verdict
+    (`claim_verdict`). Results written before claims were recorded give none."""
+    lines = []
+    for c in results.get("claims", []):
+        lines.append(f"- **{c['claim']}** ({c['source']}):")
+        for p in c["policies"]:
+            verdict = claim_verdict(p["diff_mean"], p["diff_ci95"], c["sign"], c["setting"], p["reference"])
+            lines.append(
+                f"    - {p['policy']}, {c['setting']} − {p['reference']}: "
+                f"{_fmt(p['diff_mean'], p['diff_ci95'], signed=True)} (tasks +{p['gained']}/-{p['lost']}; seeds "
+                f"p<.05 +{p['resolved_up']}/-{p['resolved_down']}): {verdict}."
             )
     return lines
 

@@ -24,6 +24,20 @@ def test_compare_is_paired_with_the_reference_seed_by_seed():
     assert many["p_values"] == [pytest.approx(2 / 1024)] and (many["resolved_up"], many["resolved_down"]) == (0, 1)
 
 
+def test_a_claim_is_resolved_only_when_its_interval_excludes_zero_and_named_for_or_against_by_its_sign():
+    from benchmarks.experiments.result_tables import claim_verdict
+
+    assert claim_verdict(0.05, 0.02, 1, "N=2", "N=0") == "resolved: N=2 ahead, as claimed"
+    assert claim_verdict(-0.05, 0.02, 1, "N=2", "N=0") == "resolved: N=0 ahead, against the claim"
+    assert claim_verdict(-0.05, 0.02, -1, "N=3", "N=2") == "resolved: N=2 ahead, as claimed"
+    assert claim_verdict(0.01, 0.02, -1, "N=3", "N=2").startswith("not resolved")
+    assert claim_verdict(0.02, 0.02, 1, "N=2", "N=0").startswith("not resolved")  # an interval touching 0
+    assert claim_verdict(0.01, None, 1, "N=2", "N=0").startswith("one seed")
+    # a claim of no difference: only the second ahead contradicts it; not resolving it says by how much it may be
+    assert claim_verdict(-0.05, 0.02, 0, "role_grpo", "real_rollouts").endswith("against the claim")
+    assert "real_rollouts may be ahead by up to 0.030" in claim_verdict(-0.01, 0.02, 0, "role_grpo", "real_rollouts")
+
+
 def _attempt(calls: list) -> dict:
     return {"messages": [{"role": "assistant", "content": "", "tool_calls": [c.to_openai() for c in calls]}]}
 
@@ -292,6 +306,18 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     n0 = {p: rows[(p, "N=0")]["mean"] for p in lab_ttr.POLICIES}
     assert costs["memory_scratch"]["diff_mean"] == pytest.approx(n0["memory_scratch"] - n0["plain_scratch"])
     assert (out / "worker1.log").read_text().count("memory_scratch/seed1/sft") >= 1
+    claims = {c["claim"]: c for c in results["claims"]}
+    assert list(claims) == [c[0] for c in lab_ttr.TTR_CLAIMS if c[2] != "N=3"]  # --n 1 2: no N=3 row to compare
+    parallel = {p["policy"]: p for p in claims["Parallel attempts beat sequential ones"]["policies"]}
+    assert list(parallel) == list(lab_ttr.POLICIES[1:])  # the warm start has no sequential row
+    sequential_gap = rows[("memory_sft", "N=2")]["mean"] - rows[("memory_sft", "N=2, sequential")]["mean"]
+    assert parallel["memory_sft"]["diff_mean"] == pytest.approx(sequential_gap)
+    other = claims["The memory is read: another task's memory does worse"]["policies"]
+    assert [p["policy"] for p in other] == list(lab_ttr.PLAIN_CONTROL)  # controls run for memory-trained policies
+    rehearser = claims["The trained rehearser is what helps: a base-model rehearser gives only a marginal gain"]
+    assert {p["reference"] for p in rehearser["policies"]} == {"N=2, warm-start rehearser"}
+    n0_claim = {p["policy"]: p for p in claims[lab_ttr.TTR_CLAIMS[0][0]]["policies"]}
+    assert n0_claim["warm"]["diff_mean"] == pytest.approx(rows[("warm", "N=2")]["diff_mean"])  # the table's vs N=0
     sequential = json.loads((out / "memory_sft/seed0/n2_sequential/eval_config.json").read_text())
     assert sequential["rehearsal_mode"] == "sequential" and sequential["rehearser_model"] is None
     base = json.loads((out / "plain_sft/seed0/n2_warm_start/eval_config.json").read_text())
@@ -299,6 +325,8 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     assert (out / "ttr.png").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "Test-time rehearsal on EnvACE-Lab" in printed and "memory_scratch - plain_scratch" in printed
+    assert "- **Parallel attempts beat sequential ones** (paper: N=2 parallel 40.9, sequential 38.5):" in printed
+    assert "    - memory_sft, N=2 − N=2, sequential: " in printed
 
     again = lab_ttr.main(argv)
     printed = capsys.readouterr().out
