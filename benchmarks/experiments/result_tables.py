@@ -238,7 +238,7 @@ def ttr_claims(results: dict[str, Any]) -> list[str]:
         for p in c["policies"]:
             verdict = claim_verdict(p["diff_mean"], p["diff_ci95"], c["sign"], c["setting"], p["reference"])
             lines.append(
-                f"    - {p['policy']}, {c['setting']} − {p['reference']}: "
+                f"    - {p['policy']}: `{c['setting']}` − `{p['reference']}`: "
                 f"{_fmt(p['diff_mean'], p['diff_ci95'], signed=True)} (tasks +{p['gained']}/-{p['lost']}; seeds "
                 f"p<.05 +{p['resolved_up']}/-{p['resolved_down']}): {verdict}."
             )

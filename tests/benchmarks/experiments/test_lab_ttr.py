@@ -325,8 +325,8 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     assert (out / "ttr.png").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "Test-time rehearsal on EnvACE-Lab" in printed and "memory_scratch - plain_scratch" in printed
-    assert "- **Parallel attempts beat sequential ones** (paper: N=2 parallel 40.9, sequential 38.5):" in printed
-    assert "    - memory_sft, N=2 − N=2, sequential: " in printed
+    assert "- **Parallel attempts beat sequential ones** (paper: N=2 parallel 40.9%, sequential 38.5%):" in printed
+    assert "    - memory_sft: `N=2` − `N=2, sequential`: " in printed
 
     again = lab_ttr.main(argv)
     printed = capsys.readouterr().out
