@@ -73,7 +73,9 @@ over seeds, tasks gained and lost summed over seeds, and per seed an exact McNem
 (every attempt's ACT and REHEARSE tokens, on top of the committed episode's), so a gain can be weighed against its
 compute. Each row with rehearsal also splits its tasks by how many attempts made the reference's calls (all, some,
 none: `memory_hits`, `memory_use`; added after the blind outcomes run had been read), each part against N=0 on the
-same tasks: whether the memory is read. Stages resume (`agents.pipeline.StageRunner`).
+same tasks: whether the memory is read; and splits by task family (`by_family`; the table shows N=2 and the
+oracle): where rehearsal helps or hurts. Then the paper's claims and the controls (`TTR_CLAIMS`), each a paired
+difference between two settings of the same policy with its verdict. Stages resume (`agents.pipeline.StageRunner`).
 """
 
 from __future__ import annotations
@@ -579,8 +581,10 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
         config = dataclasses.replace(recipe.eval_config(out / name, model), seed=seed, **changes)
         stages.evaluate(name, config, models)
         folder = out / name
+        played = episodes(folder)
         measured = {
-            "rewards": {t: float(e["reward"]) for t, e in episodes(folder).items()},
+            "rewards": {t: float(e["reward"]) for t, e in played.items()},
+            "families": {t: e["category"] for t, e in played.items()},
             "tokens_per_task": rehearsal_tokens_per_task(folder),
             "seconds": stages.timings.get(name),
         }
@@ -700,6 +704,21 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     return results
 
 
+def by_family(rows: list[dict[str, Any]], references: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`compare` within each task family: `rows` and `references` are one measured evaluation per seed (``rewards``
+    and ``families``, task id -> family), the same seeds and tasks; families in the order of the tasks."""
+    families = list(dict.fromkeys(rows[0]["families"].values()))
+    return {
+        family: compare(
+            *(
+                [{t: r for t, r in s["rewards"].items() if s["families"][t] == family} for s in evaluations]
+                for evaluations in (rows, references)
+            )
+        )
+        for family in families
+    }
+
+
 def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
     """The results.json body: one row per (policy, setting), paired with the same policy at N=0."""
     rows = []
@@ -709,6 +728,8 @@ def summarize(args, recipe, warm, demo_files, measured) -> dict[str, Any]:
         row = {"policy": policy, "setting": setting, "n_seeds": len(seeds)}
         row.update(compare([s["rewards"] for s in seeds], [r["rewards"] for r in reference]))
         row["tokens_per_task"] = sum(s["tokens_per_task"] for s in seeds) / len(seeds)
+        if setting != "N=0":
+            row["by_family"] = by_family(seeds, reference)
         if all("memory_hits" in s for s in seeds):
             hits = [s["memory_hits"] for s in seeds]
             row["memory_use"] = memory_use([s["rewards"] for s in seeds], [r["rewards"] for r in reference], hits)

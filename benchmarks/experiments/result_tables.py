@@ -163,6 +163,10 @@ def _ttr_training(results: dict[str, Any]) -> str:
     return "; ".join(kinds) or "no training past the warm start"
 
 
+FAMILY_SETTINGS = ("N=2", "N=2, real outputs (oracle)")
+"""The test-time rehearsal rows `ttr_table` also splits by task family: the paper's setting and the oracle memory."""
+
+
 def ttr_table(results: dict[str, Any]) -> list[str]:
     """`benchmarks.experiments.lab_ttr`'s printed (and rendered) table: one row per policy and setting."""
     done = results.get("seeds_done", results["seeds"])
@@ -212,6 +216,20 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
                     continue
                 diff = _fmt(use["diff_mean"], use["diff_ci95"], signed=True)
                 lines.append(f"{head} {_fmt(use['mean'], use['ci95']):<16} {diff:<17} +{use['gained']}/-{use['lost']}")
+    split = [r for r in results["rows"] if r.get("by_family") and r["setting"] in FAMILY_SETTINGS]
+    if split:
+        families = list(split[0]["by_family"])
+        lines += [
+            "",
+            "by task family: the row against the same policy at N=0 on that family's tasks (mean +- 95% CI over seeds)",
+            f"{'policy':<{w}} {'setting':<27} " + " ".join(f"{f:<13}" for f in families),
+        ]
+        for r in split:
+            cells = []
+            for f in families:
+                c = r["by_family"][f]
+                cells.append(f"{c['diff_mean']:+.2f}" + ("" if c["diff_ci95"] is None else f" +- {c['diff_ci95']:.2f}"))
+            lines.append(f"{r['policy']:<{w}} {r['setting']:<27} " + " ".join(f"{c:<13}" for c in cells))
     if results.get("memory_cost"):
         lines += [
             "",

@@ -306,6 +306,11 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     n0 = {p: rows[(p, "N=0")]["mean"] for p in lab_ttr.POLICIES}
     assert costs["memory_scratch"]["diff_mean"] == pytest.approx(n0["memory_scratch"] - n0["plain_scratch"])
     assert (out / "worker1.log").read_text().count("memory_scratch/seed1/sft") >= 1
+    split = rows[("memory_sft", "N=2")]["by_family"]
+    assert list(split) == RECIPE["categories"] and "by_family" not in rows[("memory_sft", "N=0")]
+    # --limit 1: one task per family, so the families' differences average to the row's
+    family_mean = sum(c["diff_mean"] for c in split.values()) / len(split)
+    assert family_mean == pytest.approx(rows[("memory_sft", "N=2")]["diff_mean"])
     claims = {c["claim"]: c for c in results["claims"]}
     assert list(claims) == [c[0] for c in lab_ttr.TTR_CLAIMS if c[2] != "N=3"]  # --n 1 2: no N=3 row to compare
     parallel = {p["policy"]: p for p in claims["Parallel attempts beat sequential ones"]["policies"]}
@@ -327,6 +332,7 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     assert "Test-time rehearsal on EnvACE-Lab" in printed and "memory_scratch - plain_scratch" in printed
     assert "- **Parallel attempts beat sequential ones** (paper: N=2 parallel 40.9%, sequential 38.5%):" in printed
     assert "    - memory_sft: `N=2` − `N=2, sequential`: " in printed
+    assert "by task family: the row against the same policy at N=0" in printed
 
     again = lab_ttr.main(argv)
     printed = capsys.readouterr().out
