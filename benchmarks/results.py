@@ -330,13 +330,7 @@ def render_ttr(result: dict[str, Any], folder: Path) -> list[str]:
         title += ", outcomes memory (the trace without the attempts' replies)"
     if kind.endswith("_rl"):
         title += f", each policy also after {result['rl_steps']} RL steps"
-    claims = ttr_claims(result)
-    intro = (
-        "The paper's claims and the controls, each a paired difference between two settings of the same policy on the "
-        "same seeds and test tasks (mean ± the half-width of a 95% t-interval over seeds; resolved when the interval "
-        "excludes 0):"
-    )
-    return _table_section(title, ttr_table(result), result, folder, True, [intro, "", *claims] if claims else None)
+    return _table_section(title, ttr_table(result), result, folder, True, ttr_claims(result))
 
 
 def render_rehearsal_rl(result: dict[str, Any], folder: Path) -> list[str]:

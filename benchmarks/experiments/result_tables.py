@@ -249,9 +249,20 @@ def ttr_claims(results: dict[str, Any]) -> list[str]:
     """One markdown bullet per paper claim or control of `benchmarks.experiments.lab_ttr.TTR_CLAIMS` that the run
     measured (its ``claims``), with one nested bullet per policy: the paired difference (mean and 95% t-interval over
     seeds, tasks gained and lost summed over seeds, the seeds whose own tasks resolve it) and its verdict
-    (`claim_verdict`). Results written before claims were recorded give none."""
-    lines = []
-    for c in results.get("claims", []):
+    (`claim_verdict`), under a paragraph that says how many would resolve by chance. Results written before claims
+    were recorded give none."""
+    claims = results.get("claims", [])
+    if not claims:
+        return []
+    tests = sum(len(c["policies"]) for c in claims)
+    lines = [
+        "The paper's claims and the controls, each a paired difference between two settings of the same policy on the "
+        "same seeds and test tasks (mean ± the half-width of a 95% t-interval over seeds; resolved when the interval "
+        f"excludes 0). Of these {tests} comparisons about {tests / 20:.1f} would resolve by chance alone if no setting "
+        "differed from another: one resolved comparison is weak evidence, a claim resolved for every policy is not.",
+        "",
+    ]
+    for c in claims:
         lines.append(f"- **{c['claim']}** ({c['source']}):")
         for p in c["policies"]:
             verdict = claim_verdict(p["diff_mean"], p["diff_ci95"], c["sign"], c["setting"], p["reference"])

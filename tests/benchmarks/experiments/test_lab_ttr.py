@@ -333,6 +333,8 @@ def test_every_policy_setting_and_control_is_reported_and_a_rerun_resumes(tmp_pa
     assert "- **Parallel attempts beat sequential ones** (paper: N=2 parallel 40.9%, sequential 38.5%):" in printed
     assert "    - memory_sft: `N=2` − `N=2, sequential`: " in printed
     assert "by task family: the row against the same policy at N=0" in printed
+    compared = sum(len(c["policies"]) for c in results["claims"])
+    assert f"Of these {compared} comparisons about {compared / 20:.1f} would resolve by chance alone" in printed
 
     again = lab_ttr.main(argv)
     printed = capsys.readouterr().out
