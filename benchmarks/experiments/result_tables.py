@@ -257,9 +257,11 @@ def ttr_claims(results: dict[str, Any]) -> list[str]:
     tests = sum(len(c["policies"]) for c in claims)
     lines = [
         "The paper's claims and the controls, each a paired difference between two settings of the same policy on the "
-        "same seeds and test tasks (mean ± the half-width of a 95% t-interval over seeds; resolved when the interval "
-        f"excludes 0). Of these {tests} comparisons about {tests / 20:.1f} would resolve by chance alone if no setting "
-        "differed from another: one resolved comparison is weak evidence, a claim resolved for every policy is not.",
+        "same seeds and test tasks: mean +- the half-width of a 95% t-interval over seeds, resolved when the interval "
+        "excludes 0; tasks: gained / lost, summed over seeds; seeds p<.05: the seeds whose own tasks resolve it up / "
+        "down (exact McNemar). At 95%, about one comparison in 20 resolves by chance where nothing differs, and there "
+        f"are {tests} here: one resolved comparison is weak evidence; a claim resolved for every policy is stronger. "
+        "A claim whose settings the run did not measure (N=3 without --n 3) is left out.",
         "",
     ]
     for c in claims:
