@@ -224,40 +224,31 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
     """The ablation section (`benchmarks.experiments.lab_ablations`): its printed table and its plot."""
     from benchmarks.experiments.ablations_table import comparisons, table
 
-    command = current_command(result.get("command", "python -m benchmarks.experiments.lab_ablations"))
     kind = str(result.get("kind", "lab_ablations"))
     world = _world(kind)
-    lines = [
-        f"## The paper's comparisons on the lab{world} at {result['grpo_steps']} GRPO steps, lr "
-        f"{result['grpo']['lr']:g}"
+    title = (
+        f"The paper's comparisons on the lab{world} at {result['grpo_steps']} GRPO steps, lr {result['grpo']['lr']:g}"
         if kind.startswith("lab_ablations_budget")
-        else f"## The paper's comparisons on the lab{world}",
-        "",
-        f"`{command}`{_date(result)}",
-        "",
-        "```",
-        *table(result),
-        "```",
-    ]
+        else f"The paper's comparisons on the lab{world}"
+    )
+    after = []
     if result.get("wall_s", 0) >= 60 and "stage_minutes" in result:  # (a re-read of finished stages takes seconds)
-        lines += [
-            "",
+        after += [
             f"Time: the process that wrote these results ran {result['wall_s'] / 60:.0f} min (wall clock, its "
             f"workers included); its stages took {result['stage_minutes']:.0f} min summed over the processes that "
             "ran them (a resumed run's wall clock misses the stages it read back; their time is in the sum).",
         ]
     bullets = comparisons(result)
     if bullets:
-        lines += [
-            "",
+        after += [
+            *([""] if after else []),
             "Each comparison, paired on the same seeds and test tasks (mean ± the half-width of a 95% t-interval "
             "over seeds; resolved when the interval excludes 0):",
             "",
             *bullets,
         ]
-    for png in sorted(folder.glob("*.png")):
-        lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
-    return lines
+    command = {"command": "python -m benchmarks.experiments.lab_ablations"}  # results written before it was recorded
+    return _table_section(title, table(result), command | result, folder, True, after)
 
 
 def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
@@ -269,23 +260,16 @@ def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
     kind = str(result.get("kind", ""))
     world = _world(kind)
     titles = {
-        "lab_anchor_valid": "## Choosing the world-model anchor's weight on the validation split",
-        "lab_grpo_budget_valid": "## Selecting GRPO's learning rate and steps on the validation split",
+        "lab_anchor_valid": "Choosing the world-model anchor's weight on the validation split",
+        "lab_grpo_budget_valid": "Selecting GRPO's learning rate and steps on the validation split",
     }
     base = next((k for k in titles if kind.startswith(k)), None)
-    lines = [
+    title = (
         (titles[base] + (f", on the lab{world}" if world else ""))
         if base
-        else f"## Role-wise GRPO against its budget on the lab{world}",
-        "",
-        f"`{current_command(result['command'])}`{_date(result)}",
-        "",
-        "```",
-    ]
-    lines += [*table(result), "```"]
-    for png in sorted(folder.glob("*.png")):
-        lines += ["", f"![{png.stem}](results/{folder.name}/{png.name})"]
-    return lines
+        else f"Role-wise GRPO against its budget on the lab{world}"
+    )
+    return _table_section(title, table(result), result, folder, True)
 
 
 def _table_section(

@@ -19,11 +19,11 @@ __all__ = [
 ]
 
 
-def _fmt(mean: float | None, half: float | None, signed: bool = False) -> str:
+def _fmt(mean: float | None, half: float | None, signed: bool = False, digits: int = 3) -> str:
     if mean is None:
         return "n/a"
-    text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
-    return text + ("" if half is None else f" +- {half:.3f}")
+    text = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
+    return text + ("" if half is None else f" +- {half:.{digits}f}")
 
 
 def claim_verdict(diff: float, half: float | None, sign: int, first: str, second: str) -> str:
@@ -225,10 +225,9 @@ def ttr_table(results: dict[str, Any]) -> list[str]:
             f"{'policy':<{w}} {'setting':<27} " + " ".join(f"{f:<13}" for f in families),
         ]
         for r in split:
-            cells = []
-            for f in families:
-                c = r["by_family"][f]
-                cells.append(f"{c['diff_mean']:+.2f}" + ("" if c["diff_ci95"] is None else f" +- {c['diff_ci95']:.2f}"))
+            cells = [
+                _fmt(c["diff_mean"], c["diff_ci95"], signed=True, digits=2) for c in map(r["by_family"].get, families)
+            ]
             lines.append(f"{r['policy']:<{w}} {r['setting']:<27} " + " ".join(f"{c:<13}" for c in cells))
     if results.get("memory_cost"):
         lines += [
