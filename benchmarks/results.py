@@ -254,7 +254,9 @@ def render_ablations(result: dict[str, Any], folder: Path) -> list[str]:
 def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
     """The GRPO-budget section (`benchmarks.experiments.lab_grpo_budget`): its printed table and its plot; the
     run on the validation split (kind ``lab_grpo_budget_valid``) is the section that chose the budget, and one with
-    world-model anchor arms (kind ``lab_anchor_valid``) the section that chose the anchor's weight."""
+    world-model anchor arms (kind ``lab_anchor_valid``) the section that chose the anchor's weight, and one whose
+    rollouts are all real (kind ``lab_grpo_budget_real``) the section the learning regression test's budget comes
+    from."""
     from benchmarks.experiments.result_tables import grpo_budget_table as table
 
     kind = str(result.get("kind", ""))
@@ -262,6 +264,7 @@ def render_grpo_budget(result: dict[str, Any], folder: Path) -> list[str]:
     titles = {
         "lab_anchor_valid": "Choosing the world-model anchor's weight on the validation split",
         "lab_grpo_budget_valid": "Selecting GRPO's learning rate and steps on the validation split",
+        "lab_grpo_budget_real": "GRPO with real-backend rollouts against its budget (the learning regression test's)",
     }
     base = next((k for k in titles if kind.startswith(k)), None)
     title = (
@@ -386,7 +389,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     },
     **{
         f"{base}{world}": render_grpo_budget
-        for base in ("lab_grpo_budget_valid", "lab_grpo_budget", "lab_anchor_valid")
+        for base in ("lab_grpo_budget_valid", "lab_grpo_budget", "lab_grpo_budget_real", "lab_anchor_valid")
         for world in LAB_WORLDS
     },
     **{

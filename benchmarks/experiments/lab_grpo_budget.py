@@ -272,17 +272,19 @@ def run_name(arm: str, lr: float, seed: int, explicit_lr: bool) -> str:
 
 
 def results_kind(args: argparse.Namespace, suite: str = "lab") -> str:
-    """``lab_grpo_budget`` on the test split; on the validation split ``lab_anchor_valid`` when an arm is a
-    world-model anchor arm (the run chooses the anchor's weight, `benchmarks.experiments.result_tables.anchor_choice`),
-    else ``lab_grpo_budget_valid`` (it chooses role_grpo's budget); each with `suite`'s world infix
-    (`benchmarks.experiments.paired.world_kind`: ``lab_grpo_budget_blind``). Each kind is its own section of the
-    results page, so no run replaces another.
+    """``lab_grpo_budget`` on the test split (``lab_grpo_budget_real`` when every arm's rollouts are the real
+    backend's: the budget of the learning regression test, not of the method); on the validation split
+    ``lab_anchor_valid`` when an arm is a world-model anchor arm (the run chooses the anchor's weight,
+    `benchmarks.experiments.result_tables.anchor_choice`), else ``lab_grpo_budget_valid`` (it chooses role_grpo's
+    budget); each with `suite`'s world infix (`benchmarks.experiments.paired.world_kind`: ``lab_grpo_budget_blind``).
+    Each kind is its own section of the results page, so no run replaces another.
 
     Raises:
         ValueError: a suite that is not one of the lab's worlds.
     """
     if args.split != "valid":
-        return world_kind("lab_grpo_budget", suite)
+        real = all(ARMS[arm].get("rollout") == "real" for arm in args.arms)
+        return world_kind("lab_grpo_budget_real" if real else "lab_grpo_budget", suite)
     anchors = set(anchor_arms())
     base = "lab_anchor_valid" if any(arm in anchors for arm in args.arms) else "lab_grpo_budget_valid"
     return world_kind(base, suite)

@@ -48,6 +48,14 @@ def test_options_are_checked(tmp_path):
     assert anchor.out == "runs/lab_anchor_valid" and lab_grpo_budget.results_kind(anchor) == "lab_anchor_valid"
     on_test = lab_grpo_budget.parse_args(["--arms", "role_grpo", "role_grpo_wm_demos"])
     assert lab_grpo_budget.results_kind(on_test) == "lab_grpo_budget"  # only a validation run chooses
+    # real-backend rollouts alone are the regression test's budget, not the method's: their own section
+    real = lab_grpo_budget.parse_args(["--arms", "real_rollouts"])
+    assert real.out == "runs/lab_grpo_budget_real" and lab_grpo_budget.results_kind(real, "lab-blind") == (
+        "lab_grpo_budget_real_blind"
+    )
+    assert lab_grpo_budget.results_kind(lab_grpo_budget.parse_args(["--arms", "real_rollouts", "role_grpo"])) == (
+        "lab_grpo_budget"
+    )
     # each lab world its own folder and kind; a recipe outside the lab, or none, is a usage error
     recipes = Path(lab_grpo_budget.RECIPE).parent
     blind = lab_grpo_budget.parse_args(["--split", "valid", "--recipe", str(recipes / "lab-blind.yaml")])
