@@ -13,7 +13,7 @@ not large enough for one run to resolve. At the recipe's 20 steps it was resolve
 tasks) on 2 of 10 seeds (`benchmarks.experiments.lab_ablations`), and from a weaker warm start (300 SFT steps,
 success 0.297 on 300 test tasks) 20 steps gave +15/-11 tasks (p = 0.56, measured 2026-12-05). A test that passes on
 one chosen seed of such a spread would be a seed tuned toward the result. The hidden world's own learning test
-(`test_lab_learning_hidden.py`) trains with real-backend rollouts, whose gain resolves on 7 of 9 seeds.
+(`test_lab_learning_hidden.py`) trains with real-backend rollouts, whose gain at 120 steps resolves on 9 of 9 seeds.
 
 What the margin does not cover: GRPO samples at temperature 1, so a machine whose kernels round differently
 (another torch build, AVX-512 instead of AVX2) plays another random draw, not a small perturbation of this one.

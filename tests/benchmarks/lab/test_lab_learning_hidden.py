@@ -1,25 +1,29 @@
-"""Learning regression on the default hidden-rules world: GRPO with real-backend rollouts must beat its warm start.
+"""Learning regression on the default hidden-rules world: GRPO with real-backend rollouts must resolve a gain over
+its warm start.
 
-The lab recipe (`configs/recipes/lab.yaml`) with `lab-tiny` trained from scratch: its SFT warm start (seed 0),
-then its role-wise GRPO stage with every tool call answered by the real backend (``rollout=real``, the
-``real_rollouts`` arm of `benchmarks.experiments.lab_ablations`) for 60 steps at seed 0, both scored greedily on
-all 600 test tasks against the real backend, one torch thread (the measured runs' settings).
+The lab recipe (`configs/recipes/lab.yaml`) with `lab-tiny` trained from scratch: its SFT warm start (seed 0), then
+its role-wise GRPO stage with every tool call answered by the real backend (``rollout=real``, the ``real_rollouts``
+arm of `benchmarks.experiments.lab_ablations`) for `GRPO_STEPS` steps at GRPO seed 0, both scored greedily on all
+600 test tasks against the real backend, at two torch threads.
 
-The margin comes from the measured spread (runs/lab_ablations_60x10, 2026-12-05, the same settings): over
-GRPO seeds 0-8 the trained policy gained minus lost +26, +24, +20, +2, +16, +21, +21, +22, +14 tasks against
-this warm start (exact McNemar p < 0.05 on 7 of the 9; seed 0: 45 gained, 19 lost, p = 0.002, and this test
-reproduced exactly that on the measuring machine, 0.528 -> 0.572).
-`MIN_GAINED_MINUS_LOST` asks for one task net, one less than the smallest of the nine, not for a resolved gain:
-2 of 9 seeds do not resolve one, so asserting p < 0.05 would be asserting a seed's luck. A trainer that stops
-updating (the gain is then exactly 0) or follows the wrong sign fails it.
+The budget and the assertion come from the measured spread, the results page's section "GRPO with real-backend
+rollouts against its budget": this warm start and these settings, GRPO seeds 0-8 evaluated every 40 steps
+(`python -m benchmarks.experiments.lab_grpo_budget --out runs/lab_grpo_budget_real_t2 --arms real_rollouts
+--split test --seeds 9 --steps 120 --eval-every 40 --workers 1 --threads 2`). The rule, fixed before that run: the
+smallest of 40, 80 and 120 steps at which every seed's gain over the warm start is resolved (exact McNemar
+p < 0.05), if this test then fits in 10 minutes. Measured (2026-12-06): at 40 steps 2 of 9 seeds
+resolve a gain, at 80 steps 8 of 9 (seed 3: +40/-24, p = 0.06), at 120 steps all 9 (gained minus lost +36 to +51,
+every p < 0.001; seed 0: 0.525 -> 0.592, +61/-21, p = 1e-5, which this test reproduced exactly on the measuring
+machine in 9 min 57 s alone on it: SFT 189 s, GRPO 376 s, two evaluations 25 s). So the test asserts a resolved
+gain: a trainer that stops updating, follows the wrong sign or learns at a fraction of its rate fails it.
 
-Why real rollouts, not the recipe's rehearsed ones: at this budget rehearsed role-wise GRPO's gain over the warm
-start is not resolved (+0.003 +- 0.017 over the same 9 seeds, 2 resolved): its world model answers ordinary
-outputs right about half the time, so it is no regression test. This test checks that the trainer learns this
-world; `test_lab_learning.py` checks rehearsed role-wise GRPO on the stated-rules world.
+Why real rollouts, not the recipe's rehearsed ones: rehearsed role-wise GRPO's gain over the warm start is not
+resolved at any budget measured (up to 200 steps; the results page's budget sections): its world model answers
+ordinary outputs right about half the time. This test checks that the trainer learns this world;
+`test_lab_learning.py` checks rehearsed role-wise GRPO on the stated-rules world.
 
-What the margin does not cover: GRPO samples at temperature 1, so a machine whose kernels round differently plays
-another random draw; the nine draws above are that spread.
+What the assertion does not cover: GRPO samples at temperature 1, so a machine whose kernels round differently (or
+another thread count) plays another random draw; the nine seeds above are that spread.
 """
 
 from __future__ import annotations
@@ -28,27 +32,28 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # about 14 minutes on one idle core (21 beside other jobs): SFT, 60 GRPO steps, 2 evals
+pytestmark = pytest.mark.slow  # about 10 minutes on 2 idle cores: SFT 3 min, 120 GRPO steps 6 min, 2 evals 25 s
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "recipes" / "lab.yaml"
-GRPO_STEPS = 60
+GRPO_STEPS = 120
 GRPO_SEED = 0
-MIN_GAINED_MINUS_LOST = 1
-"""Test tasks GRPO must solve that the warm start did not, net of those it lost (paired, task by task)."""
+THREADS = 2
+MAX_P_VALUE = 0.05
+"""The exact McNemar p-value (two-sided, tasks gained against tasks lost) the gain must fall below."""
 
 
-def test_real_rollout_grpo_solves_more_hidden_world_test_tasks_than_its_warm_start(grpo_against_warm_start):
+def test_real_rollout_grpo_resolves_a_gain_over_its_warm_start_on_the_hidden_world(grpo_against_warm_start):
     from benchmarks.stats import mcnemar_exact
 
     changes = {"num_steps": GRPO_STEPS, "run.save_every": GRPO_STEPS, "seed": GRPO_SEED, "rollout": "real"}
-    result = grpo_against_warm_start(RECIPE, threads=1, limit=None, grpo_changes=changes)  # all 600 test tasks
+    result = grpo_against_warm_start(RECIPE, threads=THREADS, limit=None, grpo_changes=changes)  # all 600 test tasks
     assert sum(result["groups_with_reward_variance"]) > 0  # some step had advantages to learn from
     assert result["n_tasks"] == 600
     gained, lost = len(result["gained"]), len(result["lost"])
     p_value = mcnemar_exact(gained, lost)
     report = (
         f"warm start {result['accuracy_before']:.3f} -> GRPO with real rollouts {result['accuracy_after']:.3f} on "
-        f"{result['n_tasks']} test tasks: gained {gained}, lost {lost}, exact McNemar p = {p_value:.4f}"
+        f"{result['n_tasks']} test tasks: gained {gained}, lost {lost}, exact McNemar p = {p_value:.2g}"
     )
     print(report)
-    assert gained - lost >= MIN_GAINED_MINUS_LOST, report
+    assert gained > lost and p_value < MAX_P_VALUE, report
