@@ -14,7 +14,10 @@ gradient checkpointing, one forward and backward, 2 threads): peak RSS 4.17 GB w
 threshold, 1.94 GB with a fixed 128 KiB threshold (full logits: 10.02 and 8.86 GB). The price is time:
 the step took 35-41 s instead of 30 s (every large block is a fresh mapping whose pages fault in;
 thresholds of 1 and 8 MiB measured the same, 37-38 s and 1.95-2.08 GB). Set
-``--memory.malloc-mmap-threshold-kb 0`` in either trainer to trade the memory back for that time.
+``--memory.malloc-mmap-threshold-kb 0`` in either trainer to trade the memory back for that time: at lab-tiny's
+size (0.9M parameters) the fixed threshold doubles an SFT step (``benchmarks/perf/allocator_ab.py``), so the lab
+recipes set 0. The setting is process-wide; a trainer with 0 in a process where an earlier one fixed the threshold
+calls `release_malloc_mmap_threshold` (32 MiB, where glibc's dynamic threshold settles).
 
 `set_malloc_mmap_threshold` fixes the threshold with ``mallopt(M_MMAP_THRESHOLD, n)`` (which also
 switches off the dynamic adjustment; glibc ``mallopt(3)``), the same as starting Python with the
@@ -27,10 +30,11 @@ from __future__ import annotations
 import ctypes
 import platform
 
-__all__ = ["set_malloc_mmap_threshold"]
+__all__ = ["release_malloc_mmap_threshold", "set_malloc_mmap_threshold"]
 
 _M_MMAP_THRESHOLD = -3  # glibc <malloc.h>
 _MAX_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's HEAP_MAX / DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+_fixed = False  # whether this process has fixed the threshold (mallopt cannot give the dynamic one back)
 
 
 def set_malloc_mmap_threshold(threshold_bytes: int) -> bool:
@@ -57,4 +61,19 @@ def set_malloc_mmap_threshold(threshold_bytes: int) -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)))
+    accepted = bool(mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)))
+    global _fixed
+    _fixed = _fixed or accepted
+    return accepted
+
+
+def release_malloc_mmap_threshold() -> bool:
+    """Undo `set_malloc_mmap_threshold` as far as glibc allows: once fixed, the dynamic threshold cannot come
+    back, so set the value it settles at in a training process (32 MiB, its maximum: every block it would have
+    served from the heaps goes to them again). Does nothing when this process never fixed the threshold (glibc's
+    dynamic one still runs).
+
+    Returns:
+        True when the threshold was set to 32 MiB, False when nothing changed.
+    """
+    return _fixed and set_malloc_mmap_threshold(_MAX_MMAP_THRESHOLD)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.training.allocator import set_malloc_mmap_threshold
+from agents.training.allocator import release_malloc_mmap_threshold, set_malloc_mmap_threshold
 
 __all__ = ["prepare_process", "make_lr_scheduler", "apply_optimizer_settings", "bucket_batches"]
 
@@ -57,13 +57,16 @@ def apply_optimizer_settings(
 def prepare_process(threads: int, malloc_mmap_threshold_kb: int, seed: int) -> None:
     """Process-wide set-up of a trainer (GRPO and SFT alike), before any model is loaded.
 
-    Sets torch's CPU threads (0: leave the default), glibc's mmap threshold in KiB (0: leave glibc's dynamic
-    one; `agents.training.allocator`) and torch's global seed.
+    Sets torch's CPU threads (0: leave the default), glibc's mmap threshold in KiB (0: glibc's dynamic one, or
+    where an earlier trainer in this process fixed it, 32 MiB, where the dynamic one settles;
+    `agents.training.allocator`) and torch's global seed.
     """
     if threads:
         torch.set_num_threads(threads)
     if malloc_mmap_threshold_kb:
         set_malloc_mmap_threshold(malloc_mmap_threshold_kb * 1024)
+    else:
+        release_malloc_mmap_threshold()
     torch.manual_seed(seed)
 
 

@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--out",
         default=None,
         help="folder of every stage, results.json and the plot (default: runs/<results kind>: runs/lab_grpo_budget, "
-        "with --split valid runs/lab_grpo_budget_valid, or runs/lab_anchor_valid with an anchor arm; on another lab "
+        "runs/lab_grpo_budget_real when every arm rolls out on the real backend, with --split valid "
+        "runs/lab_grpo_budget_valid, or runs/lab_anchor_valid with an anchor arm; on another lab "
         "world with its infix, runs/lab_grpo_budget_blind)",
     )
     ap.add_argument(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -72,7 +73,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         for kb in SIDES:
             command = [sys.executable, "-m", "benchmarks.perf.allocator_ab", "--side", str(kb)]
             command += ["--steps", str(args.steps), "--demos", str(args.demos), "--threads", str(args.threads)]
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            # a MALLOC_MMAP_THRESHOLD_ in the environment would fix the threshold on the dynamic side too
+            env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+            done = subprocess.run(command, capture_output=True, text=True, env=env)
+            if done.returncode:
+                sys.exit(f"side {kb} KiB failed:\n{done.stderr[-3000:]}")
             runs[kb].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"threshold {kb:>3} KiB: median SFT step {runs[kb][-1]['median_step_s']:.3f} s")
     medians = {kb: statistics.median(r["median_step_s"] for r in runs[kb]) for kb in SIDES}

@@ -60,3 +60,20 @@ def test_fixed_threshold_returns_freed_blocks_to_the_os():
     fixed = _rss_after_fragmenting("fixed")
     # 32 freed blocks of 4 MiB = 128 MiB stay resident under the dynamic threshold only.
     assert dynamic - fixed > 96 * 1024 * 1024, (dynamic, fixed)
+
+
+_RELEASE = textwrap.dedent(
+    """
+    from agents.training.allocator import release_malloc_mmap_threshold, set_malloc_mmap_threshold
+
+    before = release_malloc_mmap_threshold()  # never fixed: glibc's dynamic threshold still runs, nothing to undo
+    assert set_malloc_mmap_threshold(128 * 1024)
+    print(before, release_malloc_mmap_threshold())
+    """
+)
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt(M_MMAP_THRESHOLD) is glibc's")
+def test_release_acts_only_in_a_process_that_fixed_the_threshold():
+    out = subprocess.run([sys.executable, "-c", _RELEASE], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
