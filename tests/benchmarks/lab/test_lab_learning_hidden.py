@@ -15,7 +15,7 @@ p < 0.05), if this test then fits in 10 minutes. Measured (2026-12-06): at 40 st
 resolve a gain, at 80 steps 8 of 9 (seed 3: +40/-24, p = 0.06), at 120 steps all 9 (gained minus lost +36 to +51,
 every p < 0.001; seed 0: 0.525 -> 0.592, +61/-21, p = 1e-5, which this test reproduced exactly on the measuring
 machine in 9 min 57 s alone on it: SFT 189 s, GRPO 376 s, two evaluations 25 s; after other trainers in one
-process, `agents.training.allocator`'s release of the threshold is meant to keep that time, not measured). So the
+process, `agents.training.allocator`'s release of the threshold gives SFT steps their speed back). So the
 test asserts a resolved gain: a trainer that stops updating, follows the wrong sign or learns at a fraction of its
 rate fails it.
 
