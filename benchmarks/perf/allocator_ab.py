@@ -69,12 +69,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(json.dumps(run_side(args.side, args.steps, args.demos, args.threads)))
         return {}
     runs: dict[int, list[dict]] = {kb: [] for kb in SIDES}
+    # a MALLOC_MMAP_THRESHOLD_ in the environment would fix the threshold on the dynamic side too
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
     for _ in range(args.pairs):
         for kb in SIDES:
             command = [sys.executable, "-m", "benchmarks.perf.allocator_ab", "--side", str(kb)]
             command += ["--steps", str(args.steps), "--demos", str(args.demos), "--threads", str(args.threads)]
-            # a MALLOC_MMAP_THRESHOLD_ in the environment would fix the threshold on the dynamic side too
-            env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode:
                 sys.exit(f"side {kb} KiB failed:\n{done.stderr[-3000:]}")
